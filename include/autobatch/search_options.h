@@ -1,0 +1,75 @@
+// autobatch/search_options.h — how the search for the largest micro-batch is run.
+//
+// Plain value type, no LibTorch. Read by the search (autobatch/search.h) and, for the memory limit
+// and reserve, by the trial runner that sets up the memory backend.
+#pragma once
+
+#include <cstdint>
+
+#include "autobatch/trial.h"
+
+namespace autobatch {
+
+/// Search strategies. See docs/search.md for how each one picks the next batch.
+enum class Strategy {
+  kGuided,     ///< "guided": affine memory model from two small probes, jump near the boundary,
+               ///< then bisect a narrow bracket, refitting with every measurement (default)
+  kBinsearch,  ///< "binsearch": PyTorch Lightning's BatchSizeFinder: double to the first failure,
+               ///< then bisect
+  kPower,      ///< "power": Lightning's power mode: double to the first failure, keep the last fit
+};
+
+std::string_view toString(Strategy strategy);
+/// Throws: autobatch::Error listing the valid names.
+Strategy parseStrategy(std::string_view name);
+
+/// Which accumulation plan is primary (exported by --env).
+enum class PlanKind {
+  kAuto,      ///< "auto": uniform unless its micro-batch is below half the maximum, then balanced
+  kUniform,   ///< "uniform": equal micro-batches (the largest divisor of the per-rank target)
+  kBalanced,  ///< "balanced": fewest steps, micro-batches differing by at most one sample
+};
+
+std::string_view toString(PlanKind kind);
+/// Throws: autobatch::Error listing the valid names.
+PlanKind parsePlanKind(std::string_view name);
+
+struct SearchOptions {
+  /// Memory limit in bytes. 0: the device's (CUDA: free at start plus what this process holds;
+  /// CPU: the smallest of the cgroup limit, MemAvailable and RLIMIT_DATA/RLIMIT_AS). On CUDA a
+  /// smaller value emulates a smaller card through the caching allocator's memory fraction.
+  std::int64_t memory_limit_bytes = 0;
+  /// Bytes kept free for what a trial does not show (other processes, EMA copies, data loaders);
+  /// taken off the limit before the search. Range >= 0. Default: 0.
+  std::int64_t reserve_bytes = 0;
+  /// Headroom as a fraction of the limit, in [0, 1). Ignored when margin_bytes >= 0. Default: 0.05.
+  double margin_fraction = 0.05;
+  /// Headroom in bytes; -1 means "use margin_fraction". Default: -1.
+  std::int64_t margin_bytes = -1;
+  /// Smallest micro-batch tried. Range >= 1. Default: 1.
+  std::int64_t min_batch = 1;
+  /// Largest micro-batch tried; 0 means no bound. Default: 0.
+  std::int64_t max_batch = 0;
+  /// Samples in the dataset (a micro-batch never exceeds it); 0 means unknown. Default: 0.
+  std::int64_t dataset_size = 0;
+  /// First size of the doubling strategies (Lightning's init_val). Default: 2.
+  std::int64_t initial_batch = 2;
+  /// Default: guided.
+  Strategy strategy = Strategy::kGuided;
+  /// Stop when hi <= lo * (1 + relative_tolerance); 0 is exact (lo + 1 == hi). Default: 0.
+  double relative_tolerance = 0.0;
+  /// Most trials to run; 0 means no budget. Default: 0.
+  int max_trials = 0;
+  /// Wall-clock budget of the search in seconds; 0 means none. Default: 0.
+  double time_limit_s = 0.0;
+  /// Target effective (global) batch for the accumulation plan; 0 means no plan. Default: 0.
+  std::int64_t target_batch = 0;
+  /// Data-parallel ranks that share the target batch. Range >= 1. Default: 1.
+  int world_size = 1;
+  /// Default: auto.
+  PlanKind plan = PlanKind::kAuto;
+  /// Checked between trials and passed to every trial (TrialRequest::cancel). May be empty.
+  CancelHook cancel;
+};
+
+}  // namespace autobatch

@@ -1,0 +1,76 @@
+// autobatch/trial.h — the vocabulary shared by the trial runner and the search.
+//
+// The search never sees LibTorch: it calls a `Probe`, a function that runs (or fakes) one trial
+// for a `TrialRequest` and returns a `TrialResult`. The trial runner (autobatch/trial_runner.h)
+// provides the real probe; tests provide fake ones. This header includes no LibTorch header.
+// Thread safety: plain value types; a Probe is called from one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace autobatch {
+
+/// Returns true when the caller asked to stop (SIGINT/SIGTERM in the CLI, a launcher's own flag).
+/// Called between training steps, from the thread that runs them; must be cheap and never throw.
+using CancelHook = std::function<bool()>;
+
+/// One trial to run: `steps` optimizer steps, each made of `micro_batches_per_step` forward/backward
+/// passes of `micro_batch_size` samples. The steps per trial come from TrainingSpec.
+struct TrialRequest {
+  /// Samples in one micro-batch (the leading dimension of every input). Range: >= 1.
+  std::int64_t micro_batch_size = 1;
+  /// Micro-batches per optimizer step: 1, or 2 to include the peak of gradient accumulation
+  /// (gradients are alive during the second forward; N >= 2 micro-batches peak like 2).
+  int micro_batches_per_step = 1;
+  /// Checked between steps; a cancelled trial stops after the step in progress. May be empty.
+  CancelHook cancel;
+};
+
+/// What a trial ended with. Model and device errors are not outcomes: they leave as exceptions.
+enum class TrialOutcome {
+  kFits,         ///< every step of the trial ran to completion under the memory limit
+  kOutOfMemory,  ///< an allocation failed (caching allocator, CPU budget, cuBLAS/cuDNN, ...)
+  kSizeLimit,    ///< a kernel's hard size limit (e.g. cuDNN NOT_SUPPORTED, 32-bit indexing)
+};
+
+/// "fits", "out-of-memory" or "size-limit".
+std::string_view toString(TrialOutcome outcome);
+
+/// The result of one trial. Byte figures are peaks over all steps of the trial.
+struct TrialResult {
+  TrialRequest request;
+  TrialOutcome outcome = TrialOutcome::kFits;
+  /// Why it did not fit (the allocator's or kernel's message); empty when it fits.
+  std::string reason;
+  /// Peak bytes held by tensors (CUDA: caching allocator "allocated"; CPU: budget allocator).
+  std::int64_t peak_allocated_bytes = 0;
+  /// Peak bytes reserved by the allocator (CUDA: segments held by the caching allocator;
+  /// CPU: equal to peak_allocated_bytes).
+  std::int64_t peak_reserved_bytes = 0;
+  /// The figure compared with `memory_limit_bytes`: peak reserved plus the memory the process
+  /// holds outside the allocator (CUDA context, kernels; CPU: tensors alive before the trial).
+  /// On out-of-memory it is the peak reached before the failing allocation: a lower bound.
+  std::int64_t peak_bytes = 0;
+  /// The limit this trial ran under, in bytes (after `reserve_bytes` was taken off). The search
+  /// reads it for headroom; > 0 for every real trial.
+  std::int64_t memory_limit_bytes = 0;
+  /// Bytes of the allocation that failed, when known (out-of-memory only), else 0.
+  std::int64_t failed_request_bytes = 0;
+  /// cudaMalloc retries by the caching allocator during the trial (0 on the CPU).
+  std::int64_t allocator_retries = 0;
+  /// Mean wall time of one completed optimizer step, in milliseconds (0 if none completed).
+  double step_ms = 0.0;
+  /// Optimizer steps completed.
+  int steps_completed = 0;
+  /// True when the cancel hook stopped the trial; a cancelled trial never counts as fitting.
+  bool cancelled = false;
+};
+
+/// Runs one trial. Returns its result for fits / out-of-memory / size-limit outcomes.
+/// Throws: model errors and fatal device errors, unchanged (they end the search).
+using Probe = std::function<TrialResult(const TrialRequest&)>;
+
+}  // namespace autobatch

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine for autobatch; idempotent: on a ready machine it installs nothing and
+# takes seconds.
+#   1. Debian packages the build needs (only the missing ones are installed).
+#   2. The project's Python environment from requirements.txt (torch==2.11.0 is our LibTorch),
+#      kept outside the clone (see scripts/env.sh) and keyed by a hash of requirements.txt.
+#   3. The real models of scripts/export_models.py, into models/ (ignored), when that script exists.
+# Variables: AUTOBATCH_VENV, AUTOBATCH_ENV_ROOT, Torch_DIR (see scripts/env.sh);
+#   AUTOBATCH_SKIP_APT=1 skips step 1 (a machine where you cannot be root and have the packages).
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+
+debs=(cmake ninja-build ccache g++ python3-venv libspdlog-dev libfmt-dev libcxxopts-dev libgtest-dev
+      libgmock-dev nlohmann-json3-dev clang-14 libclang-rt-14-dev clang-format clang-tidy)
+
+install_debs() {
+  local missing=()
+  for p in "${debs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && { echo "bootstrap: Debian packages present"; return; }
+  echo "bootstrap: installing Debian packages: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+install_venv() {
+  if [ -f "$AUTOBATCH_VENV/.autobatch-complete" ]; then
+    echo "bootstrap: Python environment ready at $AUTOBATCH_VENV"
+    return
+  fi
+  # The marker is written last, so an interrupted install is never taken as ready: start over.
+  rm -rf "$AUTOBATCH_VENV"
+  mkdir -p "$(dirname "$AUTOBATCH_VENV")"
+  echo "bootstrap: creating the Python environment (about 5 GB, a few minutes) at $AUTOBATCH_VENV"
+  python3 -m venv "$AUTOBATCH_VENV"
+  "$AUTOBATCH_PYTHON" -m pip install -q --upgrade pip
+  "$AUTOBATCH_PYTHON" -m pip install -q -r "$AUTOBATCH_ROOT/requirements.txt"
+  touch "$AUTOBATCH_VENV/.autobatch-complete"
+}
+
+t0=$SECONDS
+[ "${AUTOBATCH_SKIP_APT:-0}" = 1 ] || autobatch_timed "bootstrap: Debian packages" install_debs
+autobatch_timed "bootstrap: Python environment" install_venv
+if [ -f "$AUTOBATCH_ROOT/scripts/export_models.py" ]; then
+  autobatch_timed "bootstrap: models" "$AUTOBATCH_PYTHON" "$AUTOBATCH_ROOT/scripts/export_models.py" \
+    --out "$AUTOBATCH_ROOT/models"
+fi
+echo "[time] bootstrap total: $((SECONDS - t0)) s"

@@ -1,0 +1,35 @@
+# shellcheck shell=bash
+# Sourced by the other scripts: where the project's Python environment, LibTorch and the build live.
+#
+#   AUTOBATCH_VENV       the Python environment (default: $AUTOBATCH_ENV_ROOT/venv-<hash of
+#                        requirements.txt>, so a fresh clone finds it again and a changed
+#                        requirements file gives a fresh one)
+#   AUTOBATCH_ENV_ROOT   where such environments are kept (default: ~/.cache/autobatch)
+#   Torch_DIR            a LibTorch of your own (the folder holding TorchConfig.cmake); when set,
+#                        the build uses it and the Python environment only exports models
+#   AUTOBATCH_BUILD_DIR  the CMake build tree (default: build/ in the clone)
+AUTOBATCH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+AUTOBATCH_ENV_ROOT="${AUTOBATCH_ENV_ROOT:-${HOME:-/root}/.cache/autobatch}"
+_ab_req_hash="$(sha256sum "$AUTOBATCH_ROOT/requirements.txt" | cut -c1-12)"
+AUTOBATCH_VENV="${AUTOBATCH_VENV:-$AUTOBATCH_ENV_ROOT/venv-$_ab_req_hash}"
+AUTOBATCH_BUILD_DIR="${AUTOBATCH_BUILD_DIR:-$AUTOBATCH_ROOT/build}"
+AUTOBATCH_PYTHON="$AUTOBATCH_VENV/bin/python"
+export AUTOBATCH_ROOT AUTOBATCH_ENV_ROOT AUTOBATCH_VENV AUTOBATCH_BUILD_DIR AUTOBATCH_PYTHON
+
+# The CMake prefix that holds LibTorch: Torch_DIR when the user has one, else the environment's wheel.
+autobatch_torch_prefix() {
+  if [ -n "${Torch_DIR:-}" ]; then
+    echo "$Torch_DIR"
+  else
+    "$AUTOBATCH_PYTHON" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)'
+  fi
+}
+
+# Prints "<label> took N s" for the phase timing that test.sh and CI show.
+autobatch_timed() {
+  local label="$1"; shift
+  local t0=$SECONDS rc=0
+  "$@" || rc=$?
+  echo "[time] $label: $((SECONDS - t0)) s (exit $rc)"
+  return $rc
+}
