@@ -15,8 +15,8 @@ std::vector<CudaDeviceInfo> cudaDevices() {
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
-    devices.push_back({i, prop.name, static_cast<std::int64_t>(prop.totalGlobalMem), prop.major,
-                       prop.minor});
+    devices.push_back(
+        {i, prop.name, static_cast<std::int64_t>(prop.totalGlobalMem), prop.major, prop.minor});
   }
   return devices;
 }

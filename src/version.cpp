@@ -23,7 +23,8 @@ std::string versionText(const BuildInfo& info) {
   std::ostringstream out;
   out << "autobatch " << info.autobatch_version << "\n";
   out << "LibTorch " << info.libtorch_version;
-  out << (info.cuda_build ? " (CUDA " + info.cuda_version + " build)" : " (CPU-only build)") << "\n";
+  out << (info.cuda_build ? " (CUDA " + info.cuda_version + " build)" : " (CPU-only build)")
+      << "\n";
   if (info.cuda_devices.empty()) {
     out << "GPU: none seen"
         << (info.cuda_build && info.cuda_driver_version == 0 ? " (no CUDA driver)" : "") << "\n";

@@ -20,7 +20,7 @@ enum class LossKind {
   kMean,          ///< "mean": mean of the (first) output tensor
   kCrossEntropy,  ///< "cross-entropy": random class targets below the output's last dimension
   kMse,           ///< "mse": mean squared error against a random target of the output's shape
-  kModel,         ///< "model": forward returns the loss (a scalar, a tuple's first, a dict's "loss")
+  kModel,  ///< "model": forward returns the loss (a scalar, a tuple's first, a dict's "loss")
 };
 
 /// Optimizers from torch::optim. Adam-style state is created lazily at the first step().

@@ -17,8 +17,9 @@ namespace autobatch {
 /// Called between training steps, from the thread that runs them; must be cheap and never throw.
 using CancelHook = std::function<bool()>;
 
-/// One trial to run: `steps` optimizer steps, each made of `micro_batches_per_step` forward/backward
-/// passes of `micro_batch_size` samples. The steps per trial come from TrainingSpec.
+/// One trial to run: `steps` optimizer steps, each made of `micro_batches_per_step`
+/// forward/backward passes of `micro_batch_size` samples. The steps per trial come from
+/// TrainingSpec.
 struct TrialRequest {
   /// Samples in one micro-batch (the leading dimension of every input). Range: >= 1.
   std::int64_t micro_batch_size = 1;

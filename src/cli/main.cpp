@@ -1,7 +1,7 @@
 // The autobatch command line. The only user of cxxopts; the only catch-all (exit codes below and
 // in docs/errors.md).
-#include <cxxopts.hpp>
 #include <spdlog/spdlog.h>
+#include <cxxopts.hpp>
 
 #include <exception>
 #include <iostream>

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Bootstrap if needed, configure and build (the shared first half of test.sh and demo.sh).
+# Variables: AUTOBATCH_BUILD_DIR (default build/), AUTOBATCH_JOBS (default: cores), Torch_DIR,
+# CMAKE_BUILD_TYPE (default RelWithDebInfo).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/env.sh"
+
+autobatch_timed "bootstrap" bash "$here/bootstrap.sh"
+torch_prefix="$(autobatch_torch_prefix)"
+mkdir -p "$AUTOBATCH_BUILD_DIR"
+autobatch_timed "configure" cmake -S "$AUTOBATCH_ROOT" -B "$AUTOBATCH_BUILD_DIR" -G Ninja \
+  -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" -DCMAKE_PREFIX_PATH="$torch_prefix" \
+  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DAUTOBATCH_WERROR=ON -DAUTOBATCH_PYTHON="$AUTOBATCH_PYTHON" \
+  >"$AUTOBATCH_BUILD_DIR/configure.log" 2>&1 || { cat "$AUTOBATCH_BUILD_DIR/configure.log"; exit 1; }
+autobatch_timed "build" cmake --build "$AUTOBATCH_BUILD_DIR" -j "${AUTOBATCH_JOBS:-$(nproc)}"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Run HERE before a device call: downloads the Debian packages the build needs and extracts them
+# into .debs/root (ignored by git), to be named in the device tool's `carry`. The GPU machine's
+# image has LibTorch (/opt/torch/.venv), nvcc, cmake and ninja, but no internet.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/../env.sh"
+dest="$AUTOBATCH_ROOT/.debs"
+pkgs=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libcxxopts-dev nlohmann-json3-dev
+      libgtest-dev libgmock-dev googletest)
+rm -rf "$dest" && mkdir -p "$dest/pkgs" "$dest/root"
+(cd "$dest/pkgs" && apt-get download "${pkgs[@]}" >/dev/null)
+for deb in "$dest"/pkgs/*.deb; do dpkg -x "$deb" "$dest/root"; done
+rm -rf "$dest/pkgs" "$dest/root/usr/src" "$dest/root/usr/share/doc"
+du -sh "$dest"
