@@ -1,0 +1,24 @@
+// autobatch/units.h — byte sizes as users write them, and as reports print them.
+//
+// LibTorch-free (fuzzed by tests/fuzz/). Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace autobatch {
+
+/// Parses a byte size: a non-negative number, optionally with a fraction, then an optional unit.
+/// Units (case-insensitive, optional space before): B; decimal KB MB GB TB (10^3 .. 10^12);
+/// binary KiB MiB GiB TiB (2^10 .. 2^40). "24GiB" = 24 x 2^30, "24GB" = 24 x 10^9, "512MiB",
+/// "1.5GiB" (rounded down to whole bytes), "1073741824" (bytes).
+/// `what` names the value in errors (e.g. "--memory-limit").
+/// Throws: autobatch::Error for an empty text, a sign, an exponent ("1e400"), an unknown unit
+/// ("24XB": lists the valid ones), or a value above 2^63 - 1 bytes.
+std::int64_t parseBytes(std::string_view text, std::string_view what = "size");
+
+/// A human figure with a binary unit and 2 decimals: "512 B", "1.50 KiB", "3.00 GiB".
+std::string formatBytes(std::int64_t bytes);
+
+}  // namespace autobatch

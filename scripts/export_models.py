@@ -1,0 +1,122 @@
+"""Exports the real models of autobatch's main job and tests into models/ (ignored by git).
+
+torchvision ResNet-18, ResNet-50, MobileNetV3-Large, ViT-B/16 (random weights: memory does not
+depend on their values) and a GPT-style decoder-only language model (vocabulary 32000, context
+256, 12 layers of width 768, tied embeddings: about 110M parameters). Each archive carries its
+input specs and loss (autobatch/inputs.json), so no --input flag is needed.
+
+A model is exported again only when these scripts or torch changed since it was written (a stamp file
+per model holds their hash). Run by scripts/bootstrap.sh with the project's Python environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from autobatch_export import export  # noqa: E402
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block with causal self-attention (GPT-2 layout)."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.ln2 = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, 4 * width)
+        self.out = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class DecoderLM(nn.Module):
+    """GPT-style decoder-only LM: token ids [batch, context] int64 -> logits [batch, context, vocab]."""
+
+    def __init__(self, vocab: int = 32000, context: int = 256, width: int = 768, layers: int = 12,
+                 heads: int = 12):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, width)
+        self.pos = nn.Parameter(torch.zeros(1, context, width))
+        self.blocks = nn.ModuleList([Block(width, heads) for _ in range(layers)])
+        self.ln = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied, as in GPT-2
+        nn.init.normal_(self.pos, std=1.0 / math.sqrt(width))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos[:, : idx.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def _vision(name: str):
+    import torchvision
+
+    return lambda: (getattr(torchvision.models, name)(weights=None),
+                    (torch.randn(2, 3, 224, 224),), "cross-entropy", None)
+
+
+def _decoder_lm():
+    return (DecoderLM(), (torch.randint(0, 32000, (2, 256)),), "cross-entropy", {0: 32000})
+
+
+MODELS = {
+    "resnet18": _vision("resnet18"),
+    "resnet50": _vision("resnet50"),
+    "mobilenet_v3_large": _vision("mobilenet_v3_large"),
+    "vit_b_16": _vision("vit_b_16"),
+    "decoder_lm": _decoder_lm,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "models"))
+    parser.add_argument("--only", nargs="*", choices=sorted(MODELS), help="export only these")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    digest = hashlib.sha256()
+    for script in (__file__, os.path.join(os.path.dirname(__file__), "autobatch_export.py")):
+        with open(script, "rb") as f:
+            digest.update(f.read())
+    stamp = digest.hexdigest()[:16] + " torch " + torch.__version__
+    torch.manual_seed(0)
+    for name in args.only or MODELS:
+        path = os.path.join(args.out, f"{name}.pt")
+        stamp_path = path + ".stamp"
+        if os.path.exists(path) and os.path.exists(stamp_path) and open(stamp_path).read() == stamp:
+            continue
+        t0 = time.time()
+        model, example, loss, int_high = MODELS[name]()
+        params = sum(p.numel() for p in model.parameters())
+        meta = export(model, path, example, loss=loss, int_high=int_high)
+        with open(stamp_path, "w") as f:
+            f.write(stamp)
+        print(f"export_models: {name}: {params / 1e6:.1f}M parameters, {meta}, "
+              f"{time.time() - t0:.1f} s -> {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+#include "autobatch/units.h"
+
+#include <array>
+#include <cctype>
+#include <cstdio>
+#include <limits>
+#include <utility>
+
+#include "autobatch/error.h"
+
+namespace autobatch {
+namespace {
+
+constexpr std::int64_t kKilo = 1000;
+constexpr std::size_t kMaxFractionDigits = 18;
+constexpr std::array<std::pair<std::string_view, std::int64_t>, 9> kUnits{{
+    {"b", 1},
+    {"kb", kKilo},
+    {"mb", kKilo* kKilo},
+    {"gb", kKilo* kKilo* kKilo},
+    {"tb", kKilo* kKilo* kKilo* kKilo},
+    {"kib", std::int64_t{1} << 10},
+    {"mib", std::int64_t{1} << 20},
+    {"gib", std::int64_t{1} << 30},
+    {"tib", std::int64_t{1} << 40},
+}};
+
+[[noreturn]] void fail(std::string_view what, std::string_view text, std::string_view why) {
+  throw Error(std::string(what) +
+              ": expected a byte size such as 24GiB, 24GB, 512MiB or 1073741824, but got '" +
+              std::string(text) + "' (" + std::string(why) + ")");
+}
+
+bool isDigit(char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }
+
+}  // namespace
+
+std::int64_t parseBytes(std::string_view text, std::string_view what) {
+  std::size_t i = 0;
+  if (text.empty()) fail(what, text, "empty");
+  if (text[0] == '-' || text[0] == '+') fail(what, text, "a size has no sign");
+  constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
+  std::int64_t whole = 0;
+  std::size_t digits = 0;
+  for (; i < text.size() && isDigit(text[i]); ++i, ++digits) {
+    const auto d = static_cast<std::int64_t>(text[i] - '0');
+    if (whole > (kMax - d) / 10) fail(what, text, "larger than 2^63 - 1 bytes");
+    whole = whole * 10 + d;
+  }
+  // The fraction is kept as an exact integer over 10^k: "0.3KB" is 300 bytes, not 299.
+  std::uint64_t fraction = 0;
+  std::uint64_t fraction_scale = 1;
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    std::size_t fraction_digits = 0;
+    for (; i < text.size() && isDigit(text[i]); ++i, ++fraction_digits) {
+      if (fraction_digits == kMaxFractionDigits)
+        fail(what, text, "more than 18 digits after the decimal point");
+      fraction = fraction * 10 + static_cast<std::uint64_t>(text[i] - '0');
+      fraction_scale *= 10;
+    }
+    if (fraction_digits == 0) fail(what, text, "no digit after the decimal point");
+  }
+  if (digits == 0) fail(what, text, "no number");
+  while (i < text.size() && text[i] == ' ') ++i;
+  std::string unit;
+  for (; i < text.size(); ++i) {
+    unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
+  }
+  std::int64_t multiplier = 0;
+  if (unit.empty()) multiplier = 1;
+  for (const auto& [name, value] : kUnits) {
+    if (unit == name) multiplier = value;
+  }
+  if (multiplier == 0) {
+    if (unit.find_first_of("e") == 0 && unit.size() > 1 && isDigit(unit[1])) {
+      fail(what, text, "exponents are not accepted: write the unit instead");
+    }
+    fail(what, text,
+         "unknown unit '" + unit + "': valid units are B, KB, MB, GB, TB, KiB, MiB, GiB, TiB");
+  }
+  if (whole > kMax / multiplier) fail(what, text, "larger than 2^63 - 1 bytes");
+  // floor(fraction * multiplier / scale) without overflow: fraction, scale < 10^18, multiplier
+  // < 2^41, so the product needs 128 bits.
+  __extension__ using Wide = unsigned __int128;
+  const auto fraction_bytes = static_cast<std::int64_t>(
+      static_cast<Wide>(fraction) * static_cast<Wide>(multiplier) / fraction_scale);
+  if (whole * multiplier > kMax - fraction_bytes) fail(what, text, "larger than 2^63 - 1 bytes");
+  return whole * multiplier + fraction_bytes;
+}
+
+std::string formatBytes(std::int64_t bytes) {
+  static constexpr std::array<const char*, 5> kNames{"B", "KiB", "MiB", "GiB", "TiB"};
+  const bool negative = bytes < 0;
+  auto value = static_cast<double>(negative ? -bytes : bytes);
+  std::size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < kNames.size()) {
+    value /= 1024.0;
+    ++unit;
+  }
+  std::array<char, 48> buffer{};
+  if (unit == 0) {
+    std::snprintf(buffer.data(), buffer.size(), "%s%lld B", negative ? "-" : "",
+                  static_cast<long long>(negative ? -bytes : bytes));
+  } else {
+    std::snprintf(buffer.data(), buffer.size(), "%s%.2f %s", negative ? "-" : "", value,
+                  kNames[unit]);
+  }
+  return buffer.data();
+}
+
+}  // namespace autobatch

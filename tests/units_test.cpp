@@ -1,0 +1,75 @@
+#include "autobatch/units.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "autobatch/error.h"
+
+namespace autobatch {
+namespace {
+
+TEST(UnitsTest, BothUnitFamiliesAreExact) {
+  EXPECT_EQ(parseBytes("24GiB"), 24LL << 30);
+  EXPECT_EQ(parseBytes("24GB"), 24'000'000'000LL);
+  EXPECT_EQ(parseBytes("512MiB"), 512LL << 20);
+  EXPECT_EQ(parseBytes("3 kib"), 3072);
+  EXPECT_EQ(parseBytes("2TB"), 2'000'000'000'000LL);
+  EXPECT_EQ(parseBytes("1TiB"), 1LL << 40);
+  EXPECT_EQ(parseBytes("1073741824"), 1LL << 30);
+  EXPECT_EQ(parseBytes("17B"), 17);
+  EXPECT_EQ(parseBytes("0"), 0);
+}
+
+TEST(UnitsTest, FractionsRoundDownToWholeBytes) {
+  EXPECT_EQ(parseBytes("1.5GiB"), 3LL << 29);
+  EXPECT_EQ(parseBytes("0.5KB"), 500);
+  EXPECT_EQ(parseBytes("1.0001KiB"), 1024);  // 1024.1024 bytes
+  // Exact decimal arithmetic: binary floating point would give 299 and 1 099 999 999.
+  EXPECT_EQ(parseBytes("0.3KB"), 300);
+  EXPECT_EQ(parseBytes("1.1GB"), 1'100'000'000);
+  EXPECT_EQ(parseBytes("0.999999999999999999TiB"), (1LL << 40) - 1);
+}
+
+TEST(UnitsTest, LargestValueAndOneMore) {
+  EXPECT_EQ(parseBytes("9223372036854775807"), 9223372036854775807LL);
+  EXPECT_THROW(parseBytes("9223372036854775808"), Error);
+  EXPECT_EQ(parseBytes("8388607TiB"), 8388607LL << 40);
+  EXPECT_THROW(parseBytes("8388608TiB"), Error);  // 2^63 bytes
+}
+
+void expectError(const std::string& text, const std::string& part) {
+  try {
+    parseBytes(text, "--memory-limit");
+    FAIL() << "expected an Error for '" << text << "'";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_EQ(message.rfind("--memory-limit: expected a byte size such as 24GiB", 0), 0U)
+        << message;
+    EXPECT_NE(message.find("'" + text + "'"), std::string::npos) << message;
+    EXPECT_NE(message.find(part), std::string::npos) << message;
+  }
+}
+
+TEST(UnitsTest, MalformedSizesSayWhatIsWrong) {
+  expectError("24XB", "unknown unit 'xb': valid units are B, KB, MB, GB, TB, KiB, MiB, GiB, TiB");
+  expectError("-1GiB", "a size has no sign");
+  expectError("+1GiB", "a size has no sign");
+  expectError("1e400", "exponents are not accepted");
+  expectError("", "empty");
+  expectError("GiB", "no number");
+  expectError("1.GiB", "no digit after the decimal point");
+  expectError("1 2GiB", "unknown unit");
+  expectError("1.0000000000000000001GiB", "more than 18 digits after the decimal point");
+  expectError("99999999999999999999", "larger than 2^63 - 1 bytes");
+}
+
+TEST(UnitsTest, FormatsWithBinaryUnits) {
+  EXPECT_EQ(formatBytes(512), "512 B");
+  EXPECT_EQ(formatBytes(1536), "1.50 KiB");
+  EXPECT_EQ(formatBytes(3LL << 30), "3.00 GiB");
+  EXPECT_EQ(formatBytes(-(1LL << 20)), "-1.00 MiB");
+}
+
+}  // namespace
+}  // namespace autobatch
