@@ -24,7 +24,7 @@ or a tuple whose first entry / a dict whose "loss" entry is it).
 
 The metadata schema (version 1)::
 
-    {"schema": 1, "inputs": ["3x224x224", "int64:256:<32000"], "loss": "cross-entropy"}
+    {"version": 1, "inputs": ["3x224x224", "int64:256:<32000"], "loss": "cross-entropy"}
 
 where each input uses autobatch's ``--input`` syntax (see docs/inputs.md).
 """
@@ -74,7 +74,7 @@ def metadata(example_inputs: Sequence[torch.Tensor], loss: str,
         raise ValueError(f"unknown loss '{loss}': expected one of {', '.join(LOSSES)}")
     int_high = int_high or {}
     specs = [input_spec(t, int_high.get(i)) for i, t in enumerate(example_inputs)]
-    return json.dumps({"schema": 1, "inputs": specs, "loss": loss})
+    return json.dumps({"version": 1, "inputs": specs, "loss": loss})
 
 
 def export(model: torch.nn.Module, path: str, example_inputs: Sequence[torch.Tensor],

@@ -1,0 +1,93 @@
+// autobatch/autobatch.h — the library's entry points: find the largest micro-batch of a model,
+// or check that one micro-batch fits.
+//
+// Contract: findMaxBatch() loads (or borrows) a TorchScript model, runs real training steps at
+// the micro-batches the search picks (autobatch/search.h, autobatch/trial_runner.h), and returns
+// the search's result together with the model's memory breakdown and where the limit came from.
+// Out-of-memory is a result; invalid input throws autobatch::Error; errors raised by the model
+// or the device propagate unchanged. After it returns or throws, a borrowed module has its
+// original weights, buffers and training mode, the process-wide state is restored, and the
+// allocator is back to the bytes it held before the call: a launcher can train right after.
+// This header includes no LibTorch header (the module type is forward-declared).
+// Thread safety: one call at a time per process on the CPU (one budget allocator).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "autobatch/input_spec.h"
+#include "autobatch/planner.h"
+#include "autobatch/search.h"
+#include "autobatch/search_options.h"
+#include "autobatch/training_spec.h"
+#include "autobatch/trial.h"
+
+namespace torch::jit {
+struct Module;
+}  // namespace torch::jit
+
+namespace autobatch {
+
+/// What the model itself holds, exact (counted from its tensors), in bytes unless named.
+struct MemoryBreakdown {
+  std::int64_t parameter_count = 0;        ///< elements of the trained parameters
+  std::int64_t parameter_bytes = 0;        ///< all parameters, after an fp16/bf16 cast
+  std::int64_t gradient_bytes = 0;         ///< gradients of the trained parameters
+  std::int64_t optimizer_state_bytes = 0;  ///< adam/adamw 2x, sgd-momentum 1x the trained bytes
+  std::int64_t baseline_bytes = 0;  ///< tensors alive before every trial (the model, inputs' not)
+  std::int64_t outside_bytes = 0;   ///< device memory outside the allocator (CUDA context); CPU 0
+};
+
+/// Where and how the trials ran.
+struct RunContext {
+  std::string device;               ///< "cpu", "cuda:0", ...
+  std::string backend;              ///< "cpu-budget" or "cuda-caching"
+  std::int64_t memory_limit_bytes = 0;  ///< the limit the trials ran under (after the reserve)
+  std::string memory_limit_source;  ///< e.g. "--memory-limit", "MemAvailable at start"
+  std::string allocator_config;     ///< PYTORCH_ALLOC_CONF (CUDA), "" when unset
+  std::vector<InputSpec> inputs;    ///< the inputs the trials used (flags, else the archive)
+  LossKind loss = LossKind::kMean;  ///< the loss the trials used
+  int micro_batches_per_trial = 1;  ///< min(accumulation_steps, 2)
+};
+
+/// The result of findMaxBatch().
+struct MaxBatchResult {
+  SearchResult search;
+  MemoryBreakdown memory;
+  RunContext context;
+};
+
+/// Finds the largest micro-batch of the TorchScript model at `spec.model_path` on `spec.device`.
+/// Runs `spec.steps_per_trial` real optimizer steps per trial, with min(accumulation_steps, 2)
+/// micro-batches per step. Returns: see MaxBatchResult (a budget, cancellation or nothing fitting
+/// is search.status, not an exception).
+/// Throws: autobatch::Error for invalid spec/options or an unreadable/non-TorchScript file;
+/// model errors (forward, backward) and fatal device errors unchanged.
+/// Side effects: allocates and frees device memory; installs and removes the CPU budget allocator
+/// (CPU) or sets and restores the caching allocator's memory fraction (CUDA).
+MaxBatchResult findMaxBatch(const TrainingSpec& spec, const SearchOptions& options);
+
+/// As above on a module the caller already loaded on `spec.device` (spec.model_path is used only
+/// in messages; spec.inputs must be given). The module is borrowed; afterwards its weights,
+/// buffers and training mode are exactly as given.
+MaxBatchResult findMaxBatch(torch::jit::Module& module, const TrainingSpec& spec,
+                            const SearchOptions& options);
+
+/// The result of checkBatch().
+struct CheckResult {
+  TrialResult trial;                ///< the trial at the checked micro-batch
+  bool fits = false;                ///< the trial fit (raw, no headroom)
+  bool fits_with_margin = false;    ///< it fit and peak_bytes <= limit - margin
+  std::int64_t margin_bytes = 0;    ///< the headroom applied, in bytes
+  MemoryBreakdown memory;
+  RunContext context;
+};
+
+/// Preflight: runs one trial at `micro_batch_size` (steps per trial and accumulation from `spec`)
+/// and says whether it fits, raw and with the margin of `options`.
+/// Throws: as findMaxBatch; autobatch::Error for micro_batch_size < 1.
+CheckResult checkBatch(const TrainingSpec& spec, const SearchOptions& options,
+                       std::int64_t micro_batch_size);
+
+}  // namespace autobatch

@@ -1,0 +1,63 @@
+// autobatch/report.h — the results as people and programs read them: a human report, a JSON
+// document (schema below), and shell lines a launcher can `eval`.
+//
+// LibTorch-free. Thread safety: pure functions of their arguments.
+//
+// JSON schema, version 1 (docs/report.md lists every field): {"schema_version": 1, "status",
+// "exit_code", "error", "autobatch": {version, libtorch, cuda, driver}, "device": {...},
+// "fingerprint": {...}, "options": {...}, "model": {parameters, bytes...}, "trials": [...],
+// "result": {max_micro_batch, safe_micro_batch, ...}, "fit": {...}, "plans": {...}, "check": {...},
+// "warnings": [...]}. Keys are never removed within a schema version; new keys may appear.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "autobatch/autobatch.h"
+#include "autobatch/search_options.h"
+#include "autobatch/training_spec.h"
+#include "autobatch/version.h"
+
+namespace autobatch {
+
+/// The JSON report's schema version (see the file comment).
+inline constexpr int kReportSchemaVersion = 1;
+
+/// Everything one run of the CLI knows, at any point of its life (errors included).
+struct ReportData {
+  /// "found", "nothing-fits", "trial-budget", "time-budget", "cancelled" (search statuses),
+  /// "fits", "does-not-fit" (--check-batch), "interrupted", "usage-error", "runtime-error".
+  std::string status;
+  /// The process exit code that goes with status (see docs/errors.md).
+  int exit_code = 0;
+  /// The error message for usage and runtime errors; "" otherwise.
+  std::string error;
+  TrainingSpec spec;
+  SearchOptions options;
+  BuildInfo build;
+  /// SHA-1 of the model file, hex; "" when not computed (no file, error before).
+  std::string model_sha1;
+  /// Bytes of the model file; 0 when unknown.
+  std::int64_t model_file_bytes = 0;
+  /// Search mode.
+  std::optional<MaxBatchResult> result;
+  /// --check-batch mode.
+  std::optional<CheckResult> check;
+};
+
+/// The JSON document (pretty-printed, 2 spaces, trailing newline).
+std::string toJson(const ReportData& data);
+
+/// The human report: trials, result, plans (primary marked), memory breakdown.
+std::string humanReport(const ReportData& data);
+
+/// Shell lines for `eval`: AUTOBATCH_MICRO_BATCH, AUTOBATCH_ACCUM_STEPS,
+/// AUTOBATCH_EFFECTIVE_BATCH, AUTOBATCH_PLAN, AUTOBATCH_MICRO_BATCHES (space-separated sizes of one
+/// optimizer step, larger first; loss weight of each = its share of the samples),
+/// AUTOBATCH_MAX_MICRO_BATCH, AUTOBATCH_SAFE_MICRO_BATCH, AUTOBATCH_WORLD_SIZE, AUTOBATCH_STATUS.
+/// Without a target batch the plan is one step of the safe micro-batch. With nothing verified only
+/// AUTOBATCH_STATUS (and zeros) is written.
+std::string envLines(const ReportData& data);
+
+}  // namespace autobatch

@@ -1,0 +1,368 @@
+#include "autobatch/report.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "autobatch/units.h"
+
+namespace autobatch {
+namespace {
+
+using nlohmann::json;
+
+std::string inputsText(const std::vector<InputSpec>& inputs) {
+  std::string text;
+  for (const auto& spec : inputs) {
+    if (!text.empty()) text += ",";
+    text += toString(spec);
+  }
+  return text;
+}
+
+json toJson(const TrialResult& t) {
+  return {{"micro_batch_size", t.request.micro_batch_size},
+          {"micro_batches_per_step", t.request.micro_batches_per_step},
+          {"outcome", toString(t.outcome)},
+          {"reason", t.reason},
+          {"peak_allocated_bytes", t.peak_allocated_bytes},
+          {"peak_reserved_bytes", t.peak_reserved_bytes},
+          {"peak_bytes", t.peak_bytes},
+          {"memory_limit_bytes", t.memory_limit_bytes},
+          {"failed_request_bytes", t.failed_request_bytes},
+          {"allocator_retries", t.allocator_retries},
+          {"step_ms", t.step_ms},
+          {"steps_completed", t.steps_completed},
+          {"samples_per_second", samplesPerSecond(t)},
+          {"cancelled", t.cancelled}};
+}
+
+json toJson(const AccumulationPlan& plan) {
+  json groups = json::array();
+  for (const auto& g : plan.groups) {
+    groups.push_back({{"micro_batch_size", g.micro_batch_size},
+                      {"count", g.count},
+                      {"loss_weight", plan.lossWeight(g.micro_batch_size)}});
+  }
+  return {{"kind", toString(plan.kind)},
+          {"micro_batch_size", plan.largestMicroBatch()},
+          {"micro_batches", plan.microBatchSizes()},
+          {"groups", groups},
+          {"accumulation_steps", plan.accumulation_steps},
+          {"per_rank_batch", plan.per_rank_batch},
+          {"world_size", plan.world_size},
+          {"effective_batch", plan.effective_batch}};
+}
+
+json toJson(const MemoryBreakdown& m) {
+  return {{"parameter_count", m.parameter_count},
+          {"parameter_bytes", m.parameter_bytes},
+          {"gradient_bytes", m.gradient_bytes},
+          {"optimizer_state_bytes", m.optimizer_state_bytes},
+          {"baseline_bytes", m.baseline_bytes},
+          {"outside_bytes", m.outside_bytes}};
+}
+
+json optionsJson(const TrainingSpec& spec, const SearchOptions& o) {
+  json inputs = json::array();
+  for (const auto& s : spec.inputs) inputs.push_back(toString(s));
+  return {{"model", spec.model_path},
+          {"inputs", inputs},
+          {"loss", spec.loss ? json(toString(*spec.loss)) : json(nullptr)},
+          {"optimizer", toString(spec.optimizer)},
+          {"learning_rate", spec.learning_rate},
+          {"precision", toString(spec.precision)},
+          {"device", spec.device},
+          {"steps_per_trial", spec.steps_per_trial},
+          {"accumulation_steps", spec.accumulation_steps},
+          {"cudnn_benchmark", spec.cudnn_benchmark},
+          {"optimize_graph", spec.optimize_graph},
+          {"seed", spec.seed},
+          {"memory_limit_bytes", o.memory_limit_bytes},
+          {"reserve_bytes", o.reserve_bytes},
+          {"margin_fraction", o.margin_fraction},
+          {"margin_bytes", o.margin_bytes},
+          {"min_batch", o.min_batch},
+          {"max_batch", o.max_batch},
+          {"dataset_size", o.dataset_size},
+          {"initial_batch", o.initial_batch},
+          {"strategy", toString(o.strategy)},
+          {"relative_tolerance", o.relative_tolerance},
+          {"max_trials", o.max_trials},
+          {"time_limit_s", o.time_limit_s},
+          {"target_batch", o.target_batch},
+          {"world_size", o.world_size},
+          {"plan", toString(o.plan)}};
+}
+
+const RunContext* contextOf(const ReportData& d) {
+  if (d.result) return &d.result->context;
+  if (d.check) return &d.check->context;
+  return nullptr;
+}
+
+const MemoryBreakdown* memoryOf(const ReportData& d) {
+  if (d.result) return &d.result->memory;
+  if (d.check) return &d.check->memory;
+  return nullptr;
+}
+
+std::string gpuName(const BuildInfo& build, const std::string& device) {
+  if (device.rfind("cuda", 0) != 0) return "cpu";
+  int index = 0;
+  if (const auto colon = device.find(':'); colon != std::string::npos) {
+    index = std::atoi(device.c_str() + colon + 1);
+  }
+  for (const auto& d : build.cuda_devices) {
+    if (d.index == index) return d.name;
+  }
+  return device;
+}
+
+std::int64_t gpuBytes(const BuildInfo& build, const std::string& device) {
+  for (const auto& d : build.cuda_devices) {
+    if (device == "cuda:" + std::to_string(d.index) || (device == "cuda" && d.index == 0)) {
+      return d.total_bytes;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string toJson(const ReportData& d) {
+  json doc;
+  doc["schema_version"] = kReportSchemaVersion;
+  doc["status"] = d.status;
+  doc["exit_code"] = d.exit_code;
+  doc["error"] = d.error;
+  doc["autobatch"] = {{"version", d.build.autobatch_version},
+                      {"libtorch_version", d.build.libtorch_version},
+                      {"cuda_build", d.build.cuda_build},
+                      {"cuda_version", d.build.cuda_version},
+                      {"cuda_driver_version", d.build.cuda_driver_version}};
+  const RunContext* ctx = contextOf(d);
+  const std::string device = ctx ? ctx->device : d.spec.device;
+  doc["device"] = {{"name", device},
+                   {"description", gpuName(d.build, device)},
+                   {"total_bytes", gpuBytes(d.build, device)},
+                   {"backend", ctx ? ctx->backend : ""},
+                   {"memory_limit_bytes", ctx ? ctx->memory_limit_bytes : 0},
+                   {"memory_limit_source", ctx ? ctx->memory_limit_source : ""},
+                   {"allocator_config", ctx ? ctx->allocator_config : ""}};
+  doc["options"] = optionsJson(d.spec, d.options);
+  json used_inputs = json::array();
+  if (ctx) {
+    for (const auto& s : ctx->inputs) used_inputs.push_back(toString(s));
+  }
+  doc["fingerprint"] = {{"device_name", gpuName(d.build, device)},
+                        {"device_total_bytes", gpuBytes(d.build, device)},
+                        {"cuda_driver_version", d.build.cuda_driver_version},
+                        {"libtorch_version", d.build.libtorch_version},
+                        {"autobatch_version", d.build.autobatch_version},
+                        {"model_sha1", d.model_sha1},
+                        {"model_file_bytes", d.model_file_bytes},
+                        {"inputs", used_inputs},
+                        {"loss", ctx ? json(toString(ctx->loss)) : json(nullptr)},
+                        {"options", doc["options"]}};
+  doc["model"] = memoryOf(d) ? toJson(*memoryOf(d)) : json(nullptr);
+  json trials = json::array();
+  json warnings = json::array();
+  doc["result"] = nullptr;
+  doc["fit"] = nullptr;
+  doc["plans"] = nullptr;
+  doc["check"] = nullptr;
+  if (d.result) {
+    const SearchResult& s = d.result->search;
+    for (const auto& t : s.trials) trials.push_back(toJson(t));
+    for (const auto& w : s.warnings) warnings.push_back(w);
+    doc["result"] = {{"search_status", toString(s.status)},
+                     {"max_micro_batch", s.max_micro_batch},
+                     {"safe_micro_batch", s.safe_micro_batch},
+                     {"micro_batches_per_step", s.micro_batches_per_step},
+                     {"memory_limit_bytes", s.memory_limit_bytes},
+                     {"margin_bytes", s.margin_bytes},
+                     {"headroom_bytes", s.memory_limit_bytes - s.margin_bytes},
+                     {"fastest_micro_batch", s.fastest_micro_batch},
+                     {"non_monotonic", s.non_monotonic},
+                     {"size_limit_batch", s.size_limit_batch},
+                     {"size_limit_reason", s.size_limit_reason},
+                     {"min_batch_needs_at_least_bytes", s.min_batch_needs_at_least_bytes},
+                     {"trial_count", s.trials.size()},
+                     {"elapsed_s", s.elapsed_s}};
+    doc["fit"] = {{"fixed_bytes", s.fit.fixed_bytes},
+                  {"per_sample_bytes", s.fit.per_sample_bytes},
+                  {"points", s.fit.points},
+                  {"predicted_peak_bytes", s.predicted_peak_bytes},
+                  {"measured_peak_bytes", s.measured_peak_bytes}};
+    if (s.plan) {
+      doc["plans"] = {{"target_batch", s.plan->target_batch},
+                      {"max_micro_batch", s.plan->max_micro_batch},
+                      {"verified", s.plan_verified},
+                      {"primary", toString(s.plan->primary_kind)},
+                      {"uniform", toJson(s.plan->uniform)},
+                      {"balanced", toJson(s.plan->balanced)}};
+    }
+  }
+  if (d.check) {
+    trials.push_back(toJson(d.check->trial));
+    doc["check"] = {{"micro_batch_size", d.check->trial.request.micro_batch_size},
+                    {"fits", d.check->fits},
+                    {"fits_with_margin", d.check->fits_with_margin},
+                    {"margin_bytes", d.check->margin_bytes}};
+  }
+  doc["trials"] = trials;
+  doc["warnings"] = warnings;
+  return doc.dump(2) + "\n";
+}
+
+std::string humanReport(const ReportData& d) {
+  std::ostringstream out;
+  const RunContext* ctx = contextOf(d);
+  if (ctx) {
+    out << fmt::format("device {} ({}), limit {} ({})\n", ctx->device, ctx->backend,
+                       formatBytes(ctx->memory_limit_bytes), ctx->memory_limit_source);
+    out << fmt::format("model {}: inputs {}, loss {}, optimizer {}, {}, {} steps per trial, {} "
+                       "micro-batch(es) per step\n",
+                       d.spec.model_path, inputsText(ctx->inputs), toString(ctx->loss),
+                       toString(d.spec.optimizer), toString(d.spec.precision),
+                       d.spec.steps_per_trial, ctx->micro_batches_per_trial);
+  }
+  std::vector<TrialResult> trials;
+  if (d.result) trials = d.result->search.trials;
+  if (d.check) trials.push_back(d.check->trial);
+  if (!trials.empty()) {
+    out << "\ntrials\n";
+    out << fmt::format("  {:>3} {:>7} {:>5}  {:<13} {:>12} {:>12} {:>12} {:>9} {:>10}\n", "#",
+                       "batch", "micro", "outcome", "peak alloc", "peak reserv", "peak vs lim",
+                       "step ms", "samples/s");
+    int n = 0;
+    for (const auto& t : trials) {
+      out << fmt::format("  {:>3} {:>7} {:>5}  {:<13} {:>12} {:>12} {:>12} {:>9.1f} {:>10.1f}{}\n",
+                         ++n, t.request.micro_batch_size, t.request.micro_batches_per_step,
+                         t.cancelled ? "cancelled" : std::string(toString(t.outcome)),
+                         formatBytes(t.peak_allocated_bytes), formatBytes(t.peak_reserved_bytes),
+                         formatBytes(t.peak_bytes), t.step_ms, samplesPerSecond(t),
+                         t.reason.empty() ? "" : "  " + t.reason.substr(0, 80));
+    }
+  }
+  if (d.result) {
+    const SearchResult& s = d.result->search;
+    out << fmt::format("\nresult ({}, {} trials, {:.1f} s)\n", toString(s.status), s.trials.size(),
+                       s.elapsed_s);
+    out << fmt::format("  max micro-batch   {}\n", s.max_micro_batch);
+    out << fmt::format("  safe micro-batch  {}  (peak under limit - margin = {} - {} = {})\n",
+                       s.safe_micro_batch, formatBytes(s.memory_limit_bytes),
+                       formatBytes(s.margin_bytes),
+                       formatBytes(s.memory_limit_bytes - s.margin_bytes));
+    if (s.status == SearchStatus::kNothingFits) {
+      out << fmt::format("  nothing fits at the minimum batch {}: it needs at least {} (limit {})\n",
+                         d.options.min_batch, formatBytes(s.min_batch_needs_at_least_bytes),
+                         formatBytes(s.memory_limit_bytes));
+    }
+    if (s.size_limit_batch > 0) {
+      out << fmt::format("  size limit at {}: {}\n", s.size_limit_batch, s.size_limit_reason);
+    }
+    if (s.plan) {
+      const auto& p = *s.plan;
+      out << fmt::format("\nplans for target batch {} (world size {}, max micro-batch {}{})\n",
+                         p.target_batch, p.uniform.world_size, p.max_micro_batch,
+                         s.plan_verified ? ", verified with 2 micro-batches per step" : "");
+      for (const AccumulationPlan* plan : {&p.uniform, &p.balanced}) {
+        std::string sizes;
+        for (const auto& g : plan->groups) {
+          if (!sizes.empty()) sizes += " + ";
+          sizes += fmt::format("{} x {}", g.count, g.micro_batch_size);
+        }
+        out << fmt::format("  {} {:<9} {} = {} per rank x {} rank(s) = {} ({} accumulation "
+                           "steps)\n",
+                           plan->kind == p.primary_kind ? "*" : " ", toString(plan->kind), sizes,
+                           plan->per_rank_batch, plan->world_size, plan->effective_batch,
+                           plan->accumulation_steps);
+      }
+    }
+    const MemoryBreakdown& m = d.result->memory;
+    out << "\nmemory\n";
+    out << fmt::format("  parameters       {:.2f}M, {}\n",
+                       static_cast<double>(m.parameter_count) / 1e6, formatBytes(m.parameter_bytes));
+    out << fmt::format("  gradients        {}\n", formatBytes(m.gradient_bytes));
+    out << fmt::format("  optimizer state  {}\n", formatBytes(m.optimizer_state_bytes));
+    if (s.fit.points >= 2) {
+      out << fmt::format("  affine fit       fixed {} + {} per sample ({} points)\n",
+                         formatBytes(static_cast<std::int64_t>(s.fit.fixed_bytes)),
+                         formatBytes(static_cast<std::int64_t>(s.fit.per_sample_bytes)),
+                         s.fit.points);
+      if (s.measured_peak_bytes > 0) {
+        const double err = 100.0 * (s.predicted_peak_bytes - static_cast<double>(s.measured_peak_bytes)) /
+                           static_cast<double>(s.measured_peak_bytes);
+        out << fmt::format("  at batch {}:  predicted {}, measured {} ({:+.1f}%)\n",
+                           s.max_micro_batch,
+                           formatBytes(static_cast<std::int64_t>(s.predicted_peak_bytes)),
+                           formatBytes(s.measured_peak_bytes), err);
+      }
+    }
+    for (const auto& w : s.warnings) out << "warning: " << w << "\n";
+  }
+  if (d.check) {
+    const CheckResult& c = *d.check;
+    out << fmt::format("\ncheck micro-batch {}: {} raw, {} with the margin ({})\n",
+                       c.trial.request.micro_batch_size, c.fits ? "fits" : "does not fit",
+                       c.fits_with_margin ? "fits" : "does not fit", formatBytes(c.margin_bytes));
+  }
+  if (!d.error.empty()) out << "error: " << d.error << "\n";
+  return out.str();
+}
+
+std::string envLines(const ReportData& d) {
+  std::int64_t micro = 0;
+  std::int64_t steps = 0;
+  std::int64_t effective = 0;
+  std::int64_t max_micro = 0;
+  std::int64_t safe_micro = 0;
+  std::string plan_kind = "none";
+  std::string sizes;
+  const int world = d.options.world_size;
+  if (d.result && d.result->search.safe_micro_batch > 0) {
+    const SearchResult& s = d.result->search;
+    max_micro = s.max_micro_batch;
+    safe_micro = s.safe_micro_batch;
+    if (s.plan) {
+      const AccumulationPlan& p = s.plan->primary();
+      micro = p.largestMicroBatch();
+      steps = p.accumulation_steps;
+      effective = p.effective_batch;
+      plan_kind = toString(p.kind);
+      for (const auto size : p.microBatchSizes()) {
+        if (!sizes.empty()) sizes += " ";
+        sizes += std::to_string(size);
+      }
+    } else {
+      micro = s.safe_micro_batch;
+      steps = 1;
+      effective = micro * world;
+      plan_kind = "uniform";
+      sizes = std::to_string(micro);
+    }
+  } else if (d.check && d.check->fits_with_margin) {
+    micro = safe_micro = max_micro = d.check->trial.request.micro_batch_size;
+    steps = d.spec.accumulation_steps;
+    effective = micro * steps * world;
+    plan_kind = "uniform";
+    for (std::int64_t i = 0; i < steps; ++i) sizes += (i ? " " : "") + std::to_string(micro);
+  }
+  std::string out;
+  out += fmt::format("AUTOBATCH_STATUS={}\n", d.status);
+  out += fmt::format("AUTOBATCH_MICRO_BATCH={}\n", micro);
+  out += fmt::format("AUTOBATCH_ACCUM_STEPS={}\n", steps);
+  out += fmt::format("AUTOBATCH_EFFECTIVE_BATCH={}\n", effective);
+  out += fmt::format("AUTOBATCH_WORLD_SIZE={}\n", world);
+  out += fmt::format("AUTOBATCH_PLAN={}\n", plan_kind);
+  out += fmt::format("AUTOBATCH_MICRO_BATCHES='{}'\n", sizes);
+  out += fmt::format("AUTOBATCH_MAX_MICRO_BATCH={}\n", max_micro);
+  out += fmt::format("AUTOBATCH_SAFE_MICRO_BATCH={}\n", safe_micro);
+  return out;
+}
+
+}  // namespace autobatch
