@@ -17,6 +17,10 @@ namespace {
 constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max() / 8;
 // The fastest batch must beat the largest by this factor before a warning: step times are noisy.
 constexpr double kFasterFactor = 1.05;
+// Guided search: how far to go towards a prediction extrapolated far beyond its secant, and where
+// to retreat to when a prediction failed. Tuned with tests/bench/search_bench.cpp.
+constexpr double kFarJumpFraction = 0.95;
+constexpr double kRetreatFraction = 0.95;
 
 using Clock = std::chrono::steady_clock;
 
@@ -184,7 +188,8 @@ class Search {
   /// Secant prediction of the largest batch whose peak stays <= budget_bytes, anchored at the
   /// largest fitting batch <= `below` with a peak, against the largest fit at or below half of it
   /// (or else the smallest fit). 0 when there is no usable slope.
-  std::int64_t predict(std::int64_t budget_bytes, std::int64_t below) const {
+  std::int64_t predict(std::int64_t budget_bytes, std::int64_t below) {
+    far_jump_ = false;
     if (budget_bytes <= 0) return 0;
     auto anchor = fits_.upper_bound(below);
     if (anchor == fits_.begin()) return 0;
@@ -202,6 +207,7 @@ class Search {
     if (peak_b <= 0 || peak_a <= peak_b) return 0;
     const double slope = static_cast<double>(peak_a - peak_b) / static_cast<double>(a - b);
     const double extra = std::floor(static_cast<double>(budget_bytes - peak_a) / slope);
+    far_jump_ = extra > 4.0 * static_cast<double>(a - b);
     return std::max<std::int64_t>(1, a + static_cast<std::int64_t>(
                                              std::clamp(extra, -1e15, 1e15)));
   }
@@ -211,14 +217,24 @@ class Search {
   /// not shrink fast enough.
   std::int64_t guidedNext(std::int64_t low, std::int64_t high, std::int64_t pred) {
     std::int64_t x = 0;
+    if (pred > low && far_jump_) {
+      // Extrapolating far beyond a short secant: rounding of the small probes' peaks makes the
+      // slope uncertain, so aim short; a fit there is a far anchor for an accurate next secant.
+      pred = low + static_cast<std::int64_t>(kFarJumpFraction * static_cast<double>(pred - low));
+    }
     if (high >= kUnbounded) {
-      x = pred > low ? pred : low * 4;
+      // pred in (0, low]: the model puts the boundary at the anchor; confirm it by low + 1.
+      x = pred > low ? pred : (pred > 0 ? low + 1 : low * 4);
       if (streak_ >= 2) x = std::max(x, low + (std::int64_t{1} << std::min(streak_ - 1, 40)));
     } else {
       const std::int64_t width = high - low;
       if (pred <= 0 || (width_before_ > 0 && width * 2 > width_before_ && stalls_ >= 2)) {
         x = low + width / 2;
         stalls_ = 0;
+      } else if (pred >= high - 1 && streak_ < 0 && width > 8) {
+        // The model said "fits" where a batch failed: its slope is too low. Step back a little
+        // below the failure; a fit there anchors the next secant close to the boundary.
+        x = low + static_cast<std::int64_t>(kRetreatFraction * static_cast<double>(width));
       } else {
         x = pred;
         if (streak_ >= 2) x = std::max(x, low + (std::int64_t{1} << std::min(streak_ - 1, 40)));
@@ -231,7 +247,8 @@ class Search {
   }
 
   void noteOutcome(bool fit, std::int64_t width_before, std::int64_t width_after) {
-    streak_ = fit ? std::max(streak_, 0) + 1 : std::min(streak_, 0) - 1;
+    // A short-aimed far jump is not a guess at the boundary: it starts no gallop.
+    streak_ = far_jump_ ? 0 : fit ? std::max(streak_, 0) + 1 : std::min(streak_, 0) - 1;
     if (width_before < kUnbounded / 2 && width_after * 2 > width_before) {
       ++stalls_;
     } else {
@@ -516,6 +533,7 @@ class Search {
   int streak_ = 0;  // > 0: consecutive fits of guided steps; < 0: consecutive failures
   int stalls_ = 0;  // consecutive guided steps that did not halve the bracket
   std::int64_t width_before_ = 0;
+  bool far_jump_ = false;  // the last prediction extrapolated far beyond its secant
 };
 
 }  // namespace
