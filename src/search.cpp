@@ -20,7 +20,7 @@ constexpr double kFasterFactor = 1.05;
 // Guided search: how far to go towards a prediction extrapolated far beyond its secant, and where
 // to retreat to when a prediction failed. Tuned with tests/bench/search_bench.cpp.
 constexpr double kFarJumpFraction = 0.95;
-constexpr double kRetreatFraction = 0.95;
+constexpr double kRetreatFraction = 0.05;
 
 using Clock = std::chrono::steady_clock;
 
@@ -231,11 +231,15 @@ class Search {
       if (pred <= 0 || (width_before_ > 0 && width * 2 > width_before_ && stalls_ >= 2)) {
         x = low + width / 2;
         stalls_ = 0;
-      } else if (pred >= high - 1 && streak_ < 0 && width > 8) {
-        // The model said "fits" where a batch failed: its slope is too low. Step back a little
-        // below the failure; a fit there anchors the next secant close to the boundary.
-        x = low + static_cast<std::int64_t>(kRetreatFraction * static_cast<double>(width));
+      } else if (pred >= high - 1 && streak_ < 0) {
+        // The model said "fits" where a batch just failed: its slope is too low. Step back below
+        // the failure (further after each contradiction); a fit there anchors the next secant
+        // close to the boundary.
+        const auto back = static_cast<std::int64_t>(kRetreatFraction * static_cast<double>(width));
+        x = high - (std::max<std::int64_t>(1, back) << std::min(retreats_, 40));
+        ++retreats_;
       } else {
+        retreats_ = 0;
         x = pred;
         if (streak_ >= 2) x = std::max(x, low + (std::int64_t{1} << std::min(streak_ - 1, 40)));
         if (streak_ <= -2) {
@@ -248,7 +252,7 @@ class Search {
 
   void noteOutcome(bool fit, std::int64_t width_before, std::int64_t width_after) {
     // A short-aimed far jump is not a guess at the boundary: it starts no gallop.
-    streak_ = far_jump_ ? 0 : fit ? std::max(streak_, 0) + 1 : std::min(streak_, 0) - 1;
+    streak_ = fit ? (far_jump_ ? 0 : std::max(streak_, 0) + 1) : std::min(streak_, 0) - 1;
     if (width_before < kUnbounded / 2 && width_after * 2 > width_before) {
       ++stalls_;
     } else {
@@ -344,6 +348,7 @@ class Search {
     };
     streak_ = 0;
     stalls_ = 0;
+    retreats_ = 0;
     width_before_ = 0;
     while (stop_ == Stop::kNone) {
       const std::int64_t low = safeLo();
@@ -534,6 +539,7 @@ class Search {
   int stalls_ = 0;  // consecutive guided steps that did not halve the bracket
   std::int64_t width_before_ = 0;
   bool far_jump_ = false;  // the last prediction extrapolated far beyond its secant
+  int retreats_ = 0;       // consecutive retreats below a contradicted prediction
 };
 
 }  // namespace
