@@ -83,7 +83,9 @@ struct SearchResult {
   /// two-micro-batch verification had to step down. 0 without a plan.
   std::int64_t plan_max_micro_batch = 0;
   /// True when the plan's largest micro-batch was seen to fit (under the margin) with 2
-  /// micro-batches per step, or when the plan needs no accumulation and the search verified it.
+  /// micro-batches per step, when the search trials already ran 2 micro-batches per step, or when
+  /// the plan needs no accumulation (one micro-batch of at most the verified safe batch; memory
+  /// is assumed monotone below it).
   bool plan_verified = false;
   /// Every trial, in the order run (retries included).
   std::vector<TrialResult> trials;
