@@ -56,6 +56,10 @@ struct SearchOptions {
   std::int64_t initial_batch = 2;
   /// Default: guided.
   Strategy strategy = Strategy::kGuided;
+  /// Micro-batches per optimizer step of every search trial (TrialRequest::micro_batches_per_step):
+  /// 1, or 2 when the job accumulates gradients (TrainingSpec::accumulation_steps >= 2), so that
+  /// the peak of the second forward, with gradients alive, is what is measured. Default: 1.
+  int micro_batches_per_step = 1;
   /// Stop when hi <= lo * (1 + relative_tolerance); 0 is exact (lo + 1 == hi). Default: 0.
   double relative_tolerance = 0.0;
   /// Most trials to run; 0 means no budget. Default: 0.

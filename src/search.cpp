@@ -1,0 +1,579 @@
+#include "autobatch/search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+
+#include "autobatch/error.h"
+
+namespace autobatch {
+namespace {
+
+// Stands for "no upper bound known"; far below overflow of lo * 4 and (lo + hi) / 2.
+constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max() / 8;
+// The fastest batch must beat the largest by this factor before a warning: step times are noisy.
+constexpr double kFasterFactor = 1.05;
+// Guided search: how far to go towards a prediction extrapolated far beyond its secant, and where
+// to retreat to when a prediction failed. Tuned with tests/bench/search_bench.cpp.
+constexpr double kFarJumpFraction = 0.95;
+constexpr double kRetreatFraction = 0.05;
+
+using Clock = std::chrono::steady_clock;
+
+std::string bytesText(std::int64_t bytes) {
+  return std::to_string(bytes) + " bytes (" +
+         std::to_string(static_cast<double>(bytes) / static_cast<double>(1LL << 20)) + " MiB)";
+}
+
+void validate(const SearchOptions& o) {
+  auto expect = [](bool ok, const std::string& message) {
+    if (!ok) throw Error(message);
+  };
+  expect(o.min_batch >= 1, "min batch: expected >= 1, but got " + std::to_string(o.min_batch));
+  expect(o.max_batch == 0 || o.max_batch >= o.min_batch,
+         "max batch: expected 0 (no bound) or >= the min batch " + std::to_string(o.min_batch) +
+             ", but got " + std::to_string(o.max_batch));
+  expect(o.dataset_size == 0 || o.dataset_size >= o.min_batch,
+         "dataset size: expected 0 (unknown) or >= the min batch " + std::to_string(o.min_batch) +
+             ", but got " + std::to_string(o.dataset_size));
+  expect(o.margin_fraction >= 0.0 && o.margin_fraction < 1.0,
+         "margin fraction: expected a value in [0, 1), but got " +
+             std::to_string(o.margin_fraction));
+  expect(o.relative_tolerance >= 0.0, "relative tolerance: expected >= 0, but got " +
+                                          std::to_string(o.relative_tolerance));
+  expect(o.micro_batches_per_step == 1 || o.micro_batches_per_step == 2,
+         "micro-batches per step: expected 1 or 2, but got " +
+             std::to_string(o.micro_batches_per_step));
+  expect(o.max_trials >= 0,
+         "max trials: expected >= 0 (0: no budget), but got " + std::to_string(o.max_trials));
+  expect(o.time_limit_s >= 0.0, "time limit: expected >= 0 seconds (0: none), but got " +
+                                    std::to_string(o.time_limit_s));
+  expect(o.target_batch >= 0,
+         "target batch: expected >= 0 (0: no plan), but got " + std::to_string(o.target_batch));
+  if (o.target_batch > 0) planAccumulation(1, o.target_batch, o.world_size);  // throws its message
+}
+
+/// One search over one kind of trial (micro-batches per step): what was seen, and the bracket.
+class Search {
+ public:
+  Search(const Probe& probe, const SearchOptions& options)
+      : probe_(probe), options_(options), start_(Clock::now()) {
+    cap_ = kUnbounded - 1;
+    if (options.max_batch > 0) cap_ = std::min(cap_, options.max_batch);
+    if (options.dataset_size > 0) cap_ = std::min(cap_, options.dataset_size);
+    result_.micro_batches_per_step = options.micro_batches_per_step;
+  }
+
+  SearchResult run() {
+    switch (options_.strategy) {
+      case Strategy::kGuided:
+        runGuided();
+        break;
+      case Strategy::kBinsearch:
+      case Strategy::kPower:
+        runDoubling(options_.strategy == Strategy::kBinsearch);
+        break;
+    }
+    finishMax();
+    if (result_.max_micro_batch > 0) runSafe();
+    if (options_.target_batch > 0 && result_.max_micro_batch > 0) runPlan();
+    finish();
+    return std::move(result_);
+  }
+
+ private:
+  enum class Stop { kNone, kTrialBudget, kTimeBudget, kCancelled };
+
+  double elapsedS() const {
+    return std::chrono::duration<double>(Clock::now() - start_).count();
+  }
+
+  /// Runs one trial, or none when a budget ran out or the cancel hook fired (then stop_ is set).
+  const TrialResult* trial(std::int64_t batch, int micro_batches_per_step) {
+    if (stop_ != Stop::kNone) return nullptr;
+    if (options_.cancel && options_.cancel()) {
+      stop_ = Stop::kCancelled;
+    } else if (options_.max_trials > 0 &&
+               result_.trials.size() >= static_cast<std::size_t>(options_.max_trials)) {
+      stop_ = Stop::kTrialBudget;
+    } else if (options_.time_limit_s > 0.0 && elapsedS() >= options_.time_limit_s) {
+      stop_ = Stop::kTimeBudget;
+    }
+    if (stop_ != Stop::kNone) return nullptr;
+    TrialRequest request;
+    request.micro_batch_size = batch;
+    request.micro_batches_per_step = micro_batches_per_step;
+    request.cancel = options_.cancel;
+    TrialResult r = probe_(request);  // exceptions end the search, unchanged
+    r.request = request;
+    if (r.memory_limit_bytes > 0) limit_ = r.memory_limit_bytes;
+    result_.trials.push_back(std::move(r));
+    const TrialResult& last = result_.trials.back();
+    if (last.cancelled) {
+      stop_ = Stop::kCancelled;
+      return nullptr;  // a cancelled trial says nothing about memory
+    }
+    return &last;
+  }
+
+  std::int64_t lo() const { return fits_.empty() ? 0 : fits_.rbegin()->first; }
+  std::int64_t hi() const {
+    const auto above = fails_.upper_bound(lo());
+    return std::min(above == fails_.end() ? kUnbounded : *above, cap_ + 1);
+  }
+  bool closed(std::int64_t low, std::int64_t high) const {
+    if (high <= low + 1) return true;
+    return options_.relative_tolerance > 0.0 && low > 0 && high < kUnbounded &&
+           static_cast<double>(high) <=
+               static_cast<double>(low) * (1.0 + options_.relative_tolerance);
+  }
+
+  /// Tries `batch` in the search's mode and files the outcome; returns true when it fit, false
+  /// when it failed or the search was stopped (check stop_). Contradictions with earlier
+  /// outcomes (a failure below a fit) re-try the failed size once and are reported.
+  bool tryBatch(std::int64_t batch) {
+    const TrialResult* r = trial(batch, options_.micro_batches_per_step);
+    if (r == nullptr) return false;
+    switch (r->outcome) {
+      case TrialOutcome::kFits: {
+        fits_[batch] = r->peak_bytes;
+        fails_.erase(batch);
+        // A failure at or below a fit: re-try the smallest such failure once.
+        if (!fails_.empty() && *fails_.begin() <= batch) retryFailure(*fails_.begin(), batch);
+        return true;
+      }
+      case TrialOutcome::kOutOfMemory: {
+        if (batch == options_.min_batch && fits_.empty()) {
+          result_.min_batch_needs_at_least_bytes = r->peak_bytes + r->failed_request_bytes;
+        }
+        fails_.insert(batch);
+        if (lo() >= batch) retryFailure(batch, lo());
+        return false;
+      }
+      case TrialOutcome::kSizeLimit: {
+        if (result_.size_limit_batch == 0 || batch < result_.size_limit_batch) {
+          result_.size_limit_batch = batch;
+          result_.size_limit_reason = r->reason;
+        }
+        if (batch > lo()) cap_ = std::min(cap_, batch - 1);
+        return false;
+      }
+    }
+    return false;
+  }
+
+  void retryFailure(std::int64_t failed, std::int64_t fitting) {
+    if (!retried_.insert(failed).second) return;
+    const TrialResult* r = trial(failed, options_.micro_batches_per_step);
+    if (r == nullptr) return;
+    if (r->outcome == TrialOutcome::kFits) {
+      fits_[failed] = r->peak_bytes;
+      fails_.erase(failed);
+      result_.warnings.push_back("batch " + std::to_string(failed) +
+                                 " failed once and fit when re-tried (a transient failure)");
+      return;
+    }
+    result_.non_monotonic = true;
+    result_.warnings.push_back(
+        "non-monotonic memory: batch " + std::to_string(failed) + " failed twice although batch " +
+        std::to_string(fitting) +
+        " fit; sizes between them are not assumed to fit, the answer is the largest batch seen to "
+        "fit");
+  }
+
+  /// Secant prediction of the largest batch whose peak stays <= budget_bytes, anchored at the
+  /// largest fitting batch <= `below` with a peak, against the largest fit at or below half of it
+  /// (or else the smallest fit). 0 when there is no usable slope.
+  std::int64_t predict(std::int64_t budget_bytes, std::int64_t below) {
+    far_jump_ = false;
+    if (budget_bytes <= 0) return 0;
+    auto anchor = fits_.upper_bound(below);
+    if (anchor == fits_.begin()) return 0;
+    --anchor;
+    const auto [a, peak_a] = *anchor;
+    if (peak_a <= 0) return 0;
+    auto ref = fits_.upper_bound(a / 2);
+    if (ref == fits_.begin()) {
+      ref = fits_.begin();
+      if (ref->first == a) return 0;
+    } else {
+      --ref;
+    }
+    const auto [b, peak_b] = *ref;
+    if (peak_b <= 0 || peak_a <= peak_b) return 0;
+    const double slope = static_cast<double>(peak_a - peak_b) / static_cast<double>(a - b);
+    const double extra = std::floor(static_cast<double>(budget_bytes - peak_a) / slope);
+    far_jump_ = extra > 4.0 * static_cast<double>(a - b);
+    return std::max<std::int64_t>(1, a + static_cast<std::int64_t>(
+                                             std::clamp(extra, -1e15, 1e15)));
+  }
+
+  /// The next batch inside (low, high) for a model-guided step towards `pred` (0: no model),
+  /// with galloping when outcomes keep landing on one side and bisection when the bracket does
+  /// not shrink fast enough.
+  std::int64_t guidedNext(std::int64_t low, std::int64_t high, std::int64_t pred) {
+    std::int64_t x = 0;
+    if (pred > low && far_jump_) {
+      // Extrapolating far beyond a short secant: rounding of the small probes' peaks makes the
+      // slope uncertain, so aim short; a fit there is a far anchor for an accurate next secant.
+      pred = low + static_cast<std::int64_t>(kFarJumpFraction * static_cast<double>(pred - low));
+    }
+    if (high >= kUnbounded) {
+      // pred in (0, low]: the model puts the boundary at the anchor; confirm it by low + 1.
+      x = pred > low ? pred : (pred > 0 ? low + 1 : low * 4);
+      if (streak_ >= 2) x = std::max(x, low + (std::int64_t{1} << std::min(streak_ - 1, 40)));
+    } else {
+      const std::int64_t width = high - low;
+      if (pred <= 0 || (width_before_ > 0 && width * 2 > width_before_ && stalls_ >= 2)) {
+        x = low + width / 2;
+        stalls_ = 0;
+      } else if (pred >= high - 1 && streak_ < 0) {
+        // The model said "fits" where a batch just failed: its slope is too low. Step back below
+        // the failure (further after each contradiction); a fit there anchors the next secant
+        // close to the boundary.
+        const auto back = static_cast<std::int64_t>(kRetreatFraction * static_cast<double>(width));
+        x = high - (std::max<std::int64_t>(1, back) << std::min(retreats_, 40));
+        ++retreats_;
+      } else {
+        retreats_ = 0;
+        x = pred;
+        if (streak_ >= 2) x = std::max(x, low + (std::int64_t{1} << std::min(streak_ - 1, 40)));
+        if (streak_ <= -2) {
+          x = std::min(x, high - (std::int64_t{1} << std::min(-streak_ - 1, 40)));
+        }
+      }
+    }
+    return std::clamp(x, low + 1, std::min(high, cap_ + 1) - 1);
+  }
+
+  void noteOutcome(bool fit, std::int64_t width_before, std::int64_t width_after) {
+    // A short-aimed far jump is not a guess at the boundary: it starts no gallop.
+    streak_ = fit ? (far_jump_ ? 0 : std::max(streak_, 0) + 1) : std::min(streak_, 0) - 1;
+    if (width_before < kUnbounded / 2 && width_after * 2 > width_before) {
+      ++stalls_;
+    } else {
+      stalls_ = 0;
+    }
+    width_before_ = width_before;
+  }
+
+  void runGuided() {
+    const std::int64_t b1 = options_.min_batch;
+    if (!tryBatch(b1)) return;
+    if (b1 >= cap_) return;
+    // Under peak(B) = fixed + per_sample * B with fixed >= 0, peak(k * b1) <= k * peak(b1): the
+    // largest k with k * peak(b1) <= limit is the largest multiple the first probe proves safe.
+    std::int64_t b2 = 2 * b1;
+    const std::int64_t p1 = fits_.begin()->second;
+    if (limit_ > 0 && p1 > 0 && p1 < limit_) {
+      b2 = std::max(b2, b1 * (limit_ / p1));
+    }
+    b2 = std::min(b2, cap_);
+    if (!tryBatch(b2) && stop_ != Stop::kNone) return;
+    while (stop_ == Stop::kNone && !closed(lo(), hi())) {
+      const std::int64_t low = lo();
+      const std::int64_t high = hi();
+      const std::int64_t x = guidedNext(low, high, predict(limit_, low));
+      const bool fit = tryBatch(x);
+      if (stop_ != Stop::kNone) return;
+      noteOutcome(fit, high - low, hi() - lo());
+    }
+  }
+
+  void runDoubling(bool bisect) {
+    std::int64_t x = std::clamp(options_.initial_batch, options_.min_batch, cap_);
+    // Lightning: halve until something fits, then double until the first failure.
+    while (true) {
+      const bool fit = tryBatch(x);
+      if (stop_ != Stop::kNone) return;
+      if (fit) break;
+      if (x <= options_.min_batch) return;  // nothing fits
+      x = std::max(options_.min_batch, std::min(x / 2, hi() - 1));
+    }
+    while (lo() < cap_ && fails_.upper_bound(lo()) == fails_.end()) {
+      x = std::min(lo() * 2, cap_);
+      tryBatch(x);
+      if (stop_ != Stop::kNone) return;
+    }
+    if (!bisect) return;
+    while (stop_ == Stop::kNone && !closed(lo(), hi())) tryBatch(lo() + (hi() - lo()) / 2);
+  }
+
+  void finishMax() {
+    result_.max_micro_batch = lo();
+    if (result_.max_micro_batch == 0 && stop_ == Stop::kNone) {
+      result_.status = SearchStatus::kNothingFits;
+    }
+    if (limit_ <= 0 && options_.memory_limit_bytes > 0) {
+      limit_ = options_.memory_limit_bytes - options_.reserve_bytes;
+    }
+    result_.memory_limit_bytes = std::max<std::int64_t>(limit_, 0);
+    if (options_.margin_bytes >= 0) {
+      result_.margin_bytes = options_.margin_bytes;
+    } else {
+      result_.margin_bytes = static_cast<std::int64_t>(
+          options_.margin_fraction * static_cast<double>(result_.memory_limit_bytes));
+    }
+  }
+
+  /// The largest fitting batch whose measured peak <= limit - margin, searched like the maximum.
+  void runSafe() {
+    if (result_.memory_limit_bytes <= 0) {
+      result_.safe_micro_batch = result_.max_micro_batch;
+      return;
+    }
+    const std::int64_t budget = result_.memory_limit_bytes - result_.margin_bytes;
+    auto safeLo = [&] {
+      std::int64_t best = 0;
+      for (const auto& [batch, peak] : fits_) {
+        if (peak <= budget) best = batch;
+      }
+      return best;
+    };
+    auto safeHi = [&](std::int64_t low) {
+      std::int64_t high = result_.max_micro_batch + 1;
+      for (const auto& [batch, peak] : fits_) {
+        if (batch > low && peak > budget) {
+          high = std::min(high, batch);
+          break;
+        }
+      }
+      const auto fail = fails_.upper_bound(low);
+      if (fail != fails_.end()) high = std::min(high, *fail);
+      return high;
+    };
+    streak_ = 0;
+    stalls_ = 0;
+    retreats_ = 0;
+    width_before_ = 0;
+    while (stop_ == Stop::kNone) {
+      const std::int64_t low = safeLo();
+      const std::int64_t high = safeHi(low);
+      if (closed(low, high) || (low == 0 && high <= options_.min_batch)) break;
+      std::int64_t x = 0;
+      switch (options_.strategy) {
+        case Strategy::kGuided:
+          x = guidedNext(low, high, predict(budget, high - 1));
+          break;
+        case Strategy::kBinsearch:
+          x = low + (high - low) / 2;
+          break;
+        case Strategy::kPower:
+          // The powers below the maximum were all tried; only halve when none was safe.
+          if (low > 0) break;
+          x = std::max(options_.min_batch, high / 2);
+          break;
+      }
+      if (x == 0) break;
+      const bool fit = tryBatch(x);
+      if (stop_ != Stop::kNone) break;
+      const bool safe = fit && fits_[x] <= budget;
+      const std::int64_t new_low = safeLo();
+      noteOutcome(safe, high - low, safeHi(new_low) - new_low);
+    }
+    result_.safe_micro_batch = safeLo();
+    if (result_.safe_micro_batch == 0) {
+      result_.warnings.push_back("no batch was seen to fit under the limit less the margin (" +
+                                 bytesText(budget) + ")");
+    }
+  }
+
+  /// Plans on the safe batch and, when the plan accumulates, verifies its largest micro-batch
+  /// with 2 micro-batches per step, stepping down until it fits under the margin.
+  void runPlan() {
+    const std::int64_t per_rank = options_.target_batch / options_.world_size;
+    std::int64_t max_micro = result_.safe_micro_batch;
+    if (max_micro == 0) {
+      result_.warnings.push_back("no accumulation plan: no batch fits under the margin");
+      return;
+    }
+    const std::int64_t budget = result_.memory_limit_bytes > 0
+                                    ? result_.memory_limit_bytes - result_.margin_bytes
+                                    : std::numeric_limits<std::int64_t>::max();
+    if (per_rank <= max_micro || options_.micro_batches_per_step == 2) {
+      result_.plan = planAccumulation(max_micro, options_.target_batch, options_.world_size,
+                                      options_.plan);
+      result_.plan_max_micro_batch = max_micro;
+      result_.plan_verified = true;
+      return;
+    }
+    const AffineFit fit = fitAffine();
+    while (true) {
+      AccumulationPlans plans =
+          planAccumulation(max_micro, options_.target_batch, options_.world_size, options_.plan);
+      const std::int64_t x =
+          std::max(plans.uniform.largestMicroBatch(), plans.balanced.largestMicroBatch());
+      result_.plan = std::move(plans);
+      result_.plan_max_micro_batch = max_micro;
+      const TrialResult* r = trial(x, 2);
+      if (r == nullptr) {
+        result_.warnings.push_back("the accumulation plan was not verified: the search stopped");
+        return;
+      }
+      const bool fits = r->outcome == TrialOutcome::kFits && r->peak_bytes <= budget;
+      if (fits) {
+        result_.plan_verified = true;
+        return;
+      }
+      // Gradients alive during the second forward add about a constant: estimate it at x and
+      // keep the single-micro-batch slope.
+      std::int64_t next = x - std::max<std::int64_t>(1, x / 16);
+      const std::int64_t need = r->outcome == TrialOutcome::kFits
+                                    ? r->peak_bytes
+                                    : r->peak_bytes + r->failed_request_bytes;
+      if (fit.points >= 2 && fit.per_sample_bytes > 0.0 && need > 0 &&
+          budget < std::numeric_limits<std::int64_t>::max()) {
+        const double extra = std::max(0.0, static_cast<double>(need) - fit.predictBytes(x));
+        const double b = std::floor(
+            (static_cast<double>(budget) - extra - fit.fixed_bytes) / fit.per_sample_bytes);
+        if (b >= 1.0 && b < static_cast<double>(next)) next = static_cast<std::int64_t>(b);
+      }
+      result_.warnings.push_back("micro-batch " + std::to_string(x) +
+                                 " did not fit under the margin with 2 micro-batches per step; "
+                                 "planning on at most " + std::to_string(next));
+      if (next < 1) {
+        result_.plan.reset();
+        result_.plan_max_micro_batch = 0;
+        result_.warnings.push_back("no accumulation plan fits with 2 micro-batches per step");
+        return;
+      }
+      max_micro = next;
+    }
+  }
+
+  AffineFit fitAffine() const {
+    AffineFit fit;
+    double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (const auto& [batch, peak] : fits_) {
+      if (peak <= 0) continue;
+      const double x = static_cast<double>(batch);
+      const double y = static_cast<double>(peak);
+      n += 1;
+      sx += x;
+      sy += y;
+      sxx += x * x;
+      sxy += x * y;
+    }
+    const double det = n * sxx - sx * sx;
+    if (n < 2 || det <= 0.0) return fit;
+    fit.points = static_cast<int>(n);
+    fit.per_sample_bytes = (n * sxy - sx * sy) / det;
+    fit.fixed_bytes = (sy - fit.per_sample_bytes * sx) / n;
+    return fit;
+  }
+
+  void finish() {
+    switch (stop_) {
+      case Stop::kNone:
+        break;
+      case Stop::kTrialBudget:
+        result_.status = SearchStatus::kTrialBudget;
+        result_.warnings.push_back("the trial budget (" + std::to_string(options_.max_trials) +
+                                   ") ran out; reporting the best verified batch");
+        break;
+      case Stop::kTimeBudget:
+        result_.status = SearchStatus::kTimeBudget;
+        result_.warnings.push_back("the time budget (" + std::to_string(options_.time_limit_s) +
+                                   " s) ran out; reporting the best verified batch");
+        break;
+      case Stop::kCancelled:
+        result_.status = SearchStatus::kCancelled;
+        break;
+    }
+    if (result_.size_limit_batch > 0) {
+      result_.warnings.push_back("batch " + std::to_string(result_.size_limit_batch) +
+                                 " hit a size limit: " + result_.size_limit_reason);
+    }
+    result_.fit = fitAffine();
+    if (result_.max_micro_batch > 0) {
+      result_.predicted_peak_bytes = result_.fit.predictBytes(result_.max_micro_batch);
+      result_.measured_peak_bytes = fits_.at(result_.max_micro_batch);
+    }
+    // Throughput of the search's own mode; the last measurement of each size counts.
+    std::map<std::int64_t, double> rate;
+    for (const auto& t : result_.trials) {
+      if (t.request.micro_batches_per_step != options_.micro_batches_per_step) continue;
+      if (t.outcome == TrialOutcome::kFits && !t.cancelled && samplesPerSecond(t) > 0.0) {
+        rate[t.request.micro_batch_size] = samplesPerSecond(t);
+      }
+    }
+    double best = 0.0;
+    for (const auto& [batch, r] : rate) {
+      if (r > best) {
+        best = r;
+        result_.fastest_micro_batch = batch;
+      }
+    }
+    const auto at_max = rate.find(result_.max_micro_batch);
+    if (at_max != rate.end() && best > at_max->second * kFasterFactor) {
+      result_.warnings.push_back(
+          "batch " + std::to_string(result_.fastest_micro_batch) + " trains " +
+          std::to_string(best) + " samples/s, more than the largest batch " +
+          std::to_string(result_.max_micro_batch) + " (" + std::to_string(at_max->second) +
+          " samples/s)");
+    }
+    if (result_.status == SearchStatus::kNothingFits && result_.size_limit_batch == 0) {
+      result_.warnings.push_back(
+          "nothing fits: the minimum batch " + std::to_string(options_.min_batch) +
+          " needs at least " + bytesText(result_.min_batch_needs_at_least_bytes) +
+          ", the limit is " + bytesText(result_.memory_limit_bytes));
+    }
+    result_.elapsed_s = elapsedS();
+  }
+
+  const Probe& probe_;
+  const SearchOptions& options_;
+  Clock::time_point start_;
+  SearchResult result_;
+  Stop stop_ = Stop::kNone;
+  std::int64_t cap_ = 0;    // largest batch allowed (bounds and size limits), inclusive
+  std::int64_t limit_ = 0;  // bytes, from the trials
+  std::map<std::int64_t, std::int64_t> fits_;  // batch -> peak_bytes, search mode
+  std::set<std::int64_t> fails_;               // out-of-memory batches, search mode
+  std::set<std::int64_t> retried_;
+  int streak_ = 0;  // > 0: consecutive fits of guided steps; < 0: consecutive failures
+  int stalls_ = 0;  // consecutive guided steps that did not halve the bracket
+  std::int64_t width_before_ = 0;
+  bool far_jump_ = false;  // the last prediction extrapolated far beyond its secant
+  int retreats_ = 0;       // consecutive retreats below a contradicted prediction
+};
+
+}  // namespace
+
+std::string_view toString(SearchStatus status) {
+  switch (status) {
+    case SearchStatus::kFound:
+      return "found";
+    case SearchStatus::kNothingFits:
+      return "nothing-fits";
+    case SearchStatus::kTrialBudget:
+      return "trial-budget";
+    case SearchStatus::kTimeBudget:
+      return "time-budget";
+    case SearchStatus::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+double AffineFit::predictBytes(std::int64_t micro_batch_size) const {
+  if (points < 2) return 0.0;
+  return fixed_bytes + per_sample_bytes * static_cast<double>(micro_batch_size);
+}
+
+double samplesPerSecond(const TrialResult& trial) {
+  if (trial.outcome != TrialOutcome::kFits || trial.cancelled || trial.step_ms <= 0.0) return 0.0;
+  return static_cast<double>(trial.request.micro_batch_size * trial.request.micro_batches_per_step) /
+         trial.step_ms * 1000.0;
+}
+
+SearchResult findMaxBatch(const Probe& probe, const SearchOptions& options) {
+  validate(options);
+  return Search(probe, options).run();
+}
+
+}  // namespace autobatch

@@ -1,0 +1,353 @@
+#include "autobatch/search.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include "autobatch/error.h"
+#include "fake_probe.h"
+
+namespace autobatch {
+namespace {
+
+using testing::MemoryModel;
+using testing::modelWithThreshold;
+using testing::probeFor;
+
+constexpr Strategy kAllStrategies[] = {Strategy::kGuided, Strategy::kBinsearch, Strategy::kPower};
+
+SearchOptions optionsFor(Strategy strategy) {
+  SearchOptions options;
+  options.strategy = strategy;
+  options.margin_bytes = 0;
+  return options;
+}
+
+std::int64_t expectedMax(Strategy strategy, std::int64_t threshold) {
+  return strategy == Strategy::kPower ? testing::largestPowerOfTwoAtMost(threshold) : threshold;
+}
+
+// True when a trial of `batch` (search mode) fit and was not cancelled.
+bool seenToFit(const SearchResult& r, std::int64_t batch, int micro_batches_per_step = 1) {
+  for (const auto& t : r.trials) {
+    if (t.request.micro_batch_size == batch &&
+        t.request.micro_batches_per_step == micro_batches_per_step &&
+        t.outcome == TrialOutcome::kFits && !t.cancelled) {
+      return true;
+    }
+  }
+  return false;
+}
+
+TEST(SearchTest, EveryThresholdUpTo5000GivesTheDefinedAnswer) {
+  for (Strategy strategy : kAllStrategies) {
+    for (std::int64_t threshold = 1; threshold <= 5000; ++threshold) {
+      const MemoryModel model = modelWithThreshold(threshold);
+      const SearchResult r = findMaxBatch(probeFor(model), optionsFor(strategy));
+      ASSERT_EQ(r.status, SearchStatus::kFound) << toString(strategy) << " " << threshold;
+      ASSERT_EQ(r.max_micro_batch, expectedMax(strategy, threshold))
+          << toString(strategy) << " at threshold " << threshold;
+      ASSERT_TRUE(seenToFit(r, r.max_micro_batch));
+    }
+  }
+}
+
+TEST(SearchTest, RandomAffineModelsWithRoundingAndNoise) {
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 300; ++i) {
+    const MemoryModel model = testing::randomModel(rng, 2.0, 6000.0);
+    const std::int64_t threshold = model.threshold();
+    for (Strategy strategy : kAllStrategies) {
+      SearchOptions options;  // default 5% margin
+      options.strategy = strategy;
+      const SearchResult r = findMaxBatch(probeFor(model), options);
+      ASSERT_EQ(r.max_micro_batch, expectedMax(strategy, threshold)) << toString(strategy);
+      ASSERT_TRUE(seenToFit(r, r.max_micro_batch));
+      ASSERT_EQ(r.margin_bytes, model.limit_bytes / 20);
+      ASSERT_LE(r.safe_micro_batch, r.max_micro_batch);
+      if (r.safe_micro_batch > 0) {
+        ASSERT_TRUE(seenToFit(r, r.safe_micro_batch));
+        ASSERT_LE(model.peak(r.safe_micro_batch), model.limit_bytes - r.margin_bytes);
+      }
+      if (strategy != Strategy::kPower) {
+        // Exact: the next size is over the headroom.
+        ASSERT_GT(model.peak(r.safe_micro_batch + 1), model.limit_bytes - r.margin_bytes);
+      }
+    }
+  }
+}
+
+TEST(SearchTest, GuidedNeedsFewTrialsOnAffineCurves) {
+  std::mt19937_64 rng(11);
+  int guided = 0;
+  int binsearch = 0;
+  for (int i = 0; i < 200; ++i) {
+    const MemoryModel model = testing::randomModel(rng, 16.0, 8192.0);
+    guided += static_cast<int>(
+        findMaxBatch(probeFor(model), optionsFor(Strategy::kGuided)).trials.size());
+    binsearch += static_cast<int>(
+        findMaxBatch(probeFor(model), optionsFor(Strategy::kBinsearch)).trials.size());
+  }
+  EXPECT_LE(guided * 2, binsearch);  // loose: the benchmark measures the real ratio
+}
+
+TEST(SearchTest, BoundsAreNeverExceeded) {
+  const MemoryModel model = modelWithThreshold(5000);
+  for (Strategy strategy : kAllStrategies) {
+    SearchOptions options = optionsFor(strategy);
+    options.max_batch = 100;
+    SearchResult r = findMaxBatch(probeFor(model), options);
+    EXPECT_EQ(r.max_micro_batch, 100) << toString(strategy);
+    options.max_batch = 0;
+    options.dataset_size = 37;
+    r = findMaxBatch(probeFor(model), options);
+    EXPECT_EQ(r.max_micro_batch, 37) << toString(strategy);
+    for (const auto& t : r.trials) EXPECT_LE(t.request.micro_batch_size, 37);
+    options.dataset_size = 0;
+    options.min_batch = 10;
+    r = findMaxBatch(probeFor(modelWithThreshold(50)), options);
+    for (const auto& t : r.trials) EXPECT_GE(t.request.micro_batch_size, 10);
+    EXPECT_EQ(r.max_micro_batch, strategy == Strategy::kPower ? 40 : 50) << toString(strategy);
+  }
+}
+
+TEST(SearchTest, RelativeToleranceStopsEarlierWithAVerifiedBatch) {
+  const MemoryModel model = modelWithThreshold(3000);
+  SearchOptions options = optionsFor(Strategy::kBinsearch);
+  const auto exact = findMaxBatch(probeFor(model), options);
+  options.relative_tolerance = 0.1;
+  const auto loose = findMaxBatch(probeFor(model), options);
+  EXPECT_LT(loose.trials.size(), exact.trials.size());
+  EXPECT_LE(loose.max_micro_batch, 3000);
+  EXPECT_GE(static_cast<double>(loose.max_micro_batch) * 1.1, 3000.0);
+  EXPECT_TRUE(seenToFit(loose, loose.max_micro_batch));
+}
+
+TEST(SearchTest, TrialBudgetReturnsTheBestVerifiedBatch) {
+  const MemoryModel model = modelWithThreshold(1000);
+  for (Strategy strategy : kAllStrategies) {
+    SearchOptions options = optionsFor(strategy);
+    options.max_trials = 3;
+    const SearchResult r = findMaxBatch(probeFor(model), options);
+    EXPECT_EQ(r.status, SearchStatus::kTrialBudget);
+    EXPECT_EQ(toString(r.status), "trial-budget");
+    ASSERT_EQ(r.trials.size(), 3U);
+    // Never the next, untried size: the largest of the three trials that fit.
+    std::int64_t best = 0;
+    for (const auto& t : r.trials) {
+      if (t.outcome == TrialOutcome::kFits) best = std::max(best, t.request.micro_batch_size);
+    }
+    EXPECT_EQ(r.max_micro_batch, best) << toString(strategy);
+  }
+}
+
+TEST(SearchTest, TimeBudgetReturnsTheBestVerifiedBatch) {
+  const MemoryModel model = modelWithThreshold(1000);
+  const Probe slow = [&model](const TrialRequest& request) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return model.run(request);
+  };
+  SearchOptions options = optionsFor(Strategy::kBinsearch);
+  options.time_limit_s = 0.05;
+  const SearchResult r = findMaxBatch(slow, options);
+  EXPECT_EQ(r.status, SearchStatus::kTimeBudget);
+  EXPECT_GE(r.trials.size(), 1U);
+  EXPECT_LT(r.trials.size(), 10U);
+  EXPECT_GT(r.elapsed_s, 0.05);
+  EXPECT_TRUE(r.max_micro_batch == 0 || seenToFit(r, r.max_micro_batch));
+}
+
+TEST(SearchTest, CancellationStopsAndIsPassedToEveryTrial) {
+  const MemoryModel model = modelWithThreshold(1000);
+  int calls = 0;
+  bool cancel = false;
+  const Probe probe = [&](const TrialRequest& request) {
+    EXPECT_TRUE(static_cast<bool>(request.cancel));
+    ++calls;
+    TrialResult r = model.run(request);
+    if (calls == 4) {
+      cancel = true;
+      r.cancelled = request.cancel();  // the runner saw the hook fire mid-trial
+    }
+    return r;
+  };
+  SearchOptions options = optionsFor(Strategy::kBinsearch);
+  options.cancel = [&cancel] { return cancel; };
+  const SearchResult r = findMaxBatch(probe, options);
+  EXPECT_EQ(r.status, SearchStatus::kCancelled);
+  EXPECT_EQ(calls, 4);
+  // Trials 2, 4, 8 fit; the cancelled one (16) does not count although its outcome said fits.
+  EXPECT_EQ(r.max_micro_batch, 8);
+}
+
+TEST(SearchTest, NothingFitsIsAStatusWithALowerBound) {
+  MemoryModel model = modelWithThreshold(10);
+  model.limit_bytes = model.fixed_bytes / 2;  // the model itself does not fit
+  for (Strategy strategy : kAllStrategies) {
+    const SearchResult r = findMaxBatch(probeFor(model), optionsFor(strategy));
+    EXPECT_EQ(r.status, SearchStatus::kNothingFits);
+    EXPECT_EQ(r.max_micro_batch, 0);
+    EXPECT_EQ(r.safe_micro_batch, 0);
+    EXPECT_EQ(r.min_batch_needs_at_least_bytes, model.peak(1));
+    EXPECT_EQ(r.memory_limit_bytes, model.limit_bytes);
+    EXPECT_EQ(r.trials.back().request.micro_batch_size, 1);
+  }
+}
+
+TEST(SearchTest, SizeLimitCapsTheSearchAndIsReported) {
+  const MemoryModel model = modelWithThreshold(1000);
+  const Probe probe = [&model](const TrialRequest& request) {
+    TrialResult r = model.run(request);
+    if (request.micro_batch_size >= 300) {
+      r.outcome = TrialOutcome::kSizeLimit;
+      r.reason = "cuDNN: CUDNN_STATUS_NOT_SUPPORTED";
+    }
+    return r;
+  };
+  for (Strategy strategy : {Strategy::kGuided, Strategy::kBinsearch}) {
+    const SearchResult r = findMaxBatch(probe, optionsFor(strategy));
+    EXPECT_EQ(r.max_micro_batch, 299) << toString(strategy);
+    EXPECT_GE(r.size_limit_batch, 300);
+    EXPECT_EQ(r.size_limit_reason, "cuDNN: CUDNN_STATUS_NOT_SUPPORTED");
+  }
+}
+
+TEST(SearchTest, ProbeExceptionsPropagateUnchanged) {
+  const MemoryModel model = modelWithThreshold(1000);
+  const Probe probe = [&model](const TrialRequest& request) {
+    if (request.micro_batch_size >= 64) throw std::runtime_error("shape mismatch in forward");
+    return model.run(request);
+  };
+  for (Strategy strategy : kAllStrategies) {
+    try {
+      findMaxBatch(probe, optionsFor(strategy));
+      FAIL() << "expected std::runtime_error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "shape mismatch in forward");
+    }
+  }
+}
+
+// A failure below a success is only seen when a size below a fit is tried: the safe-batch phase.
+// The test finds such a size in a monotone run, then makes it fail (always, or once).
+TEST(SearchTest, FailureBelowASuccessIsRetriedAndReported) {
+  const MemoryModel model = modelWithThreshold(1000);
+  SearchOptions options;  // 5% margin
+  options.strategy = Strategy::kBinsearch;
+  const SearchResult clean = findMaxBatch(probeFor(model), options);
+  std::int64_t odd = 0;
+  for (const auto& t : clean.trials) {
+    if (t.request.micro_batch_size < clean.max_micro_batch &&
+        t.request.micro_batch_size > clean.safe_micro_batch / 2 &&
+        &t > &clean.trials.front() && t.request.micro_batch_size != 2) {
+      odd = t.request.micro_batch_size;
+    }
+  }
+  ASSERT_GT(odd, 0);
+  for (bool transient : {false, true}) {
+    int failures = 0;
+    const Probe probe = [&](const TrialRequest& request) {
+      TrialResult r = model.run(request);
+      if (request.micro_batch_size == odd && (!transient || failures == 0)) {
+        ++failures;
+        r.outcome = TrialOutcome::kOutOfMemory;
+      }
+      return r;
+    };
+    const SearchResult r = findMaxBatch(probe, options);
+    EXPECT_EQ(r.max_micro_batch, clean.max_micro_batch);
+    EXPECT_EQ(r.non_monotonic, !transient);
+    EXPECT_EQ(failures, transient ? 1 : 2);  // re-tried once
+    ASSERT_FALSE(r.warnings.empty());
+    EXPECT_NE(r.warnings.front().find(transient ? "transient" : "non-monotonic"),
+              std::string::npos);
+    EXPECT_TRUE(seenToFit(r, r.safe_micro_batch));
+    if (transient) {
+      EXPECT_EQ(r.safe_micro_batch, clean.safe_micro_batch);
+    } else {
+      EXPECT_NE(r.safe_micro_batch, odd);
+    }
+  }
+}
+
+TEST(SearchTest, MarginBytesGiveAVerifiedSafeBatch) {
+  const MemoryModel model = modelWithThreshold(1000);  // 1 GiB + 1 MiB per sample
+  for (Strategy strategy : {Strategy::kGuided, Strategy::kBinsearch}) {
+    SearchOptions options = optionsFor(strategy);
+    options.margin_bytes = 100 * testing::kMiB;
+    const SearchResult r = findMaxBatch(probeFor(model), options);
+    EXPECT_EQ(r.max_micro_batch, 1000);
+    EXPECT_EQ(r.safe_micro_batch, 900) << toString(strategy);
+    EXPECT_TRUE(seenToFit(r, 900));
+    EXPECT_EQ(r.margin_bytes, 100 * testing::kMiB);
+    EXPECT_NEAR(r.fit.per_sample_bytes, static_cast<double>(testing::kMiB), 1.0);
+    EXPECT_NEAR(r.fit.fixed_bytes, static_cast<double>(testing::kGiB), 64.0);
+    EXPECT_NEAR(r.predicted_peak_bytes, static_cast<double>(r.measured_peak_bytes), 64.0);
+  }
+}
+
+TEST(SearchTest, AccumulationPlanIsVerifiedWithTwoMicroBatches) {
+  MemoryModel model = modelWithThreshold(1000);
+  model.accumulation_extra_bytes = 10 * testing::kMiB;  // < the 5% margin: no step-down
+  SearchOptions options;
+  options.target_batch = 4096;
+  SearchResult r = findMaxBatch(probeFor(model), options);
+  ASSERT_TRUE(r.plan.has_value());
+  EXPECT_TRUE(r.plan_verified);
+  EXPECT_EQ(r.plan->primary().effective_batch, 4096);
+  EXPECT_TRUE(seenToFit(r, r.plan->balanced.largestMicroBatch(), 2));
+  EXPECT_EQ(r.plan_max_micro_batch, r.safe_micro_batch);
+
+  model.accumulation_extra_bytes = 300 * testing::kMiB;  // gradients push it over: step down
+  r = findMaxBatch(probeFor(model), options);
+  ASSERT_TRUE(r.plan.has_value());
+  EXPECT_TRUE(r.plan_verified);
+  EXPECT_LT(r.plan_max_micro_batch, r.safe_micro_batch);
+  const std::int64_t largest =
+      std::max(r.plan->uniform.largestMicroBatch(), r.plan->balanced.largestMicroBatch());
+  EXPECT_TRUE(seenToFit(r, largest, 2));
+  EXPECT_LE(model.peak(largest, 2), r.memory_limit_bytes - r.margin_bytes);
+  EXPECT_EQ(r.plan->uniform.effective_batch, 4096);
+}
+
+TEST(SearchTest, WarnsWhenTheLargestBatchIsNotTheFastest) {
+  const MemoryModel model = modelWithThreshold(100);
+  const Probe probe = [&model](const TrialRequest& request) {
+    TrialResult r = model.run(request);
+    // Throughput peaks at 32 samples per step.
+    const double b = static_cast<double>(request.micro_batch_size);
+    r.step_ms = b <= 32 ? 10.0 : 10.0 * b * b / (32.0 * 32.0);
+    return r;
+  };
+  const SearchResult r = findMaxBatch(probe, optionsFor(Strategy::kBinsearch));
+  EXPECT_EQ(r.fastest_micro_batch, 32);
+  EXPECT_DOUBLE_EQ(samplesPerSecond(r.trials.front()), 2.0 / 10.0 * 1000.0);
+  bool warned = false;
+  for (const auto& w : r.warnings) warned |= w.find("samples/s") != std::string::npos;
+  EXPECT_TRUE(warned);
+}
+
+TEST(SearchTest, InvalidOptionsThrowWithTheExpectedValue) {
+  const MemoryModel model = modelWithThreshold(10);
+  SearchOptions options;
+  options.min_batch = 0;
+  try {
+    findMaxBatch(probeFor(model), options);
+    FAIL() << "expected autobatch::Error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "min batch: expected >= 1, but got 0");
+  }
+  options = SearchOptions{};
+  options.target_batch = 10;
+  options.world_size = 4;
+  EXPECT_THROW(findMaxBatch(probeFor(model), options), Error);
+  options = SearchOptions{};
+  options.micro_batches_per_step = 3;
+  EXPECT_THROW(findMaxBatch(probeFor(model), options), Error);
+}
+
+}  // namespace
+}  // namespace autobatch
