@@ -113,6 +113,7 @@ class Search {
     if (r.memory_limit_bytes > 0) limit_ = r.memory_limit_bytes;
     result_.trials.push_back(std::move(r));
     const TrialResult& last = result_.trials.back();
+    if (options_.on_trial) options_.on_trial(last);
     if (last.cancelled) {
       stop_ = Stop::kCancelled;
       return nullptr;  // a cancelled trial says nothing about memory
@@ -312,12 +313,7 @@ class Search {
       limit_ = options_.memory_limit_bytes - options_.reserve_bytes;
     }
     result_.memory_limit_bytes = std::max<std::int64_t>(limit_, 0);
-    if (options_.margin_bytes >= 0) {
-      result_.margin_bytes = options_.margin_bytes;
-    } else {
-      result_.margin_bytes = static_cast<std::int64_t>(
-          options_.margin_fraction * static_cast<double>(result_.memory_limit_bytes));
-    }
+    result_.margin_bytes = marginBytes(options_, result_.memory_limit_bytes);
   }
 
   /// The largest fitting batch whose measured peak <= limit - margin, searched like the maximum.
@@ -569,6 +565,12 @@ double samplesPerSecond(const TrialResult& trial) {
   if (trial.outcome != TrialOutcome::kFits || trial.cancelled || trial.step_ms <= 0.0) return 0.0;
   return static_cast<double>(trial.request.micro_batch_size * trial.request.micro_batches_per_step) /
          trial.step_ms * 1000.0;
+}
+
+std::int64_t marginBytes(const SearchOptions& options, std::int64_t memory_limit_bytes) {
+  if (options.margin_bytes >= 0) return options.margin_bytes;
+  return static_cast<std::int64_t>(options.margin_fraction *
+                                   static_cast<double>(memory_limit_bytes));
 }
 
 SearchResult findMaxBatch(const Probe& probe, const SearchOptions& options) {

@@ -2,8 +2,11 @@
 
 #include <array>
 #include <cctype>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <limits>
+#include <sstream>
 #include <utility>
 
 #include "autobatch/error.h"
@@ -87,6 +90,32 @@ std::int64_t parseBytes(std::string_view text, std::string_view what) {
       static_cast<Wide>(fraction) * static_cast<Wide>(multiplier) / fraction_scale);
   if (whole * multiplier > kMax - fraction_bytes) fail(what, text, "larger than 2^63 - 1 bytes");
   return whole * multiplier + fraction_bytes;
+}
+
+std::int64_t parseInteger(std::string_view text, std::string_view what, std::int64_t min,
+                          std::int64_t max) {
+  std::int64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end || value < min || value > max) {
+    throw Error(std::string(what) + ": expected a whole number in [" + std::to_string(min) + ", " +
+                std::to_string(max) + "], but got '" + std::string(text) + "'");
+  }
+  return value;
+}
+
+double parseDecimal(std::string_view text, std::string_view what, double min, double max) {
+  double value = 0.0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(value) || value < min ||
+      value > max) {
+    std::ostringstream range;
+    range << "[" << min << ", " << max << "]";
+    throw Error(std::string(what) + ": expected a number in " + range.str() + ", but got '" +
+                std::string(text) + "'");
+  }
+  return value;
 }
 
 std::string formatBytes(std::int64_t bytes) {

@@ -349,5 +349,26 @@ TEST(SearchTest, InvalidOptionsThrowWithTheExpectedValue) {
   EXPECT_THROW(findMaxBatch(probeFor(model), options), Error);
 }
 
+TEST(SearchTest, OnTrialSeesEveryTrialInOrder) {
+  SearchOptions options;
+  std::vector<std::int64_t> seen;
+  options.on_trial = [&seen](const TrialResult& t) { seen.push_back(t.request.micro_batch_size); };
+  const SearchResult result = findMaxBatch(probeFor(modelWithThreshold(77)), options);
+  ASSERT_EQ(seen.size(), result.trials.size());
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i], result.trials[i].request.micro_batch_size);
+  }
+  EXPECT_EQ(result.max_micro_batch, 77);
+}
+
+TEST(SearchTest, MarginBytesFromFractionOrBytes) {
+  SearchOptions options;
+  EXPECT_EQ(marginBytes(options, 1000), 50);  // default 5%
+  options.margin_fraction = 0.1;
+  EXPECT_EQ(marginBytes(options, 1005), 100);  // rounded down
+  options.margin_bytes = 7;
+  EXPECT_EQ(marginBytes(options, 1000), 7);
+}
+
 }  // namespace
 }  // namespace autobatch

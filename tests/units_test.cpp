@@ -71,5 +71,35 @@ TEST(UnitsTest, FormatsWithBinaryUnits) {
   EXPECT_EQ(formatBytes(-(1LL << 20)), "-1.00 MiB");
 }
 
+TEST(UnitsTest, IntegersInRange) {
+  EXPECT_EQ(parseInteger("512", "--target-batch", 1, 1LL << 40), 512);
+  EXPECT_EQ(parseInteger("1099511627776", "--target-batch", 1, 1LL << 40), 1LL << 40);
+  for (const char* bad : {"0", "-3", "abc", "12x", "", "1099511627777", "99999999999999999999",
+                          "1.5", " 5"}) {
+    try {
+      parseInteger(bad, "--target-batch", 1, 1LL << 40);
+      FAIL() << "expected an Error for '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("--target-batch: expected a whole number in [1, 1099511627776], but "
+                            "got '") + bad + "'");
+    }
+  }
+}
+
+TEST(UnitsTest, DecimalsInRange) {
+  EXPECT_DOUBLE_EQ(parseDecimal("0.25", "--tolerance", 0.0, 1.0), 0.25);
+  EXPECT_DOUBLE_EQ(parseDecimal("1.5e2", "--time-limit", 0.0, 1e9), 150.0);
+  for (const char* bad : {"nan", "inf", "-1", "2", "x", ""}) {
+    EXPECT_THROW(parseDecimal(bad, "--tolerance", 0.0, 1.0), Error) << bad;
+  }
+  try {
+    parseDecimal("abc", "--time-limit", 0.0, 86400.0);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "--time-limit: expected a number in [0, 86400], but got 'abc'");
+  }
+}
+
 }  // namespace
 }  // namespace autobatch

@@ -90,4 +90,8 @@ struct CheckResult {
 CheckResult checkBatch(const TrainingSpec& spec, const SearchOptions& options,
                        std::int64_t micro_batch_size);
 
+/// SHA-1 of a file's bytes, 40 hex digits (c10::sha1), for the report's fingerprint.
+/// Throws: autobatch::Error when the file cannot be read.
+std::string fileSha1(const std::string& path);
+
 }  // namespace autobatch

@@ -107,6 +107,10 @@ struct SearchResult {
   std::vector<std::string> warnings;
 };
 
+/// Headroom in bytes under a limit of `memory_limit_bytes`: options.margin_bytes when >= 0, else
+/// options.margin_fraction x the limit (rounded down).
+std::int64_t marginBytes(const SearchOptions& options, std::int64_t memory_limit_bytes);
+
 /// Finds the largest micro-batch for which `probe` reports kFits, and the safe batch under the
 /// headroom, per `options` (strategy, bounds, tolerance, budgets, cancel hook, target and plan).
 ///

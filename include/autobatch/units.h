@@ -18,6 +18,17 @@ namespace autobatch {
 /// ("24XB": lists the valid ones), or a value above 2^63 - 1 bytes.
 std::int64_t parseBytes(std::string_view text, std::string_view what = "size");
 
+/// Parses a whole number in [min, max] (decimal digits, an optional leading '-'), for count flags.
+/// `what` names the flag in errors ("--target-batch").
+/// Throws: autobatch::Error "--target-batch: expected a whole number in [1, 1099511627776], but got
+/// 'x'" for non-numbers, trailing characters, and values out of range (overflow included).
+std::int64_t parseInteger(std::string_view text, std::string_view what, std::int64_t min,
+                          std::int64_t max);
+
+/// Parses a finite decimal number in [min, max] (e.g. "0.05", "120", "1.5e2"), for rates and
+/// seconds. Throws: autobatch::Error as parseInteger, also for nan and inf.
+double parseDecimal(std::string_view text, std::string_view what, double min, double max);
+
 /// A human figure with a binary unit and 2 decimals: "512 B", "1.50 KiB", "3.00 GiB".
 std::string formatBytes(std::int64_t bytes);
 

@@ -1,65 +1,311 @@
-// The autobatch command line. The only user of cxxopts; the only catch-all (exit codes below and
-// in docs/errors.md).
+// The autobatch command line. The only user of cxxopts; the only catch-all. Exit codes: see
+// kExitCodes below, README.md and docs/errors.md.
+#include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <csignal>
 #include <cxxopts.hpp>
-
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <limits>
+#include <optional>
+#include <string>
+#include <unistd.h>
 
+#include "autobatch/autobatch.h"
 #include "autobatch/error.h"
+#include "autobatch/input_spec.h"
+#include "autobatch/report.h"
+#include "autobatch/units.h"
 #include "autobatch/version.h"
 
 namespace {
 
+using autobatch::Error;
+
 constexpr int kExitOk = 0;
 constexpr int kExitRuntimeError = 1;
 constexpr int kExitUsage = 2;
+constexpr int kExitDoesNotFit = 3;
+constexpr std::int64_t kMaxBatch = std::int64_t{1} << 40;
 
 constexpr const char* kExitCodes = R"(Exit codes:
   0    found / fits
   1    runtime error (raised inside the model's forward or backward, or a fatal device error)
   2    usage or bad input detected by autobatch (flags, specs, files, model signature)
-  3    does not fit (nothing fits at the minimum batch, check failed)
+  3    does not fit (nothing fits at the minimum batch, memory limit below what the model
+       itself needs, --check-batch failed)
   4    ranks could not agree (multi-rank timeout)
-  130  interrupted by SIGINT, 143 by SIGTERM (the best verified result is still printed)
+  130  interrupted by SIGINT, 143 by SIGTERM: the current step finishes, the best verified
+       result is printed and written; a second signal exits at once without writing
 )";
 
-int run(int argc, char** argv) {
-  cxxopts::Options options("autobatch",
-                           "Finds the largest micro-batch a TorchScript model can train with on "
-                           "this device, by running real training steps.");
-  options.add_options()("h,help", "Print this help and exit")(
-      "version", "Print the version, the LibTorch build and the GPUs seen, and exit")(
-      "v,verbose", "More log output (debug)")("q,quiet", "Only warnings and errors");
-  const auto args = options.parse(argc, argv);
+// The first SIGINT/SIGTERM asks the search to stop after the step in progress; a second one
+// exits at once (async-signal-safe: only an atomic and _exit).
+std::atomic<int> g_signal{0};
 
+extern "C" void onSignal(int sig) {
+  if (g_signal.exchange(sig) != 0) _exit(128 + sig);
+}
+
+std::string flag(const cxxopts::ParseResult& args, const std::string& name) {
+  return args[name].as<std::string>();
+}
+
+struct Cli {
+  autobatch::ReportData report;
+  std::optional<std::int64_t> check_batch;
+  std::string json_path;
+  bool env = false;
+};
+
+// Every flag is read as text and parsed by autobatch's own parsers, so that an error names the
+// flag and says what was expected.
+void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
+  autobatch::TrainingSpec& spec = cli.report.spec;
+  autobatch::SearchOptions& o = cli.report.options;
+  using autobatch::parseInteger;
+  spec.model_path = args.count("model") != 0U ? flag(args, "model") : "";
+  if (spec.model_path.empty()) {
+    throw Error("--model: expected the path of a TorchScript archive (torch.jit.save), but got none");
+  }
+  if (args.count("input") != 0U) {
+    for (const auto& text : args["input"].as<std::vector<std::string>>()) {
+      for (auto& s : autobatch::parseInputSpecs(text)) spec.inputs.push_back(std::move(s));
+    }
+  }
+  if (args.count("loss") != 0U) spec.loss = autobatch::parseLossKind(flag(args, "loss"));
+  spec.optimizer = autobatch::parseOptimizerKind(flag(args, "optimizer"));
+  spec.learning_rate = autobatch::parseDecimal(flag(args, "lr"), "--lr", 0.0, 1e6);
+  spec.precision = autobatch::parsePrecision(flag(args, "precision"));
+  spec.steps_per_trial =
+      static_cast<int>(parseInteger(flag(args, "steps-per-trial"), "--steps-per-trial", 1, 100));
+  spec.accumulation_steps = static_cast<int>(
+      parseInteger(flag(args, "accumulation-steps"), "--accumulation-steps", 1, 1 << 20));
+  spec.cudnn_benchmark = args["cudnn-benchmark"].as<bool>();
+  spec.optimize_graph = args["optimize-graph"].as<bool>();
+  spec.seed = static_cast<std::uint64_t>(
+      parseInteger(flag(args, "seed"), "--seed", 0, std::numeric_limits<std::int64_t>::max()));
+
+  std::string device = flag(args, "device");
+  const auto& gpus = cli.report.build.cuda_devices;
+  if (device == "auto") device = gpus.empty() ? "cpu" : "cuda:0";
+  if (device.rfind("cuda", 0) == 0 && gpus.empty()) {
+    throw Error("--device " + device + ": expected a visible GPU, but found none (" +
+                (cli.report.build.cuda_build
+                     ? std::string("CUDA build, ") +
+                           (cli.report.build.cuda_driver_version == 0 ? "no CUDA driver"
+                                                                      : "driver but no device")
+                     : std::string("LibTorch built without CUDA")) +
+                "); use --device cpu with --memory-limit to search under a RAM budget");
+  }
+  spec.device = device;
+
+  if (args.count("memory-limit") != 0U) {
+    o.memory_limit_bytes = autobatch::parseBytes(flag(args, "memory-limit"), "--memory-limit");
+    if (o.memory_limit_bytes <= 0) throw Error("--memory-limit: expected a size > 0, but got 0");
+  }
+  o.reserve_bytes = autobatch::parseBytes(flag(args, "reserve"), "--reserve");
+  const std::string margin = flag(args, "margin");
+  if (!margin.empty() && margin.back() == '%') {
+    o.margin_fraction =
+        autobatch::parseDecimal(margin.substr(0, margin.size() - 1), "--margin", 0.0, 99.0) / 100.0;
+    o.margin_bytes = -1;
+  } else {
+    o.margin_bytes = autobatch::parseBytes(margin, "--margin (a percentage like 5% or bytes)");
+  }
+  o.strategy = autobatch::parseStrategy(flag(args, "strategy"));
+  o.min_batch = parseInteger(flag(args, "min-batch"), "--min-batch", 1, kMaxBatch);
+  o.max_batch = parseInteger(flag(args, "max-batch"), "--max-batch", 0, kMaxBatch);
+  if (o.max_batch != 0 && o.max_batch < o.min_batch) {
+    throw Error("--max-batch: expected a value >= --min-batch (" + std::to_string(o.min_batch) +
+                "), but got " + std::to_string(o.max_batch));
+  }
+  o.dataset_size = parseInteger(flag(args, "dataset-size"), "--dataset-size", 0, kMaxBatch);
+  o.initial_batch = parseInteger(flag(args, "initial-batch"), "--initial-batch", 1, kMaxBatch);
+  o.relative_tolerance = autobatch::parseDecimal(flag(args, "tolerance"), "--tolerance", 0.0, 1.0);
+  o.max_trials = static_cast<int>(parseInteger(flag(args, "max-trials"), "--max-trials", 0, 10000));
+  o.time_limit_s = autobatch::parseDecimal(flag(args, "time-limit"), "--time-limit", 0.0, 1e7);
+  if (args.count("target-batch") != 0U) {
+    o.target_batch = parseInteger(flag(args, "target-batch"), "--target-batch", 1, kMaxBatch);
+  }
+  o.world_size = static_cast<int>(parseInteger(flag(args, "world-size"), "--world-size", 1, 1 << 20));
+  o.plan = autobatch::parsePlanKind(flag(args, "plan"));
+  if (o.target_batch > 0) {
+    // Fail before any trial runs: an impossible target costs no device time.
+    (void)autobatch::planAccumulation(1, o.target_batch, o.world_size, o.plan);
+  }
+  if (args.count("check-batch") != 0U) {
+    cli.check_batch = parseInteger(flag(args, "check-batch"), "--check-batch", 1, kMaxBatch);
+  }
+  o.cancel = [] { return g_signal.load() != 0; };
+  o.on_trial = [](const autobatch::TrialResult& t) {
+    spdlog::info("trial batch {} x {}: {}, peak {}{}", t.request.micro_batch_size,
+                 t.request.micro_batches_per_step,
+                 t.cancelled ? "cancelled" : std::string(autobatch::toString(t.outcome)),
+                 autobatch::formatBytes(t.peak_bytes),
+                 t.step_ms > 0 ? fmt::format(", {:.0f} ms/step", t.step_ms) : "");
+  };
+}
+
+cxxopts::Options makeOptions() {
+  cxxopts::Options options(
+      "autobatch",
+      "Finds the largest micro-batch a TorchScript model can train with on this device, by "
+      "running real training steps, and plans gradient accumulation for a target batch.\n"
+      "Example: autobatch --model net.pt --target-batch 512");
+  auto text = [] { return cxxopts::value<std::string>(); };
+  // clang-format off
+  options.add_options("Model")
+    ("m,model", "TorchScript archive (torch.jit.save; see scripts/autobatch_export.py)", text(), "PATH")
+    ("i,input", "One sample of a forward argument, e.g. 3x224x224 or int64:256:<32000 (repeat or "
+                "comma-separate, one per argument; see docs/inputs.md). Default: the archive's",
+     cxxopts::value<std::vector<std::string>>(), "SPEC")
+    ("loss", "mean, cross-entropy, mse or model. Default: the archive's, else mean", text(), "NAME");
+  options.add_options("Training step")
+    ("optimizer", "none, sgd, sgd-momentum, adam, adamw", text()->default_value("adamw"), "NAME")
+    ("lr", "Learning rate (memory does not depend on it)", text()->default_value("0.001"), "X")
+    ("precision", "fp32, amp-fp16, amp-bf16, fp16, bf16", text()->default_value("fp32"), "NAME")
+    ("device", "auto (cuda:0 when a GPU is seen, else cpu), cpu, cuda, cuda:N",
+     text()->default_value("auto"), "NAME")
+    ("steps-per-trial", "Optimizer steps per trial (Adam state appears at step 1)",
+     text()->default_value("2"), "N")
+    ("accumulation-steps", "Micro-batches per optimizer step in your job (>= 2 runs 2 per trial)",
+     text()->default_value("1"), "N")
+    ("cudnn-benchmark", "cuDNN benchmark mode (its workspace is part of the trial)")
+    ("optimize-graph", "TorchScript graph-executor optimisation (default off: deterministic memory)")
+    ("seed", "Seed of the synthetic inputs", text()->default_value("0"), "N");
+  options.add_options("Memory")
+    ("memory-limit", "Limit, e.g. 24GiB (2^30) or 24GB (10^9); CUDA: emulates a smaller card. "
+                     "Default: the device's", text(), "SIZE")
+    ("reserve", "Bytes kept free for what a trial does not show", text()->default_value("0"), "SIZE")
+    ("margin", "Headroom under the limit: a percentage (5%) or a size", text()->default_value("5%"),
+     "M");
+  options.add_options("Search")
+    ("strategy", "guided, binsearch (Lightning), power", text()->default_value("guided"), "NAME")
+    ("min-batch", "Smallest micro-batch tried", text()->default_value("1"), "N")
+    ("max-batch", "Largest micro-batch tried (0: no bound)", text()->default_value("0"), "N")
+    ("dataset-size", "Samples in the dataset, a bound (0: unknown)", text()->default_value("0"), "N")
+    ("initial-batch", "First size of binsearch and power", text()->default_value("2"), "N")
+    ("tolerance", "Relative tolerance of the bracket (0: exact)", text()->default_value("0"), "X")
+    ("max-trials", "Trial budget (0: none)", text()->default_value("0"), "N")
+    ("time-limit", "Wall-clock budget in seconds (0: none)", text()->default_value("0"), "S")
+    ("check-batch", "Preflight: only check that micro-batch N fits (exit 0) or not (exit 3)", text(),
+     "N");
+  options.add_options("Plan")
+    ("t,target-batch", "Target effective (global) batch for the accumulation plan", text(), "N")
+    ("world-size", "Data-parallel ranks sharing the target", text()->default_value("1"), "N")
+    ("plan", "Primary plan: auto, uniform, balanced", text()->default_value("auto"), "NAME");
+  options.add_options("Output")
+    ("json", "Write the JSON report to PATH (- for stdout), on every exit", text(), "PATH")
+    ("env", "Print shell lines for eval (AUTOBATCH_MICRO_BATCH, ...) on stdout")
+    ("v,verbose", "Debug log lines")
+    ("q,quiet", "Only warnings and errors in the log")
+    ("h,help", "Print this help and exit")
+    ("version", "Print the version, the LibTorch build and the GPUs seen, and exit");
+  // clang-format on
+  return options;
+}
+
+int exitCodeFor(const autobatch::ReportData& report) {
+  if (g_signal.load() != 0) return 128 + g_signal.load();
+  if (report.check) return report.check->fits_with_margin ? kExitOk : kExitDoesNotFit;
+  if (report.result) return report.result->search.safe_micro_batch > 0 ? kExitOk : kExitDoesNotFit;
+  return kExitRuntimeError;
+}
+
+std::string statusFor(const autobatch::ReportData& report) {
+  if (g_signal.load() != 0) return "interrupted";
+  if (report.check) return report.check->fits_with_margin ? "fits" : "does-not-fit";
+  return std::string(autobatch::toString(report.result->search.status));
+}
+
+void writeOutputs(const Cli& cli) {
+  const bool machine_on_stdout = cli.env || cli.json_path == "-";
+  std::ostream& human = machine_on_stdout ? std::cerr : std::cout;
+  human << autobatch::humanReport(cli.report);
+  if (cli.env) std::cout << autobatch::envLines(cli.report);
+  if (cli.json_path == "-") {
+    std::cout << autobatch::toJson(cli.report);
+  } else if (!cli.json_path.empty()) {
+    std::ofstream out(cli.json_path);
+    out << autobatch::toJson(cli.report);
+    if (!out) std::cerr << "autobatch: could not write the JSON report to " << cli.json_path << "\n";
+  }
+}
+
+int run(int argc, char** argv, Cli& cli) {
+  auto options = makeOptions();
+  const auto args = options.parse(argc, argv);
+  if (args.count("json") != 0U) cli.json_path = flag(args, "json");
+  cli.env = args.count("env") != 0U;
   if (args.count("help") != 0U) {
     std::cout << options.help() << "\n" << kExitCodes;
     return kExitOk;
   }
+  if (!args.unmatched().empty()) {
+    throw Error("unexpected argument '" + args.unmatched().front() +
+                "': expected only flags (see autobatch --help)");
+  }
   if (args.count("quiet") != 0U) spdlog::set_level(spdlog::level::warn);
   if (args.count("verbose") != 0U) spdlog::set_level(spdlog::level::debug);
+  cli.report.build = autobatch::buildInfo();
   if (args.count("version") != 0U) {
-    std::cout << autobatch::versionText(autobatch::buildInfo());
+    std::cout << autobatch::versionText(cli.report.build);
     return kExitOk;
   }
-  throw autobatch::Error("no job given: expected --version or --help (the search lands next)");
+  readOptions(args, cli);
+  const auto& spec = cli.report.spec;
+  if (std::filesystem::is_regular_file(spec.model_path)) {
+    cli.report.model_file_bytes = static_cast<std::int64_t>(std::filesystem::file_size(spec.model_path));
+    cli.report.model_sha1 = autobatch::fileSha1(spec.model_path);
+  }
+  std::signal(SIGINT, onSignal);
+  std::signal(SIGTERM, onSignal);
+  if (cli.check_batch) {
+    cli.report.check = autobatch::checkBatch(spec, cli.report.options, *cli.check_batch);
+  } else {
+    cli.report.result = autobatch::findMaxBatch(spec, cli.report.options);
+    for (const auto& w : cli.report.result->search.warnings) spdlog::warn("{}", w);
+  }
+  cli.report.status = statusFor(cli.report);
+  cli.report.exit_code = exitCodeFor(cli.report);
+  writeOutputs(cli);
+  return cli.report.exit_code;
+}
+
+int fail(Cli& cli, const std::string& status, int code, const std::string& message) {
+  std::cerr << "autobatch: " << message << "\n";
+  cli.report.status = status;
+  cli.report.exit_code = code;
+  cli.report.error = message;
+  if (!cli.json_path.empty()) {
+    if (cli.json_path == "-") {
+      std::cout << autobatch::toJson(cli.report);
+    } else {
+      std::ofstream(cli.json_path) << autobatch::toJson(cli.report);
+    }
+  }
+  return code;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  spdlog::set_default_logger(spdlog::stderr_color_st("autobatch"));
+  spdlog::set_pattern("[%H:%M:%S] %^%l%$: %v");
+  Cli cli;
   try {
-    return run(argc, argv);
+    return run(argc, argv, cli);
   } catch (const cxxopts::exceptions::exception& e) {
-    std::cerr << "autobatch: " << e.what() << " (see autobatch --help)\n";
-    return kExitUsage;
-  } catch (const autobatch::Error& e) {
-    std::cerr << "autobatch: " << e.what() << "\n";
-    return kExitUsage;
+    return fail(cli, "usage-error", kExitUsage, std::string(e.what()) + " (see autobatch --help)");
+  } catch (const Error& e) {
+    return fail(cli, "usage-error", kExitUsage, e.what());
   } catch (const std::exception& e) {
-    std::cerr << "autobatch: error: " << e.what() << "\n";
-    return kExitRuntimeError;
+    return fail(cli, "runtime-error", kExitRuntimeError, std::string("error: ") + e.what());
   }
 }

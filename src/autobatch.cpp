@@ -1,0 +1,94 @@
+#include "autobatch/autobatch.h"
+
+#include <c10/util/hash.h>
+
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "autobatch/error.h"
+#include "autobatch/trial_runner.h"
+
+namespace autobatch {
+namespace {
+
+MemoryBreakdown breakdownOf(const TrialRunner& runner) {
+  MemoryBreakdown m;
+  m.parameter_count = runner.parameterCount();
+  m.parameter_bytes = runner.parameterBytes();
+  m.gradient_bytes = runner.gradientBytes();
+  m.optimizer_state_bytes = runner.optimizerStateBytes();
+  m.baseline_bytes = runner.baselineBytes();
+  m.outside_bytes = runner.outsideBytes();
+  return m;
+}
+
+RunContext contextOf(const TrialRunner& runner) {
+  RunContext c;
+  c.device = runner.spec().device;
+  c.backend = runner.backendName();
+  c.memory_limit_bytes = runner.memoryLimitBytes();
+  c.memory_limit_source = runner.memoryLimitSource();
+  c.allocator_config = runner.allocatorConfig();
+  c.inputs = runner.inputs();
+  c.loss = runner.loss();
+  c.micro_batches_per_trial = runner.microBatchesPerTrial();
+  return c;
+}
+
+MaxBatchResult searchWith(TrialRunner& runner, const SearchOptions& options) {
+  SearchOptions o = options;
+  // Every search trial runs the user's job as it will run: with accumulation, two micro-batches
+  // per optimizer step (gradients alive during the second forward; N >= 2 peaks like 2).
+  o.micro_batches_per_step = runner.microBatchesPerTrial();
+  MaxBatchResult result;
+  result.search = findMaxBatch(runner.probe(), o);
+  result.memory = breakdownOf(runner);
+  result.context = contextOf(runner);
+  return result;
+}
+
+}  // namespace
+
+MaxBatchResult findMaxBatch(const TrainingSpec& spec, const SearchOptions& options) {
+  TrialRunner runner(spec, options);
+  return searchWith(runner, options);
+}
+
+MaxBatchResult findMaxBatch(torch::jit::Module& module, const TrainingSpec& spec,
+                            const SearchOptions& options) {
+  TrialRunner runner(module, spec, options);
+  return searchWith(runner, options);
+}
+
+CheckResult checkBatch(const TrainingSpec& spec, const SearchOptions& options,
+                       std::int64_t micro_batch_size) {
+  if (micro_batch_size < 1) {
+    throw Error("check batch: expected a micro-batch size >= 1, but got " +
+                std::to_string(micro_batch_size));
+  }
+  TrialRunner runner(spec, options);
+  CheckResult check;
+  TrialRequest request;
+  request.micro_batch_size = micro_batch_size;
+  request.micro_batches_per_step = runner.microBatchesPerTrial();
+  request.cancel = options.cancel;
+  check.trial = runner.run(request);
+  check.fits = check.trial.outcome == TrialOutcome::kFits && !check.trial.cancelled;
+  check.margin_bytes = marginBytes(options, check.trial.memory_limit_bytes);
+  check.fits_with_margin =
+      check.fits && check.trial.peak_bytes <= check.trial.memory_limit_bytes - check.margin_bytes;
+  check.memory = breakdownOf(runner);
+  check.context = contextOf(runner);
+  return check;
+}
+
+std::string fileSha1(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("model file: expected a readable file, but cannot open '" + path + "'");
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return c10::sha1(bytes.str()).str();
+}
+
+}  // namespace autobatch
