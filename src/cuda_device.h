@@ -1,7 +1,8 @@
 // Internal: the only entry points into the CUDA runtime outside the memory backend.
-// Implemented in cuda_device.cpp when LibTorch has CUDA (AUTOBATCH_HAVE_CUDA), else stubbed.
+// Implemented in cuda_backend.cpp when LibTorch has CUDA (AUTOBATCH_HAVE_CUDA), else stubbed.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,5 +16,9 @@ std::vector<CudaDeviceInfo> cudaDevices();
 std::string cudaRuntimeVersion();
 /// cudaDriverGetVersion(), 0 when no driver is installed.
 int cudaDriverVersion();
+/// The caching allocator's memory fraction of device `index` (1.0 without CUDA).
+double cudaMemoryFraction(int index);
+/// cudaMemGetInfo's free bytes of the current device (0 without CUDA).
+std::int64_t cudaFreeBytes();
 
 }  // namespace autobatch::detail

@@ -1,6 +1,10 @@
 #include "autobatch/input_spec.h"
 
 #include <array>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "name_table.h"
 
@@ -46,6 +50,208 @@ std::int64_t elementBytes(DType dtype) {
 
 bool isIntegral(DType dtype) {
   return dtype == DType::kInt64 || dtype == DType::kInt32 || dtype == DType::kBool;
+}
+
+}  // namespace autobatch
+
+namespace autobatch {
+namespace {
+
+constexpr std::string_view kSyntax =
+    "[DTYPE:]SHAPE[:RANGE], e.g. 3x224x224, bf16:3x224x224, int64:512:<32000 (see docs/inputs.md)";
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+[[noreturn]] void fail(std::string_view text, const std::string& expected, std::string_view got,
+                       std::string_view fix = {}) {
+  std::string message = "input spec '" + std::string(text) + "': expected " + expected +
+                        ", but got '" + std::string(got) + "'";
+  if (!fix.empty()) message += "; " + std::string(fix);
+  throw Error(message);
+}
+
+// Parses a decimal integer with an optional leading '-'; nullopt on anything else or overflow.
+std::optional<std::int64_t> parseInt(std::string_view s) {
+  if (s.empty()) return std::nullopt;
+  bool negative = false;
+  if (s.front() == '-') {
+    negative = true;
+    s.remove_prefix(1);
+  } else if (s.front() == '+') {
+    s.remove_prefix(1);
+  }
+  if (s.empty()) return std::nullopt;
+  std::int64_t value = 0;
+  for (const char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    const std::int64_t digit = c - '0';
+    if (value > (std::numeric_limits<std::int64_t>::max() - digit) / 10) return std::nullopt;
+    value = value * 10 + digit;
+  }
+  return negative ? -value : value;
+}
+
+bool looksLikeShape(std::string_view s) {
+  if (s == "scalar") return true;
+  return !s.empty() && ((s.front() >= '0' && s.front() <= '9') || s.front() == '-');
+}
+
+std::vector<std::int64_t> parseShape(std::string_view text, std::string_view shape,
+                                     std::int64_t element_bytes) {
+  std::vector<std::int64_t> dims;
+  if (shape == "scalar") return dims;
+  if (shape.empty()) {
+    fail(text, "a sample shape such as 3x224x224 (or 'scalar')", shape, kSyntax);
+  }
+  std::int64_t bytes = element_bytes;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t end = shape.find('x', start);
+    const std::string_view dim = shape.substr(start, end == std::string_view::npos
+                                                         ? std::string_view::npos
+                                                         : end - start);
+    const auto value = parseInt(dim);
+    if (!value) {
+      fail(text, "dimensions that are positive integers joined by 'x'", dim,
+           "write the shape of one sample, e.g. 3x224x224");
+    }
+    if (*value < 1) {
+      fail(text, "every dimension >= 1", dim,
+           "the batch dimension is added by autobatch; give the shape of one sample");
+    }
+    if (bytes > std::numeric_limits<std::int64_t>::max() / *value) {
+      fail(text, "a sample of at most INT64_MAX bytes", shape,
+           "one sample's element count times its element size overflows int64");
+    }
+    bytes *= *value;
+    dims.push_back(*value);
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  return dims;
+}
+
+}  // namespace
+
+InputSpec parseInputSpec(std::string_view text_in) {
+  const std::string_view text = trim(text_in);
+  if (text.empty()) fail(text, "an input spec " + std::string(kSyntax), text);
+
+  // Split on ':' into at most three fields.
+  std::vector<std::string_view> fields;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t end = text.find(':', start);
+    fields.push_back(trim(text.substr(start, end == std::string_view::npos
+                                                 ? std::string_view::npos
+                                                 : end - start)));
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  if (fields.size() > 3) fail(text, "at most three ':'-separated fields " + std::string(kSyntax), text);
+
+  InputSpec spec;
+  std::size_t next = 0;
+  if (!looksLikeShape(fields[0])) {
+    try {
+      spec.dtype = parseDType(fields[0]);
+    } catch (const Error& e) {
+      throw Error("input spec '" + std::string(text) + "': " + e.what());
+    }
+    next = 1;
+  }
+  if (next >= fields.size()) {
+    fail(text, "a sample shape after the dtype, e.g. " + std::string(toString(spec.dtype)) +
+                   ":3x224x224",
+         text);
+  }
+  spec.sample_shape = parseShape(text, fields[next], elementBytes(spec.dtype));
+  ++next;
+  if (next < fields.size()) {
+    const std::string_view range = fields[next];
+    if (!isIntegral(spec.dtype)) {
+      fail(text, "no value range for floating dtype " + std::string(toString(spec.dtype)), range,
+           "ranges apply to integer inputs, e.g. int64:512:<32000");
+    }
+    std::optional<std::int64_t> low = 0;
+    std::optional<std::int64_t> high;
+    if (!range.empty() && range.front() == '<') {
+      high = parseInt(range.substr(1));
+    } else if (const std::size_t dots = range.find("..<"); dots != std::string_view::npos) {
+      low = parseInt(range.substr(0, dots));
+      high = parseInt(range.substr(dots + 3));
+    }
+    if (!low || !high) {
+      fail(text, "a range '<HIGH' or 'LOW..<HIGH' of integers", range,
+           "e.g. <32000 for token ids below a vocabulary of 32000");
+    }
+    if (*high <= *low) {
+      fail(text, "a non-empty range (HIGH > LOW)", range, "values are drawn from [LOW, HIGH)");
+    }
+    if (spec.dtype == DType::kBool && (*low < 0 || *high > 2)) {
+      fail(text, "a bool range inside [0, 2)", range, "omit the range for bool inputs");
+    }
+    if (spec.dtype == DType::kInt32 &&
+        (*low < std::numeric_limits<std::int32_t>::min() ||
+         *high - 1 > std::numeric_limits<std::int32_t>::max())) {
+      fail(text, "an int32 range within the int32 limits", range, "use int64 for larger values");
+    }
+    spec.low = *low;
+    spec.high = *high;
+  }
+  return spec;
+}
+
+std::vector<InputSpec> parseInputSpecs(std::string_view text) {
+  std::vector<InputSpec> specs;
+  if (trim(text).empty()) {
+    throw Error("input specs: expected one or more specs separated by commas " +
+                std::string(kSyntax) + ", but got an empty text");
+  }
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t end = text.find(',', start);
+    const std::string_view item =
+        text.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
+    try {
+      specs.push_back(parseInputSpec(item));
+    } catch (const Error& e) {
+      throw Error("input " + std::to_string(specs.size() + 1) + " of '" + std::string(text) +
+                  "': " + e.what());
+    }
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  return specs;
+}
+
+std::string toString(const InputSpec& spec) {
+  std::string out(toString(spec.dtype));
+  out += ':';
+  if (spec.sample_shape.empty()) {
+    out += "scalar";
+  } else {
+    for (std::size_t i = 0; i < spec.sample_shape.size(); ++i) {
+      if (i > 0) out += 'x';
+      out += std::to_string(spec.sample_shape[i]);
+    }
+  }
+  if (isIntegral(spec.dtype) && !(spec.low == 0 && spec.high == 2)) {
+    out += ':';
+    if (spec.low != 0) out += std::to_string(spec.low) + "..";
+    out += '<' + std::to_string(spec.high);
+  }
+  return out;
+}
+
+std::int64_t sampleElements(const InputSpec& spec) {
+  std::int64_t n = 1;
+  for (const auto d : spec.sample_shape) n *= d;
+  return n;
 }
 
 }  // namespace autobatch

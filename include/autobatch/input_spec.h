@@ -44,3 +44,38 @@ struct InputSpec {
 };
 
 }  // namespace autobatch
+
+namespace autobatch {
+
+/// Parses the text form of ONE input (the CLI's `--input` value, see docs/inputs.md):
+///
+///     [DTYPE:]SHAPE[:RANGE]
+///     DTYPE  float32 (default) | float16 | bfloat16 | int64 | int32 | bool  (aliases fp32, fp16,
+///            bf16, long, int)
+///     SHAPE  the shape of one sample, dimensions joined by 'x' ("3x224x224", "512"), or "scalar"
+///            for one value per sample (tensor shape [batch])
+///     RANGE  integer dtypes only: "<HIGH" for values in [0, HIGH) or "LOW..<HIGH" for [LOW, HIGH)
+///
+/// Examples: "3x224x224", "bf16:3x224x224", "int64:512:<32000", "int64:scalar:<1000",
+/// "int32:16x16:-5..<5". Spaces around the text are ignored.
+/// Returns: the spec; integer inputs without a range get [0, 2) (bool always [0, 2)).
+/// Throws: autobatch::Error "input spec 'TEXT': expected ..., but got ...; ..." for an empty spec,
+/// a dimension that is not a positive integer (zero, negative, not a number), an element count or
+/// byte size of one sample above INT64_MAX, an unknown dtype (listing the valid names), a range on
+/// a floating dtype, an empty range (HIGH <= LOW), or a bool range outside [0, 2).
+/// Thread safety: pure function.
+InputSpec parseInputSpec(std::string_view text);
+
+/// Parses several inputs separated by commas, one per forward argument in order:
+/// "3x224x224,int64:scalar:<1000". Throws: as parseInputSpec, naming the position (1-based) of
+/// the bad spec; an empty list is an error.
+std::vector<InputSpec> parseInputSpecs(std::string_view text);
+
+/// The canonical text of `spec` that parseInputSpec reads back, e.g. "int64:512:<32000",
+/// "float32:3x224x224", "int32:scalar:-5..<5".
+std::string toString(const InputSpec& spec);
+
+/// Elements of one sample (product of sample_shape; 1 for a scalar sample).
+std::int64_t sampleElements(const InputSpec& spec);
+
+}  // namespace autobatch

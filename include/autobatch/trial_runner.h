@@ -1,0 +1,114 @@
+// autobatch/trial_runner.h — runs real training steps of a TorchScript model at a micro-batch B.
+//
+// Contract: a TrialRunner owns (or borrows) one model on one device and runs trials: each trial
+// is `steps_per_trial` optimizer steps of `micro_batches_per_step` forward/loss/backward passes
+// on synthetic inputs, from the same weights, buffers and a fresh optimizer every time. It
+// reports whether the trial fits and its peak memory (autobatch/trial.h). Out-of-memory and
+// kernel size limits are results; model errors and fatal device errors leave `run` unchanged.
+// Memory: on the CPU a budget allocator (c10::SetCPUAllocator) counts every tensor's bytes and
+// refuses allocations above the limit; on CUDA the caching allocator's statistics are read and
+// its memory fraction emulates a smaller card. See docs/trial_runner.md.
+// State: while a runner lives it holds process-wide state: the CPU allocator (CPU device), the
+// caching allocator's memory fraction (CUDA with a limit or reserve), cuDNN benchmark mode and
+// FLAGS_torch_jit_enable_rethrow_caught_exception; all restored by the destructor. Per-thread
+// state (autocast, graph-executor optimisation) is set by `run` on the calling thread and restored
+// before it returns. Thread safety: one thread at a time; one CPU runner per process at a time.
+// This header includes no LibTorch header (the model type is forward-declared).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autobatch/input_spec.h"
+#include "autobatch/search_options.h"
+#include "autobatch/training_spec.h"
+#include "autobatch/trial.h"
+
+namespace torch::jit {
+struct Module;
+}  // namespace torch::jit
+
+namespace autobatch {
+
+class TrialRunner {
+ public:
+  /// Loads `spec.model_path` with torch::jit::load onto `spec.device` and prepares the trials.
+  /// Inputs and loss: `spec.inputs` / `spec.loss` when given, else the archive's
+  /// "autobatch/inputs.json" (autobatch/model_metadata.h), else loss "mean".
+  /// `options`: memory_limit_bytes (0: the device's) and reserve_bytes are used; the rest is the
+  /// search's. Side effects: installs the memory backend (see the file comment); on CUDA allocates
+  /// a warm-up tensor and runs one small matmul; precision fp16/bf16 casts the model.
+  /// Throws: autobatch::Error for an invalid spec (steps_per_trial or accumulation_steps < 1, an
+  /// unknown device, no inputs from either source, a bad metadata file, another CPU runner alive);
+  /// c10::Error from torch::jit::load for an unreadable archive.
+  TrialRunner(const TrainingSpec& spec, const SearchOptions& options = {});
+
+  /// As above with a module the caller already loaded on `spec.device` (spec.model_path is only
+  /// used in messages). The module is borrowed and must outlive the runner; its weights, buffers,
+  /// dtypes and training mode are exactly as given after every trial and after destruction. The
+  /// host-side snapshot used for that is not counted by the CPU budget; the module's own CPU
+  /// tensors are (as baseline bytes). Throws: as above; Error when `spec.inputs` is empty.
+  TrialRunner(torch::jit::Module& module, const TrainingSpec& spec,
+              const SearchOptions& options = {});
+
+  /// Restores the process-wide state listed in the file comment and the borrowed module.
+  ~TrialRunner();
+  TrialRunner(const TrialRunner&) = delete;
+  TrialRunner& operator=(const TrialRunner&) = delete;
+
+  /// Runs one trial of `request.micro_batch_size` samples per micro-batch, `spec.steps_per_trial`
+  /// optimizer steps of `request.micro_batches_per_step` micro-batches each (any value >= 1 is
+  /// run as given; the search asks for microBatchesPerTrial()). Inputs have shape
+  /// [micro_batch_size, sample_shape...]; values are drawn from a generator seeded with spec.seed.
+  /// Returns: outcome fits / out-of-memory / size-limit with the trial's peaks. After it returns
+  /// or throws, currentBytes() equals baselineBytes() and the weights are restored.
+  /// The cancel hook is checked before every step; a cancelled trial has cancelled = true.
+  /// Throws: autobatch::Error for micro_batch_size < 1 or micro_batches_per_step < 1, or a model
+  /// output the loss cannot use; model and fatal device errors unchanged.
+  /// Side effects: runs real training steps on the device; allocates and frees device memory.
+  TrialResult run(const TrialRequest& request);
+
+  /// A Probe for the search that calls run(); valid while the runner lives.
+  Probe probe();
+
+  /// min(spec.accumulation_steps, 2): N >= 2 micro-batches per optimizer step peak like 2,
+  /// because gradients are alive from the second forward on and no graph outlives its micro-batch.
+  int microBatchesPerTrial() const;
+
+  /// Elements of the parameters that are trained (requires_grad), exact.
+  std::int64_t parameterCount() const;
+  /// Bytes of all parameters (after an fp16/bf16 cast), exact.
+  std::int64_t parameterBytes() const;
+  /// Bytes of the gradients of the trained parameters (same dtype as the parameters).
+  std::int64_t gradientBytes() const;
+  /// Bytes of the optimizer state once created: adam/adamw 2x, sgd-momentum 1x the trained
+  /// parameters' bytes; sgd and none 0.
+  std::int64_t optimizerStateBytes() const;
+  /// The limit trials run under, in bytes, after SearchOptions::reserve_bytes (> 0).
+  std::int64_t memoryLimitBytes() const;
+  /// Where the limit came from (e.g. "--memory-limit", "MemAvailable at start 123...").
+  std::string memoryLimitSource() const;
+  /// "cpu-budget" or "cuda-caching".
+  std::string backendName() const;
+  /// Bytes held by tensors before every trial (the model, its snapshot excluded), in bytes.
+  std::int64_t baselineBytes() const;
+  /// Bytes held by tensors now (CPU budget allocator; CUDA caching allocator "allocated").
+  std::int64_t currentBytes() const;
+  /// Bytes the device holds outside the allocator (CUDA context, kernels); 0 on the CPU.
+  std::int64_t outsideBytes() const;
+  /// PYTORCH_ALLOC_CONF at setup (CUDA), "" when unset.
+  std::string allocatorConfig() const;
+  /// The inputs and loss the trials use (explicit, else from the archive).
+  const std::vector<InputSpec>& inputs() const;
+  LossKind loss() const;
+  /// The spec as given.
+  const TrainingSpec& spec() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace autobatch

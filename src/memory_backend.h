@@ -1,0 +1,83 @@
+// Internal: how the trial runner measures and limits memory. One interface, two backends:
+// the CPU budget allocator (cpu_budget.cpp) and the CUDA caching allocator (cuda_backend.cpp).
+// LibTorch-free header.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace autobatch::detail {
+
+/// Peaks of one trial, in bytes.
+struct MemoryPeaks {
+  std::int64_t peak_allocated_bytes = 0;
+  std::int64_t peak_reserved_bytes = 0;
+  /// Compared with the limit: peak reserved plus what lies outside the allocator.
+  std::int64_t peak_bytes = 0;
+  std::int64_t allocator_retries = 0;
+};
+
+class MemoryBackend {
+ public:
+  MemoryBackend() = default;
+  MemoryBackend(const MemoryBackend&) = delete;
+  MemoryBackend& operator=(const MemoryBackend&) = delete;
+  /// Restores what the backend changed (CPU allocator, memory fraction).
+  virtual ~MemoryBackend() = default;
+
+  /// "cpu-budget" or "cuda-caching".
+  virtual std::string name() const = 0;
+  /// The limit before the reserve is taken off, in bytes (> 0).
+  virtual std::int64_t limitBytes() const = 0;
+  /// Where limitBytes() came from, e.g. "--memory-limit", "MemAvailable at start (...)".
+  virtual std::string limitSource() const = 0;
+  /// Bytes held by tensors now (CPU: every counted tensor incl. the baseline; CUDA: allocated).
+  virtual std::int64_t currentBytes() const = 0;
+  /// Called once the model is set up (CPU: adds the bytes of tensors allocated before the
+  /// budget allocator was installed; CUDA: measures the part outside the allocator).
+  virtual void finishSetup(std::int64_t untracked_model_bytes) = 0;
+  /// Resets the peak statistics before a trial.
+  virtual void beginTrial() = 0;
+  /// Reads the peaks of the trial (after its tensors are gone).
+  virtual MemoryPeaks endTrial() = 0;
+  /// Releases cached memory so the next trial starts from the same baseline.
+  virtual void releaseCaches() = 0;
+  /// Waits for queued device work (for step timing).
+  virtual void synchronize() = 0;
+  /// True when a process limit is set and `bytes` reached half of the headroom it left at start.
+  virtual bool processLimitNear(std::int64_t bytes) const = 0;
+  /// PYTORCH_ALLOC_CONF as recorded at setup ("" when unset or on the CPU).
+  virtual std::string allocatorConfig() const { return ""; }
+  /// Outside-allocator bytes counted in peak_bytes (CUDA context etc.; 0 on the CPU).
+  virtual std::int64_t outsideBytes() const { return 0; }
+};
+
+/// Installs the CPU budget allocator (c10::SetCPUAllocator). `memory_limit_bytes` 0: the
+/// system's (cgroup, MemAvailable, RLIMIT_DATA/RLIMIT_AS headroom plus the baseline). The
+/// allocator refuses allocations above limitBytes() - `reserve_bytes`.
+/// Throws: autobatch::Error when another budget allocator is installed or another allocator of
+/// higher priority prevents the swap.
+std::unique_ptr<MemoryBackend> makeCpuBudgetBackend(std::int64_t memory_limit_bytes,
+                                                    std::int64_t reserve_bytes);
+
+/// The CUDA caching allocator backend for device `index`. `memory_limit_bytes` 0: the device's
+/// total memory; otherwise the memory fraction emulates a card of that size, less
+/// `reserve_bytes`. Throws: autobatch::Error when built without CUDA or no such device.
+std::unique_ptr<MemoryBackend> makeCudaBackend(int index, std::int64_t memory_limit_bytes,
+                                               std::int64_t reserve_bytes);
+
+/// Scope in which CPU allocations by this thread are not counted by the budget allocator (the
+/// host-side snapshot of the weights). Nestable.
+class UntrackedCpuScope {
+ public:
+  UntrackedCpuScope();
+  ~UntrackedCpuScope();
+  UntrackedCpuScope(const UntrackedCpuScope&) = delete;
+  UntrackedCpuScope& operator=(const UntrackedCpuScope&) = delete;
+};
+
+/// True when `data` was allocated (and is counted) by the budget allocator.
+bool isBudgetTracked(const void* data);
+
+}  // namespace autobatch::detail

@@ -1,0 +1,575 @@
+#include "autobatch/trial_runner.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/DeviceGuard.h>
+#include <spdlog/spdlog.h>
+#include <torch/csrc/jit/python/update_graph_executor_opt.h>
+#include <torch/csrc/jit/runtime/interpreter.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/script.h>
+
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <unordered_set>
+
+#include "autobatch/error.h"
+#include "autobatch/failure.h"
+#include "autobatch/model_metadata.h"
+#include "memory_backend.h"
+
+namespace autobatch {
+namespace {
+
+/// Autocast on `device_type` to `dtype` for its lifetime (enabled = false: does nothing).
+/// Restores the thread's previous autocast flag and dtype, and clears the autocast cache of
+/// low-precision weight copies when the outermost autocast region ends.
+class AutocastGuard {
+ public:
+  AutocastGuard(at::DeviceType device_type, at::ScalarType dtype, bool enabled)
+      : device_type_(device_type), enabled_(enabled) {
+    if (!enabled_) return;
+    previous_enabled_ = at::autocast::is_autocast_enabled(device_type_);
+    previous_dtype_ = at::autocast::get_autocast_dtype(device_type_);
+    at::autocast::set_autocast_enabled(device_type_, true);
+    at::autocast::set_autocast_dtype(device_type_, dtype);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!enabled_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(device_type_, previous_enabled_);
+    at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  at::DeviceType device_type_;
+  bool enabled_;
+  bool previous_enabled_ = false;
+  at::ScalarType previous_dtype_ = at::kFloat;
+};
+
+/// Saves the default CPU generator's state (dropout draws from it) and restores it.
+class CpuRngStateGuard {
+ public:
+  CpuRngStateGuard() {
+    const detail::UntrackedCpuScope untracked;
+    auto gen = at::detail::getDefaultCPUGenerator();
+    const std::lock_guard<std::mutex> lock(gen.mutex());
+    state_ = gen.get_state();
+  }
+  ~CpuRngStateGuard() {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    const std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state_);
+  }
+  CpuRngStateGuard(const CpuRngStateGuard&) = delete;
+  CpuRngStateGuard& operator=(const CpuRngStateGuard&) = delete;
+
+ private:
+  at::Tensor state_;
+};
+
+at::ScalarType toScalarType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return at::kFloat;
+    case DType::kFloat16:
+      return at::kHalf;
+    case DType::kBFloat16:
+      return at::kBFloat16;
+    case DType::kInt64:
+      return at::kLong;
+    case DType::kInt32:
+      return at::kInt;
+    case DType::kBool:
+      return at::kBool;
+  }
+  return at::kFloat;
+}
+
+torch::Device parseDevice(const std::string& text) {
+  if (text != "cpu" && text != "cuda" && text.rfind("cuda:", 0) != 0) {
+    throw Error("device: expected cpu, cuda or cuda:N, but got '" + text + "'");
+  }
+  try {
+    return torch::Device(text);
+  } catch (const c10::Error&) {
+    throw Error("device: expected cpu, cuda or cuda:N, but got '" + text + "'");
+  }
+}
+
+// The tensor the loss is computed from: the output, a tuple's / list's first tensor, a dict's
+// "logits" (Hugging Face) or first tensor value.
+std::optional<at::Tensor> firstTensor(const c10::IValue& value) {
+  if (value.isTensor()) return value.toTensor();
+  if (value.isTuple()) {
+    for (const auto& element : value.toTupleRef().elements()) {
+      if (auto t = firstTensor(element)) return t;
+    }
+  }
+  if (value.isList()) {
+    for (const auto& element : value.toListRef()) {
+      if (auto t = firstTensor(element)) return t;
+    }
+  }
+  if (value.isGenericDict()) {
+    const auto dict = value.toGenericDict();
+    for (const auto& entry : dict) {
+      if (entry.key().isString() && entry.key().toStringRef() == "logits") {
+        return firstTensor(entry.value());
+      }
+    }
+    for (const auto& entry : dict) {
+      if (auto t = firstTensor(entry.value())) return t;
+    }
+  }
+  return std::nullopt;
+}
+
+at::Tensor modelLoss(const c10::IValue& output) {
+  std::optional<at::Tensor> loss;
+  if (output.isTensor()) {
+    loss = output.toTensor();
+  } else if (output.isTuple() && !output.toTupleRef().elements().empty() &&
+             output.toTupleRef().elements()[0].isTensor()) {
+    loss = output.toTupleRef().elements()[0].toTensor();
+  } else if (output.isGenericDict()) {
+    for (const auto& entry : output.toGenericDict()) {
+      if (entry.key().isString() && entry.key().toStringRef() == "loss" &&
+          entry.value().isTensor()) {
+        loss = entry.value().toTensor();
+      }
+    }
+  }
+  if (!loss || loss->numel() != 1) {
+    throw Error(
+        "loss 'model': expected forward to return the scalar loss, a tuple whose first element "
+        "is it, or a dict with a \"loss\" entry, but got " +
+        (loss ? "a tensor of " + std::to_string(loss->numel()) + " elements"
+              : std::string("a ") + output.tagKind()) +
+        "; use --loss mean, cross-entropy or mse for models that return predictions");
+  }
+  return loss->reshape({});
+}
+
+std::int64_t bytesOf(const at::Tensor& t) {
+  return t.numel() * static_cast<std::int64_t>(t.element_size());
+}
+
+}  // namespace
+
+struct TrialRunner::Impl {
+  TrainingSpec spec;
+  std::int64_t reserve_bytes = 0;
+  torch::Device device{torch::kCPU};
+  bool saved_rethrow = false;
+  bool saved_cudnn_benchmark = false;
+  // Destroyed after the module and the snapshot (declared first).
+  std::unique_ptr<detail::MemoryBackend> backend;
+  torch::jit::Module module;  // a handle: owned (loaded) or the caller's
+  bool borrowed = false;
+  bool was_training = true;
+  struct Saved {
+    at::Tensor live;  // the module's tensor (same TensorImpl)
+    at::Tensor host;  // its value at setup, on the CPU, not counted by the budget
+  };
+  std::vector<Saved> saved;
+  std::vector<at::Tensor> trained;
+  std::int64_t parameter_bytes = 0;
+  std::vector<InputSpec> inputs;
+  LossKind loss = LossKind::kMean;
+  std::int64_t baseline_bytes = 0;
+  std::int64_t last_oom_batch = 0;
+
+  Impl(const TrainingSpec& given_spec, const SearchOptions& options, torch::jit::Module* given)
+      : spec(given_spec) {
+    if (spec.steps_per_trial < 1) {
+      throw Error("steps per trial: expected >= 1, but got " +
+                  std::to_string(spec.steps_per_trial));
+    }
+    if (spec.accumulation_steps < 1) {
+      throw Error("accumulation steps: expected >= 1, but got " +
+                  std::to_string(spec.accumulation_steps));
+    }
+    if (options.reserve_bytes < 0 || options.memory_limit_bytes < 0) {
+      throw Error("memory limit and reserve: expected >= 0 bytes, but got limit " +
+                  std::to_string(options.memory_limit_bytes) + " and reserve " +
+                  std::to_string(options.reserve_bytes));
+    }
+    if (spec.steps_per_trial == 1 && spec.optimizer != OptimizerKind::kNone &&
+        spec.optimizer != OptimizerKind::kSgd) {
+      spdlog::warn(
+          "steps per trial is 1 with optimizer {}: its state is created at the first step(), so "
+          "the steady-state peak of step 2 is not measured",
+          toString(spec.optimizer));
+    }
+    reserve_bytes = options.reserve_bytes;
+    device = parseDevice(spec.device);
+    if (device.is_cuda()) {
+      backend = detail::makeCudaBackend(device.has_index() ? device.index() : 0,
+                                        options.memory_limit_bytes, options.reserve_bytes);
+    } else {
+      // Installed before the model is loaded, so the model's bytes count.
+      backend = detail::makeCpuBudgetBackend(options.memory_limit_bytes, options.reserve_bytes);
+    }
+    if (backend->limitBytes() - reserve_bytes <= 0) {
+      throw Error("memory limit: expected more than the reserve of " +
+                  std::to_string(reserve_bytes) + " bytes, but got " +
+                  std::to_string(backend->limitBytes()) + " bytes (" + backend->limitSource() +
+                  ")");
+    }
+    saved_rethrow = FLAGS_torch_jit_enable_rethrow_caught_exception;
+    FLAGS_torch_jit_enable_rethrow_caught_exception = true;  // keeps c10::OutOfMemoryError's type
+    saved_cudnn_benchmark = at::globalContext().benchmarkCuDNN();
+    at::globalContext().setBenchmarkCuDNN(spec.cudnn_benchmark);
+
+    std::optional<ModelMetadata> metadata;
+    if (given != nullptr) {
+      module = *given;
+      borrowed = true;
+    } else {
+      torch::jit::ExtraFilesMap extra{{std::string(kModelMetadataFile), ""}};
+      module = torch::jit::load(spec.model_path, device, extra);
+      const std::string& text = extra[std::string(kModelMetadataFile)];
+      if (!text.empty()) metadata = parseModelMetadata(text, spec.model_path);
+    }
+    auto resolved = resolveInputs(spec.inputs, spec.loss, metadata,
+                                  spec.model_path.empty() ? "<module>" : spec.model_path);
+    inputs = std::move(resolved.first);
+    loss = resolved.second;
+    was_training = module.is_training();
+
+    // Host-side snapshot of every parameter and buffer (deduplicated), not counted by the budget.
+    std::unordered_set<const c10::TensorImpl*> seen;
+    auto remember = [&](const at::Tensor& t) {
+      if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) return;
+      const detail::UntrackedCpuScope untracked;
+      saved.push_back({t, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true)});
+    };
+    for (const auto& p : module.parameters(/*recurse=*/true)) remember(p);
+    for (const auto& b : module.buffers(/*recurse=*/true)) remember(b);
+    for (const auto& s : saved) {
+      if (s.live.device() != device) {
+        throw Error("model: expected its tensors on " + device.str() + ", but got one on " +
+                    s.live.device().str() + "; load it onto the device of --device");
+      }
+    }
+    if (spec.precision == Precision::kFp16) module.to(at::kHalf);
+    if (spec.precision == Precision::kBf16) module.to(at::kBFloat16);
+
+    std::unordered_set<const c10::TensorImpl*> counted;
+    for (const auto& p : module.parameters(/*recurse=*/true)) {
+      if (!counted.insert(p.unsafeGetTensorImpl()).second) continue;
+      parameter_bytes += bytesOf(p);
+      if (p.requires_grad()) trained.push_back(p);
+    }
+    if (trained.empty()) {
+      throw Error("model '" + spec.model_path +
+                  "': expected parameters that require grad, but got none; autobatch sizes "
+                  "training steps");
+    }
+    // The caller's CPU tensors were allocated before the budget allocator: count them as baseline.
+    std::int64_t untracked_bytes = 0;
+    if (device.is_cpu()) {
+      std::unordered_set<const void*> storages;
+      auto add = [&](const at::Tensor& t) {
+        if (!t.defined() || !t.has_storage()) return;
+        const void* data = t.storage().data();
+        if (data == nullptr || !storages.insert(data).second || detail::isBudgetTracked(data)) {
+          return;
+        }
+        untracked_bytes += static_cast<std::int64_t>(t.storage().nbytes());
+      };
+      for (const auto& p : module.parameters(true)) add(p);
+      for (const auto& b : module.buffers(true)) add(b);
+    }
+    backend->finishSetup(untracked_bytes);
+    baseline_bytes = backend->currentBytes();
+  }
+
+  ~Impl() {
+    restoreWeights();
+    if (borrowed) {
+      // Undo an fp16/bf16 cast on the caller's module, without counting the restored tensors.
+      const detail::UntrackedCpuScope untracked;
+      const at::NoGradGuard no_grad;
+      for (auto& s : saved) {
+        if (s.live.scalar_type() != s.host.scalar_type()) s.live.set_data(s.host.to(device));
+      }
+    }
+    module.train(was_training);
+    at::globalContext().setBenchmarkCuDNN(saved_cudnn_benchmark);
+    FLAGS_torch_jit_enable_rethrow_caught_exception = saved_rethrow;
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  void restoreWeights() {
+    const at::NoGradGuard no_grad;
+    for (auto& s : saved) s.live.copy_(s.host);
+  }
+
+  void zeroGrad() {
+    for (auto& p : trained) p.mutable_grad() = at::Tensor();
+  }
+
+  std::unique_ptr<torch::optim::Optimizer> makeOptimizer() const {
+    const double lr = spec.learning_rate;
+    switch (spec.optimizer) {
+      case OptimizerKind::kNone:
+        return nullptr;
+      case OptimizerKind::kSgd:
+        return std::make_unique<torch::optim::SGD>(trained, torch::optim::SGDOptions(lr));
+      case OptimizerKind::kSgdMomentum:
+        return std::make_unique<torch::optim::SGD>(trained,
+                                                   torch::optim::SGDOptions(lr).momentum(0.9));
+      case OptimizerKind::kAdam:
+        return std::make_unique<torch::optim::Adam>(trained, torch::optim::AdamOptions(lr));
+      case OptimizerKind::kAdamW:
+        return std::make_unique<torch::optim::AdamW>(trained, torch::optim::AdamWOptions(lr));
+    }
+    return nullptr;
+  }
+
+  at::ScalarType modelFloatType() const {
+    if (spec.precision == Precision::kFp16) return at::kHalf;
+    if (spec.precision == Precision::kBf16) return at::kBFloat16;
+    return at::kFloat;
+  }
+
+  at::Tensor makeInput(const InputSpec& input, std::int64_t batch, at::Generator& gen) const {
+    std::vector<std::int64_t> shape{batch};
+    shape.insert(shape.end(), input.sample_shape.begin(), input.sample_shape.end());
+    at::ScalarType type = toScalarType(input.dtype);
+    // A float32 input of an fp16/bf16 model is fed in the model's dtype, as the job would.
+    if (type == at::kFloat) type = modelFloatType();
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
+    if (isIntegral(input.dtype)) {
+      t.random_(input.low, input.high, gen);
+    } else {
+      t.normal_(0.0, 1.0, gen);
+    }
+    return device.is_cpu() ? t : t.to(device);
+  }
+
+  at::Tensor computeLoss(const c10::IValue& output, at::Generator& gen) const {
+    if (loss == LossKind::kModel) return modelLoss(output);
+    const auto out = firstTensor(output);
+    if (!out) {
+      throw Error(std::string("loss '") + std::string(toString(loss)) +
+                  "': expected forward to return a tensor (or a tuple/list/dict holding one), "
+                  "but got a " + output.tagKind());
+    }
+    switch (loss) {
+      case LossKind::kCrossEntropy: {
+        if (out->dim() < 1 || out->size(-1) < 1) {
+          throw Error("loss 'cross-entropy': expected an output whose last dimension holds the "
+                      "class scores, but got shape " + c10::str(out->sizes()));
+        }
+        const std::int64_t classes = out->size(-1);
+        const at::Tensor logits = out->reshape({-1, classes});
+        at::Tensor targets = at::empty({logits.size(0)}, at::TensorOptions().dtype(at::kLong));
+        targets.random_(0, classes, gen);
+        if (!device.is_cpu()) targets = targets.to(device);
+        return at::cross_entropy_loss(logits, targets);
+      }
+      case LossKind::kMse: {
+        at::Tensor target = at::empty(out->sizes(), out->options().device(torch::kCPU));
+        target.normal_(0.0, 1.0, gen);
+        if (!device.is_cpu()) target = target.to(device);
+        return at::mse_loss(*out, target);
+      }
+      case LossKind::kMean:
+      case LossKind::kModel:
+        break;
+    }
+    return out->mean();
+  }
+
+  // One forward/loss/backward of `batch` samples; every tensor of it dies with this frame.
+  void microStep(std::int64_t batch, at::Generator& gen) {
+    std::vector<c10::IValue> args;
+    args.reserve(inputs.size());
+    for (const auto& input : inputs) args.emplace_back(makeInput(input, batch, gen));
+    at::Tensor loss_value;
+    {
+      const bool amp =
+          spec.precision == Precision::kAmpFp16 || spec.precision == Precision::kAmpBf16;
+      const AutocastGuard autocast(device.type(),
+                                   spec.precision == Precision::kAmpFp16 ? at::kHalf
+                                                                         : at::kBFloat16,
+                                   amp);
+      const c10::IValue output = module.forward(args);
+      loss_value = computeLoss(output, gen);
+    }
+    args.clear();
+    loss_value.backward();
+  }
+
+  TrialResult run(const TrialRequest& request) {
+    if (request.micro_batch_size < 1 || request.micro_batches_per_step < 1) {
+      throw Error("trial: expected micro_batch_size >= 1 and micro_batches_per_step >= 1, but "
+                  "got " + std::to_string(request.micro_batch_size) + " and " +
+                  std::to_string(request.micro_batches_per_step));
+    }
+    TrialResult result;
+    result.request = request;
+    result.memory_limit_bytes = backend->limitBytes() - reserve_bytes;
+    const std::int64_t batch = request.micro_batch_size;
+
+    const c10::DeviceGuard device_guard(device);
+    const bool saved_optimize = torch::jit::getGraphExecutorOptimize();
+    torch::jit::setGraphExecutorOptimize(spec.optimize_graph);
+    std::optional<CpuRngStateGuard> rng_guard;
+    rng_guard.emplace();
+    module.train(true);
+    backend->beginTrial();
+
+    std::exception_ptr error;
+    double total_ms = 0.0;
+    {
+      std::unique_ptr<torch::optim::Optimizer> optimizer;
+      at::Generator gen;
+      {
+        const detail::UntrackedCpuScope untracked;  // the generator's own state is not the step's
+        gen = at::make_generator<at::CPUGeneratorImpl>(spec.seed);
+      }
+      try {
+        optimizer = makeOptimizer();
+        for (int step = 0; step < spec.steps_per_trial; ++step) {
+          if (request.cancel && request.cancel()) {
+            result.cancelled = true;
+            break;
+          }
+          const auto start = std::chrono::steady_clock::now();
+          for (int micro = 0; micro < request.micro_batches_per_step; ++micro) {
+            microStep(batch, gen);
+          }
+          if (optimizer) optimizer->step();
+          zeroGrad();
+          backend->synchronize();
+          total_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                                start)
+                          .count();
+          ++result.steps_completed;
+        }
+      } catch (...) {  // classified below; whatever is not OOM or a size limit is rethrown
+        error = std::current_exception();
+      }
+    }  // the optimizer and its state are gone here
+    zeroGrad();
+    at::autocast::clear_cache();
+
+    FailureClass failure;
+    const detail::MemoryPeaks peaks = backend->endTrial();
+    if (error) {
+      const FailureClass loose = classifyException(error, {true, true});
+      FailureContext context;
+      context.process_limit_near =
+          backend->processLimitNear(peaks.peak_bytes + loose.failed_request_bytes);
+      context.after_larger_oom = last_oom_batch > batch;
+      failure = classifyException(error, context);
+      if (failure.kind != FailureKind::kRethrow) error = nullptr;  // free it before cleanup
+    }
+    restoreWeights();
+    module.train(was_training);
+    rng_guard.reset();
+    backend->releaseCaches();
+    torch::jit::setGraphExecutorOptimize(saved_optimize);
+    if (error) {
+      last_oom_batch = 0;
+      std::rethrow_exception(error);
+    }
+
+    result.peak_allocated_bytes = peaks.peak_allocated_bytes;
+    result.peak_reserved_bytes = peaks.peak_reserved_bytes;
+    result.peak_bytes = peaks.peak_bytes;
+    result.allocator_retries = peaks.allocator_retries;
+    result.step_ms =
+        result.steps_completed > 0 ? total_ms / static_cast<double>(result.steps_completed) : 0.0;
+    if (failure.kind == FailureKind::kOutOfMemory) {
+      result.outcome = TrialOutcome::kOutOfMemory;
+      result.reason = failure.reason;
+      result.failed_request_bytes = failure.failed_request_bytes;
+      last_oom_batch = std::max(last_oom_batch, batch);
+    } else if (failure.kind == FailureKind::kSizeLimit && error == nullptr &&
+               !failure.reason.empty()) {
+      result.outcome = TrialOutcome::kSizeLimit;
+      result.reason = failure.reason;
+    } else {
+      last_oom_batch = 0;
+      if (result.cancelled) result.reason = "cancelled";
+    }
+    return result;
+  }
+};
+
+TrialRunner::TrialRunner(const TrainingSpec& spec, const SearchOptions& options)
+    : impl_(std::make_unique<Impl>(spec, options, nullptr)) {}
+
+TrialRunner::TrialRunner(torch::jit::Module& module, const TrainingSpec& spec,
+                         const SearchOptions& options) {
+  if (spec.inputs.empty()) {
+    throw Error("module: expected TrainingSpec::inputs (one spec per forward argument), but got "
+                "none; a module given in memory has no archive to read autobatch/inputs.json "
+                "from");
+  }
+  impl_ = std::make_unique<Impl>(spec, options, &module);
+}
+
+TrialRunner::~TrialRunner() = default;
+
+TrialResult TrialRunner::run(const TrialRequest& request) { return impl_->run(request); }
+
+Probe TrialRunner::probe() {
+  return [this](const TrialRequest& request) { return run(request); };
+}
+
+int TrialRunner::microBatchesPerTrial() const {
+  return std::min(impl_->spec.accumulation_steps, 2);
+}
+
+std::int64_t TrialRunner::parameterCount() const {
+  std::int64_t n = 0;
+  for (const auto& p : impl_->trained) n += p.numel();
+  return n;
+}
+std::int64_t TrialRunner::parameterBytes() const { return impl_->parameter_bytes; }
+std::int64_t TrialRunner::gradientBytes() const {
+  std::int64_t n = 0;
+  for (const auto& p : impl_->trained) n += bytesOf(p);
+  return n;
+}
+std::int64_t TrialRunner::optimizerStateBytes() const {
+  switch (impl_->spec.optimizer) {
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      return 2 * gradientBytes();
+    case OptimizerKind::kSgdMomentum:
+      return gradientBytes();
+    case OptimizerKind::kSgd:
+    case OptimizerKind::kNone:
+      return 0;
+  }
+  return 0;
+}
+std::int64_t TrialRunner::memoryLimitBytes() const {
+  return impl_->backend->limitBytes() - impl_->reserve_bytes;
+}
+std::string TrialRunner::memoryLimitSource() const { return impl_->backend->limitSource(); }
+std::string TrialRunner::backendName() const { return impl_->backend->name(); }
+std::int64_t TrialRunner::baselineBytes() const { return impl_->baseline_bytes; }
+std::int64_t TrialRunner::currentBytes() const { return impl_->backend->currentBytes(); }
+std::int64_t TrialRunner::outsideBytes() const { return impl_->backend->outsideBytes(); }
+std::string TrialRunner::allocatorConfig() const { return impl_->backend->allocatorConfig(); }
+const std::vector<InputSpec>& TrialRunner::inputs() const { return impl_->inputs; }
+LossKind TrialRunner::loss() const { return impl_->loss; }
+const TrainingSpec& TrialRunner::spec() const { return impl_->spec; }
+
+}  // namespace autobatch
