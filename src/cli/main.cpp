@@ -75,7 +75,11 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   }
   if (args.count("input") != 0U) {
     for (const auto& text : args["input"].as<std::vector<std::string>>()) {
-      for (auto& s : autobatch::parseInputSpecs(text)) spec.inputs.push_back(std::move(s));
+      try {
+        for (auto& s : autobatch::parseInputSpecs(text)) spec.inputs.push_back(std::move(s));
+      } catch (const Error& e) {
+        throw Error(std::string("--input: ") + e.what());
+      }
     }
   }
   if (args.count("loss") != 0U) spec.loss = autobatch::parseLossKind(flag(args, "loss"));
@@ -278,7 +282,17 @@ int run(int argc, char** argv, Cli& cli) {
   return cli.report.exit_code;
 }
 
-int fail(Cli& cli, const std::string& status, int code, const std::string& message) {
+// LibTorch appends a C++ backtrace to its messages ("Exception raised from ..."): users need the
+// message, not the frames.
+std::string withoutBacktrace(std::string message) {
+  if (const auto at = message.find("\nException raised from "); at != std::string::npos) {
+    message.erase(at);
+  }
+  return message;
+}
+
+int fail(Cli& cli, const std::string& status, int code, const std::string& raw_message) {
+  const std::string message = withoutBacktrace(raw_message);
   std::cerr << "autobatch: " << message << "\n";
   cli.report.status = status;
   cli.report.exit_code = code;

@@ -1,0 +1,228 @@
+// The command line as users and launch scripts meet it: the binary is run in a child process.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string readFile(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+fs::path tmpDir() {
+  const fs::path dir = fs::path(AUTOBATCH_TEST_TMP) / "cli";
+  fs::create_directories(dir);
+  return dir;
+}
+
+// Runs the autobatch binary with `args` (already shell-quoted where needed).
+CliRun runCli(const std::string& args) {
+  const fs::path out = tmpDir() / "stdout.txt";
+  const fs::path err = tmpDir() / "stderr.txt";
+  const std::string command = std::string(AUTOBATCH_CLI) + " " + args + " >" + out.string() +
+                              " 2>" + err.string() + " </dev/null";
+  const int status = std::system(command.c_str());
+  CliRun run;
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  run.out = readFile(out);
+  run.err = readFile(err);
+  return run;
+}
+
+// A small MLP classifier, float32 [batch, 64] -> [batch, 10], saved with its input description.
+std::string mlpModel() {
+  const fs::path path = tmpDir() / "mlp.pt";
+  if (fs::exists(path)) return path.string();
+  torch::manual_seed(0);
+  torch::jit::Module net("Mlp");
+  net.register_parameter("w1", torch::randn({64, 256}).requires_grad_(), false);
+  net.register_parameter("w2", torch::randn({256, 10}).requires_grad_(), false);
+  net.define(R"(
+    def forward(self, x):
+        return torch.matmul(torch.relu(torch.matmul(x, self.w1)), self.w2)
+  )");
+  torch::jit::ExtraFilesMap extra{
+      {"autobatch/inputs.json", R"({"version": 1, "inputs": ["64"], "loss": "cross-entropy"})"}};
+  net.save(path.string(), extra);
+  return path.string();
+}
+
+TEST(CliTest, HelpListsEveryFlagWithDefaultsAndTheExitCodes) {
+  const CliRun run = runCli("--help");
+  EXPECT_EQ(run.exit_code, 0);
+  for (const char* text :
+       {"--model", "--input", "--loss", "--optimizer", "--precision", "--device", "--memory-limit",
+        "--reserve", "--margin", "--min-batch", "--max-batch", "--strategy", "--plan",
+        "--steps-per-trial", "--accumulation-steps", "--world-size", "--cudnn-benchmark",
+        "--max-trials", "--time-limit", "--seed", "--check-batch", "--json", "--env",
+        "--target-batch", "(default: adamw)", "(default: 5%)", "Exit codes:", "130"}) {
+    EXPECT_NE(run.out.find(text), std::string::npos) << text;
+  }
+}
+
+TEST(CliTest, VersionNamesLibTorch) {
+  const CliRun run = runCli("--version");
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_NE(run.out.find("LibTorch 2.11"), std::string::npos) << run.out;
+}
+
+TEST(CliTest, BadFlagValuesExitTwoNamingTheFlag) {
+  const std::string model = mlpModel();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--target-batch 0", "--target-batch: expected a whole number in [1, 1099511627776]"},
+      {"--target-batch -5", "--target-batch: expected a whole number"},
+      {"--target-batch abc", "--target-batch: expected a whole number"},
+      {"--target-batch 1099511627777", "--target-batch: expected a whole number"},
+      {"--min-batch 8 --max-batch 4", "--max-batch: expected a value >= --min-batch (8)"},
+      {"--memory-limit 24XB", "--memory-limit: expected a byte size"},
+      {"--memory-limit -1GiB", "a size has no sign"},
+      {"--memory-limit 1e400", "exponents are not accepted"},
+      {"--precision fp8", "unknown precision 'fp8': expected one of fp32, amp-fp16"},
+      {"--optimizer lion", "unknown optimizer 'lion': expected one of none, sgd"},
+      {"--loss hinge", "unknown loss 'hinge': expected one of mean, cross-entropy"},
+      {"--strategy random", "unknown strategy 'random'"},
+      {"--margin 150%", "--margin: expected a number in [0, 99]"},
+      {"--input 3x0x5", "--input"},
+      {"--target-batch 10 --world-size 4", "world size"},
+      {"--no-such-flag", "no-such-flag"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const CliRun run = runCli("--model " + model + " " + flags);
+    EXPECT_EQ(run.exit_code, 2) << flags << "\n" << run.err;
+    EXPECT_NE(run.err.find(message), std::string::npos) << flags << "\n" << run.err;
+  }
+}
+
+TEST(CliTest, MissingModelFileIsAUsageError) {
+  const CliRun run = runCli("--model /nonexistent/net.pt --memory-limit 1GiB");
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_NE(run.err.find("/nonexistent/net.pt"), std::string::npos) << run.err;
+}
+
+TEST(CliTest, CudaWithoutAGpuIsAUsageErrorThatSaysWhatWasFound) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is present";
+  const CliRun run = runCli("--model " + mlpModel() + " --device cuda");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_NE(run.err.find("--device cuda: expected a visible GPU, but found none"),
+            std::string::npos)
+      << run.err;
+}
+
+TEST(CliTest, JsonPlanMultipliesOutToTheTarget) {
+  const fs::path json_path = tmpDir() / "report.json";
+  const CliRun run = runCli("--model " + mlpModel() +
+                         " --device cpu --memory-limit 64MiB --target-batch 1000 --world-size 2 "
+                         "--json " + json_path.string());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_EQ(doc["schema_version"], 1);
+  EXPECT_EQ(doc["status"], "found");
+  EXPECT_EQ(doc["exit_code"], 0);
+  const auto& result = doc["result"];
+  const std::int64_t safe = result["safe_micro_batch"];
+  EXPECT_GT(safe, 0);
+  EXPECT_LE(safe, result["max_micro_batch"].get<std::int64_t>());
+  for (const char* kind : {"uniform", "balanced"}) {
+    const auto& plan = doc["plans"][kind];
+    std::int64_t per_rank = 0;
+    for (const auto& size : plan["micro_batches"]) {
+      EXPECT_LE(size.get<std::int64_t>(), doc["plans"]["max_micro_batch"].get<std::int64_t>());
+      per_rank += size.get<std::int64_t>();
+    }
+    EXPECT_EQ(per_rank * 2, 1000) << kind;
+    EXPECT_EQ(plan["effective_batch"], 1000);
+    EXPECT_EQ(plan["accumulation_steps"], plan["micro_batches"].size());
+  }
+  EXPECT_EQ(doc["fingerprint"]["model_sha1"].get<std::string>().size(), 40U);
+  EXPECT_EQ(doc["fingerprint"]["inputs"][0], "float32:64");
+  EXPECT_EQ(doc["device"]["memory_limit_bytes"], 64LL << 20);
+  EXPECT_FALSE(doc["trials"].empty());
+}
+
+TEST(CliTest, EnvLinesEvaluateInSh) {
+  const CliRun run = runCli("--model " + mlpModel() +
+                         " --device cpu --memory-limit 64MiB --target-batch 99991 --env -q");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const fs::path env = tmpDir() / "env.sh";
+  std::ofstream(env) << run.out;
+  const fs::path out = tmpDir() / "env_out.txt";
+  const std::string command =
+      "sh -c '. " + env.string() +
+      " && echo $((AUTOBATCH_MICRO_BATCH)) $AUTOBATCH_ACCUM_STEPS $AUTOBATCH_EFFECTIVE_BATCH "
+      "$AUTOBATCH_PLAN && s=0 && for b in $AUTOBATCH_MICRO_BATCHES; do s=$((s+b)); done && echo $s' >" +
+      out.string();
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  std::istringstream values(readFile(out));
+  std::int64_t micro = 0, steps = 0, effective = 0, sum = 0;
+  std::string plan;
+  values >> micro >> steps >> effective >> plan >> sum;
+  EXPECT_GT(micro, 0);
+  // 99991 is prime and above what fits in one micro-batch: the uniform plan would be 99991 steps
+  // of 1 sample, so the balanced plan is primary.
+  EXPECT_EQ(effective, 99991);
+  EXPECT_EQ(sum, 99991);
+  EXPECT_EQ(plan, "balanced");
+  EXPECT_GT(steps, 1);
+  EXPECT_GE(micro * steps, 99991);
+  EXPECT_LT((micro - 1) * steps, 99991);
+  // The human report went to stderr, since stdout carries the env lines.
+  EXPECT_NE(run.err.find("safe micro-batch"), std::string::npos);
+}
+
+TEST(CliTest, CheckBatchExitsZeroAndThreeOnTheTwoSidesOfABudget) {
+  const fs::path json_path = tmpDir() / "search.json";
+  const std::string common = "--model " + mlpModel() + " --device cpu --memory-limit 48MiB -q";
+  const CliRun search = runCli(common + " --margin 0 --json " + json_path.string());
+  ASSERT_EQ(search.exit_code, 0) << search.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  const std::int64_t max = doc["result"]["max_micro_batch"];
+  ASSERT_GT(max, 1);
+  const CliRun fits = runCli(common + " --margin 0 --check-batch " + std::to_string(max));
+  EXPECT_EQ(fits.exit_code, 0) << fits.err << fits.out;
+  const CliRun too_big = runCli(common + " --margin 0 --check-batch " + std::to_string(max + 1));
+  EXPECT_EQ(too_big.exit_code, 3) << too_big.err << too_big.out;
+  EXPECT_NE(too_big.out.find("does not fit"), std::string::npos) << too_big.out;
+}
+
+TEST(CliTest, NothingFitsExitsThreeWithTheNeed) {
+  const fs::path json_path = tmpDir() / "nothing.json";
+  const CliRun run = runCli("--model " + mlpModel() + " --device cpu --memory-limit 64KiB --json " +
+                         json_path.string());
+  EXPECT_EQ(run.exit_code, 3) << run.err;
+  EXPECT_NE(run.out.find("nothing fits"), std::string::npos) << run.out;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_EQ(doc["status"], "nothing-fits");
+  EXPECT_EQ(doc["exit_code"], 3);
+}
+
+TEST(CliTest, ErrorsStillWriteTheJsonReport) {
+  const fs::path json_path = tmpDir() / "error.json";
+  const CliRun run = runCli("--model " + mlpModel() + " --precision fp8 --json " + json_path.string());
+  EXPECT_EQ(run.exit_code, 2);
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_EQ(doc["status"], "usage-error");
+  EXPECT_EQ(doc["exit_code"], 2);
+  EXPECT_NE(doc["error"].get<std::string>().find("fp8"), std::string::npos);
+}
+
+}  // namespace
