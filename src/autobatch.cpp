@@ -73,7 +73,9 @@ CheckResult checkBatch(const TrainingSpec& spec, const SearchOptions& options,
   request.micro_batch_size = micro_batch_size;
   request.micro_batches_per_step = runner.microBatchesPerTrial();
   request.cancel = options.cancel;
+  if (options.before_trial) options.before_trial(request);
   check.trial = runner.run(request);
+  if (options.on_trial) options.on_trial(check.trial);
   check.fits = check.trial.outcome == TrialOutcome::kFits && !check.trial.cancelled;
   check.margin_bytes = marginBytes(options, check.trial.memory_limit_bytes);
   check.fits_with_margin =

@@ -269,7 +269,9 @@ std::string humanReport(const ReportData& d) {
       const auto& p = *s.plan;
       out << fmt::format("\nplans for target batch {} (world size {}, max micro-batch {}{})\n",
                          p.target_batch, p.uniform.world_size, p.max_micro_batch,
-                         s.plan_verified ? ", verified with 2 micro-batches per step" : "");
+                         p.primary().accumulation_steps == 1 ? ", no accumulation needed"
+                         : s.plan_verified ? ", verified with 2 micro-batches per step"
+                                           : ", NOT verified with 2 micro-batches per step");
       for (const AccumulationPlan* plan : {&p.uniform, &p.balanced}) {
         std::string sizes;
         for (const auto& g : plan->groups) {

@@ -6,12 +6,21 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "autobatch/error.h"
 
 namespace autobatch {
 namespace {
+
+std::string oneDecimal(double value) {
+  std::ostringstream out;
+  out.setf(std::ios::fixed);
+  out.precision(1);
+  out << value;
+  return out.str();
+}
 
 // Stands for "no upper bound known"; far below overflow of lo * 4 and (lo + hi) / 2.
 constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max() / 8;
@@ -108,6 +117,7 @@ class Search {
     request.micro_batch_size = batch;
     request.micro_batches_per_step = micro_batches_per_step;
     request.cancel = options_.cancel;
+    if (options_.before_trial) options_.before_trial(request);
     TrialResult r = probe_(request);  // exceptions end the search, unchanged
     r.request = request;
     if (r.memory_limit_bytes > 0) limit_ = r.memory_limit_bytes;
@@ -508,9 +518,9 @@ class Search {
     if (at_max != rate.end() && best > at_max->second * kFasterFactor) {
       result_.warnings.push_back(
           "batch " + std::to_string(result_.fastest_micro_batch) + " trains " +
-          std::to_string(best) + " samples/s, more than the largest batch " +
-          std::to_string(result_.max_micro_batch) + " (" + std::to_string(at_max->second) +
-          " samples/s)");
+          oneDecimal(best) + " samples/s, more than the largest batch " +
+          std::to_string(result_.max_micro_batch) + " (" + oneDecimal(at_max->second) +
+          " samples/s; step times of one trial each, so a busy machine can reorder them)");
     }
     if (result_.status == SearchStatus::kNothingFits && result_.size_limit_batch == 0) {
       result_.warnings.push_back(

@@ -352,9 +352,15 @@ TEST(SearchTest, InvalidOptionsThrowWithTheExpectedValue) {
 TEST(SearchTest, OnTrialSeesEveryTrialInOrder) {
   SearchOptions options;
   std::vector<std::int64_t> seen;
+  std::vector<std::int64_t> started;
+  options.before_trial = [&](const TrialRequest& r) {
+    EXPECT_EQ(started.size(), seen.size());  // called before, never twice
+    started.push_back(r.micro_batch_size);
+  };
   options.on_trial = [&seen](const TrialResult& t) { seen.push_back(t.request.micro_batch_size); };
   const SearchResult result = findMaxBatch(probeFor(modelWithThreshold(77)), options);
   ASSERT_EQ(seen.size(), result.trials.size());
+  EXPECT_EQ(started, seen);
   for (std::size_t i = 0; i < seen.size(); ++i) {
     EXPECT_EQ(seen[i], result.trials[i].request.micro_batch_size);
   }

@@ -74,6 +74,9 @@ struct SearchOptions {
   PlanKind plan = PlanKind::kAuto;
   /// Checked between trials and passed to every trial (TrialRequest::cancel). May be empty.
   CancelHook cancel;
+  /// Called before every trial with its request, from the searching thread (progress logs, and
+  /// naming the batch in an error the trial throws). Must not throw. May be empty.
+  std::function<void(const TrialRequest&)> before_trial;
   /// Called after every trial with its result, from the searching thread (progress logs). Must
   /// not throw. May be empty.
   std::function<void(const TrialResult&)> on_trial;

@@ -58,6 +58,8 @@ std::string flag(const cxxopts::ParseResult& args, const std::string& name) {
 
 struct Cli {
   autobatch::ReportData report;
+  /// The trial in progress, to name the batch in an error raised by the model.
+  std::optional<autobatch::TrialRequest> running;
   std::optional<std::int64_t> check_batch;
   std::string json_path;
   bool env = false;
@@ -147,7 +149,9 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
     cli.check_batch = parseInteger(flag(args, "check-batch"), "--check-batch", 1, kMaxBatch);
   }
   o.cancel = [] { return g_signal.load() != 0; };
-  o.on_trial = [](const autobatch::TrialResult& t) {
+  o.before_trial = [&cli](const autobatch::TrialRequest& r) { cli.running = r; };
+  o.on_trial = [&cli](const autobatch::TrialResult& t) {
+    cli.running.reset();
     spdlog::info("trial batch {} x {}: {}, peak {}{}", t.request.micro_batch_size,
                  t.request.micro_batches_per_step,
                  t.cancelled ? "cancelled" : std::string(autobatch::toString(t.outcome)),
@@ -320,6 +324,14 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     return fail(cli, "usage-error", kExitUsage, e.what());
   } catch (const std::exception& e) {
-    return fail(cli, "runtime-error", kExitRuntimeError, std::string("error: ") + e.what());
+    std::string where;
+    if (cli.running) {
+      where = " (raised by the model at micro-batch " +
+              std::to_string(cli.running->micro_batch_size) + " x " +
+              std::to_string(cli.running->micro_batches_per_step) + " per step; not counted as " +
+              "out of memory)";
+    }
+    return fail(cli, "runtime-error", kExitRuntimeError,
+                std::string("error: ") + withoutBacktrace(e.what()) + where);
   }
 }

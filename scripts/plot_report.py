@@ -1,0 +1,75 @@
+"""Draws an autobatch JSON report: measured peak bytes against the micro-batch.
+
+Usage: plot_report.py report.json out.png
+
+Each trial is a point (fits: filled circle, out-of-memory: red cross, size limit: triangle; trials
+with 2 micro-batches per step are drawn hollow), with the affine fit (fixed + per-sample x B), the
+memory limit, the limit less the margin, and the chosen (safe) micro-batch. Out-of-memory points
+are lower bounds: the peak reached before the failing allocation.
+"""
+
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+GIB = float(1 << 30)
+
+
+def main(report_path: str, out_path: str) -> None:
+    with open(report_path) as f:
+        doc = json.load(f)
+    trials = doc.get("trials") or []
+    if not trials:
+        sys.exit(f"plot_report: {report_path} has no trials (status {doc.get('status')})")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    styles = {"fits": ("o", "tab:green"), "out-of-memory": ("x", "tab:red"),
+              "size-limit": ("^", "tab:orange")}
+    seen = set()
+    for t in trials:
+        marker, colour = styles[t["outcome"]]
+        label = t["outcome"] + (" (2 micro-batches)" if t["micro_batches_per_step"] == 2 else "")
+        face = colour if t["micro_batches_per_step"] == 1 or marker == "x" else "none"
+        ax.scatter(t["micro_batch_size"], t["peak_bytes"] / GIB, marker=marker, color=colour,
+                   facecolors=face, s=50, label=None if label in seen else label, zorder=3)
+        seen.add(label)
+    batches = [t["micro_batch_size"] for t in trials]
+    fit = doc.get("fit") or {}
+    if fit.get("points", 0) >= 2:
+        xs = [0, max(batches) * 1.05]
+        ys = [(fit["fixed_bytes"] + fit["per_sample_bytes"] * x) / GIB for x in xs]
+        ax.plot(xs, ys, "--", color="grey",
+                label=f"affine fit: {fit['fixed_bytes'] / GIB:.2f} GiB + "
+                      f"{fit['per_sample_bytes'] / (1 << 20):.2f} MiB x B")
+    result = doc.get("result") or {}
+    limit = result.get("memory_limit_bytes") or doc["device"].get("memory_limit_bytes", 0)
+    if limit:
+        ax.axhline(limit / GIB, color="black", label=f"limit {limit / GIB:.2f} GiB")
+        margin = result.get("margin_bytes", 0)
+        if margin:
+            ax.axhline((limit - margin) / GIB, color="black", linestyle=":",
+                       label=f"limit less margin {(limit - margin) / GIB:.2f} GiB")
+    safe = result.get("safe_micro_batch", 0)
+    if safe:
+        ax.axvline(safe, color="tab:blue", linestyle="-.", label=f"safe micro-batch {safe}")
+    model = doc["options"]["model"].split("/")[-1]
+    ax.set_title(f"autobatch: {model} on {doc['device']['name']} "
+                 f"({doc['options']['precision']}, {doc['options']['optimizer']})")
+    ax.set_xlabel("micro-batch size (samples)")
+    ax.set_ylabel("peak memory (GiB)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    print(f"plot_report: wrote {out_path}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: plot_report.py report.json out.png")
+    main(sys.argv[1], sys.argv[2])
