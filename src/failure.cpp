@@ -42,40 +42,42 @@ std::string lineWith(std::string_view message, std::string_view needle) {
   return first;
 }
 
-// "allocate 2.00 GiB" / "allocate 4096 bytes" -> bytes; 0 when absent.
+// "allocate 2.00 GiB" / "allocate 4096 bytes" -> bytes; 0 when absent. The first "allocate "
+// followed by a number and a unit counts ("can't allocate memory: you tried to allocate 4 bytes").
 std::int64_t parseRequestBytes(std::string_view message) {
   const std::string text = lower(message);
-  const std::size_t at = text.find("allocate ");
-  if (at == std::string::npos) return 0;
-  std::size_t pos = at + 9;
-  std::size_t end = pos;
-  while (end < text.size() &&
-         ((text[end] >= '0' && text[end] <= '9') || text[end] == '.')) {
-    ++end;
+  for (std::size_t at = text.find("allocate "); at != std::string::npos;
+       at = text.find("allocate ", at + 1)) {
+    std::size_t pos = at + 9;
+    std::size_t end = pos;
+    while (end < text.size() && ((text[end] >= '0' && text[end] <= '9') || text[end] == '.')) {
+      ++end;
+    }
+    if (end == pos) continue;
+    double value = 0.0;
+    try {
+      value = std::stod(text.substr(pos, end - pos));
+    } catch (const std::exception&) {
+      continue;
+    }
+    pos = end;
+    while (pos < text.size() && text[pos] == ' ') ++pos;
+    const std::string_view unit = std::string_view(text).substr(pos);
+    double scale = 0.0;
+    if (unit.starts_with("kib") || unit.starts_with("kb")) {
+      scale = 1024.0;
+    } else if (unit.starts_with("mib") || unit.starts_with("mb")) {
+      scale = 1024.0 * 1024.0;
+    } else if (unit.starts_with("gib") || unit.starts_with("gb")) {
+      scale = 1024.0 * 1024.0 * 1024.0;
+    } else if (unit.starts_with("tib") || unit.starts_with("tb")) {
+      scale = 1024.0 * 1024.0 * 1024.0 * 1024.0;
+    } else if (unit.starts_with("b")) {
+      scale = 1.0;
+    }
+    if (scale > 0.0) return static_cast<std::int64_t>(std::llround(value * scale));
   }
-  if (end == pos) return 0;
-  double value = 0.0;
-  try {
-    value = std::stod(text.substr(pos, end - pos));
-  } catch (const std::exception&) {
-    return 0;
-  }
-  pos = end;
-  while (pos < text.size() && text[pos] == ' ') ++pos;
-  const std::string_view unit = std::string_view(text).substr(pos);
-  double scale = 1.0;
-  if (unit.starts_with("kib") || unit.starts_with("kb")) {
-    scale = 1024.0;
-  } else if (unit.starts_with("mib") || unit.starts_with("mb")) {
-    scale = 1024.0 * 1024.0;
-  } else if (unit.starts_with("gib") || unit.starts_with("gb")) {
-    scale = 1024.0 * 1024.0 * 1024.0;
-  } else if (unit.starts_with("tib") || unit.starts_with("tb")) {
-    scale = 1024.0 * 1024.0 * 1024.0 * 1024.0;
-  } else if (!unit.starts_with("byte") && !unit.starts_with("b")) {
-    return 0;
-  }
-  return static_cast<std::int64_t>(std::llround(value * scale));
+  return 0;
 }
 
 constexpr std::array<std::string_view, 6> kFatal{

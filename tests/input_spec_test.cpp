@@ -1,0 +1,181 @@
+// The input-spec text syntax and the archive metadata parser (LibTorch-free).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "autobatch/error.h"
+#include "autobatch/input_spec.h"
+#include "autobatch/model_metadata.h"
+
+namespace autobatch {
+namespace {
+
+std::string errorOf(const std::string& text) {
+  try {
+    parseInputSpec(text);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(InputSpecTest, ParsesShapeWithDefaultFloat32) {
+  const InputSpec spec = parseInputSpec("3x224x224");
+  EXPECT_EQ(spec.sample_shape, (std::vector<std::int64_t>{3, 224, 224}));
+  EXPECT_EQ(spec.dtype, DType::kFloat32);
+}
+
+TEST(InputSpecTest, ParsesDTypeAndRange) {
+  const InputSpec tokens = parseInputSpec("int64:512:<32000");
+  EXPECT_EQ(tokens.sample_shape, (std::vector<std::int64_t>{512}));
+  EXPECT_EQ(tokens.dtype, DType::kInt64);
+  EXPECT_EQ(tokens.low, 0);
+  EXPECT_EQ(tokens.high, 32000);
+  const InputSpec ranged = parseInputSpec(" int32:16x16:-5..<5 ");
+  EXPECT_EQ(ranged.low, -5);
+  EXPECT_EQ(ranged.high, 5);
+  EXPECT_EQ(parseInputSpec("bf16:3x8x8").dtype, DType::kBFloat16);
+  const InputSpec labels = parseInputSpec("int64:scalar:<1000");
+  EXPECT_TRUE(labels.sample_shape.empty());
+  EXPECT_EQ(labels.high, 1000);
+  EXPECT_EQ(parseInputSpec("int64:8").high, 2);  // default range [0, 2)
+}
+
+TEST(InputSpecTest, RoundTripsThroughToString) {
+  for (const char* text : {"float32:3x224x224", "int64:512:<32000", "int32:scalar:-5..<5",
+                           "bfloat16:7", "bool:4x4"}) {
+    EXPECT_EQ(toString(parseInputSpec(text)), text);
+  }
+}
+
+TEST(InputSpecTest, ParsesCommaSeparatedList) {
+  const auto specs = parseInputSpecs("3x32x32, int64:scalar:<10");
+  ASSERT_EQ(specs.size(), 2U);
+  EXPECT_EQ(specs[1].dtype, DType::kInt64);
+  try {
+    parseInputSpecs("3x32x32,3x0");
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("input 2 of '3x32x32,3x0'"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(parseInputSpecs("  "), Error);
+}
+
+TEST(InputSpecTest, RejectsBadDimensionsWithExpectedAndGiven) {
+  EXPECT_EQ(errorOf("3x0x5"),
+            "input spec '3x0x5': expected every dimension >= 1, but got '0'; the batch "
+            "dimension is added by autobatch; give the shape of one sample");
+  EXPECT_NE(errorOf("3x-2").find("expected every dimension >= 1, but got '-2'"),
+            std::string::npos);
+  EXPECT_NE(errorOf("3xabc").find("positive integers joined by 'x', but got 'abc'"),
+            std::string::npos);
+  EXPECT_NE(errorOf("3x").find("but got ''"), std::string::npos);
+  EXPECT_NE(errorOf("99999999999999999999").find("positive integers"), std::string::npos);
+}
+
+TEST(InputSpecTest, RejectsElementCountOverflow) {
+  EXPECT_NE(errorOf("4294967296x4294967296").find("at most INT64_MAX bytes"), std::string::npos);
+  // 2^61 float32 elements are 2^63 bytes: one past INT64_MAX.
+  EXPECT_NE(errorOf("2305843009213693952").find("INT64_MAX"), std::string::npos);
+  EXPECT_NO_THROW(parseInputSpec("bool:2305843009213693952"));
+}
+
+TEST(InputSpecTest, RejectsUnknownDTypeListingValidNames) {
+  EXPECT_EQ(errorOf("float8:3"),
+            "input spec 'float8:3': unknown dtype 'float8': expected one of float32, float16, "
+            "bfloat16, int64, int32, bool");
+}
+
+TEST(InputSpecTest, RejectsBadRanges) {
+  EXPECT_NE(errorOf("3x4:<10").find("no value range for floating dtype float32"),
+            std::string::npos);
+  EXPECT_NE(errorOf("int64:4:<0").find("non-empty range"), std::string::npos);
+  EXPECT_NE(errorOf("int64:4:10").find("a range '<HIGH' or 'LOW..<HIGH'"), std::string::npos);
+  EXPECT_NE(errorOf("bool:4:<3").find("bool range inside [0, 2)"), std::string::npos);
+  EXPECT_NE(errorOf("int32:4:<3000000000").find("int32 limits"), std::string::npos);
+  EXPECT_NE(errorOf("int64:4:<1:extra").find("at most three"), std::string::npos);
+  EXPECT_NE(errorOf("int64").find("a sample shape after the dtype"), std::string::npos);
+  EXPECT_NE(errorOf("").find("expected an input spec"), std::string::npos);
+}
+
+TEST(ModelMetadataTest, ParsesStringAndObjectForms) {
+  const ModelMetadata m = parseModelMetadata(
+      R"({"version": 1, "inputs": ["3x32x32", {"shape": [16], "dtype": "int64", "high": 100}],
+          "loss": "cross-entropy"})");
+  ASSERT_EQ(m.inputs.size(), 2U);
+  EXPECT_EQ(m.inputs[0].sample_shape, (std::vector<std::int64_t>{3, 32, 32}));
+  EXPECT_EQ(m.inputs[1].dtype, DType::kInt64);
+  EXPECT_EQ(m.inputs[1].high, 100);
+  EXPECT_EQ(m.loss, LossKind::kCrossEntropy);
+  EXPECT_EQ(parseModelMetadata(R"({"inputs": [{"shape": []}]})").inputs[0].sample_shape.size(),
+            0U);
+}
+
+TEST(ModelMetadataTest, RoundTripsThroughToJson) {
+  ModelMetadata m;
+  m.inputs = {parseInputSpec("bf16:3x8x8"), parseInputSpec("int64:12:-3..<40")};
+  m.loss = LossKind::kMse;
+  EXPECT_EQ(parseModelMetadata(toJson(m)), m);
+}
+
+TEST(ModelMetadataTest, RejectsBadDocumentsNamingTheProblem) {
+  auto message = [](const std::string& json) {
+    try {
+      parseModelMetadata(json, "net.pt");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  EXPECT_NE(message("{").find("net.pt: autobatch/inputs.json: expected valid JSON"),
+            std::string::npos);
+  EXPECT_NE(message("[]").find("a JSON object"), std::string::npos);
+  EXPECT_NE(message("{}").find("expected \"inputs\" as a non-empty list"), std::string::npos);
+  EXPECT_NE(message(R"({"inputs": []})").find("non-empty list"), std::string::npos);
+  EXPECT_NE(message(R"({"inputs": ["3x0"]})").find("inputs[0] to be a valid input spec"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"inputs": ["3"], "los": "mse"})").find("but got 'los'"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"inputs": ["3"], "loss": "hinge"})").find("unknown loss 'hinge'"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"inputs": ["3"], "version": 2})").find("\"version\": 1"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"inputs": [{"shape": [3], "dtyp": "int64"}]})").find("'dtyp'"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"inputs": [{"shape": "3x3"}]})").find("inputs[0].shape"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"inputs": [{"shape": [3], "high": 5}]})").find("no value range"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"inputs": [7]})").find("a spec string or an object"), std::string::npos);
+}
+
+TEST(ModelMetadataTest, ExplicitSettingsOverrideTheArchive) {
+  ModelMetadata archive;
+  archive.inputs = {parseInputSpec("3x8x8")};
+  archive.loss = LossKind::kCrossEntropy;
+  const auto from_archive = resolveInputs({}, std::nullopt, archive, "net.pt");
+  EXPECT_EQ(from_archive.first, archive.inputs);
+  EXPECT_EQ(from_archive.second, LossKind::kCrossEntropy);
+  const auto explicit_ = resolveInputs({parseInputSpec("5")}, LossKind::kMse, archive, "net.pt");
+  EXPECT_EQ(explicit_.first[0].sample_shape, (std::vector<std::int64_t>{5}));
+  EXPECT_EQ(explicit_.second, LossKind::kMse);
+  EXPECT_EQ(resolveInputs({parseInputSpec("5")}, std::nullopt, std::nullopt, "n").second,
+            LossKind::kMean);
+}
+
+TEST(ModelMetadataTest, NoInputsFromEitherSourceNamesBothWays) {
+  try {
+    resolveInputs({}, std::nullopt, std::nullopt, "net.pt");
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("model 'net.pt': expected input specs, but got none"),
+              std::string::npos);
+    EXPECT_NE(message.find("--input"), std::string::npos);
+    EXPECT_NE(message.find("_extra_files={\"autobatch/inputs.json\""), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace autobatch

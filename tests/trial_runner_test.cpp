@@ -1,0 +1,452 @@
+// The trial runner on the CPU with the budget allocator, on tiny real TorchScript models.
+#include "autobatch/trial_runner.h"
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/CPUAllocator.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <torch/csrc/jit/python/update_graph_executor_opt.h>
+#include <torch/csrc/jit/runtime/interpreter.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <new>
+#include <optional>
+
+#include "autobatch/error.h"
+#include "autobatch/failure.h"
+#include "autobatch/model_metadata.h"
+#include "test_models.h"
+
+namespace autobatch {
+namespace {
+
+using testing::convNet;
+using testing::mlp;
+using testing::tinyTransformer;
+
+constexpr std::int64_t kIn = 3;
+constexpr std::int64_t kHidden = 40;
+constexpr std::int64_t kClasses = 5;
+constexpr std::int64_t kBatch = 4;
+
+TrainingSpec specOf(const std::string& inputs, LossKind loss, OptimizerKind optimizer,
+                    Precision precision = Precision::kFp32) {
+  TrainingSpec spec;
+  spec.inputs = parseInputSpecs(inputs);
+  spec.loss = loss;
+  spec.optimizer = optimizer;
+  spec.precision = precision;
+  return spec;
+}
+
+SearchOptions limit(std::int64_t bytes) {
+  SearchOptions options;
+  options.memory_limit_bytes = bytes;
+  return options;
+}
+
+constexpr std::int64_t kUnlimited = std::int64_t{1} << 40;
+
+TrialResult runOnce(torch::jit::Module& m, const TrainingSpec& spec, std::int64_t batch,
+                    int micro = 1, std::int64_t limit_bytes = kUnlimited) {
+  TrialRunner runner(m, spec, limit(limit_bytes));
+  return runner.run({batch, micro, {}});
+}
+
+// What happened at one memory limit.
+struct Point {
+  std::int64_t limit_bytes = 0;
+  TrialResult result;
+  bool back_to_baseline = false;
+  bool smaller_fits = false;
+};
+
+// Raises the limit 4 bytes at a time from `from` (at most `tries` times) until a trial of `batch`
+// fails with `stop(result)` true; then checks the baseline and that batch 1 fits under that limit.
+std::optional<Point> sweep(torch::jit::Module& m, const TrainingSpec& spec, std::int64_t batch,
+                           std::int64_t from, int tries,
+                           const std::function<bool(const TrialResult&)>& stop) {
+  for (int i = 0; i < tries; ++i) {
+    const std::int64_t l = from + 4 * i;
+    TrialRunner runner(m, spec, limit(l));
+    Point p;
+    p.limit_bytes = l;
+    p.result = runner.run({batch, 1, {}});
+    p.back_to_baseline = runner.currentBytes() == runner.baselineBytes();
+    if (p.result.outcome == TrialOutcome::kFits) return std::nullopt;
+    if (stop(p.result)) {
+      p.smaller_fits = runner.run({1, 1, {}}).outcome == TrialOutcome::kFits;
+      p.back_to_baseline = p.back_to_baseline && runner.currentBytes() == runner.baselineBytes();
+      return p;
+    }
+  }
+  return std::nullopt;
+}
+
+std::int64_t baselineOf(torch::jit::Module& m, const TrainingSpec& spec) {
+  TrialRunner runner(m, spec, limit(kUnlimited));
+  return runner.baselineBytes();
+}
+
+void expectRecovered(const std::optional<Point>& p) {
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->result.outcome, TrialOutcome::kOutOfMemory);
+  EXPECT_NE(p->result.reason.find("CPU budget allocator: out of memory"), std::string::npos)
+      << p->result.reason;
+  EXPECT_TRUE(p->back_to_baseline);
+  EXPECT_TRUE(p->smaller_fits);
+  EXPECT_GT(p->result.peak_bytes, 0);
+  EXPECT_LE(p->result.peak_bytes, p->limit_bytes);
+}
+
+TEST(ClassifyExceptionTest, SyntheticExceptionsOfEachType) {
+  auto classify = [](auto thrower, FailureContext context = {}) {
+    try {
+      thrower();
+    } catch (...) {
+      return classifyException(std::current_exception(), context);
+    }
+    return FailureClass{};
+  };
+  const auto oom = classify([] {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 1.50 KiB");
+  });
+  EXPECT_EQ(oom.kind, FailureKind::kOutOfMemory);
+  EXPECT_EQ(oom.failed_request_bytes, 1536);
+  EXPECT_EQ(classify([] { throw std::bad_alloc(); }).kind, FailureKind::kRethrow);
+  EXPECT_EQ(classify([] { throw std::bad_alloc(); }, {false, true}).kind,
+            FailureKind::kOutOfMemory);
+  EXPECT_EQ(classify([] { TORCH_CHECK(false, "CUDNN_STATUS_NOT_SUPPORTED"); }).kind,
+            FailureKind::kSizeLimit);
+  EXPECT_EQ(classify([] { throw std::runtime_error("RuntimeError: CUDA out of memory."); }).kind,
+            FailureKind::kOutOfMemory);
+  EXPECT_EQ(classify([] { TORCH_CHECK(false, "Expected 4-dimensional input"); }).kind,
+            FailureKind::kRethrow);
+  EXPECT_EQ(classify([] { throw 42; }, {true, true}).kind, FailureKind::kRethrow);
+}
+
+TEST(TrialRunnerTest, OutOfMemoryInForwardRecovers) {
+  // Room for the baseline and the [64, 256] float32 input only: the first allocation after the
+  // input is forward's first matmul output ([64, 2] float32 = 512 bytes).
+  auto m = mlp(256, 2, 2);
+  const auto spec = specOf("256", LossKind::kCrossEntropy, OptimizerKind::kAdamW);
+  const std::int64_t l = baselineOf(m, spec) + 64 * 256 * 4;
+  const auto p = sweep(m, spec, 64, l, 1, [](const TrialResult&) { return true; });
+  expectRecovered(p);
+  EXPECT_EQ(p->result.failed_request_bytes, 64 * 2 * 4);
+  EXPECT_EQ(p->result.steps_completed, 0);
+}
+
+// mlp(4, 4, 1024) at batch 16: x 256 B, hidden 256 B each, logits [16, 1024] 65536 B; the
+// cross-entropy makes targets [16] int64 (128 B, a size no other step makes) and a log-softmax
+// of 65536 B; backward starts with the log-softmax's gradient (65536 B).
+constexpr std::int64_t kLogits = 16 * 1024 * 4;
+
+TEST(TrialRunnerTest, OutOfMemoryInLossRecovers) {
+  auto m = mlp(4, 4, 1024);
+  const auto spec = specOf("4", LossKind::kCrossEntropy, OptimizerKind::kSgd);
+  const std::int64_t forward_live = 256 + 256 + kLogits;  // x, tanh output, logits
+  const auto p = sweep(m, spec, 16, baselineOf(m, spec) + forward_live, 200,
+                       [](const TrialResult& r) { return r.failed_request_bytes == 16 * 8; });
+  expectRecovered(p);
+}
+
+TEST(TrialRunnerTest, OutOfMemoryInBackwardRecovers) {
+  auto m = mlp(4, 4, 1024);
+  const auto spec = specOf("4", LossKind::kCrossEntropy, OptimizerKind::kSgd);
+  // At or above everything forward and the loss hold (x, both hidden tensors, logits, targets,
+  // log-softmax, the loss), a logits-sized failure is backward's first gradient.
+  const std::int64_t loss_live = 256 + 2 * 256 + kLogits + 128 + kLogits + 64;
+  const auto p = sweep(m, spec, 16, baselineOf(m, spec) + loss_live, 200,
+                       [](const TrialResult& r) { return r.failed_request_bytes == kLogits; });
+  expectRecovered(p);
+  EXPECT_EQ(p->result.steps_completed, 0);
+}
+
+TEST(TrialRunnerTest, OutOfMemoryInOptimizerStepRecovers) {
+  // Large parameters, small activations: AdamW's state is the peak. One step per trial, so a
+  // limit at or above the peak of the same step without an optimizer fails in step() only.
+  auto m = mlp(64, 256, kClasses);
+  auto spec = specOf("64", LossKind::kCrossEntropy, OptimizerKind::kNone);
+  spec.steps_per_trial = 1;
+  const std::int64_t peak_without_step = runOnce(m, spec, kBatch).peak_bytes;
+  spec.optimizer = OptimizerKind::kAdamW;
+  std::int64_t parameter_bytes = 0;
+  {
+    TrialRunner runner(m, spec, limit(peak_without_step));
+    parameter_bytes = runner.parameterBytes();
+    const TrialResult r = runner.run({kBatch, 1, {}});
+    EXPECT_EQ(r.outcome, TrialOutcome::kOutOfMemory);
+    EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+    EXPECT_EQ(r.steps_completed, 0);
+    // The step's peak does not depend on the batch: the same runner fails identically again
+    // (nothing leaked) ...
+    const TrialResult again = runner.run({1, 1, {}});
+    EXPECT_EQ(again.outcome, TrialOutcome::kOutOfMemory);
+    EXPECT_EQ(again.failed_request_bytes, r.failed_request_bytes);
+    EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+  }
+  // ... and with room for the state (2x parameters plus AdamW's temporaries) it fits.
+  EXPECT_EQ(runOnce(m, spec, 1, 1, peak_without_step + 4 * parameter_bytes).outcome,
+            TrialOutcome::kFits);
+}
+
+TEST(TrialRunnerTest, WrongInputShapeIsAModelErrorNotOutOfMemory) {
+  auto m = mlp(kIn, kHidden, kClasses);
+  const auto spec = specOf("5", LossKind::kMean, OptimizerKind::kAdamW);
+  TrialRunner runner(m, spec, limit(kUnlimited));
+  try {
+    runner.run({kBatch, 1, {}});
+    FAIL() << "expected the model's error";
+  } catch (const Error&) {
+    FAIL() << "a model error must not become an autobatch::Error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be multiplied"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+}
+
+TEST(TrialRunnerTest, PeakBytesAreAffineInBatch) {
+  auto m = convNet();
+  const auto spec = specOf("3x16x16", LossKind::kCrossEntropy, OptimizerKind::kAdamW);
+  TrialRunner runner(m, spec, limit(kUnlimited));
+  const std::vector<double> b{8, 16, 32};
+  std::vector<double> peak;
+  for (const double x : b) {
+    const auto r = runner.run({static_cast<std::int64_t>(x), 1, {}});
+    ASSERT_EQ(r.outcome, TrialOutcome::kFits);
+    peak.push_back(static_cast<double>(r.peak_bytes));
+  }
+  // Least-squares line through the three points; each residual under 1% of its peak.
+  const double mb = (b[0] + b[1] + b[2]) / 3;
+  const double mp = (peak[0] + peak[1] + peak[2]) / 3;
+  double sxy = 0;
+  double sxx = 0;
+  for (int i = 0; i < 3; ++i) {
+    sxy += (b[i] - mb) * (peak[i] - mp);
+    sxx += (b[i] - mb) * (b[i] - mb);
+  }
+  const double slope = sxy / sxx;
+  EXPECT_GT(slope, 0);
+  for (int i = 0; i < 3; ++i) {
+    const double fit = mp + slope * (b[i] - mb);
+    EXPECT_LT(std::abs(peak[i] - fit) / peak[i], 0.01) << "B=" << b[i] << " peak " << peak[i];
+  }
+}
+
+TEST(TrialRunnerTest, AdamWPeakExceedsSgdByAboutTwiceParameterBytes) {
+  auto m = mlp(64, 512, 10);
+  auto spec = specOf("64", LossKind::kCrossEntropy, OptimizerKind::kSgd);
+  const std::int64_t sgd = runOnce(m, spec, 8).peak_bytes;
+  spec.optimizer = OptimizerKind::kAdamW;
+  TrialRunner runner(m, spec, limit(kUnlimited));
+  const std::int64_t adamw = runner.run({8, 1, {}}).peak_bytes;
+  const auto p = static_cast<double>(runner.parameterBytes());
+  EXPECT_EQ(runner.optimizerStateBytes(), 2 * runner.parameterBytes());
+  const double diff = static_cast<double>(adamw - sgd);
+  // exp_avg and exp_avg_sq (2x parameters), plus AdamW's per-parameter temporaries (sqrt and
+  // division of the largest parameter, 64x512 float32) that live one parameter at a time.
+  const double largest = 64 * 512 * 4;
+  EXPECT_GE(diff, 2 * p);
+  EXPECT_LE(diff, 2 * p + 2 * largest) << "adamw " << adamw << " sgd " << sgd << " params " << p;
+}
+
+TEST(TrialRunnerTest, AmpBf16LowersThePeak) {
+  // A matmul-dominated model: CPU autocast runs its matmuls in bfloat16 and saves bfloat16
+  // activations. (Conv nets drop too on CPUs with native bf16 convolutions; on CPUs without them
+  // oneDNN is bypassed and the fallback convolution raises the peak: see docs/trial_runner.md.)
+  auto m = tinyTransformer(512, 64);
+  auto spec = specOf("int64:64:<512", LossKind::kCrossEntropy, OptimizerKind::kAdamW);
+  const std::int64_t fp32 = runOnce(m, spec, 16).peak_bytes;
+  spec.precision = Precision::kAmpBf16;
+  const std::int64_t bf16 = runOnce(m, spec, 16).peak_bytes;
+  EXPECT_LT(bf16, fp32 * 9 / 10) << "fp32 " << fp32 << " amp-bf16 " << bf16;
+}
+
+TEST(TrialRunnerTest, TwoMicroBatchesRaiseThePeakFourDoNot) {
+  auto m = convNet();
+  auto spec = specOf("3x16x16", LossKind::kCrossEntropy, OptimizerKind::kAdamW);
+  spec.accumulation_steps = 4;
+  TrialRunner runner(m, spec, limit(kUnlimited));
+  EXPECT_EQ(runner.microBatchesPerTrial(), 2);
+  const std::int64_t one = runner.run({16, 1, {}}).peak_bytes;
+  const std::int64_t two = runner.run({16, 2, {}}).peak_bytes;
+  const std::int64_t four = runner.run({16, 4, {}}).peak_bytes;
+  EXPECT_GT(two, one);
+  EXPECT_EQ(four, two);
+}
+
+TEST(TrialRunnerTest, SameTrialTwiceGivesTheSamePeakAndLeavesTheModelAsGiven) {
+  auto m = convNet();
+  m.eval();
+  std::vector<torch::Tensor> before;
+  for (const auto& p : m.parameters()) before.push_back(p.detach().clone());
+  for (const auto& b : m.buffers()) before.push_back(b.detach().clone());
+  const auto spec = specOf("3x16x16", LossKind::kCrossEntropy, OptimizerKind::kAdamW);
+  {
+    TrialRunner runner(m, spec, limit(kUnlimited));
+    const auto first = runner.run({8, 2, {}});
+    const auto second = runner.run({8, 2, {}});
+    EXPECT_EQ(first.peak_bytes, second.peak_bytes);
+    EXPECT_EQ(first.steps_completed, 2);
+    EXPECT_FALSE(m.is_training());
+    EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+  }
+  std::size_t i = 0;
+  for (const auto& p : m.parameters()) EXPECT_TRUE(torch::equal(p, before[i++]));
+  for (const auto& b : m.buffers()) EXPECT_TRUE(torch::equal(b, before[i++])) << "buffer";
+  EXPECT_FALSE(m.is_training());
+}
+
+TEST(TrialRunnerTest, ModelCastToBf16IsUndoneOnTheCallersModule) {
+  auto m = convNet();
+  const torch::Tensor w = (*m.parameters().begin()).detach().clone();
+  {
+    TrialRunner runner(m, specOf("3x8x8", LossKind::kMean, OptimizerKind::kAdamW,
+                                 Precision::kBf16),
+                       limit(kUnlimited));
+    EXPECT_EQ(runner.run({4, 1, {}}).outcome, TrialOutcome::kFits);
+    EXPECT_EQ((*m.parameters().begin()).scalar_type(), at::kBFloat16);
+  }
+  EXPECT_EQ((*m.parameters().begin()).scalar_type(), at::kFloat);
+  EXPECT_TRUE(torch::equal(*m.parameters().begin(), w));
+}
+
+TEST(TrialRunnerTest, RestoresProcessAndThreadState) {
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  const bool rethrow = FLAGS_torch_jit_enable_rethrow_caught_exception;
+  const bool optimize = torch::jit::getGraphExecutorOptimize();
+  auto m = convNet();
+  {
+    TrialRunner runner(m, specOf("3x8x8", LossKind::kMean, OptimizerKind::kSgd,
+                                 Precision::kAmpBf16),
+                       limit(kUnlimited));
+    EXPECT_NE(c10::GetCPUAllocator(), allocator);
+    EXPECT_THROW(TrialRunner(m, specOf("3x8x8", LossKind::kMean, OptimizerKind::kSgd)), Error);
+    runner.run({4, 1, {}});
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+    EXPECT_EQ(torch::jit::getGraphExecutorOptimize(), optimize);
+  }
+  EXPECT_EQ(c10::GetCPUAllocator(), allocator);
+  EXPECT_EQ(FLAGS_torch_jit_enable_rethrow_caught_exception, rethrow);
+}
+
+TEST(TrialRunnerTest, CancelledTrialStopsBetweenStepsAndIsMarked) {
+  auto m = mlp(kIn, kHidden, kClasses);
+  auto spec = specOf("3", LossKind::kMean, OptimizerKind::kAdamW);
+  spec.steps_per_trial = 3;
+  TrialRunner runner(m, spec, limit(kUnlimited));
+  int calls = 0;
+  const auto r = runner.run({kBatch, 1, [&calls] { return ++calls > 1; }});
+  EXPECT_TRUE(r.cancelled);
+  EXPECT_EQ(r.steps_completed, 1);
+  EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+}
+
+TEST(TrialRunnerTest, ReadsInputsAndLossFromTheArchive) {
+  auto m = tinyTransformer(64, 16);
+  std::filesystem::create_directories(AUTOBATCH_TEST_TMP);
+  const std::string with = std::string(AUTOBATCH_TEST_TMP) + "/tiny_with_metadata.pt";
+  const std::string without = std::string(AUTOBATCH_TEST_TMP) + "/tiny_without_metadata.pt";
+  ModelMetadata metadata;
+  metadata.inputs = {parseInputSpec("int64:12:<64")};
+  metadata.loss = LossKind::kCrossEntropy;
+  m.save(with, {{std::string(kModelMetadataFile), toJson(metadata)}});
+  m.save(without);
+  TrainingSpec spec;
+  spec.model_path = with;
+  {
+    TrialRunner runner(spec);
+    EXPECT_EQ(runner.inputs(), metadata.inputs);
+    EXPECT_EQ(runner.loss(), LossKind::kCrossEntropy);
+    EXPECT_EQ(runner.backendName(), "cpu-budget");
+    EXPECT_GT(runner.memoryLimitBytes(), runner.baselineBytes());
+    EXPECT_FALSE(runner.memoryLimitSource().empty());
+    EXPECT_GE(runner.baselineBytes(), runner.parameterBytes());  // plus the archive's constants
+    EXPECT_EQ(runner.run({2, 1, {}}).outcome, TrialOutcome::kFits);
+  }
+  spec.model_path = without;
+  try {
+    TrialRunner runner(spec);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--input"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("_extra_files"), std::string::npos);
+  }
+}
+
+// A real allocator failure: this test binary re-runs itself with RLIMIT_DATA set, so the default
+// CPU allocator (under the budget allocator, whose own limit is set out of the way) fails.
+TEST(TrialRunnerChildTest, RealAllocatorFailureUnderRlimitData) {
+  if (std::getenv("AUTOBATCH_RLIMIT_CHILD") == nullptr) GTEST_SKIP() << "run by the parent test";
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  std::int64_t vm_data = 0;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmData:", 0) == 0) vm_data = std::stoll(line.substr(7)) * 1024;
+  }
+  const rlim_t cap = static_cast<rlim_t>(vm_data + (std::int64_t{256} << 20));
+  const struct rlimit limit_data{cap, cap};
+  ASSERT_EQ(setrlimit(RLIMIT_DATA, &limit_data), 0);
+  auto m = convNet();
+  TrialRunner runner(m, specOf("3x32x32", LossKind::kCrossEntropy, OptimizerKind::kAdamW),
+                     limit(kUnlimited));
+  const auto big = runner.run({4096, 1, {}});
+  EXPECT_EQ(big.outcome, TrialOutcome::kOutOfMemory);
+  std::cout << "child: B=4096 -> " << toString(big.outcome) << ": " << big.reason << "\n";
+  EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+  const auto small = runner.run({16, 1, {}});
+  EXPECT_EQ(small.outcome, TrialOutcome::kFits);
+}
+
+TEST(TrialRunnerTest, RealAllocatorFailureInAChildProcessUnderRlimitData) {
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  ASSERT_GT(n, 0);
+  const std::string command =
+      "AUTOBATCH_RLIMIT_CHILD=1 '" + std::string(self) +
+      "' --gtest_filter=TrialRunnerChildTest.RealAllocatorFailureUnderRlimitData";
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Prints the peak table of docs/trial_runner.md (AUTOBATCH_PRINT_PEAKS=1).
+TEST(TrialRunnerTest, PrintsPeakTable) {
+  if (std::getenv("AUTOBATCH_PRINT_PEAKS") == nullptr) GTEST_SKIP() << "AUTOBATCH_PRINT_PEAKS";
+  struct Case {
+    const char* name;
+    torch::jit::Module module;
+    const char* inputs;
+    std::vector<std::int64_t> batches;
+  };
+  std::vector<Case> cases{{"convnet-bn c16 3x32x32", convNet(16), "3x32x32", {8, 16, 32}},
+                          {"convnet c32 3x32x32", testing::plainConvNet(32), "3x32x32",
+                           {8, 16, 32}},
+                          {"transformer d64 v512 T64", tinyTransformer(512, 64),
+                           "int64:64:<512", {4, 8, 16}}};
+  for (auto& c : cases) {
+    for (const auto precision : {Precision::kFp32, Precision::kAmpBf16}) {
+      for (const auto optimizer : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
+        TrialRunner runner(c.module,
+                           specOf(c.inputs, LossKind::kCrossEntropy, optimizer, precision),
+                           limit(kUnlimited));
+        std::cout << c.name << " | " << toString(precision) << " | " << toString(optimizer)
+                  << " | params " << runner.parameterBytes() << " B |";
+        for (const auto b : c.batches) {
+          const auto r = runner.run({b, 1, {}});
+          std::cout << " B=" << b << ": " << r.peak_bytes;
+        }
+        std::cout << "\n";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace autobatch
