@@ -1,5 +1,10 @@
 #include "autobatch/model_metadata.h"
 
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include <string>
@@ -161,6 +166,28 @@ std::pair<std::vector<InputSpec>, LossKind> resolveInputs(
     loss = *metadata->loss;
   }
   return {std::move(inputs), loss};
+}
+
+void checkModelFile(const std::string& path) {
+  namespace fs = std::filesystem;
+  const std::string what = "model file '" + path + "': expected a TorchScript archive (torch.jit.save)";
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) throw Error(what + ", but it does not exist");
+  if (fs::is_directory(status)) throw Error(what + ", but it is a directory");
+  if (!fs::is_regular_file(status)) throw Error(what + ", but it is not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw Error(what + ", but it cannot be read (" + std::strerror(errno) + ")");
+  }
+  std::array<char, 4> magic{};
+  in.read(magic.data(), magic.size());
+  const auto got = in.gcount();
+  if (got == 0) throw Error(what + ", but it is empty (0 bytes)");
+  if (got < 4 || magic != std::array<char, 4>{'P', 'K', '\3', '\4'}) {
+    throw Error(what + ", but it is not a zip archive (a TorchScript archive starts with 'PK'); " +
+                std::string(kExportAdvice));
+  }
 }
 
 }  // namespace autobatch

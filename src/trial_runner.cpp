@@ -235,7 +235,29 @@ struct TrialRunner::Impl {
       borrowed = true;
     } else {
       torch::jit::ExtraFilesMap extra{{std::string(kModelMetadataFile), ""}};
-      module = torch::jit::load(spec.model_path, device, extra);
+      checkModelFile(spec.model_path);
+      try {
+        // Loaded outside the budget, then counted as baseline by finishSetup(): a model larger
+        // than the limit is then a search that finds nothing fits (exit 3, with the need), not
+        // an allocator error in the middle of unpickling.
+        const detail::UntrackedCpuScope untracked;
+        module = torch::jit::load(spec.model_path, device, extra);
+      } catch (const c10::OutOfMemoryError&) {
+        throw;
+      } catch (const c10::Error& e) {
+        const std::string message = e.what_without_backtrace();
+        // The reader's own text blames the file; say which of the common cases it is.
+        std::string found = "torch::jit::load failed";
+        if (message.find("constants.pkl") != std::string::npos) {
+          found = "it holds no TorchScript code: it was written by torch.save (a pickled module "
+                  "or a state_dict), not torch.jit.save";
+        } else if (message.find("central directory") != std::string::npos) {
+          found = "the zip archive is truncated or corrupt";
+        }
+        throw Error("model file '" + spec.model_path + "': expected a TorchScript archive, but " +
+                    found + " (" + message.substr(0, message.find(". This is an internal")) +
+                    "); " + std::string(kExportAdvice));
+      }
       const std::string& text = extra[std::string(kModelMetadataFile)];
       if (!text.empty()) metadata = parseModelMetadata(text, spec.model_path);
     }

@@ -1,6 +1,7 @@
 // The command line as users and launch scripts meet it: the binary is run in a child process.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -29,8 +30,10 @@ std::string readFile(const fs::path& path) {
   return s.str();
 }
 
+// One folder per test: ctest runs the tests of this file in parallel processes.
 fs::path tmpDir() {
-  const fs::path dir = fs::path(AUTOBATCH_TEST_TMP) / "cli";
+  const fs::path dir = fs::path(AUTOBATCH_TEST_TMP) / "cli" /
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name();
   fs::create_directories(dir);
   return dir;
 }
@@ -52,7 +55,6 @@ CliRun runCli(const std::string& args) {
 // A small MLP classifier, float32 [batch, 64] -> [batch, 10], saved with its input description.
 std::string mlpModel() {
   const fs::path path = tmpDir() / "mlp.pt";
-  if (fs::exists(path)) return path.string();
   torch::manual_seed(0);
   torch::jit::Module net("Mlp");
   net.register_parameter("w1", torch::randn({64, 256}).requires_grad_(), false);
@@ -113,10 +115,47 @@ TEST(CliTest, BadFlagValuesExitTwoNamingTheFlag) {
   }
 }
 
-TEST(CliTest, MissingModelFileIsAUsageError) {
-  const CliRun run = runCli("--model /nonexistent/net.pt --memory-limit 1GiB");
-  EXPECT_EQ(run.exit_code, 2) << run.err;
-  EXPECT_NE(run.err.find("/nonexistent/net.pt"), std::string::npos) << run.err;
+TEST(CliTest, BadModelFilesAreUsageErrorsThatSayWhatWasFound) {
+  const fs::path dir = tmpDir();
+  std::ofstream(dir / "empty.pt").close();
+  std::ofstream(dir / "text.pt") << "not a model\n";
+  {
+    // The first 3000 bytes of a real archive: the zip's central directory is missing.
+    std::ifstream in(mlpModel(), std::ios::binary);
+    std::string head(3000, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    std::ofstream(dir / "truncated.pt", std::ios::binary).write(head.data(), in.gcount());
+  }
+  std::ofstream(dir / "unreadable.pt") << "PK";
+  fs::permissions(dir / "unreadable.pt", fs::perms::none);
+  const std::string fixtures = AUTOBATCH_TEST_FIXTURES;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/nonexistent/net.pt", "but it does not exist"},
+      {dir.string(), "but it is a directory"},
+      {(dir / "empty.pt").string(), "but it is empty (0 bytes)"},
+      {(dir / "text.pt").string(), "but it is not a zip archive"},
+      {(dir / "truncated.pt").string(), "but the zip archive is truncated or corrupt"},
+      {fixtures + "/linear_state_dict.pt", "written by torch.save (a pickled module or a state_dict)"},
+      {fixtures + "/linear_pickled_module.pt", "written by torch.save"},
+  };
+  for (const auto& [path, message] : cases) {
+    const CliRun run = runCli("--model " + path + " --input 4 --device cpu --memory-limit 1GiB");
+    EXPECT_EQ(run.exit_code, 2) << path << "\n" << run.err;
+    EXPECT_NE(run.err.find("model file '" + path + "': expected a TorchScript archive"),
+              std::string::npos)
+        << run.err;
+    EXPECT_NE(run.err.find(message), std::string::npos) << path << "\n" << run.err;
+    EXPECT_EQ(run.err.find("Exception raised from"), std::string::npos) << run.err;
+  }
+  // The advice on how to export comes with the torch.save mistake.
+  const CliRun state_dict = runCli("--model " + fixtures + "/linear_state_dict.pt --input 4");
+  EXPECT_NE(state_dict.err.find("torch.jit.script(model).save(path)"), std::string::npos);
+  // Root reads any file whatever its permissions: check unreadable only as another user.
+  if (geteuid() != 0) {
+    const CliRun run = runCli("--model " + (dir / "unreadable.pt").string() + " --input 4");
+    EXPECT_EQ(run.exit_code, 2);
+    EXPECT_NE(run.err.find("but it cannot be read"), std::string::npos) << run.err;
+  }
 }
 
 TEST(CliTest, CudaWithoutAGpuIsAUsageErrorThatSaysWhatWasFound) {
