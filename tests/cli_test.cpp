@@ -264,4 +264,23 @@ TEST(CliTest, ErrorsStillWriteTheJsonReport) {
   EXPECT_NE(doc["error"].get<std::string>().find("fp8"), std::string::npos);
 }
 
+// The main job on a real model (MobileNetV3-Large from scripts/export_models.py, at 64x64 to
+// keep it short): the batch found fits in a fresh process and the next one does not.
+TEST(CliTest, EndToEndOnAnExportedRealModel) {
+  const std::string model = std::string(AUTOBATCH_MODELS_DIR) + "/mobilenet_v3_large.pt";
+  ASSERT_TRUE(fs::exists(model)) << model << " is missing: run scripts/bootstrap.sh";
+  const std::string common =
+      "--model " + model + " --input 3x64x64 --device cpu --memory-limit 300MiB --margin 0 -q";
+  const fs::path json_path = tmpDir() / "mobilenet.json";
+  const CliRun search = runCli(common + " --json " + json_path.string());
+  ASSERT_EQ(search.exit_code, 0) << search.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  const std::int64_t found = doc["result"]["max_micro_batch"];
+  ASSERT_GT(found, 8);
+  EXPECT_EQ(doc["fingerprint"]["inputs"][0], "float32:3x64x64");
+  EXPECT_EQ(doc["fingerprint"]["loss"], "cross-entropy");  // from the archive
+  EXPECT_EQ(runCli(common + " --check-batch " + std::to_string(found)).exit_code, 0);
+  EXPECT_EQ(runCli(common + " --check-batch " + std::to_string(found + 1)).exit_code, 3);
+}
+
 }  // namespace
