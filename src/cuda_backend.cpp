@@ -26,8 +26,8 @@ std::vector<CudaDeviceInfo> cudaDevices() {
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
-    devices.push_back({i, prop.name, static_cast<std::int64_t>(prop.totalGlobalMem), prop.major,
-                       prop.minor});
+    devices.push_back(
+        {i, prop.name, static_cast<std::int64_t>(prop.totalGlobalMem), prop.major, prop.minor});
   }
   return devices;
 }
@@ -95,8 +95,8 @@ class CudaBackend final : public MemoryBackend {
                 std::to_string(free_bytes) + " at start plus what processes hold)";
     }
     if (memory_limit_bytes > 0 || reserve_bytes > 0) {
-      const double fraction = static_cast<double>(limit_ - reserve_bytes - outside_) /
-                              static_cast<double>(total_);
+      const double fraction =
+          static_cast<double>(limit_ - reserve_bytes - outside_) / static_cast<double>(total_);
       if (fraction <= 0.0) {
         throw Error("memory limit: expected more than the " + std::to_string(outside_) +
                     " bytes cuda:" + std::to_string(index) +

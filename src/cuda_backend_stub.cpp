@@ -15,8 +15,9 @@ namespace autobatch::detail {
 
 std::unique_ptr<MemoryBackend> makeCudaBackend(int /*index*/, std::int64_t /*memory_limit_bytes*/,
                                                std::int64_t /*reserve_bytes*/) {
-  throw Error("device: expected cpu, but got a CUDA device; this autobatch was built with a "
-              "LibTorch without CUDA (use --device cpu or rebuild against a CUDA LibTorch)");
+  throw Error(
+      "device: expected cpu, but got a CUDA device; this autobatch was built with a "
+      "LibTorch without CUDA (use --device cpu or rebuild against a CUDA LibTorch)");
 }
 double cudaMemoryFraction(int /*index*/) { return 1.0; }
 std::int64_t cudaFreeBytes() { return 0; }

@@ -27,7 +27,8 @@ std::string trimmed(std::string_view s) {
   return out;
 }
 
-// The line of `message` holding `needle`, case-insensitively (or the first non-empty line when needle is empty).
+// The line of `message` holding `needle`, case-insensitively (or the first non-empty line when
+// needle is empty).
 std::string lineWith(std::string_view message, std::string_view needle) {
   std::size_t start = 0;
   std::string first;
@@ -80,19 +81,22 @@ std::int64_t parseRequestBytes(std::string_view message) {
   return 0;
 }
 
-constexpr std::array<std::string_view, 6> kFatal{
-    "illegal memory access", "misaligned address",  "unspecified launch failure",
-    "device-side assert",    "illegal instruction", "uncorrectable ECC"};
-constexpr std::array<std::string_view, 7> kOutOfMemory{
-    "out of memory",          "cudaErrorMemoryAllocation",    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED", "CUFFT_ALLOC_FAILED", "CUSOLVER_STATUS_ALLOC_FAILED",
-    "CUSPARSE_STATUS_ALLOC_FAILED"};
+constexpr std::array<std::string_view, 6> kFatal{"illegal memory access",      "misaligned address",
+                                                 "unspecified launch failure", "device-side assert",
+                                                 "illegal instruction",        "uncorrectable ECC"};
+constexpr std::array<std::string_view, 7> kOutOfMemory{"out of memory",
+                                                       "cudaErrorMemoryAllocation",
+                                                       "CUBLAS_STATUS_ALLOC_FAILED",
+                                                       "CUDNN_STATUS_ALLOC_FAILED",
+                                                       "CUFFT_ALLOC_FAILED",
+                                                       "CUSOLVER_STATUS_ALLOC_FAILED",
+                                                       "CUSPARSE_STATUS_ALLOC_FAILED"};
 constexpr std::array<std::string_view, 5> kSizeLimit{
     "CUDNN_STATUS_NOT_SUPPORTED", "invalid configuration argument", "canUse32BitIndexMath",
     "32-bit index", "int32 index"};
-constexpr std::array<std::string_view, 4> kExhaustion{
-    "can't allocate memory", "Cannot allocate memory", "std::bad_alloc",
-    "could not create a primitive"};
+constexpr std::array<std::string_view, 4> kExhaustion{"can't allocate memory",
+                                                      "Cannot allocate memory", "std::bad_alloc",
+                                                      "could not create a primitive"};
 
 template <std::size_t N>
 std::optional<std::string_view> findAny(std::string_view message,

@@ -111,9 +111,8 @@ std::vector<std::int64_t> parseShape(std::string_view text, std::string_view sha
   std::size_t start = 0;
   while (true) {
     const std::size_t end = shape.find('x', start);
-    const std::string_view dim = shape.substr(start, end == std::string_view::npos
-                                                         ? std::string_view::npos
-                                                         : end - start);
+    const std::string_view dim =
+        shape.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
     const auto value = parseInt(dim);
     if (!value) {
       fail(text, "dimensions that are positive integers joined by 'x'", dim,
@@ -146,13 +145,13 @@ InputSpec parseInputSpec(std::string_view text_in) {
   std::size_t start = 0;
   while (true) {
     const std::size_t end = text.find(':', start);
-    fields.push_back(trim(text.substr(start, end == std::string_view::npos
-                                                 ? std::string_view::npos
-                                                 : end - start)));
+    fields.push_back(trim(
+        text.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start)));
     if (end == std::string_view::npos) break;
     start = end + 1;
   }
-  if (fields.size() > 3) fail(text, "at most three ':'-separated fields " + std::string(kSyntax), text);
+  if (fields.size() > 3)
+    fail(text, "at most three ':'-separated fields " + std::string(kSyntax), text);
 
   InputSpec spec;
   std::size_t next = 0;
@@ -165,8 +164,8 @@ InputSpec parseInputSpec(std::string_view text_in) {
     next = 1;
   }
   if (next >= fields.size()) {
-    fail(text, "a sample shape after the dtype, e.g. " + std::string(toString(spec.dtype)) +
-                   ":3x224x224",
+    fail(text,
+         "a sample shape after the dtype, e.g. " + std::string(toString(spec.dtype)) + ":3x224x224",
          text);
   }
   spec.sample_shape = parseShape(text, fields[next], elementBytes(spec.dtype));
@@ -195,9 +194,8 @@ InputSpec parseInputSpec(std::string_view text_in) {
     if (spec.dtype == DType::kBool && (*low < 0 || *high > 2)) {
       fail(text, "a bool range inside [0, 2)", range, "omit the range for bool inputs");
     }
-    if (spec.dtype == DType::kInt32 &&
-        (*low < std::numeric_limits<std::int32_t>::min() ||
-         *high - 1 > std::numeric_limits<std::int32_t>::max())) {
+    if (spec.dtype == DType::kInt32 && (*low < std::numeric_limits<std::int32_t>::min() ||
+                                        *high - 1 > std::numeric_limits<std::int32_t>::max())) {
       fail(text, "an int32 range within the int32 limits", range, "use int64 for larger values");
     }
     spec.low = *low;

@@ -32,7 +32,8 @@ std::int64_t integerField(std::string_view origin, const json& object, const cha
                           std::int64_t fallback, const std::string& where) {
   const auto it = object.find(key);
   if (it == object.end()) return fallback;
-  if (!it->is_number_integer()) fail(origin, where + "." + key + " to be an integer", describe(*it));
+  if (!it->is_number_integer())
+    fail(origin, where + "." + key + " to be an integer", describe(*it));
   return it->get<std::int64_t>();
 }
 
@@ -150,14 +151,13 @@ std::pair<std::vector<InputSpec>, LossKind> resolveInputs(
   std::vector<InputSpec> inputs = explicit_inputs;
   if (inputs.empty() && metadata) inputs = metadata->inputs;
   if (inputs.empty()) {
-    throw Error(
-        "model '" + std::string(model_path) +
-        "': expected input specs, but got none (no --input given and the archive has no " +
-        std::string(kModelMetadataFile) +
-        "); either pass one --input per forward argument (e.g. --input 3x224x224, or "
-        "TrainingSpec::inputs), or save the model with them: torch.jit.save(m, path, "
-        "_extra_files={\"autobatch/inputs.json\": json.dumps({\"inputs\": [\"3x224x224\"], "
-        "\"loss\": \"mean\"})})");
+    throw Error("model '" + std::string(model_path) +
+                "': expected input specs, but got none (no --input given and the archive has no " +
+                std::string(kModelMetadataFile) +
+                "); either pass one --input per forward argument (e.g. --input 3x224x224, or "
+                "TrainingSpec::inputs), or save the model with them: torch.jit.save(m, path, "
+                "_extra_files={\"autobatch/inputs.json\": json.dumps({\"inputs\": [\"3x224x224\"], "
+                "\"loss\": \"mean\"})})");
   }
   LossKind loss = LossKind::kMean;
   if (explicit_loss) {
@@ -170,7 +170,8 @@ std::pair<std::vector<InputSpec>, LossKind> resolveInputs(
 
 void checkModelFile(const std::string& path) {
   namespace fs = std::filesystem;
-  const std::string what = "model file '" + path + "': expected a TorchScript archive (torch.jit.save)";
+  const std::string what =
+      "model file '" + path + "': expected a TorchScript archive (torch.jit.save)";
   std::error_code ec;
   const auto status = fs::status(path, ec);
   if (ec || !fs::exists(status)) throw Error(what + ", but it does not exist");

@@ -44,8 +44,8 @@ std::int64_t AccumulationPlan::largestMicroBatch() const {
 std::vector<std::int64_t> AccumulationPlan::microBatchSizes() const {
   std::vector<std::int64_t> sizes;
   sizes.reserve(static_cast<std::size_t>(accumulation_steps));
-  for (const auto& group : groups) sizes.insert(sizes.end(), static_cast<std::size_t>(group.count),
-                                                group.micro_batch_size);
+  for (const auto& group : groups)
+    sizes.insert(sizes.end(), static_cast<std::size_t>(group.count), group.micro_batch_size);
   return sizes;
 }
 

@@ -57,12 +57,10 @@ json toJson(const AccumulationPlan& plan) {
 }
 
 json toJson(const MemoryBreakdown& m) {
-  return {{"parameter_count", m.parameter_count},
-          {"parameter_bytes", m.parameter_bytes},
-          {"gradient_bytes", m.gradient_bytes},
-          {"optimizer_state_bytes", m.optimizer_state_bytes},
-          {"baseline_bytes", m.baseline_bytes},
-          {"outside_bytes", m.outside_bytes}};
+  return {
+      {"parameter_count", m.parameter_count}, {"parameter_bytes", m.parameter_bytes},
+      {"gradient_bytes", m.gradient_bytes},   {"optimizer_state_bytes", m.optimizer_state_bytes},
+      {"baseline_bytes", m.baseline_bytes},   {"outside_bytes", m.outside_bytes}};
 }
 
 json optionsJson(const TrainingSpec& spec, const SearchOptions& o) {
@@ -198,12 +196,10 @@ std::string toJson(const ReportData& d) {
                   {"predicted_peak_bytes", s.predicted_peak_bytes},
                   {"measured_peak_bytes", s.measured_peak_bytes}};
     if (s.plan) {
-      doc["plans"] = {{"target_batch", s.plan->target_batch},
-                      {"max_micro_batch", s.plan->max_micro_batch},
-                      {"verified", s.plan_verified},
-                      {"primary", toString(s.plan->primary_kind)},
-                      {"uniform", toJson(s.plan->uniform)},
-                      {"balanced", toJson(s.plan->balanced)}};
+      doc["plans"] = {
+          {"target_batch", s.plan->target_batch}, {"max_micro_batch", s.plan->max_micro_batch},
+          {"verified", s.plan_verified},          {"primary", toString(s.plan->primary_kind)},
+          {"uniform", toJson(s.plan->uniform)},   {"balanced", toJson(s.plan->balanced)}};
     }
   }
   if (d.check) {
@@ -224,11 +220,11 @@ std::string humanReport(const ReportData& d) {
   if (ctx) {
     out << fmt::format("device {} ({}), limit {} ({})\n", ctx->device, ctx->backend,
                        formatBytes(ctx->memory_limit_bytes), ctx->memory_limit_source);
-    out << fmt::format("model {}: inputs {}, loss {}, optimizer {}, {}, {} steps per trial, {} "
-                       "micro-batch(es) per step\n",
-                       d.spec.model_path, inputsText(ctx->inputs), toString(ctx->loss),
-                       toString(d.spec.optimizer), toString(d.spec.precision),
-                       d.spec.steps_per_trial, ctx->micro_batches_per_trial);
+    out << fmt::format(
+        "model {}: inputs {}, loss {}, optimizer {}, {}, {} steps per trial, {} "
+        "micro-batch(es) per step\n",
+        d.spec.model_path, inputsText(ctx->inputs), toString(ctx->loss), toString(d.spec.optimizer),
+        toString(d.spec.precision), d.spec.steps_per_trial, ctx->micro_batches_per_trial);
   }
   std::vector<TrialResult> trials;
   if (d.result) trials = d.result->search.trials;
@@ -258,37 +254,42 @@ std::string humanReport(const ReportData& d) {
                        formatBytes(s.margin_bytes),
                        formatBytes(s.memory_limit_bytes - s.margin_bytes));
     if (s.status == SearchStatus::kNothingFits) {
-      out << fmt::format("  nothing fits at the minimum batch {}: it needs at least {} (limit {})\n",
-                         d.options.min_batch, formatBytes(s.min_batch_needs_at_least_bytes),
-                         formatBytes(s.memory_limit_bytes));
+      out << fmt::format(
+          "  nothing fits at the minimum batch {}: it needs at least {} (limit {})\n",
+          d.options.min_batch, formatBytes(s.min_batch_needs_at_least_bytes),
+          formatBytes(s.memory_limit_bytes));
     }
     if (s.size_limit_batch > 0) {
       out << fmt::format("  size limit at {}: {}\n", s.size_limit_batch, s.size_limit_reason);
     }
     if (s.plan) {
       const auto& p = *s.plan;
-      out << fmt::format("\nplans for target batch {} (world size {}, max micro-batch {}{})\n",
-                         p.target_batch, p.uniform.world_size, p.max_micro_batch,
-                         p.primary().accumulation_steps == 1 ? ", no accumulation needed"
-                         : s.plan_verified ? ", verified with 2 micro-batches per step"
-                                           : ", NOT verified with 2 micro-batches per step");
+      out << fmt::format(
+          "\nplans for target batch {} (world size {}, max micro-batch {}{}; steps x "
+          "micro-batch, * primary)\n",
+          p.target_batch, p.uniform.world_size, p.max_micro_batch,
+          p.primary().accumulation_steps == 1 ? ", no accumulation needed"
+          : s.plan_verified                   ? ", verified with 2 micro-batches per step"
+                                              : ", NOT verified with 2 micro-batches per step");
       for (const AccumulationPlan* plan : {&p.uniform, &p.balanced}) {
         std::string sizes;
         for (const auto& g : plan->groups) {
-          if (!sizes.empty()) sizes += " + ";
-          sizes += fmt::format("{} x {}", g.count, g.micro_batch_size);
+          sizes +=
+              fmt::format("{}{} x {}", sizes.empty() ? "" : " + ", g.count, g.micro_batch_size);
         }
-        out << fmt::format("  {} {:<9} {} = {} per rank x {} rank(s) = {} ({} accumulation "
-                           "steps)\n",
-                           plan->kind == p.primary_kind ? "*" : " ", toString(plan->kind), sizes,
-                           plan->per_rank_batch, plan->world_size, plan->effective_batch,
-                           plan->accumulation_steps);
+        out << fmt::format(
+            "  {} {:<9} {:>3} accumulation steps: {} = {} per rank, x {} rank(s) = "
+            "{}\n",
+            plan->kind == p.primary_kind ? "*" : " ", toString(plan->kind),
+            plan->accumulation_steps, sizes, plan->per_rank_batch, plan->world_size,
+            plan->effective_batch);
       }
     }
     const MemoryBreakdown& m = d.result->memory;
     out << "\nmemory\n";
     out << fmt::format("  parameters       {:.2f}M, {}\n",
-                       static_cast<double>(m.parameter_count) / 1e6, formatBytes(m.parameter_bytes));
+                       static_cast<double>(m.parameter_count) / 1e6,
+                       formatBytes(m.parameter_bytes));
     out << fmt::format("  gradients        {}\n", formatBytes(m.gradient_bytes));
     out << fmt::format("  optimizer state  {}\n", formatBytes(m.optimizer_state_bytes));
     if (s.fit.points >= 2) {
@@ -297,7 +298,8 @@ std::string humanReport(const ReportData& d) {
                          formatBytes(static_cast<std::int64_t>(s.fit.per_sample_bytes)),
                          s.fit.points);
       if (s.measured_peak_bytes > 0) {
-        const double err = 100.0 * (s.predicted_peak_bytes - static_cast<double>(s.measured_peak_bytes)) /
+        const double err = 100.0 *
+                           (s.predicted_peak_bytes - static_cast<double>(s.measured_peak_bytes)) /
                            static_cast<double>(s.measured_peak_bytes);
         out << fmt::format("  at batch {}:  predicted {}, measured {} ({:+.1f}%)\n",
                            s.max_micro_batch,

@@ -49,18 +49,18 @@ void validate(const SearchOptions& o) {
   expect(o.dataset_size == 0 || o.dataset_size >= o.min_batch,
          "dataset size: expected 0 (unknown) or >= the min batch " + std::to_string(o.min_batch) +
              ", but got " + std::to_string(o.dataset_size));
-  expect(o.margin_fraction >= 0.0 && o.margin_fraction < 1.0,
-         "margin fraction: expected a value in [0, 1), but got " +
-             std::to_string(o.margin_fraction));
-  expect(o.relative_tolerance >= 0.0, "relative tolerance: expected >= 0, but got " +
-                                          std::to_string(o.relative_tolerance));
+  expect(
+      o.margin_fraction >= 0.0 && o.margin_fraction < 1.0,
+      "margin fraction: expected a value in [0, 1), but got " + std::to_string(o.margin_fraction));
+  expect(o.relative_tolerance >= 0.0,
+         "relative tolerance: expected >= 0, but got " + std::to_string(o.relative_tolerance));
   expect(o.micro_batches_per_step == 1 || o.micro_batches_per_step == 2,
          "micro-batches per step: expected 1 or 2, but got " +
              std::to_string(o.micro_batches_per_step));
   expect(o.max_trials >= 0,
          "max trials: expected >= 0 (0: no budget), but got " + std::to_string(o.max_trials));
-  expect(o.time_limit_s >= 0.0, "time limit: expected >= 0 seconds (0: none), but got " +
-                                    std::to_string(o.time_limit_s));
+  expect(o.time_limit_s >= 0.0,
+         "time limit: expected >= 0 seconds (0: none), but got " + std::to_string(o.time_limit_s));
   expect(o.target_batch >= 0,
          "target batch: expected >= 0 (0: no plan), but got " + std::to_string(o.target_batch));
   if (o.target_batch > 0) planAccumulation(1, o.target_batch, o.world_size);  // throws its message
@@ -97,9 +97,7 @@ class Search {
  private:
   enum class Stop { kNone, kTrialBudget, kTimeBudget, kCancelled };
 
-  double elapsedS() const {
-    return std::chrono::duration<double>(Clock::now() - start_).count();
-  }
+  double elapsedS() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
   /// Runs one trial, or none when a budget ran out or the cancel hook fired (then stop_ is set).
   const TrialResult* trial(std::int64_t batch, int micro_batches_per_step) {
@@ -219,8 +217,7 @@ class Search {
     const double slope = static_cast<double>(peak_a - peak_b) / static_cast<double>(a - b);
     const double extra = std::floor(static_cast<double>(budget_bytes - peak_a) / slope);
     far_jump_ = extra > 4.0 * static_cast<double>(a - b);
-    return std::max<std::int64_t>(1, a + static_cast<std::int64_t>(
-                                             std::clamp(extra, -1e15, 1e15)));
+    return std::max<std::int64_t>(1, a + static_cast<std::int64_t>(std::clamp(extra, -1e15, 1e15)));
   }
 
   /// The next batch inside (low, high) for a model-guided step towards `pred` (0: no model),
@@ -401,8 +398,8 @@ class Search {
                                     ? result_.memory_limit_bytes - result_.margin_bytes
                                     : std::numeric_limits<std::int64_t>::max();
     if (per_rank <= max_micro || options_.micro_batches_per_step == 2) {
-      result_.plan = planAccumulation(max_micro, options_.target_batch, options_.world_size,
-                                      options_.plan);
+      result_.plan =
+          planAccumulation(max_micro, options_.target_batch, options_.world_size, options_.plan);
       result_.plan_max_micro_batch = max_micro;
       result_.plan_verified = true;
       return;
@@ -434,13 +431,14 @@ class Search {
       if (fit.points >= 2 && fit.per_sample_bytes > 0.0 && need > 0 &&
           budget < std::numeric_limits<std::int64_t>::max()) {
         const double extra = std::max(0.0, static_cast<double>(need) - fit.predictBytes(x));
-        const double b = std::floor(
-            (static_cast<double>(budget) - extra - fit.fixed_bytes) / fit.per_sample_bytes);
+        const double b = std::floor((static_cast<double>(budget) - extra - fit.fixed_bytes) /
+                                    fit.per_sample_bytes);
         if (b >= 1.0 && b < static_cast<double>(next)) next = static_cast<std::int64_t>(b);
       }
       result_.warnings.push_back("micro-batch " + std::to_string(x) +
                                  " did not fit under the margin with 2 micro-batches per step; "
-                                 "planning on at most " + std::to_string(next));
+                                 "planning on at most " +
+                                 std::to_string(next));
       if (next < 1) {
         result_.plan.reset();
         result_.plan_max_micro_batch = 0;
@@ -517,16 +515,16 @@ class Search {
     const auto at_max = rate.find(result_.max_micro_batch);
     if (at_max != rate.end() && best > at_max->second * kFasterFactor) {
       result_.warnings.push_back(
-          "batch " + std::to_string(result_.fastest_micro_batch) + " trains " +
-          oneDecimal(best) + " samples/s, more than the largest batch " +
-          std::to_string(result_.max_micro_batch) + " (" + oneDecimal(at_max->second) +
+          "batch " + std::to_string(result_.fastest_micro_batch) + " trains " + oneDecimal(best) +
+          " samples/s, more than the largest batch " + std::to_string(result_.max_micro_batch) +
+          " (" + oneDecimal(at_max->second) +
           " samples/s; step times of one trial each, so a busy machine can reorder them)");
     }
     if (result_.status == SearchStatus::kNothingFits && result_.size_limit_batch == 0) {
-      result_.warnings.push_back(
-          "nothing fits: the minimum batch " + std::to_string(options_.min_batch) +
-          " needs at least " + bytesText(result_.min_batch_needs_at_least_bytes) +
-          ", the limit is " + bytesText(result_.memory_limit_bytes));
+      result_.warnings.push_back("nothing fits: the minimum batch " +
+                                 std::to_string(options_.min_batch) + " needs at least " +
+                                 bytesText(result_.min_batch_needs_at_least_bytes) +
+                                 ", the limit is " + bytesText(result_.memory_limit_bytes));
     }
     result_.elapsed_s = elapsedS();
   }
@@ -573,7 +571,8 @@ double AffineFit::predictBytes(std::int64_t micro_batch_size) const {
 
 double samplesPerSecond(const TrialResult& trial) {
   if (trial.outcome != TrialOutcome::kFits || trial.cancelled || trial.step_ms <= 0.0) return 0.0;
-  return static_cast<double>(trial.request.micro_batch_size * trial.request.micro_batches_per_step) /
+  return static_cast<double>(trial.request.micro_batch_size *
+                             trial.request.micro_batches_per_step) /
          trial.step_ms * 1000.0;
 }
 

@@ -249,8 +249,9 @@ struct TrialRunner::Impl {
         // The reader's own text blames the file; say which of the common cases it is.
         std::string found = "torch::jit::load failed";
         if (message.find("constants.pkl") != std::string::npos) {
-          found = "it holds no TorchScript code: it was written by torch.save (a pickled module "
-                  "or a state_dict), not torch.jit.save";
+          found =
+              "it holds no TorchScript code: it was written by torch.save (a pickled module "
+              "or a state_dict), not torch.jit.save";
         } else if (message.find("central directory") != std::string::npos) {
           found = "the zip archive is truncated or corrupt";
         }
@@ -266,6 +267,7 @@ struct TrialRunner::Impl {
     inputs = std::move(resolved.first);
     loss = resolved.second;
     was_training = module.is_training();
+    checkForwardArity();
 
     // Host-side snapshot of every parameter and buffer (deduplicated), not counted by the budget.
     std::unordered_set<const c10::TensorImpl*> seen;
@@ -332,6 +334,30 @@ struct TrialRunner::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
+  // A forward that takes another number of inputs than were given is a usage error (exit 2),
+  // told from its schema before any step runs; the interpreter's own message would name neither.
+  void checkForwardArity() const {
+    const auto method = module.find_method("forward");
+    if (!method) {
+      throw Error("model '" + spec.model_path + "': expected a forward method, but it has none");
+    }
+    const auto& arguments = method->function().getSchema().arguments();
+    std::size_t required = 0;
+    std::string names;
+    for (std::size_t i = 1; i < arguments.size(); ++i) {  // argument 0 is self
+      if (!arguments[i].default_value()) ++required;
+      names += (names.empty() ? "" : ", ") + arguments[i].name();
+    }
+    const std::size_t total = arguments.empty() ? 0 : arguments.size() - 1;
+    if (inputs.size() < required || inputs.size() > total) {
+      throw Error("model '" + spec.model_path + "': forward(" + names + ") expects " +
+                  (required == total ? std::to_string(total)
+                                     : std::to_string(required) + " to " + std::to_string(total)) +
+                  " input(s), but got " + std::to_string(inputs.size()) +
+                  " input spec(s); give one --input per forward argument (comma-separated)");
+    }
+  }
+
   void restoreWeights() {
     const at::NoGradGuard no_grad;
     for (auto& s : saved) s.live.copy_(s.host);
@@ -386,13 +412,22 @@ struct TrialRunner::Impl {
     if (!out) {
       throw Error(std::string("loss '") + std::string(toString(loss)) +
                   "': expected forward to return a tensor (or a tuple/list/dict holding one), "
-                  "but got a " + output.tagKind());
+                  "but got a " +
+                  output.tagKind());
+    }
+    if (!out->is_floating_point()) {
+      throw Error("model '" + spec.model_path +
+                  "': expected a floating-point output to train through, but forward returned " +
+                  std::string(c10::toString(out->scalar_type())) +
+                  "; no backward is possible (return logits or scores, not ids)");
     }
     switch (loss) {
       case LossKind::kCrossEntropy: {
         if (out->dim() < 1 || out->size(-1) < 1) {
-          throw Error("loss 'cross-entropy': expected an output whose last dimension holds the "
-                      "class scores, but got shape " + c10::str(out->sizes()));
+          throw Error(
+              "loss 'cross-entropy': expected an output whose last dimension holds the "
+              "class scores, but got shape " +
+              c10::str(out->sizes()));
         }
         const std::int64_t classes = out->size(-1);
         const at::Tensor logits = out->reshape({-1, classes});
@@ -423,22 +458,27 @@ struct TrialRunner::Impl {
     {
       const bool amp =
           spec.precision == Precision::kAmpFp16 || spec.precision == Precision::kAmpBf16;
-      const AutocastGuard autocast(device.type(),
-                                   spec.precision == Precision::kAmpFp16 ? at::kHalf
-                                                                         : at::kBFloat16,
-                                   amp);
+      const AutocastGuard autocast(
+          device.type(), spec.precision == Precision::kAmpFp16 ? at::kHalf : at::kBFloat16, amp);
       const c10::IValue output = module.forward(args);
       loss_value = computeLoss(output, gen);
     }
     args.clear();
+    if (!loss_value.requires_grad()) {
+      throw Error("model '" + spec.model_path +
+                  "': expected a loss that depends on the trained parameters, but it does not "
+                  "require grad (is forward detached, or run under no_grad?)");
+    }
     loss_value.backward();
   }
 
   TrialResult run(const TrialRequest& request) {
     if (request.micro_batch_size < 1 || request.micro_batches_per_step < 1) {
-      throw Error("trial: expected micro_batch_size >= 1 and micro_batches_per_step >= 1, but "
-                  "got " + std::to_string(request.micro_batch_size) + " and " +
-                  std::to_string(request.micro_batches_per_step));
+      throw Error(
+          "trial: expected micro_batch_size >= 1 and micro_batches_per_step >= 1, but "
+          "got " +
+          std::to_string(request.micro_batch_size) + " and " +
+          std::to_string(request.micro_batches_per_step));
     }
     TrialResult result;
     result.request = request;
@@ -476,9 +516,9 @@ struct TrialRunner::Impl {
           if (optimizer) optimizer->step();
           zeroGrad();
           backend->synchronize();
-          total_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                                start)
-                          .count();
+          total_ms +=
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count();
           ++result.steps_completed;
         }
       } catch (...) {  // classified below; whatever is not OOM or a size limit is rethrown
@@ -538,9 +578,10 @@ TrialRunner::TrialRunner(const TrainingSpec& spec, const SearchOptions& options)
 TrialRunner::TrialRunner(torch::jit::Module& module, const TrainingSpec& spec,
                          const SearchOptions& options) {
   if (spec.inputs.empty()) {
-    throw Error("module: expected TrainingSpec::inputs (one spec per forward argument), but got "
-                "none; a module given in memory has no archive to read autobatch/inputs.json "
-                "from");
+    throw Error(
+        "module: expected TrainingSpec::inputs (one spec per forward argument), but got "
+        "none; a module given in memory has no archive to read autobatch/inputs.json "
+        "from");
   }
   impl_ = std::make_unique<Impl>(spec, options, &module);
 }

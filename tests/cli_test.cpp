@@ -1,9 +1,9 @@
 // The command line as users and launch scripts meet it: the binary is run in a child process.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-#include <unistd.h>
 #include <torch/script.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -69,15 +69,47 @@ std::string mlpModel() {
   return path.string();
 }
 
+// A module with one float32 parameter [64, 10] whose forward is `body`, saved without metadata.
+std::string customModel(const std::string& name, const std::string& body, bool trainable = true) {
+  const fs::path path = tmpDir() / (name + ".pt");
+  torch::jit::Module net(name);
+  net.register_parameter("w", torch::randn({64, 10}).requires_grad_(trainable), false);
+  net.define(body);
+  net.save(path.string());
+  return path.string();
+}
+
 TEST(CliTest, HelpListsEveryFlagWithDefaultsAndTheExitCodes) {
   const CliRun run = runCli("--help");
   EXPECT_EQ(run.exit_code, 0);
-  for (const char* text :
-       {"--model", "--input", "--loss", "--optimizer", "--precision", "--device", "--memory-limit",
-        "--reserve", "--margin", "--min-batch", "--max-batch", "--strategy", "--plan",
-        "--steps-per-trial", "--accumulation-steps", "--world-size", "--cudnn-benchmark",
-        "--max-trials", "--time-limit", "--seed", "--check-batch", "--json", "--env",
-        "--target-batch", "(default: adamw)", "(default: 5%)", "Exit codes:", "130"}) {
+  for (const char* text : {"--model",
+                           "--input",
+                           "--loss",
+                           "--optimizer",
+                           "--precision",
+                           "--device",
+                           "--memory-limit",
+                           "--reserve",
+                           "--margin",
+                           "--min-batch",
+                           "--max-batch",
+                           "--strategy",
+                           "--plan",
+                           "--steps-per-trial",
+                           "--accumulation-steps",
+                           "--world-size",
+                           "--cudnn-benchmark",
+                           "--max-trials",
+                           "--time-limit",
+                           "--seed",
+                           "--check-batch",
+                           "--json",
+                           "--env",
+                           "--target-batch",
+                           "(default: adamw)",
+                           "(default: 5%)",
+                           "Exit codes:",
+                           "130"}) {
     EXPECT_NE(run.out.find(text), std::string::npos) << text;
   }
 }
@@ -135,7 +167,8 @@ TEST(CliTest, BadModelFilesAreUsageErrorsThatSayWhatWasFound) {
       {(dir / "empty.pt").string(), "but it is empty (0 bytes)"},
       {(dir / "text.pt").string(), "but it is not a zip archive"},
       {(dir / "truncated.pt").string(), "but the zip archive is truncated or corrupt"},
-      {fixtures + "/linear_state_dict.pt", "written by torch.save (a pickled module or a state_dict)"},
+      {fixtures + "/linear_state_dict.pt",
+       "written by torch.save (a pickled module or a state_dict)"},
       {fixtures + "/linear_pickled_module.pt", "written by torch.save"},
   };
   for (const auto& [path, message] : cases) {
@@ -170,8 +203,9 @@ TEST(CliTest, CudaWithoutAGpuIsAUsageErrorThatSaysWhatWasFound) {
 TEST(CliTest, JsonPlanMultipliesOutToTheTarget) {
   const fs::path json_path = tmpDir() / "report.json";
   const CliRun run = runCli("--model " + mlpModel() +
-                         " --device cpu --memory-limit 64MiB --target-batch 1000 --world-size 2 "
-                         "--json " + json_path.string());
+                            " --device cpu --memory-limit 64MiB --target-batch 1000 --world-size 2 "
+                            "--json " +
+                            json_path.string());
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const auto doc = nlohmann::json::parse(readFile(json_path));
   EXPECT_EQ(doc["schema_version"], 1);
@@ -200,7 +234,7 @@ TEST(CliTest, JsonPlanMultipliesOutToTheTarget) {
 
 TEST(CliTest, EnvLinesEvaluateInSh) {
   const CliRun run = runCli("--model " + mlpModel() +
-                         " --device cpu --memory-limit 64MiB --target-batch 99991 --env -q");
+                            " --device cpu --memory-limit 64MiB --target-batch 99991 --env -q");
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const fs::path env = tmpDir() / "env.sh";
   std::ofstream(env) << run.out;
@@ -208,7 +242,8 @@ TEST(CliTest, EnvLinesEvaluateInSh) {
   const std::string command =
       "sh -c '. " + env.string() +
       " && echo $((AUTOBATCH_MICRO_BATCH)) $AUTOBATCH_ACCUM_STEPS $AUTOBATCH_EFFECTIVE_BATCH "
-      "$AUTOBATCH_PLAN && s=0 && for b in $AUTOBATCH_MICRO_BATCHES; do s=$((s+b)); done && echo $s' >" +
+      "$AUTOBATCH_PLAN && s=0 && for b in $AUTOBATCH_MICRO_BATCHES; do s=$((s+b)); done && echo "
+      "$s' >" +
       out.string();
   ASSERT_EQ(std::system(command.c_str()), 0);
   std::istringstream values(readFile(out));
@@ -246,7 +281,7 @@ TEST(CliTest, CheckBatchExitsZeroAndThreeOnTheTwoSidesOfABudget) {
 TEST(CliTest, NothingFitsExitsThreeWithTheNeed) {
   const fs::path json_path = tmpDir() / "nothing.json";
   const CliRun run = runCli("--model " + mlpModel() + " --device cpu --memory-limit 64KiB --json " +
-                         json_path.string());
+                            json_path.string());
   EXPECT_EQ(run.exit_code, 3) << run.err;
   EXPECT_NE(run.out.find("nothing fits"), std::string::npos) << run.out;
   const auto doc = nlohmann::json::parse(readFile(json_path));
@@ -256,7 +291,8 @@ TEST(CliTest, NothingFitsExitsThreeWithTheNeed) {
 
 TEST(CliTest, ErrorsStillWriteTheJsonReport) {
   const fs::path json_path = tmpDir() / "error.json";
-  const CliRun run = runCli("--model " + mlpModel() + " --precision fp8 --json " + json_path.string());
+  const CliRun run =
+      runCli("--model " + mlpModel() + " --precision fp8 --json " + json_path.string());
   EXPECT_EQ(run.exit_code, 2);
   const auto doc = nlohmann::json::parse(readFile(json_path));
   EXPECT_EQ(doc["status"], "usage-error");
@@ -281,6 +317,49 @@ TEST(CliTest, EndToEndOnAnExportedRealModel) {
   EXPECT_EQ(doc["fingerprint"]["loss"], "cross-entropy");  // from the archive
   EXPECT_EQ(runCli(common + " --check-batch " + std::to_string(found)).exit_code, 0);
   EXPECT_EQ(runCli(common + " --check-batch " + std::to_string(found + 1)).exit_code, 3);
+}
+
+TEST(CliTest, ModelsThatCannotTrainAreUsageErrors) {
+  const std::string common = " --device cpu --memory-limit 64MiB --input 64 -q";
+  const CliRun two_inputs = runCli(
+      "--model " +
+      customModel("TwoInputs", "def forward(self, x, y):\n  return torch.matmul(x + y, self.w)\n") +
+      common);
+  EXPECT_EQ(two_inputs.exit_code, 2) << two_inputs.err;
+  EXPECT_NE(two_inputs.err.find("forward(x, y) expects 2 input(s), but got 1 input spec(s)"),
+            std::string::npos)
+      << two_inputs.err;
+
+  const CliRun ids = runCli(
+      "--model " +
+      customModel("Ids", "def forward(self, x):\n  return torch.matmul(x, self.w).argmax(1)\n") +
+      common);
+  EXPECT_EQ(ids.exit_code, 2) << ids.err;
+  EXPECT_NE(ids.err.find("expected a floating-point output to train through, but forward "
+                         "returned Long"),
+            std::string::npos)
+      << ids.err;
+
+  const CliRun frozen = runCli(
+      "--model " +
+      customModel("Frozen", "def forward(self, x):\n  return torch.matmul(x, self.w)\n", false) +
+      common);
+  EXPECT_EQ(frozen.exit_code, 2) << frozen.err;
+  EXPECT_NE(frozen.err.find("expected parameters that require grad, but got none"),
+            std::string::npos)
+      << frozen.err;
+}
+
+TEST(CliTest, AShapeTheModelRejectsIsTheModelsErrorNotOutOfMemory) {
+  const std::string model =
+      customModel("Mlp64", "def forward(self, x):\n  return torch.matmul(x, self.w)\n");
+  const CliRun run = runCli("--model " + model + " --device cpu --memory-limit 64MiB --input 32");
+  EXPECT_EQ(run.exit_code, 1) << run.err;
+  EXPECT_NE(run.err.find("cannot be multiplied"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("at micro-batch 1 x 1 per step; not counted as out of memory"),
+            std::string::npos)
+      << run.err;
+  EXPECT_EQ(run.err.find("Exception raised from"), std::string::npos) << run.err;
 }
 
 }  // namespace

@@ -23,8 +23,7 @@ TEST(FailureTest, OutOfMemoryTypeIsOutOfMemoryWithRequestBytes) {
       "CPU budget allocator: out of memory: tried to allocate 4096 bytes with 10 bytes in use",
       kPlain);
   EXPECT_EQ(budget.failed_request_bytes, 4096);
-  EXPECT_EQ(classifyFailure(ExceptionType::kOutOfMemoryError, "Tried to allocate 20.00 MiB",
-                            kPlain)
+  EXPECT_EQ(classifyFailure(ExceptionType::kOutOfMemoryError, "Tried to allocate 20.00 MiB", kPlain)
                 .failed_request_bytes,
             20LL << 20);
 }
@@ -47,8 +46,7 @@ TEST(FailureTest, LibraryAllocationFailuresAreOutOfMemory) {
         "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
         "cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "cudaErrorMemoryAllocation",
         "cuFFT error: CUFFT_ALLOC_FAILED", "cusolver error: CUSOLVER_STATUS_ALLOC_FAILED"}) {
-    EXPECT_EQ(classifyFailure(ExceptionType::kOther, text, kPlain).kind,
-              FailureKind::kOutOfMemory)
+    EXPECT_EQ(classifyFailure(ExceptionType::kOther, text, kPlain).kind, FailureKind::kOutOfMemory)
         << text;
   }
 }
@@ -65,12 +63,12 @@ TEST(FailureTest, KernelSizeLimitsAreSizeLimit) {
 }
 
 TEST(FailureTest, FatalDeviceErrorsAreRethrownEvenWithOomWords) {
-  for (const char* text : {"CUDA error: an illegal memory access was encountered",
-                           "CUDA error: misaligned address", "CUDA error: device-side assert "
-                                                             "triggered",
-                           "CUDA error: unspecified launch failure (out of memory?)"}) {
-    EXPECT_EQ(classifyFailure(ExceptionType::kOther, text, kAfterOom).kind,
-              FailureKind::kRethrow)
+  for (const char* text :
+       {"CUDA error: an illegal memory access was encountered", "CUDA error: misaligned address",
+        "CUDA error: device-side assert "
+        "triggered",
+        "CUDA error: unspecified launch failure (out of memory?)"}) {
+    EXPECT_EQ(classifyFailure(ExceptionType::kOther, text, kAfterOom).kind, FailureKind::kRethrow)
         << text;
   }
 }
@@ -87,8 +85,9 @@ TEST(FailureTest, ModelErrorsAreRethrownWithTheirFirstLine) {
 }
 
 TEST(FailureTest, ExhaustionSignsCountOnlyNearALimitOrAfterAnOom) {
-  const char* cpu = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1048576 "
-                    "bytes. Error code 12 (Cannot allocate memory)";
+  const char* cpu =
+      "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1048576 "
+      "bytes. Error code 12 (Cannot allocate memory)";
   EXPECT_EQ(classifyFailure(ExceptionType::kOther, cpu, kPlain).kind, FailureKind::kRethrow);
   const auto near = classifyFailure(ExceptionType::kOther, cpu, kNearLimit);
   EXPECT_EQ(near.kind, FailureKind::kOutOfMemory);

@@ -42,8 +42,8 @@ TEST(InputSpecTest, ParsesDTypeAndRange) {
 }
 
 TEST(InputSpecTest, RoundTripsThroughToString) {
-  for (const char* text : {"float32:3x224x224", "int64:512:<32000", "int32:scalar:-5..<5",
-                           "bfloat16:7", "bool:4x4"}) {
+  for (const char* text :
+       {"float32:3x224x224", "int64:512:<32000", "int32:scalar:-5..<5", "bfloat16:7", "bool:4x4"}) {
     EXPECT_EQ(toString(parseInputSpec(text)), text);
   }
 }
@@ -66,8 +66,7 @@ TEST(InputSpecTest, RejectsBadDimensionsWithExpectedAndGiven) {
   EXPECT_EQ(errorOf("3x0x5"),
             "input spec '3x0x5': expected every dimension >= 1, but got '0'; the batch "
             "dimension is added by autobatch; give the shape of one sample");
-  EXPECT_NE(errorOf("3x-2").find("expected every dimension >= 1, but got '-2'"),
-            std::string::npos);
+  EXPECT_NE(errorOf("3x-2").find("expected every dimension >= 1, but got '-2'"), std::string::npos);
   EXPECT_NE(errorOf("3xabc").find("positive integers joined by 'x', but got 'abc'"),
             std::string::npos);
   EXPECT_NE(errorOf("3x").find("but got ''"), std::string::npos);
@@ -108,8 +107,7 @@ TEST(ModelMetadataTest, ParsesStringAndObjectForms) {
   EXPECT_EQ(m.inputs[1].dtype, DType::kInt64);
   EXPECT_EQ(m.inputs[1].high, 100);
   EXPECT_EQ(m.loss, LossKind::kCrossEntropy);
-  EXPECT_EQ(parseModelMetadata(R"({"inputs": [{"shape": []}]})").inputs[0].sample_shape.size(),
-            0U);
+  EXPECT_EQ(parseModelMetadata(R"({"inputs": [{"shape": []}]})").inputs[0].sample_shape.size(), 0U);
 }
 
 TEST(ModelMetadataTest, RoundTripsThroughToJson) {
@@ -135,8 +133,7 @@ TEST(ModelMetadataTest, RejectsBadDocumentsNamingTheProblem) {
   EXPECT_NE(message(R"({"inputs": []})").find("non-empty list"), std::string::npos);
   EXPECT_NE(message(R"({"inputs": ["3x0"]})").find("inputs[0] to be a valid input spec"),
             std::string::npos);
-  EXPECT_NE(message(R"({"inputs": ["3"], "los": "mse"})").find("but got 'los'"),
-            std::string::npos);
+  EXPECT_NE(message(R"({"inputs": ["3"], "los": "mse"})").find("but got 'los'"), std::string::npos);
   EXPECT_NE(message(R"({"inputs": ["3"], "loss": "hinge"})").find("unknown loss 'hinge'"),
             std::string::npos);
   EXPECT_NE(message(R"({"inputs": ["3"], "version": 2})").find("\"version\": 1"),

@@ -44,8 +44,7 @@ void expectValidPlan(const AccumulationPlan& plan, std::int64_t max_micro, std::
 // For each per-rank target p, the largest divisor of p that is <= m, for every m in 1..kMaxMicro,
 // from a divisor table (not from the planner's divisor-pair scan).
 std::vector<std::vector<std::int64_t>> largestDivisorTable() {
-  std::vector<std::vector<bool>> divides(kMaxTarget + 1,
-                                         std::vector<bool>(kMaxMicro + 1, false));
+  std::vector<std::vector<bool>> divides(kMaxTarget + 1, std::vector<bool>(kMaxMicro + 1, false));
   for (std::int64_t d = 1; d <= kMaxMicro; ++d) {
     for (std::int64_t p = d; p <= kMaxTarget; p += d) {
       divides[static_cast<std::size_t>(p)][static_cast<std::size_t>(d)] = true;
@@ -75,10 +74,9 @@ TEST(PlannerTest, ExhaustiveTargetsMaximaAndWorldSizes) {
         ASSERT_NO_FATAL_FAILURE(expectValidPlan(plans.uniform, max_micro, target, world));
         ASSERT_NO_FATAL_FAILURE(expectValidPlan(plans.balanced, max_micro, target, world));
         const std::int64_t expected_uniform =
-            per_rank <= max_micro
-                ? per_rank
-                : best_divisor[static_cast<std::size_t>(per_rank)]
-                              [static_cast<std::size_t>(max_micro)];
+            per_rank <= max_micro ? per_rank
+                                  : best_divisor[static_cast<std::size_t>(per_rank)]
+                                                [static_cast<std::size_t>(max_micro)];
         ASSERT_EQ(plans.uniform.groups.size(), 1U);
         ASSERT_EQ(plans.uniform.largestMicroBatch(), expected_uniform)
             << "target " << target << " max " << max_micro << " world " << world;

@@ -241,8 +241,8 @@ TEST(SearchTest, FailureBelowASuccessIsRetriedAndReported) {
   std::int64_t odd = 0;
   for (const auto& t : clean.trials) {
     if (t.request.micro_batch_size < clean.max_micro_batch &&
-        t.request.micro_batch_size > clean.safe_micro_batch / 2 &&
-        &t > &clean.trials.front() && t.request.micro_batch_size != 2) {
+        t.request.micro_batch_size > clean.safe_micro_batch / 2 && &t > &clean.trials.front() &&
+        t.request.micro_batch_size != 2) {
       odd = t.request.micro_batch_size;
     }
   }

@@ -64,7 +64,7 @@ TEST_F(TrialRunnerGpuTest, DefaultLimitAndOutsidePartArePlausible) {
   auto m = testing::convNet(16);
   m.to(torch::kCUDA);
   TrialRunner runner(m, spec("3x32x32"));
-  EXPECT_GT(runner.outsideBytes(), std::int64_t{50} << 20);   // a CUDA context is >= ~100 MB
+  EXPECT_GT(runner.outsideBytes(), std::int64_t{50} << 20);  // a CUDA context is >= ~100 MB
   EXPECT_LT(runner.outsideBytes(), runner.memoryLimitBytes() / 2);
   EXPECT_GT(runner.memoryLimitBytes(), std::int64_t{4} << 30);
   EXPECT_EQ(runner.backendName(), "cuda-caching");

@@ -307,8 +307,7 @@ TEST(TrialRunnerTest, ModelCastToBf16IsUndoneOnTheCallersModule) {
   auto m = convNet();
   const torch::Tensor w = (*m.parameters().begin()).detach().clone();
   {
-    TrialRunner runner(m, specOf("3x8x8", LossKind::kMean, OptimizerKind::kAdamW,
-                                 Precision::kBf16),
+    TrialRunner runner(m, specOf("3x8x8", LossKind::kMean, OptimizerKind::kAdamW, Precision::kBf16),
                        limit(kUnlimited));
     EXPECT_EQ(runner.run({4, 1, {}}).outcome, TrialOutcome::kFits);
     EXPECT_EQ((*m.parameters().begin()).scalar_type(), at::kBFloat16);
@@ -323,8 +322,8 @@ TEST(TrialRunnerTest, RestoresProcessAndThreadState) {
   const bool optimize = torch::jit::getGraphExecutorOptimize();
   auto m = convNet();
   {
-    TrialRunner runner(m, specOf("3x8x8", LossKind::kMean, OptimizerKind::kSgd,
-                                 Precision::kAmpBf16),
+    TrialRunner runner(m,
+                       specOf("3x8x8", LossKind::kMean, OptimizerKind::kSgd, Precision::kAmpBf16),
                        limit(kUnlimited));
     EXPECT_NE(c10::GetCPUAllocator(), allocator);
     EXPECT_THROW(TrialRunner(m, specOf("3x8x8", LossKind::kMean, OptimizerKind::kSgd)), Error);
@@ -391,7 +390,7 @@ TEST(TrialRunnerChildTest, RealAllocatorFailureUnderRlimitData) {
     if (line.rfind("VmData:", 0) == 0) vm_data = std::stoll(line.substr(7)) * 1024;
   }
   const rlim_t cap = static_cast<rlim_t>(vm_data + (std::int64_t{256} << 20));
-  const struct rlimit limit_data{cap, cap};
+  const struct rlimit limit_data { cap, cap };
   ASSERT_EQ(setrlimit(RLIMIT_DATA, &limit_data), 0);
   auto m = convNet();
   TrialRunner runner(m, specOf("3x32x32", LossKind::kCrossEntropy, OptimizerKind::kAdamW),
@@ -425,11 +424,10 @@ TEST(TrialRunnerTest, PrintsPeakTable) {
     const char* inputs;
     std::vector<std::int64_t> batches;
   };
-  std::vector<Case> cases{{"convnet-bn c16 3x32x32", convNet(16), "3x32x32", {8, 16, 32}},
-                          {"convnet c32 3x32x32", testing::plainConvNet(32), "3x32x32",
-                           {8, 16, 32}},
-                          {"transformer d64 v512 T64", tinyTransformer(512, 64),
-                           "int64:64:<512", {4, 8, 16}}};
+  std::vector<Case> cases{
+      {"convnet-bn c16 3x32x32", convNet(16), "3x32x32", {8, 16, 32}},
+      {"convnet c32 3x32x32", testing::plainConvNet(32), "3x32x32", {8, 16, 32}},
+      {"transformer d64 v512 T64", tinyTransformer(512, 64), "int64:64:<512", {4, 8, 16}}};
   for (auto& c : cases) {
     for (const auto precision : {Precision::kFp32, Precision::kAmpBf16}) {
       for (const auto optimizer : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {

@@ -74,15 +74,16 @@ TEST(UnitsTest, FormatsWithBinaryUnits) {
 TEST(UnitsTest, IntegersInRange) {
   EXPECT_EQ(parseInteger("512", "--target-batch", 1, 1LL << 40), 512);
   EXPECT_EQ(parseInteger("1099511627776", "--target-batch", 1, 1LL << 40), 1LL << 40);
-  for (const char* bad : {"0", "-3", "abc", "12x", "", "1099511627777", "99999999999999999999",
-                          "1.5", " 5"}) {
+  for (const char* bad :
+       {"0", "-3", "abc", "12x", "", "1099511627777", "99999999999999999999", "1.5", " 5"}) {
     try {
       parseInteger(bad, "--target-batch", 1, 1LL << 40);
       FAIL() << "expected an Error for '" << bad << "'";
     } catch (const Error& e) {
       EXPECT_EQ(std::string(e.what()),
                 std::string("--target-batch: expected a whole number in [1, 1099511627776], but "
-                            "got '") + bad + "'");
+                            "got '") +
+                    bad + "'");
     }
   }
 }

@@ -41,14 +41,14 @@ struct MemoryBreakdown {
 
 /// Where and how the trials ran.
 struct RunContext {
-  std::string device;               ///< "cpu", "cuda:0", ...
-  std::string backend;              ///< "cpu-budget" or "cuda-caching"
+  std::string device;                   ///< "cpu", "cuda:0", ...
+  std::string backend;                  ///< "cpu-budget" or "cuda-caching"
   std::int64_t memory_limit_bytes = 0;  ///< the limit the trials ran under (after the reserve)
-  std::string memory_limit_source;  ///< e.g. "--memory-limit", "MemAvailable at start"
-  std::string allocator_config;     ///< PYTORCH_ALLOC_CONF (CUDA), "" when unset
-  std::vector<InputSpec> inputs;    ///< the inputs the trials used (flags, else the archive)
-  LossKind loss = LossKind::kMean;  ///< the loss the trials used
-  int micro_batches_per_trial = 1;  ///< min(accumulation_steps, 2)
+  std::string memory_limit_source;      ///< e.g. "--memory-limit", "MemAvailable at start"
+  std::string allocator_config;         ///< PYTORCH_ALLOC_CONF (CUDA), "" when unset
+  std::vector<InputSpec> inputs;        ///< the inputs the trials used (flags, else the archive)
+  LossKind loss = LossKind::kMean;      ///< the loss the trials used
+  int micro_batches_per_trial = 1;      ///< min(accumulation_steps, 2)
 };
 
 /// The result of findMaxBatch().
@@ -76,10 +76,10 @@ MaxBatchResult findMaxBatch(torch::jit::Module& module, const TrainingSpec& spec
 
 /// The result of checkBatch().
 struct CheckResult {
-  TrialResult trial;                ///< the trial at the checked micro-batch
-  bool fits = false;                ///< the trial fit (raw, no headroom)
-  bool fits_with_margin = false;    ///< it fit and peak_bytes <= limit - margin
-  std::int64_t margin_bytes = 0;    ///< the headroom applied, in bytes
+  TrialResult trial;              ///< the trial at the checked micro-batch
+  bool fits = false;              ///< the trial fit (raw, no headroom)
+  bool fits_with_margin = false;  ///< it fit and peak_bytes <= limit - margin
+  std::int64_t margin_bytes = 0;  ///< the headroom applied, in bytes
   MemoryBreakdown memory;
   RunContext context;
 };

@@ -63,7 +63,8 @@ std::pair<std::vector<InputSpec>, LossKind> resolveInputs(
 /// How to turn a PyTorch model into what autobatch loads; appended to model-file errors.
 inline constexpr std::string_view kExportAdvice =
     "autobatch needs a TorchScript archive: export it with torch.jit.script(model).save(path) (or "
-    "torch.jit.trace(model, example_inputs).save(path)), or with scripts/autobatch_export.py, which "
+    "torch.jit.trace(model, example_inputs).save(path)), or with scripts/autobatch_export.py, "
+    "which "
     "also stores the input specs; a torch.save(model) or torch.save(model.state_dict()) file is "
     "not TorchScript";
 

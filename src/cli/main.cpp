@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
 #include <atomic>
 #include <csignal>
 #include <cxxopts.hpp>
@@ -14,7 +15,6 @@
 #include <limits>
 #include <optional>
 #include <string>
-#include <unistd.h>
 
 #include "autobatch/autobatch.h"
 #include "autobatch/error.h"
@@ -73,7 +73,8 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   using autobatch::parseInteger;
   spec.model_path = args.count("model") != 0U ? flag(args, "model") : "";
   if (spec.model_path.empty()) {
-    throw Error("--model: expected the path of a TorchScript archive (torch.jit.save), but got none");
+    throw Error(
+        "--model: expected the path of a TorchScript archive (torch.jit.save), but got none");
   }
   if (args.count("input") != 0U) {
     for (const auto& text : args["input"].as<std::vector<std::string>>()) {
@@ -103,9 +104,9 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   if (device.rfind("cuda", 0) == 0 && gpus.empty()) {
     throw Error("--device " + device + ": expected a visible GPU, but found none (" +
                 (cli.report.build.cuda_build
-                     ? std::string("CUDA build, ") +
-                           (cli.report.build.cuda_driver_version == 0 ? "no CUDA driver"
-                                                                      : "driver but no device")
+                     ? std::string("CUDA build, ") + (cli.report.build.cuda_driver_version == 0
+                                                          ? "no CUDA driver"
+                                                          : "driver but no device")
                      : std::string("LibTorch built without CUDA")) +
                 "); use --device cpu with --memory-limit to search under a RAM budget");
   }
@@ -139,7 +140,8 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   if (args.count("target-batch") != 0U) {
     o.target_batch = parseInteger(flag(args, "target-batch"), "--target-batch", 1, kMaxBatch);
   }
-  o.world_size = static_cast<int>(parseInteger(flag(args, "world-size"), "--world-size", 1, 1 << 20));
+  o.world_size =
+      static_cast<int>(parseInteger(flag(args, "world-size"), "--world-size", 1, 1 << 20));
   o.plan = autobatch::parsePlanKind(flag(args, "plan"));
   if (o.target_batch > 0) {
     // Fail before any trial runs: an impossible target costs no device time.
@@ -242,7 +244,8 @@ void writeOutputs(const Cli& cli) {
   } else if (!cli.json_path.empty()) {
     std::ofstream out(cli.json_path);
     out << autobatch::toJson(cli.report);
-    if (!out) std::cerr << "autobatch: could not write the JSON report to " << cli.json_path << "\n";
+    if (!out)
+      std::cerr << "autobatch: could not write the JSON report to " << cli.json_path << "\n";
   }
 }
 
@@ -269,7 +272,8 @@ int run(int argc, char** argv, Cli& cli) {
   readOptions(args, cli);
   const auto& spec = cli.report.spec;
   if (std::filesystem::is_regular_file(spec.model_path)) {
-    cli.report.model_file_bytes = static_cast<std::int64_t>(std::filesystem::file_size(spec.model_path));
+    cli.report.model_file_bytes =
+        static_cast<std::int64_t>(std::filesystem::file_size(spec.model_path));
     cli.report.model_sha1 = autobatch::fileSha1(spec.model_path);
   }
   std::signal(SIGINT, onSignal);
@@ -278,7 +282,6 @@ int run(int argc, char** argv, Cli& cli) {
     cli.report.check = autobatch::checkBatch(spec, cli.report.options, *cli.check_batch);
   } else {
     cli.report.result = autobatch::findMaxBatch(spec, cli.report.options);
-    for (const auto& w : cli.report.result->search.warnings) spdlog::warn("{}", w);
   }
   cli.report.status = statusFor(cli.report);
   cli.report.exit_code = exitCodeFor(cli.report);
