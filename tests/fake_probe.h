@@ -88,11 +88,10 @@ inline MemoryModel randomModel(std::mt19937_64& rng, double min_threshold, doubl
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   MemoryModel m;
   m.limit_bytes = static_cast<std::int64_t>((8.0 + 72.0 * unit(rng)) * static_cast<double>(kGiB));
-  m.fixed_bytes = static_cast<std::int64_t>((0.02 + 0.68 * unit(rng)) *
-                                            static_cast<double>(m.limit_bytes));
-  const double target =
-      std::exp(std::log(min_threshold) + unit(rng) * (std::log(max_threshold) -
-                                                      std::log(min_threshold)));
+  m.fixed_bytes =
+      static_cast<std::int64_t>((0.02 + 0.68 * unit(rng)) * static_cast<double>(m.limit_bytes));
+  const double target = std::exp(std::log(min_threshold) +
+                                 unit(rng) * (std::log(max_threshold) - std::log(min_threshold)));
   m.per_sample_bytes = std::max<std::int64_t>(
       1, static_cast<std::int64_t>(static_cast<double>(m.limit_bytes - m.fixed_bytes) / target));
   m.rounding_bytes = 2 * kMiB;
@@ -101,9 +100,9 @@ inline MemoryModel randomModel(std::mt19937_64& rng, double min_threshold, doubl
   const auto size = static_cast<std::size_t>(4.0 * target) + 64;
   m.noise_prefix.assign(size, 0);
   for (std::size_t b = 1; b < size; ++b) {
-    m.noise_prefix[b] = m.noise_prefix[b - 1] +
-                        static_cast<std::int64_t>(unit(rng) *
-                                                  static_cast<double>(m.noise_max_step));
+    m.noise_prefix[b] =
+        m.noise_prefix[b - 1] +
+        static_cast<std::int64_t>(unit(rng) * static_cast<double>(m.noise_max_step));
   }
   m.accumulation_extra_bytes = m.fixed_bytes / 8;
   return m;

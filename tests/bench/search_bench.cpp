@@ -25,9 +25,8 @@ struct Tally {
 int main(int argc, char** argv) {
   const int models = argc > 1 ? std::atoi(argv[1]) : 2000;
   const auto seed = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1ULL;
-  const autobatch::Strategy strategies[] = {autobatch::Strategy::kGuided,
-                                            autobatch::Strategy::kBinsearch,
-                                            autobatch::Strategy::kPower};
+  const autobatch::Strategy strategies[] = {
+      autobatch::Strategy::kGuided, autobatch::Strategy::kBinsearch, autobatch::Strategy::kPower};
   for (const double margin_fraction : {-1.0, 0.05}) {
     std::mt19937_64 rng(seed);
     Tally tally[3];
@@ -52,11 +51,11 @@ int main(int argc, char** argv) {
         if (result.max_micro_batch != expected) ++tally[s].wrong;
       }
     }
-    std::printf("%d random models (thresholds log-uniform in [16, 8192], 2 MiB rounding, "
-                "per-sample noise <= 10%%), %s:\n",
-                models,
-                margin_fraction < 0 ? "margin 0 (maximum only)"
-                                    : "margin 5% (maximum and safe batch)");
+    std::printf(
+        "%d random models (thresholds log-uniform in [16, 8192], 2 MiB rounding, "
+        "per-sample noise <= 10%%), %s:\n",
+        models,
+        margin_fraction < 0 ? "margin 0 (maximum only)" : "margin 5% (maximum and safe batch)");
     std::printf("  %-10s %10s %6s %14s\n", "strategy", "mean", "max", "wrong answers");
     for (int s = 0; s < 3; ++s) {
       std::printf("  %-10s %10.2f %6lld %14lld\n",
