@@ -330,14 +330,14 @@ class Search {
       return;
     }
     const std::int64_t budget = result_.memory_limit_bytes - result_.margin_bytes;
-    auto safeLo = [&] {
+    auto safe_lo = [&] {
       std::int64_t best = 0;
       for (const auto& [batch, peak] : fits_) {
         if (peak <= budget) best = batch;
       }
       return best;
     };
-    auto safeHi = [&](std::int64_t low) {
+    auto safe_hi = [&](std::int64_t low) {
       std::int64_t high = result_.max_micro_batch + 1;
       for (const auto& [batch, peak] : fits_) {
         if (batch > low && peak > budget) {
@@ -354,8 +354,8 @@ class Search {
     retreats_ = 0;
     width_before_ = 0;
     while (stop_ == Stop::kNone) {
-      const std::int64_t low = safeLo();
-      const std::int64_t high = safeHi(low);
+      const std::int64_t low = safe_lo();
+      const std::int64_t high = safe_hi(low);
       if (closed(low, high) || (low == 0 && high <= options_.min_batch)) break;
       std::int64_t x = 0;
       switch (options_.strategy) {
@@ -375,10 +375,10 @@ class Search {
       const bool fit = tryBatch(x);
       if (stop_ != Stop::kNone) break;
       const bool safe = fit && fits_[x] <= budget;
-      const std::int64_t new_low = safeLo();
-      noteOutcome(safe, high - low, safeHi(new_low) - new_low);
+      const std::int64_t new_low = safe_lo();
+      noteOutcome(safe, high - low, safe_hi(new_low) - new_low);
     }
-    result_.safe_micro_batch = safeLo();
+    result_.safe_micro_batch = safe_lo();
     if (result_.safe_micro_batch == 0) {
       result_.warnings.push_back("no batch was seen to fit under the limit less the margin (" +
                                  bytesText(budget) + ")");
@@ -391,7 +391,7 @@ class Search {
     const std::int64_t per_rank = options_.target_batch / options_.world_size;
     std::int64_t max_micro = result_.safe_micro_batch;
     if (max_micro == 0) {
-      result_.warnings.push_back("no accumulation plan: no batch fits under the margin");
+      result_.warnings.emplace_back("no accumulation plan: no batch fits under the margin");
       return;
     }
     const std::int64_t budget = result_.memory_limit_bytes > 0
@@ -414,7 +414,7 @@ class Search {
       result_.plan_max_micro_batch = max_micro;
       const TrialResult* r = trial(x, 2);
       if (r == nullptr) {
-        result_.warnings.push_back("the accumulation plan was not verified: the search stopped");
+        result_.warnings.emplace_back("the accumulation plan was not verified: the search stopped");
         return;
       }
       const bool fits = r->outcome == TrialOutcome::kFits && r->peak_bytes <= budget;
@@ -442,7 +442,7 @@ class Search {
       if (next < 1) {
         result_.plan.reset();
         result_.plan_max_micro_batch = 0;
-        result_.warnings.push_back("no accumulation plan fits with 2 micro-batches per step");
+        result_.warnings.emplace_back("no accumulation plan fits with 2 micro-batches per step");
         return;
       }
       max_micro = next;
@@ -451,11 +451,15 @@ class Search {
 
   AffineFit fitAffine() const {
     AffineFit fit;
-    double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    double n = 0;
+    double sx = 0;
+    double sy = 0;
+    double sxx = 0;
+    double sxy = 0;
     for (const auto& [batch, peak] : fits_) {
       if (peak <= 0) continue;
-      const double x = static_cast<double>(batch);
-      const double y = static_cast<double>(peak);
+      const auto x = static_cast<double>(batch);
+      const auto y = static_cast<double>(peak);
       n += 1;
       sx += x;
       sy += y;

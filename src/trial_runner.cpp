@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_set>
+#include <utility>
 
 #include "autobatch/error.h"
 #include "autobatch/failure.h"
@@ -187,8 +188,8 @@ struct TrialRunner::Impl {
   std::int64_t baseline_bytes = 0;
   std::int64_t last_oom_batch = 0;
 
-  Impl(const TrainingSpec& given_spec, const SearchOptions& options, torch::jit::Module* given)
-      : spec(given_spec) {
+  Impl(TrainingSpec  given_spec, const SearchOptions& options, torch::jit::Module* given)
+      : spec(std::move(given_spec)) {
     if (spec.steps_per_trial < 1) {
       throw Error("steps per trial: expected >= 1, but got " +
                   std::to_string(spec.steps_per_trial));

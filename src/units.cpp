@@ -76,7 +76,7 @@ std::int64_t parseBytes(std::string_view text, std::string_view what) {
     if (unit == name) multiplier = value;
   }
   if (multiplier == 0) {
-    if (unit.find_first_of("e") == 0 && unit.size() > 1 && isDigit(unit[1])) {
+    if (unit.find_first_of('e') == 0 && unit.size() > 1 && isDigit(unit[1])) {
       fail(what, text, "exponents are not accepted: write the unit instead");
     }
     fail(what, text,

@@ -248,7 +248,10 @@ TEST(CliTest, EnvLinesEvaluateInSh) {
       out.string();
   ASSERT_EQ(std::system(command.c_str()), 0);
   std::istringstream values(readFile(out));
-  std::int64_t micro = 0, steps = 0, effective = 0, sum = 0;
+  std::int64_t micro = 0;
+  std::int64_t steps = 0;
+  std::int64_t effective = 0;
+  std::int64_t sum = 0;
   std::string plan;
   values >> micro >> steps >> effective >> plan >> sum;
   EXPECT_GT(micro, 0);

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <random>
 #include <stdexcept>
@@ -17,7 +19,8 @@ using testing::MemoryModel;
 using testing::modelWithThreshold;
 using testing::probeFor;
 
-constexpr Strategy kAllStrategies[] = {Strategy::kGuided, Strategy::kBinsearch, Strategy::kPower};
+constexpr std::array<Strategy, 3> kAllStrategies{Strategy::kGuided, Strategy::kBinsearch,
+                                                 Strategy::kPower};
 
 SearchOptions optionsFor(Strategy strategy) {
   SearchOptions options;
@@ -32,14 +35,11 @@ std::int64_t expectedMax(Strategy strategy, std::int64_t threshold) {
 
 // True when a trial of `batch` (search mode) fit and was not cancelled.
 bool seenToFit(const SearchResult& r, std::int64_t batch, int micro_batches_per_step = 1) {
-  for (const auto& t : r.trials) {
-    if (t.request.micro_batch_size == batch &&
-        t.request.micro_batches_per_step == micro_batches_per_step &&
-        t.outcome == TrialOutcome::kFits && !t.cancelled) {
-      return true;
-    }
-  }
-  return false;
+  return std::ranges::any_of(r.trials, [&](const TrialResult& t) {
+    return t.request.micro_batch_size == batch &&
+           t.request.micro_batches_per_step == micro_batches_per_step &&
+           t.outcome == TrialOutcome::kFits && !t.cancelled;
+  });
 }
 
 TEST(SearchTest, EveryThresholdUpTo5000GivesTheDefinedAnswer) {
@@ -318,7 +318,7 @@ TEST(SearchTest, WarnsWhenTheLargestBatchIsNotTheFastest) {
   const Probe probe = [&model](const TrialRequest& request) {
     TrialResult r = model.run(request);
     // Throughput peaks at 32 samples per step.
-    const double b = static_cast<double>(request.micro_batch_size);
+    const auto b = static_cast<double>(request.micro_batch_size);
     r.step_ms = b <= 32 ? 10.0 : 10.0 * b * b / (32.0 * 32.0);
     return r;
   };

@@ -1,6 +1,7 @@
 // search_bench: trials per strategy over random affine memory models (2 MiB allocator rounding,
 // non-negative per-sample noise), with an exactness check of every answer. Results and the
 // command line: docs/search.md. Usage: search_bench [models] [seed]
+#include <array>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -25,11 +26,11 @@ struct Tally {
 int main(int argc, char** argv) {
   const int models = argc > 1 ? std::atoi(argv[1]) : 2000;
   const auto seed = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1ULL;
-  const autobatch::Strategy strategies[] = {
+  const std::array<autobatch::Strategy, 3> strategies{
       autobatch::Strategy::kGuided, autobatch::Strategy::kBinsearch, autobatch::Strategy::kPower};
   for (const double margin_fraction : {-1.0, 0.05}) {
     std::mt19937_64 rng(seed);
-    Tally tally[3];
+    std::array<Tally, 3> tally{};
     for (int i = 0; i < models; ++i) {
       const MemoryModel model = autobatch::testing::randomModel(rng, 16.0, 8192.0);
       const std::int64_t threshold = model.threshold();
