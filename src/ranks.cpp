@@ -18,7 +18,7 @@ struct Field {
 };
 
 Field pick(std::optional<int> flag, std::string_view flag_name, const EnvLookup& env,
-           std::initializer_list<std::string_view> names, std::int64_t min, std::int64_t max) {
+           const std::vector<std::string_view>& names, std::int64_t min, std::int64_t max) {
   if (flag) {
     if (*flag < min || *flag > max) {
       throw Error(std::string(flag_name) + ": expected a value in [" + std::to_string(min) + ", " +
@@ -77,19 +77,19 @@ RankInfo resolveRankInfo(const RankFlags& flags, const EnvLookup& env) {
   const bool slurm = !torchrun && env("SLURM_PROCID").has_value();
   constexpr std::int64_t kMaxRanks = 1 << 20;
   const Field world = pick(flags.world_size, "--world-size", env,
-                           torchrun ? std::initializer_list<std::string_view>{"WORLD_SIZE"}
-                           : slurm  ? std::initializer_list<std::string_view>{"SLURM_NTASKS"}
-                                    : std::initializer_list<std::string_view>{},
+                           torchrun ? std::vector<std::string_view>{"WORLD_SIZE"}
+                           : slurm  ? std::vector<std::string_view>{"SLURM_NTASKS"}
+                                    : std::vector<std::string_view>{},
                            1, kMaxRanks);
   const Field rank = pick(flags.rank, "--rank", env,
-                          torchrun ? std::initializer_list<std::string_view>{"RANK"}
-                          : slurm  ? std::initializer_list<std::string_view>{"SLURM_PROCID"}
-                                   : std::initializer_list<std::string_view>{},
+                          torchrun ? std::vector<std::string_view>{"RANK"}
+                          : slurm  ? std::vector<std::string_view>{"SLURM_PROCID"}
+                                   : std::vector<std::string_view>{},
                           0, kMaxRanks);
   const Field local = pick(flags.local_rank, "--local-rank", env,
-                           torchrun ? std::initializer_list<std::string_view>{"LOCAL_RANK"}
-                           : slurm  ? std::initializer_list<std::string_view>{"SLURM_LOCALID"}
-                                    : std::initializer_list<std::string_view>{},
+                           torchrun ? std::vector<std::string_view>{"LOCAL_RANK"}
+                           : slurm  ? std::vector<std::string_view>{"SLURM_LOCALID"}
+                                    : std::vector<std::string_view>{},
                            0, kMaxRanks);
   info.world_size = static_cast<int>(world.value.value_or(1));
   info.rank = static_cast<int>(rank.value.value_or(0));

@@ -27,18 +27,19 @@ port="$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0))
 declare -a pids
 start_rank() {
   local r="$1" world="$2" budget="$3"; shift 3
-  "$cli" --model "$model" --device cpu --memory-limit "$budget" --target-batch 1200 \
+  "$cli" --model "$model" --device cpu --memory-limit "$budget" --target-batch 4800 \
     --rank "$r" --world-size "$world" --master-addr 127.0.0.1 --master-port "$port" \
     --json "$work/rank$r.json" "$@" >"$work/rank$r.out" 2>"$work/rank$r.err" </dev/null &
   pids[$r]=$!
 }
-wait_rank() { local rc=0; wait "${pids[$1]}" || rc=$?; echo "$rc"; }
+# Sets rc to rank $1's exit code (not in a subshell: only this shell can wait for it).
+wait_rank() { rc=0; wait "${pids[$1]}" || rc=$?; }
 
 agree() {
   local budgets=("$@") world=$#
   for r in $(seq 0 $((world - 1))); do start_rank "$r" "$world" "${budgets[$r]}" --rank-timeout 120; done
   for r in $(seq 0 $((world - 1))); do
-    rc="$(wait_rank "$r")"; [ "$rc" = 0 ] || fail "rank $r exited $rc"
+    wait_rank "$r"; [ "$rc" = 0 ] || fail "rank $r exited $rc"
   done
   "$python" - "$work" "$world" <<'PY'
 import json, sys
@@ -55,26 +56,26 @@ for d in docs:
     assert d["result"]["safe_micro_batch"] == agreed
     assert d["ranks"]["limiting_ranks"] == [own.index(agreed)], d["ranks"]["limiting_ranks"]
     plan = d["plans"][d["plans"]["primary"]]
-    assert plan["world_size"] == world and plan["effective_batch"] == 1200, plan
+    assert plan["world_size"] == world and plan["effective_batch"] == 4800, plan
     assert max(plan["micro_batches"]) <= agreed, (plan, agreed)
-    assert sum(plan["micro_batches"]) * world == 1200
+    assert sum(plan["micro_batches"]) * world == 4800
 print(f"{world} ranks agreed on safe micro-batch {agreed} (own: {own})")
 PY
   cat "$work/rank0.out"
 }
 
 case "$case_name" in
-  agree2) agree 96MiB 64MiB ;;
-  agree4) agree 96MiB 80MiB 64MiB 112MiB ;;
+  agree2) agree 40MiB 24MiB ;;
+  agree4) agree 40MiB 32MiB 24MiB 48MiB ;;
   killed)
     start=$SECONDS
-    for r in 0 1 2; do start_rank "$r" 3 "$((64 + 16 * r))MiB" --rank-timeout 3; done
+    for r in 0 1 2; do start_rank "$r" 3 "$((24 + 8 * r))MiB" --rank-timeout 3; done
     # Kill rank 1 once its search is under way (its first trial is logged).
     for _ in $(seq 600); do grep -q "trial batch" "$work/rank1.err" && break; sleep 0.05; done
     grep -q "trial batch" "$work/rank1.err" || fail "rank 1 never started a trial"
     kill -9 "${pids[1]}"
     for r in 0 2; do
-      rc="$(wait_rank "$r")"; [ "$rc" = 4 ] || fail "rank $r exited $rc, expected 4"
+      wait_rank "$r"; [ "$rc" = 4 ] || fail "rank $r exited $rc, expected 4"
       grep -q "no result from rank(s) 1 within 3.0 s (--rank-timeout): rank 1 stopped its heartbeat" \
         "$work/rank$r.err" || fail "rank $r: no message naming rank 1"
       grep -q '"status": "ranks-disagree"' "$work/rank$r.json" || fail "rank $r: JSON status"
@@ -85,7 +86,7 @@ case "$case_name" in
   missing)
     start=$SECONDS
     start_rank 0 2 64MiB --rank-timeout 2
-    rc="$(wait_rank 0)"; [ "$rc" = 4 ] || fail "rank 0 exited $rc, expected 4"
+    wait_rank 0; [ "$rc" = 4 ] || fail "rank 0 exited $rc, expected 4"
     grep -q "no result from rank(s) 1 within 2.0 s (--rank-timeout): rank 1 never arrived" \
       "$work/rank0.err" || fail "no message naming rank 1"
     echo "missing rank 1: rank 0 exited 4 after $((SECONDS - start)) s" ;;

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cxxopts.hpp>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 
