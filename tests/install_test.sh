@@ -43,14 +43,14 @@ cmake --build "$work/launcher" >"$work/build.log" 2>&1 || { cat "$work/build.log
 
 out="$work/launcher.out"
 env -u LD_LIBRARY_PATH "$work/launcher/launcher" "$work/tiny.pt" --memory-limit 12MiB \
-  --target-batch 600 --steps 3 >"$out" 2>"$work/launcher.err" \
+  --target-batch 4000 --steps 3 >"$out" 2>"$work/launcher.err" \
   || { cat "$out" "$work/launcher.err"; fail "launcher exited $?"; }
 cat "$out"
 grep -q "^findMaxBatch: found, max micro-batch [0-9]*, safe micro-batch [1-9]" "$out" \
   || fail "no search result"
 grep -q "weights, buffers and training mode unchanged" "$out" || fail "module changed"
-grep -Eq "^plan: [0-9+]+ = 600 samples per step \((uniform|balanced), [2-9][0-9]* accumulation steps, effective batch 600\)" "$out" \
-  || fail "no accumulation plan for 600"
-[ "$(grep -c '^step [123]: .* 600 samples, loss [0-9.]*$' "$out")" = 3 ] || fail "not 3 steps"
-grep -q "^trained 3 optimizer steps of 600 samples" "$out" || fail "did not finish"
+grep -Eq "^plan: [0-9+]+ = 4000 samples per step \((uniform|balanced), [2-9][0-9]* accumulation steps, effective batch 4000\)" "$out" \
+  || fail "no accumulation plan for 4000"
+[ "$(grep -c '^step [123]: .* 4000 samples, loss [0-9.]*$' "$out")" = 3 ] || fail "not 3 steps"
+grep -q "^trained 3 optimizer steps of 4000 samples" "$out" || fail "did not finish"
 echo "install test passed"

@@ -8,7 +8,7 @@ The recipe of docs/python.md, end to end:
 
 Usage:
     python examples/python/train_with_autobatch.py --autobatch build/bin/autobatch \\
-        --memory-limit 12MiB --target-batch 600 --steps 3
+        --memory-limit 12MiB --target-batch 4000 --steps 3
 
 The CLI comes from --autobatch, else $AUTOBATCH_CLI, else `autobatch` on PATH. Exits with the
 CLI's code when it does not find a plan (3: does not fit, 2: usage), so a job script stops before
@@ -62,7 +62,7 @@ def main() -> int:
     parser.add_argument("--autobatch", default=os.environ.get("AUTOBATCH_CLI")
                         or shutil.which("autobatch"), help="the autobatch binary")
     parser.add_argument("--memory-limit", default="12MiB")
-    parser.add_argument("--target-batch", type=int, default=600)
+    parser.add_argument("--target-batch", type=int, default=4000)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--workdir", default=None, help="where the archive goes (default: temp)")
     args = parser.parse_args()
