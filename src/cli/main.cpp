@@ -135,7 +135,6 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   std::string device = flag(args, "device");
   const auto& gpus = cli.report.build.cuda_devices;
   if (device == "auto") device = gpus.empty() ? "cpu" : "cuda";
-  device = autobatch::rankDevice(device, rank.local_rank);  // each rank on its own GPU
   if (device.rfind("cuda", 0) == 0 && gpus.empty()) {
     throw Error("--device " + device + ": expected a visible GPU, but found none (" +
                 (cli.report.build.cuda_build
@@ -145,7 +144,7 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
                      : std::string("LibTorch built without CUDA")) +
                 "); use --device cpu with --memory-limit to search under a RAM budget");
   }
-  spec.device = device;
+  spec.device = autobatch::rankDevice(device, rank.local_rank);  // each rank on its own GPU
 
   if (args.count("memory-limit") != 0U) {
     o.memory_limit_bytes = autobatch::parseBytes(flag(args, "memory-limit"), "--memory-limit");
