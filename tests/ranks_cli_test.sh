@@ -27,7 +27,7 @@ port="$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0))
 declare -a pids
 start_rank() {
   local r="$1" world="$2" budget="$3"; shift 3
-  "$cli" --model "$model" --device cpu --memory-limit "$budget" --target-batch 4800 \
+  "$cli" --model "$model" --device cpu --memory-limit "$budget" --target-batch 9600 \
     --rank "$r" --world-size "$world" --master-addr 127.0.0.1 --master-port "$port" \
     --json "$work/rank$r.json" "$@" >"$work/rank$r.out" 2>"$work/rank$r.err" </dev/null &
   pids[$r]=$!
@@ -56,9 +56,9 @@ for d in docs:
     assert d["result"]["safe_micro_batch"] == agreed
     assert d["ranks"]["limiting_ranks"] == [own.index(agreed)], d["ranks"]["limiting_ranks"]
     plan = d["plans"][d["plans"]["primary"]]
-    assert plan["world_size"] == world and plan["effective_batch"] == 4800, plan
+    assert plan["world_size"] == world and plan["effective_batch"] == 9600, plan
     assert max(plan["micro_batches"]) <= agreed, (plan, agreed)
-    assert sum(plan["micro_batches"]) * world == 4800
+    assert sum(plan["micro_batches"]) * world == 9600
 print(f"{world} ranks agreed on safe micro-batch {agreed} (own: {own})")
 PY
   cat "$work/rank0.out"
