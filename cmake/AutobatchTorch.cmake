@@ -9,4 +9,8 @@ if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
 endif()
 # Note: no global CMAKE_CXX_STANDARD may be set before this point: the CUDA try_run of LibTorch's
 # config would then ask for a "CUDA20" dialect and fail. Targets ask for C++20 themselves.
-find_package(Torch REQUIRED)
+if(AUTOBATCH_TORCH_AS_DEPENDENCY)
+  find_dependency(Torch)  # from autobatchConfig.cmake: a missing LibTorch fails find_package(autobatch)
+else()
+  find_package(Torch REQUIRED)
+endif()

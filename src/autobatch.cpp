@@ -20,6 +20,7 @@ MemoryBreakdown breakdownOf(const TrialRunner& runner) {
   m.optimizer_state_bytes = runner.optimizerStateBytes();
   m.baseline_bytes = runner.baselineBytes();
   m.outside_bytes = runner.outsideBytes();
+  m.ddp_bucket_bytes = runner.ddpBucketBytes();
   return m;
 }
 

@@ -1,6 +1,7 @@
 #include "autobatch/report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -60,7 +61,37 @@ json toJson(const MemoryBreakdown& m) {
   return {
       {"parameter_count", m.parameter_count}, {"parameter_bytes", m.parameter_bytes},
       {"gradient_bytes", m.gradient_bytes},   {"optimizer_state_bytes", m.optimizer_state_bytes},
-      {"baseline_bytes", m.baseline_bytes},   {"outside_bytes", m.outside_bytes}};
+      {"baseline_bytes", m.baseline_bytes},   {"outside_bytes", m.outside_bytes},
+      {"ddp_bucket_bytes", m.ddp_bucket_bytes}};
+}
+
+// null for a single process; else this rank and, after the exchange, what the ranks agreed on.
+json ranksJson(const ReportData& d) {
+  if (!d.rank || !d.rank->agrees()) return nullptr;
+  const RankInfo& r = *d.rank;
+  json doc = {{"rank", r.rank},
+              {"world_size", r.world_size},
+              {"local_rank", r.local_rank},
+              {"source", r.source},
+              {"master_addr", r.master_addr},
+              {"master_port", r.master_port},
+              {"agent_store", r.use_agent_store},
+              {"agreed", d.agreement.has_value()}};
+  if (d.agreement) {
+    json reports = json::array();
+    for (const auto& rep : d.agreement->reports) {
+      reports.push_back({{"rank", rep.rank},
+                         {"device", rep.device},
+                         {"safe_micro_batch", rep.safe_micro_batch},
+                         {"plan_max_micro_batch", rep.plan_max_micro_batch},
+                         {"memory_limit_bytes", rep.memory_limit_bytes}});
+    }
+    doc["safe_micro_batch"] = d.agreement->safe_micro_batch;
+    doc["plan_max_micro_batch"] = d.agreement->plan_max_micro_batch;
+    doc["limiting_ranks"] = d.agreement->limiting_ranks;
+    doc["reports"] = reports;
+  }
+  return doc;
 }
 
 json optionsJson(const TrainingSpec& spec, const SearchOptions& o) {
@@ -211,6 +242,7 @@ std::string toJson(const ReportData& d) {
   }
   doc["trials"] = trials;
   doc["warnings"] = warnings;
+  doc["ranks"] = ranksJson(d);
   return doc.dump(2) + "\n";
 }
 
@@ -292,6 +324,10 @@ std::string humanReport(const ReportData& d) {
                        formatBytes(m.parameter_bytes));
     out << fmt::format("  gradients        {}\n", formatBytes(m.gradient_bytes));
     out << fmt::format("  optimizer state  {}\n", formatBytes(m.optimizer_state_bytes));
+    if (m.ddp_bucket_bytes > 0) {
+      out << fmt::format("  DDP buckets      {} (--ddp: one gradient-sized copy, held by every trial)\n",
+                         formatBytes(m.ddp_bucket_bytes));
+    }
     if (s.fit.points >= 2) {
       out << fmt::format("  affine fit       fixed {} + {} per sample ({} points)\n",
                          formatBytes(static_cast<std::int64_t>(s.fit.fixed_bytes)),
@@ -305,6 +341,16 @@ std::string humanReport(const ReportData& d) {
                            s.max_micro_batch,
                            formatBytes(static_cast<std::int64_t>(s.predicted_peak_bytes)),
                            formatBytes(s.measured_peak_bytes), err);
+      }
+    }
+    if (d.agreement) {
+      out << fmt::format("\nranks ({} ranks agreed on the minimum; limited by rank(s) {})\n",
+                         d.agreement->reports.size(),
+                         fmt::join(d.agreement->limiting_ranks, ", "));
+      for (const auto& rep : d.agreement->reports) {
+        out << fmt::format("  rank {:>3}  {:<8} safe micro-batch {:>6}  limit {}{}\n", rep.rank,
+                           rep.device, rep.safe_micro_batch, formatBytes(rep.memory_limit_bytes),
+                           rep.rank == d.rank->rank ? "  (this rank)" : "");
       }
     }
     for (const auto& w : s.warnings) out << "warning: " << w << "\n";

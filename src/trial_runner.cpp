@@ -187,6 +187,7 @@ struct TrialRunner::Impl {
   LossKind loss = LossKind::kMean;
   std::int64_t baseline_bytes = 0;
   std::int64_t last_oom_batch = 0;
+  std::int64_t ddp_bucket_bytes = 0;
 
   Impl(TrainingSpec  given_spec, const SearchOptions& options, torch::jit::Module* given)
       : spec(std::move(given_spec)) {
@@ -293,6 +294,9 @@ struct TrialRunner::Impl {
       if (!counted.insert(p.unsafeGetTensorImpl()).second) continue;
       parameter_bytes += bytesOf(p);
       if (p.requires_grad()) trained.push_back(p);
+    }
+    if (spec.ddp) {
+      for (const auto& p : trained) ddp_bucket_bytes += bytesOf(p);
     }
     if (trained.empty()) {
       throw Error("model '" + spec.model_path +
@@ -498,12 +502,16 @@ struct TrialRunner::Impl {
     double total_ms = 0.0;
     {
       std::unique_ptr<torch::optim::Optimizer> optimizer;
+      at::Tensor ddp_buckets;  // --ddp: DDP's gradient buckets, alive for the whole trial
       at::Generator gen;
       {
         const detail::UntrackedCpuScope untracked;  // the generator's own state is not the step's
         gen = at::make_generator<at::CPUGeneratorImpl>(spec.seed);
       }
       try {
+        if (ddp_bucket_bytes > 0) {
+          ddp_buckets = at::empty({ddp_bucket_bytes}, at::TensorOptions(at::kByte).device(device));
+        }
         optimizer = makeOptimizer();
         for (int step = 0; step < spec.steps_per_trial; ++step) {
           if (request.cancel && request.cancel()) {
@@ -623,6 +631,8 @@ std::int64_t TrialRunner::optimizerStateBytes() const {
   }
   return 0;
 }
+std::int64_t TrialRunner::ddpBucketBytes() const { return impl_->ddp_bucket_bytes; }
+
 std::int64_t TrialRunner::memoryLimitBytes() const {
   return impl_->backend->limitBytes() - impl_->reserve_bytes;
 }

@@ -17,6 +17,7 @@
 #include <new>
 #include <optional>
 
+#include "autobatch/autobatch.h"
 #include "autobatch/error.h"
 #include "autobatch/failure.h"
 #include "autobatch/model_metadata.h"
@@ -301,6 +302,49 @@ TEST(TrialRunnerTest, SameTrialTwiceGivesTheSamePeakAndLeavesTheModelAsGiven) {
   for (const auto& p : m.parameters()) EXPECT_TRUE(torch::equal(p, before[i++]));
   for (const auto& b : m.buffers()) EXPECT_TRUE(torch::equal(b, before[i++])) << "buffer";
   EXPECT_FALSE(m.is_training());
+}
+
+TEST(TrialRunnerTest, DdpHoldsOneGradientSizedCopyInEveryTrial) {
+  auto m = mlp(64, 512, 10);
+  auto spec = specOf("64", LossKind::kCrossEntropy, OptimizerKind::kAdamW);
+  const std::int64_t plain = runOnce(m, spec, 8).peak_bytes;
+  spec.ddp = true;
+  TrialRunner runner(m, spec, limit(kUnlimited));
+  EXPECT_EQ(runner.ddpBucketBytes(), runner.gradientBytes());
+  EXPECT_EQ(runner.ddpBucketBytes(), (64 * 512 + 512 * 10) * 4);
+  const TrialResult ddp = runner.run({8, 1, {}});
+  EXPECT_EQ(ddp.peak_bytes - plain, runner.gradientBytes());
+  EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+}
+
+// The launcher's contract (issue 9): after findMaxBatch() on a borrowed module, the module has its
+// weights, buffers and mode, and trains right away.
+TEST(FindMaxBatchTest, BorrowedModuleIsUnchangedAndTrainsRightAfter) {
+  auto m = convNet();
+  m.eval();
+  std::vector<torch::Tensor> before;
+  for (const auto& p : m.parameters()) before.push_back(p.detach().clone());
+  for (const auto& b : m.buffers()) before.push_back(b.detach().clone());
+  const auto spec = specOf("3x16x16", LossKind::kCrossEntropy, OptimizerKind::kAdamW);
+  SearchOptions options = limit(24 << 20);
+  options.max_trials = 6;
+  const MaxBatchResult found = findMaxBatch(m, spec, options);
+  EXPECT_GT(found.search.safe_micro_batch, 0);
+  std::size_t i = 0;
+  for (const auto& p : m.parameters()) EXPECT_TRUE(torch::equal(p, before[i++]));
+  for (const auto& b : m.buffers()) EXPECT_TRUE(torch::equal(b, before[i++])) << "buffer";
+  EXPECT_FALSE(m.is_training());
+
+  m.train();
+  std::vector<torch::Tensor> params;
+  for (const auto& p : m.parameters()) params.push_back(p);
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-2));
+  const auto batch = std::min<std::int64_t>(found.search.safe_micro_batch, 16);
+  const auto out = m.forward({torch::randn({batch, 3, 16, 16})}).toTensor();
+  torch::nn::functional::cross_entropy(out, torch::randint(10, {batch})).backward();
+  optimizer.step();
+  EXPECT_FALSE(torch::equal(m.parameters().begin().operator*(), before[0]));
+  EXPECT_TRUE(torch::isfinite(m.parameters().begin().operator*()).all().item<bool>());
 }
 
 TEST(TrialRunnerTest, ModelCastToBf16IsUndoneOnTheCallersModule) {

@@ -7,7 +7,7 @@
 // "exit_code", "error", "autobatch": {version, libtorch, cuda, driver}, "device": {...},
 // "fingerprint": {...}, "options": {...}, "model": {parameters, bytes...}, "trials": [...],
 // "result": {max_micro_batch, safe_micro_batch, ...}, "fit": {...}, "plans": {...}, "check": {...},
-// "warnings": [...]}. Keys are never removed within a schema version; new keys may appear.
+// "ranks": {...}, "warnings": [...]}. Keys are never removed within a schema version; new keys may appear.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include <string>
 
 #include "autobatch/autobatch.h"
+#include "autobatch/ranks.h"
 #include "autobatch/search_options.h"
 #include "autobatch/training_spec.h"
 #include "autobatch/version.h"
@@ -44,6 +45,10 @@ struct ReportData {
   std::optional<MaxBatchResult> result;
   /// --check-batch mode.
   std::optional<CheckResult> check;
+  /// This process's rank (flags or launcher environment); nullopt before it is read.
+  std::optional<RankInfo> rank;
+  /// Multi-rank preflight: what the ranks agreed on (result.search is already lowered to it).
+  std::optional<Agreement> agreement;
 };
 
 /// The JSON document (pretty-printed, 2 spaces, trailing newline).

@@ -77,6 +77,10 @@ struct TrainingSpec {
   /// TorchScript graph-executor optimisation. Default: false (deterministic memory, close to
   /// eager PyTorch; the profiling executor rewrites graphs after the first runs otherwise).
   bool optimize_graph = false;
+  /// The job wraps the model in DistributedDataParallel: every trial also holds one more
+  /// gradient-sized buffer (DDP's gradient buckets; issue 9) on the device for its whole length,
+  /// so the peak and out-of-memory include it. Default: false.
+  bool ddp = false;
   /// Seed of the synthetic inputs and targets. Default: 0.
   std::uint64_t seed = 0;
 };

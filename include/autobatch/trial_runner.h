@@ -88,6 +88,9 @@ class TrialRunner {
   std::int64_t optimizerStateBytes() const;
   /// The limit trials run under, in bytes, after SearchOptions::reserve_bytes (> 0).
   std::int64_t memoryLimitBytes() const;
+  /// TrainingSpec::ddp: bytes of the gradient-sized buffer every trial allocates on the device
+  /// (DDP's gradient buckets) from its start to its end; 0 without ddp.
+  std::int64_t ddpBucketBytes() const;
   /// Where the limit came from (e.g. "--memory-limit", "MemAvailable at start 123...").
   std::string memoryLimitSource() const;
   /// "cpu-budget" or "cuda-caching".

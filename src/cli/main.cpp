@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cxxopts.hpp>
@@ -13,12 +14,15 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "autobatch/autobatch.h"
 #include "autobatch/error.h"
 #include "autobatch/input_spec.h"
+#include "autobatch/rank_group.h"
+#include "autobatch/ranks.h"
 #include "autobatch/report.h"
 #include "autobatch/units.h"
 #include "autobatch/version.h"
@@ -31,6 +35,7 @@ constexpr int kExitOk = 0;
 constexpr int kExitRuntimeError = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitDoesNotFit = 3;
+constexpr int kExitRanks = 4;
 constexpr std::int64_t kMaxBatch = std::int64_t{1} << 40;
 
 constexpr const char* kExitCodes = R"(Exit codes:
@@ -63,13 +68,42 @@ struct Cli {
   std::optional<std::int64_t> check_batch;
   std::string json_path;
   bool env = false;
+  autobatch::RankGroupOptions rank_options;
+  /// Multi-rank preflight: connected before the search, exchanged after it.
+  std::unique_ptr<autobatch::RankGroup> ranks;
 };
+
+std::optional<int> intFlag(const cxxopts::ParseResult& args, const std::string& name,
+                           std::int64_t min, std::int64_t max) {
+  if (args.count(name) == 0U) return std::nullopt;
+  return static_cast<int>(autobatch::parseInteger(flag(args, name), "--" + name, min, max));
+}
+
+// Flags first, then torchrun's or Slurm's environment (autobatch/ranks.h).
+autobatch::RankInfo readRanks(const cxxopts::ParseResult& args) {
+  autobatch::RankFlags f;
+  f.rank = intFlag(args, "rank", 0, 1 << 20);
+  f.world_size = intFlag(args, "world-size", 1, 1 << 20);
+  f.local_rank = intFlag(args, "local-rank", 0, 1 << 20);
+  f.master_port = intFlag(args, "master-port", 1, 65535);
+  if (args.count("master-addr") != 0U) f.master_addr = flag(args, "master-addr");
+  return autobatch::resolveRankInfo(f, autobatch::processEnvironment());
+}
 
 // Every flag is read as text and parsed by autobatch's own parsers, so that an error names the
 // flag and says what was expected.
 void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   autobatch::TrainingSpec& spec = cli.report.spec;
   autobatch::SearchOptions& o = cli.report.options;
+  const autobatch::RankInfo rank = readRanks(args);
+  cli.report.rank = rank;
+  cli.rank_options.timeout_s =
+      autobatch::parseDecimal(flag(args, "rank-timeout"), "--rank-timeout", 0.1, 1e6);
+  cli.rank_options.heartbeat_interval_s = std::min(1.0, cli.rank_options.timeout_s / 5.0);
+  if (auto restart = autobatch::processEnvironment()("TORCHELASTIC_RESTART_COUNT")) {
+    cli.rank_options.prefix += "/" + *restart;
+  }
+  spec.ddp = args["ddp"].as<bool>();
   using autobatch::parseInteger;
   spec.model_path = args.count("model") != 0U ? flag(args, "model") : "";
   if (spec.model_path.empty()) {
@@ -100,7 +134,7 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
 
   std::string device = flag(args, "device");
   const auto& gpus = cli.report.build.cuda_devices;
-  if (device == "auto") device = gpus.empty() ? "cpu" : "cuda:0";
+  if (device == "auto") device = gpus.empty() ? "cpu" : "cuda";
   if (device.rfind("cuda", 0) == 0 && gpus.empty()) {
     throw Error("--device " + device + ": expected a visible GPU, but found none (" +
                 (cli.report.build.cuda_build
@@ -110,7 +144,7 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
                      : std::string("LibTorch built without CUDA")) +
                 "); use --device cpu with --memory-limit to search under a RAM budget");
   }
-  spec.device = device;
+  spec.device = autobatch::rankDevice(device, rank.local_rank);  // each rank on its own GPU
 
   if (args.count("memory-limit") != 0U) {
     o.memory_limit_bytes = autobatch::parseBytes(flag(args, "memory-limit"), "--memory-limit");
@@ -140,8 +174,7 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   if (args.count("target-batch") != 0U) {
     o.target_batch = parseInteger(flag(args, "target-batch"), "--target-batch", 1, kMaxBatch);
   }
-  o.world_size =
-      static_cast<int>(parseInteger(flag(args, "world-size"), "--world-size", 1, 1 << 20));
+  o.world_size = rank.world_size;
   o.plan = autobatch::parsePlanKind(flag(args, "plan"));
   if (o.target_batch > 0) {
     // Fail before any trial runs: an impossible target costs no device time.
@@ -208,8 +241,22 @@ cxxopts::Options makeOptions() {
      "N");
   options.add_options("Plan")
     ("t,target-batch", "Target effective (global) batch for the accumulation plan", text(), "N")
-    ("world-size", "Data-parallel ranks sharing the target", text()->default_value("1"), "N")
+    ("world-size", "Data-parallel ranks sharing the target. Default: WORLD_SIZE or SLURM_NTASKS, "
+                   "else 1", text(), "N")
     ("plan", "Primary plan: auto, uniform, balanced", text()->default_value("auto"), "NAME");
+  options.add_options("Ranks (multi-rank preflight; default: torchrun's or Slurm's environment)")
+    ("rank", "This rank (RANK, SLURM_PROCID); with a world size > 1 the ranks agree on the "
+             "smallest micro-batch through a c10d TCPStore", text(), "N")
+    ("local-rank", "GPU of this rank on its node: --device cuda means cuda:N (LOCAL_RANK, "
+                   "SLURM_LOCALID)", text(), "N")
+    ("master-addr", "Store host (MASTER_ADDR, else Slurm's first node, else 127.0.0.1)", text(),
+     "HOST")
+    ("master-port", "Store port (MASTER_PORT, else 15000 + SLURM_JOB_ID mod 10000, else 29500)",
+     text(), "N")
+    ("rank-timeout", "Seconds to reach the store, and a rank may stay silent (no result, no "
+                     "heartbeat) before the others exit 4", text()->default_value("300"), "S")
+    ("ddp", "The job uses DistributedDataParallel: every trial also holds one gradient-sized "
+            "copy (DDP's gradient buckets)");
   options.add_options("Output")
     ("json", "Write the JSON report to PATH (- for stdout), on every exit", text(), "PATH")
     ("env", "Print shell lines for eval (AUTOBATCH_MICRO_BATCH, ...) on stdout")
@@ -249,6 +296,37 @@ void writeOutputs(const Cli& cli) {
   }
 }
 
+// Every rank publishes its result; all take the minimum, and the plan is made again for it.
+void agreeAcrossRanks(Cli& cli) {
+  autobatch::SearchResult& s = cli.report.result->search;
+  autobatch::RankReport mine;
+  mine.rank = cli.report.rank->rank;
+  mine.device = cli.report.spec.device;
+  mine.safe_micro_batch = s.safe_micro_batch;
+  mine.plan_max_micro_batch = s.plan ? s.plan_max_micro_batch : s.safe_micro_batch;
+  mine.plan_verified = s.plan_verified;
+  mine.memory_limit_bytes = s.memory_limit_bytes;
+  const autobatch::Agreement agreement = cli.ranks->exchange(mine);
+  cli.report.agreement = agreement;
+  if (agreement.safe_micro_batch < s.safe_micro_batch) {
+    s.warnings.push_back("this rank's safe micro-batch " + std::to_string(s.safe_micro_batch) +
+                         " lowered to " + std::to_string(agreement.safe_micro_batch) +
+                         ", the minimum over the ranks");
+  }
+  s.safe_micro_batch = agreement.safe_micro_batch;
+  const auto& o = cli.report.options;
+  if (agreement.safe_micro_batch == 0) {
+    s.status = autobatch::SearchStatus::kNothingFits;
+    s.plan.reset();
+    s.plan_max_micro_batch = 0;
+  } else if (o.target_batch > 0) {
+    s.plan = autobatch::planAccumulation(agreement.plan_max_micro_batch, o.target_batch,
+                                         o.world_size, o.plan);
+    s.plan_max_micro_batch = agreement.plan_max_micro_batch;
+    s.plan_verified = agreement.plan_verified;
+  }
+}
+
 int run(int argc, char** argv, Cli& cli) {
   auto options = makeOptions();
   const auto args = options.parse(argc, argv);
@@ -278,11 +356,23 @@ int run(int argc, char** argv, Cli& cli) {
   }
   std::signal(SIGINT, onSignal);
   std::signal(SIGTERM, onSignal);
+  const autobatch::RankInfo& rank = *cli.report.rank;
+  if (rank.agrees()) {
+    if (cli.check_batch) {
+      throw Error("--check-batch: expected a single rank, but got rank " +
+                  std::to_string(rank.rank) + " of " + std::to_string(rank.world_size) +
+                  "; a multi-rank preflight searches (give --target-batch)");
+    }
+    cli.ranks = std::make_unique<autobatch::RankGroup>(rank, cli.rank_options);
+    spdlog::info("{}", cli.ranks->describe());
+  }
   if (cli.check_batch) {
     cli.report.check = autobatch::checkBatch(spec, cli.report.options, *cli.check_batch);
   } else {
     cli.report.result = autobatch::findMaxBatch(spec, cli.report.options);
   }
+  if (cli.ranks && g_signal.load() == 0) agreeAcrossRanks(cli);
+  if (cli.ranks && g_signal.load() != 0) cli.ranks->abandon("interrupted");
   cli.report.status = statusFor(cli.report);
   cli.report.exit_code = exitCodeFor(cli.report);
   writeOutputs(cli);
@@ -301,6 +391,8 @@ std::string withoutBacktrace(std::string message) {
 int fail(Cli& cli, const std::string& status, int code, const std::string& raw_message) {
   const std::string message = withoutBacktrace(raw_message);
   std::cerr << "autobatch: " << message << "\n";
+  // The other ranks stop waiting for this one at once (they exit 4 naming it).
+  if (cli.ranks && code != kExitRanks) cli.ranks->abandon(status);
   cli.report.status = status;
   cli.report.exit_code = code;
   cli.report.error = message;
@@ -324,6 +416,8 @@ int main(int argc, char** argv) {
     return run(argc, argv, cli);
   } catch (const cxxopts::exceptions::exception& e) {
     return fail(cli, "usage-error", kExitUsage, std::string(e.what()) + " (see autobatch --help)");
+  } catch (const autobatch::RankError& e) {
+    return fail(cli, "ranks-disagree", kExitRanks, e.what());
   } catch (const Error& e) {
     return fail(cli, "usage-error", kExitUsage, e.what());
   } catch (const std::exception& e) {

@@ -1,0 +1,212 @@
+#include "autobatch/rank_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "autobatch/error.h"
+
+namespace autobatch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f s", s);
+  return text;
+}
+
+std::string key(const char* kind, int rank) { return std::string(kind) + "/" + std::to_string(rank); }
+
+}  // namespace
+
+struct RankGroup::Impl {
+  RankInfo info;
+  RankGroupOptions options;
+  bool hosts = false;
+  c10::intrusive_ptr<c10d::Store> store;
+
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stop = false;
+  std::thread heartbeat;
+
+  std::string where() const {
+    return info.master_addr + ":" + std::to_string(info.master_port) +
+           (info.use_agent_store ? " (the torchrun agent's store)" : " (hosted by rank 0)");
+  }
+
+  // What a store error means here, for the message: the host went away or never came.
+  [[noreturn]] void lost(const std::string& doing, const c10::Error& e) const {
+    throw RankError("ranks could not agree: rank " + std::to_string(info.rank) +
+                    " lost the store at " + where() + " while " + doing +
+                    (info.use_agent_store ? "" : "; did rank 0 die?") + " (" +
+                    e.what_without_backtrace() + ")");
+  }
+
+  void beat(c10::intrusive_ptr<c10d::Store> own) {
+    std::int64_t count = 0;
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!stop) {
+      lock.unlock();
+      try {
+        own->set(key("hb", info.rank), std::to_string(++count));
+      } catch (const c10::Error&) {
+        // The store is gone (its host died): exchange() reports it; a thread must not throw.
+        return;
+      }
+      lock.lock();
+      wake.wait_for(lock, std::chrono::duration<double>(options.heartbeat_interval_s),
+                    [this] { return stop; });
+    }
+  }
+
+  void stopHeartbeat() noexcept {
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    wake.notify_all();
+    if (heartbeat.joinable()) heartbeat.join();
+  }
+
+  // The host waits until every rank has read the reports (bounded), then may take the store away.
+  void waitForReaders() {
+    if (!hosts) return;
+    const auto deadline = Clock::now() + std::chrono::duration<double>(options.timeout_s);
+    for (int r = 0; r < info.world_size; ++r) {
+      while (!store->check({key("read", r)}) && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+};
+
+RankGroup::RankGroup(const RankInfo& info, const RankGroupOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  if (!(options.timeout_s > 0) || !(options.heartbeat_interval_s > 0)) {
+    throw Error("rank timeout and heartbeat interval: expected > 0 s, but got " +
+                std::to_string(options.timeout_s) + " and " +
+                std::to_string(options.heartbeat_interval_s));
+  }
+  Impl& m = *impl_;
+  m.info = info;
+  m.options = options;
+  m.hosts = !info.use_agent_store && info.rank == 0;
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(info.master_port);
+  o.isServer = m.hosts;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(options.timeout_s * 1000));
+  try {
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(info.master_addr, o);
+    m.store = c10::make_intrusive<c10d::PrefixStore>(options.prefix, tcp);
+    m.store->set(key("hb", info.rank), "0");
+  } catch (const c10::Error& e) {
+    throw RankError(
+        "ranks could not agree: rank " + std::to_string(info.rank) +
+        (m.hosts ? " could not host the store on port " + std::to_string(info.master_port) +
+                       " (in use? pass another --master-port)"
+                 : " could not reach the store at " + m.where() + " within " +
+                       seconds(options.timeout_s) + " (--rank-timeout)") +
+        ": " + e.what_without_backtrace());
+  }
+  m.heartbeat = std::thread(&Impl::beat, &m, m.store->clone());
+}
+
+RankGroup::~RankGroup() { impl_->stopHeartbeat(); }
+
+std::string RankGroup::describe() const {
+  const auto& i = impl_->info;
+  return "rank " + std::to_string(i.rank) + " of " + std::to_string(i.world_size) + " (" +
+         i.source + "), store " + impl_->where();
+}
+
+Agreement RankGroup::exchange(const RankReport& mine) {
+  Impl& m = *impl_;
+  const int world = m.info.world_size;
+  std::map<int, RankReport> reports;
+  reports[m.info.rank] = mine;
+  try {
+    m.store->set(key("result", m.info.rank), encodeRankReport(mine));
+  } catch (const c10::Error& e) {
+    m.lost("publishing its result", e);
+  }
+  // Per rank still missing: its last heartbeat value and when this rank saw it change.
+  const auto start = Clock::now();
+  std::map<int, std::pair<std::string, Clock::time_point>> last;
+  for (int r = 0; r < world; ++r) last[r] = {"", start};
+  try {
+    while (static_cast<int>(reports.size()) < world) {
+      std::vector<int> dead;
+      std::string why;
+      const auto now = Clock::now();
+      for (int r = 0; r < world; ++r) {
+        if (reports.count(r) != 0U) continue;
+        if (m.store->check({key("result", r)})) {
+          reports[r] = decodeRankReport(m.store->get_to_str(key("result", r)));
+          continue;
+        }
+        std::string beat = m.store->check({key("hb", r)}) ? m.store->get_to_str(key("hb", r)) : "";
+        if (beat != last[r].first) last[r] = {beat, now};
+        const double silent = std::chrono::duration<double>(now - last[r].second).count();
+        if (silent > m.options.timeout_s) {
+          dead.push_back(r);
+          why += (why.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) +
+                 (beat.empty() ? " never arrived"
+                               : " stopped its heartbeat (last #" + beat + ") " + seconds(silent) +
+                                     " ago: it died or hung");
+        }
+      }
+      if (!dead.empty()) {
+        std::string names;
+        for (int r : dead) names += (names.empty() ? "" : ", ") + std::to_string(r);
+        throw RankError("ranks could not agree: no result from rank(s) " + names + " within " +
+                        seconds(m.options.timeout_s) + " (--rank-timeout): " + why);
+      }
+      if (static_cast<int>(reports.size()) < world) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    m.store->set(key("read", m.info.rank), "1");
+    std::vector<RankReport> all;
+    for (auto& [r, report] : reports) all.push_back(report);
+    Agreement agreement = agree(std::move(all), world);
+    m.waitForReaders();
+    return agreement;
+  } catch (const RankError&) {
+    // Others may still be reading a failure this rank saw: let them, then fail.
+    try {
+      m.store->set(key("read", m.info.rank), "1");
+      m.waitForReaders();
+    } catch (const c10::Error&) {
+      // The store is gone; the RankError below says what happened first.
+    }
+    throw;
+  } catch (const c10::Error& e) {
+    m.lost("waiting for the other ranks' results", e);
+  }
+}
+
+void RankGroup::abandon(const std::string& status) noexcept {
+  Impl& m = *impl_;
+  RankReport failed;
+  failed.rank = m.info.rank;
+  failed.status = status;
+  try {
+    m.store->set(key("result", m.info.rank), encodeRankReport(failed));
+    m.store->set(key("read", m.info.rank), "1");
+    m.waitForReaders();
+  } catch (...) {  // best effort by contract: the others time out instead
+  }
+}
+
+}  // namespace autobatch

@@ -1,0 +1,163 @@
+// Rank resolution from flags, torchrun and Slurm environments, and the agreement rule.
+#include "autobatch/ranks.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "autobatch/error.h"
+
+namespace autobatch {
+namespace {
+
+EnvLookup envOf(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {
+    auto it = vars.find(std::string(name));
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+std::string errorOf(const RankFlags& flags, const EnvLookup& env) {
+  try {
+    resolveRankInfo(flags, env);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RanksTest, NoLauncherIsOneProcessThatDoesNotAgree) {
+  const RankInfo info = resolveRankInfo({}, envOf({}));
+  EXPECT_EQ(info.rank, 0);
+  EXPECT_EQ(info.world_size, 1);
+  EXPECT_EQ(info.source, "none");
+  EXPECT_FALSE(info.agrees());
+  RankFlags world;
+  world.world_size = 8;  // planning for 8 ranks from one process
+  EXPECT_FALSE(resolveRankInfo(world, envOf({})).agrees());
+}
+
+TEST(RanksTest, ReadsTorchrun) {
+  const RankInfo info = resolveRankInfo(
+      {}, envOf({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "h1"},
+                 {"MASTER_PORT", "29400"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
+  EXPECT_EQ(info.rank, 5);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.master_addr, "h1");
+  EXPECT_EQ(info.master_port, 29400);
+  EXPECT_TRUE(info.use_agent_store);
+  EXPECT_EQ(info.source, "torchrun");
+  EXPECT_TRUE(info.agrees());
+}
+
+TEST(RanksTest, AgentStoreOnlyWhenTheVariableSaysTrue) {
+  auto env = envOf({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"}});
+  EXPECT_FALSE(resolveRankInfo({}, env).use_agent_store);
+}
+
+TEST(RanksTest, ReadsSlurmWithFirstHostAndJobPort) {
+  const RankInfo info = resolveRankInfo(
+      {}, envOf({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},
+                 {"SLURM_JOB_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_ID", "1234567"}}));
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.master_addr, "gpu07");
+  EXPECT_EQ(info.master_port, kSlurmPortBase + 4567);
+  EXPECT_EQ(info.source, "slurm");
+  EXPECT_FALSE(info.use_agent_store);
+}
+
+TEST(RanksTest, TorchrunWinsOverSlurmAndFlagsWinOverBoth) {
+  auto env = envOf({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "7"},
+                    {"SLURM_NTASKS", "16"}, {"MASTER_PORT", "1000"}});
+  EXPECT_EQ(resolveRankInfo({}, env).rank, 1);
+  RankFlags flags;
+  flags.rank = 0;
+  flags.world_size = 4;
+  flags.master_port = 2000;
+  flags.master_addr = "10.0.0.1";
+  const RankInfo info = resolveRankInfo(flags, env);
+  EXPECT_EQ(info.rank, 0);
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.master_port, 2000);
+  EXPECT_EQ(info.master_addr, "10.0.0.1");
+  EXPECT_EQ(info.source, "flags");
+}
+
+TEST(RanksTest, WrongWorldSizeIsAUsageErrorNamingTheSource) {
+  EXPECT_EQ(errorOf({}, envOf({{"RANK", "2"}, {"WORLD_SIZE", "2"}})),
+            "rank: expected a rank in [0, 2) for world size 2 (WORLD_SIZE), but got 2 (RANK)");
+  RankFlags flags;
+  flags.rank = 4;
+  flags.world_size = 4;
+  EXPECT_EQ(errorOf(flags, envOf({})),
+            "rank: expected a rank in [0, 4) for world size 4 (--world-size), but got 4 (--rank)");
+  EXPECT_NE(errorOf({}, envOf({{"RANK", "0"}, {"WORLD_SIZE", "0"}})).find("WORLD_SIZE"),
+            std::string::npos);
+  EXPECT_NE(errorOf({}, envOf({{"RANK", "x"}, {"WORLD_SIZE", "2"}})).find("RANK"),
+            std::string::npos);
+  EXPECT_NE(errorOf({}, envOf({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}))
+                .find("MASTER_PORT"),
+            std::string::npos);
+}
+
+TEST(RanksTest, FirstSlurmHost) {
+  EXPECT_EQ(firstSlurmHost("node[01-04,07],gpu5"), "node01");
+  EXPECT_EQ(firstSlurmHost("a,b"), "a");
+  EXPECT_EQ(firstSlurmHost("single"), "single");
+  EXPECT_EQ(firstSlurmHost("gpu-[3,5]"), "gpu-3");
+  EXPECT_EQ(firstSlurmHost("x1,node[2-3]"), "x1");
+  EXPECT_THROW(firstSlurmHost(""), Error);
+  EXPECT_THROW(firstSlurmHost("node[01-04"), Error);
+}
+
+TEST(RanksTest, RankDevice) {
+  EXPECT_EQ(rankDevice("cuda", 3), "cuda:3");
+  EXPECT_EQ(rankDevice("cuda:1", 3), "cuda:1");
+  EXPECT_EQ(rankDevice("cpu", 3), "cpu");
+}
+
+TEST(RanksTest, ReportRoundTrips) {
+  RankReport r{2, "ok", "cuda:2", 37, 35, true, 123456789};
+  EXPECT_EQ(decodeRankReport(encodeRankReport(r)), r);
+  EXPECT_THROW(decodeRankReport("rank=1"), Error);
+  EXPECT_THROW(decodeRankReport("garbage"), Error);
+}
+
+TEST(RanksTest, AgreeTakesTheMinimumAndNamesTheLimitingRanks) {
+  for (int world = 1; world <= 6; ++world) {
+    std::vector<RankReport> reports;
+    for (int r = world - 1; r >= 0; --r) {  // any order
+      reports.push_back({r, "ok", "cpu", 40 + 7 * r, 39 + r, r != 1, 0});
+    }
+    const Agreement a = agree(reports, world);
+    EXPECT_EQ(a.safe_micro_batch, 40);
+    EXPECT_EQ(a.plan_max_micro_batch, 39);
+    EXPECT_EQ(a.plan_verified, world == 1);
+    EXPECT_EQ(a.limiting_ranks, std::vector<int>{0});
+    EXPECT_EQ(static_cast<int>(a.reports.size()), world);
+  }
+  const Agreement none = agree({{0, "ok", "cpu", 10, 10, true, 0}, {1, "ok", "cpu", 0, 0, false, 0}}, 2);
+  EXPECT_EQ(none.safe_micro_batch, 0);
+  EXPECT_EQ(none.limiting_ranks, std::vector<int>{1});
+}
+
+TEST(RanksTest, AgreeRejectsFailedAndMissingRanks) {
+  try {
+    agree({{0, "ok", "cpu", 10, 10, true, 0}, {1, "usage-error", "", 0, 0, false, 0}}, 2);
+    FAIL() << "expected RankError";
+  } catch (const RankError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "ranks could not agree: rank(s) 1 failed before agreeing (rank 1: usage-error); "
+              "see their logs");
+  }
+  EXPECT_THROW(agree({{0, "ok", "cpu", 10, 10, true, 0}}, 2), Error);
+  EXPECT_THROW(agree({{0, "ok", "cpu", 1, 1, true, 0}, {0, "ok", "cpu", 1, 1, true, 0}}, 2), Error);
+}
+
+}  // namespace
+}  // namespace autobatch
