@@ -24,7 +24,9 @@ std::string seconds(double s) {
   return text;
 }
 
-std::string key(const char* kind, int rank) { return std::string(kind) + "/" + std::to_string(rank); }
+std::string key(const char* kind, int rank) {
+  return std::string(kind) + "/" + std::to_string(rank);
+}
 
 }  // namespace
 
@@ -111,13 +113,13 @@ RankGroup::RankGroup(const RankInfo& info, const RankGroupOptions& options)
     m.store = c10::make_intrusive<c10d::PrefixStore>(options.prefix, tcp);
     m.store->set(key("hb", info.rank), "0");
   } catch (const c10::Error& e) {
-    throw RankError(
-        "ranks could not agree: rank " + std::to_string(info.rank) +
-        (m.hosts ? " could not host the store on port " + std::to_string(info.master_port) +
-                       " (in use? pass another --master-port)"
-                 : " could not reach the store at " + m.where() + " within " +
-                       seconds(options.timeout_s) + " (--rank-timeout)") +
-        ": " + e.what_without_backtrace());
+    throw RankError("ranks could not agree: rank " + std::to_string(info.rank) +
+                    (m.hosts
+                         ? " could not host the store on port " + std::to_string(info.master_port) +
+                               " (in use? pass another --master-port)"
+                         : " could not reach the store at " + m.where() + " within " +
+                               seconds(options.timeout_s) + " (--rank-timeout)") +
+                    ": " + e.what_without_backtrace());
   }
   m.heartbeat = std::thread(&Impl::beat, &m, m.store->clone());
 }

@@ -189,18 +189,19 @@ Agreement agree(std::vector<RankReport> reports, int world_size) {
   for (int i = 0; i < world_size; ++i) {
     const auto& r = reports[static_cast<std::size_t>(i)];
     if (r.rank != i) {
-      throw Error("rank reports: expected one report per rank 0.." + std::to_string(world_size - 1) +
-                  ", but rank " + std::to_string(i) + " is missing or repeated");
+      throw Error("rank reports: expected one report per rank 0.." +
+                  std::to_string(world_size - 1) + ", but rank " + std::to_string(i) +
+                  " is missing or repeated");
     }
     if (r.status != "ok") {
       failed.push_back(r.rank);
-      statuses += (statuses.empty() ? "" : ", ") + ("rank " + std::to_string(r.rank) + ": " +
-                                                     r.status);
+      statuses +=
+          (statuses.empty() ? "" : ", ") + ("rank " + std::to_string(r.rank) + ": " + r.status);
     }
   }
   if (!failed.empty()) {
-    throw RankError("ranks could not agree: rank(s) " + join(failed) +
-                    " failed before agreeing (" + statuses + "); see their logs");
+    throw RankError("ranks could not agree: rank(s) " + join(failed) + " failed before agreeing (" +
+                    statuses + "); see their logs");
   }
   Agreement a;
   a.safe_micro_batch = reports.front().safe_micro_batch;

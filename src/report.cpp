@@ -59,9 +59,9 @@ json toJson(const AccumulationPlan& plan) {
 
 json toJson(const MemoryBreakdown& m) {
   return {
-      {"parameter_count", m.parameter_count}, {"parameter_bytes", m.parameter_bytes},
-      {"gradient_bytes", m.gradient_bytes},   {"optimizer_state_bytes", m.optimizer_state_bytes},
-      {"baseline_bytes", m.baseline_bytes},   {"outside_bytes", m.outside_bytes},
+      {"parameter_count", m.parameter_count},  {"parameter_bytes", m.parameter_bytes},
+      {"gradient_bytes", m.gradient_bytes},    {"optimizer_state_bytes", m.optimizer_state_bytes},
+      {"baseline_bytes", m.baseline_bytes},    {"outside_bytes", m.outside_bytes},
       {"ddp_bucket_bytes", m.ddp_bucket_bytes}};
 }
 
@@ -325,8 +325,9 @@ std::string humanReport(const ReportData& d) {
     out << fmt::format("  gradients        {}\n", formatBytes(m.gradient_bytes));
     out << fmt::format("  optimizer state  {}\n", formatBytes(m.optimizer_state_bytes));
     if (m.ddp_bucket_bytes > 0) {
-      out << fmt::format("  DDP buckets      {} (--ddp: one gradient-sized copy, held by every trial)\n",
-                         formatBytes(m.ddp_bucket_bytes));
+      out << fmt::format(
+          "  DDP buckets      {} (--ddp: one gradient-sized copy, held by every trial)\n",
+          formatBytes(m.ddp_bucket_bytes));
     }
     if (s.fit.points >= 2) {
       out << fmt::format("  affine fit       fixed {} + {} per sample ({} points)\n",
@@ -345,8 +346,7 @@ std::string humanReport(const ReportData& d) {
     }
     if (d.agreement) {
       out << fmt::format("\nranks ({} ranks agreed on the minimum; limited by rank(s) {})\n",
-                         d.agreement->reports.size(),
-                         fmt::join(d.agreement->limiting_ranks, ", "));
+                         d.agreement->reports.size(), fmt::join(d.agreement->limiting_ranks, ", "));
       for (const auto& rep : d.agreement->reports) {
         out << fmt::format("  rank {:>3}  {:<8} safe micro-batch {:>6}  limit {}{}\n", rep.rank,
                            rep.device, rep.safe_micro_batch, formatBytes(rep.memory_limit_bytes),

@@ -189,7 +189,7 @@ struct TrialRunner::Impl {
   std::int64_t last_oom_batch = 0;
   std::int64_t ddp_bucket_bytes = 0;
 
-  Impl(TrainingSpec  given_spec, const SearchOptions& options, torch::jit::Module* given)
+  Impl(TrainingSpec given_spec, const SearchOptions& options, torch::jit::Module* given)
       : spec(std::move(given_spec)) {
     if (spec.steps_per_trial < 1) {
       throw Error("steps per trial: expected >= 1, but got " +

@@ -33,8 +33,8 @@ std::string readFile(const fs::path& path) {
 
 // One folder per test: ctest runs the tests of this file in parallel processes.
 fs::path tmpDir() {
-  const fs::path dir = fs::path(AUTOBATCH_TEST_TMP) / "cli" /
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  fs::path dir = fs::path(AUTOBATCH_TEST_TMP) / "cli" /
+                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
   fs::create_directories(dir);
   return dir;
 }
@@ -142,7 +142,7 @@ TEST(CliTest, BadFlagValuesExitTwoNamingTheFlag) {
       {"--no-such-flag", "no-such-flag"},
   };
   for (const auto& [flags, message] : cases) {
-    const CliRun run = runCli("--model " + model + " " + flags);
+    const CliRun run = runCli("--model " + model + ' ' + flags);
     EXPECT_EQ(run.exit_code, 2) << flags << "\n" << run.err;
     EXPECT_NE(run.err.find(message), std::string::npos) << flags << "\n" << run.err;
   }
@@ -375,10 +375,11 @@ TEST(CliTest, AmpBf16LowersTheConvNetPeakOfResNet18) {
   std::map<std::string, std::int64_t> peak;
   for (const std::string precision : {"fp32", "amp-bf16"}) {
     const fs::path json_path = tmpDir() / (precision + ".json");
-    const CliRun run = runCli("--model " + model +
-                              " --input 3x32x32 --device cpu --memory-limit 4GiB --check-batch 8 "
-                              "-q --precision " +
-                              precision + " --json " + json_path.string());
+    std::string args =
+        "--model " + model + " --input 3x32x32 --device cpu --memory-limit 4GiB --check-batch 8 -q";
+    args += " --precision " + precision;
+    args += " --json " + json_path.string();
+    const CliRun run = runCli(args);
     ASSERT_EQ(run.exit_code, 0) << run.err;
     peak[precision] = nlohmann::json::parse(readFile(json_path))["trials"][0]["peak_bytes"];
   }

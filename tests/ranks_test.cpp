@@ -40,9 +40,12 @@ TEST(RanksTest, NoLauncherIsOneProcessThatDoesNotAgree) {
 }
 
 TEST(RanksTest, ReadsTorchrun) {
-  const RankInfo info = resolveRankInfo(
-      {}, envOf({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "h1"},
-                 {"MASTER_PORT", "29400"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
+  const RankInfo info = resolveRankInfo({}, envOf({{"RANK", "5"},
+                                                   {"WORLD_SIZE", "8"},
+                                                   {"LOCAL_RANK", "1"},
+                                                   {"MASTER_ADDR", "h1"},
+                                                   {"MASTER_PORT", "29400"},
+                                                   {"TORCHELASTIC_USE_AGENT_STORE", "True"}}));
   EXPECT_EQ(info.rank, 5);
   EXPECT_EQ(info.world_size, 8);
   EXPECT_EQ(info.local_rank, 1);
@@ -59,9 +62,11 @@ TEST(RanksTest, AgentStoreOnlyWhenTheVariableSaysTrue) {
 }
 
 TEST(RanksTest, ReadsSlurmWithFirstHostAndJobPort) {
-  const RankInfo info = resolveRankInfo(
-      {}, envOf({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},
-                 {"SLURM_JOB_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_ID", "1234567"}}));
+  const RankInfo info = resolveRankInfo({}, envOf({{"SLURM_PROCID", "3"},
+                                                   {"SLURM_NTASKS", "4"},
+                                                   {"SLURM_LOCALID", "1"},
+                                                   {"SLURM_JOB_NODELIST", "gpu[07-08]"},
+                                                   {"SLURM_JOB_ID", "1234567"}}));
   EXPECT_EQ(info.rank, 3);
   EXPECT_EQ(info.world_size, 4);
   EXPECT_EQ(info.local_rank, 1);
@@ -72,8 +77,11 @@ TEST(RanksTest, ReadsSlurmWithFirstHostAndJobPort) {
 }
 
 TEST(RanksTest, TorchrunWinsOverSlurmAndFlagsWinOverBoth) {
-  auto env = envOf({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "7"},
-                    {"SLURM_NTASKS", "16"}, {"MASTER_PORT", "1000"}});
+  auto env = envOf({{"RANK", "1"},
+                    {"WORLD_SIZE", "2"},
+                    {"SLURM_PROCID", "7"},
+                    {"SLURM_NTASKS", "16"},
+                    {"MASTER_PORT", "1000"}});
   EXPECT_EQ(resolveRankInfo({}, env).rank, 1);
   RankFlags flags;
   flags.rank = 0;
@@ -141,7 +149,8 @@ TEST(RanksTest, AgreeTakesTheMinimumAndNamesTheLimitingRanks) {
     EXPECT_EQ(a.limiting_ranks, std::vector<int>{0});
     EXPECT_EQ(static_cast<int>(a.reports.size()), world);
   }
-  const Agreement none = agree({{0, "ok", "cpu", 10, 10, true, 0}, {1, "ok", "cpu", 0, 0, false, 0}}, 2);
+  const Agreement none =
+      agree({{0, "ok", "cpu", 10, 10, true, 0}, {1, "ok", "cpu", 0, 0, false, 0}}, 2);
   EXPECT_EQ(none.safe_micro_batch, 0);
   EXPECT_EQ(none.limiting_ranks, std::vector<int>{1});
 }

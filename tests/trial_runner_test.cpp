@@ -9,6 +9,7 @@
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <unistd.h>
+#include <array>
 
 #include <cstdlib>
 #include <filesystem>
@@ -73,7 +74,7 @@ std::optional<Point> sweep(torch::jit::Module& m, const TrainingSpec& spec, std:
                            std::int64_t from, int tries,
                            const std::function<bool(const TrialResult&)>& stop) {
   for (int i = 0; i < tries; ++i) {
-    const std::int64_t l = from + 4 * i;
+    const std::int64_t l = from + std::int64_t{4} * i;
     TrialRunner runner(m, spec, limit(l));
     Point p;
     p.limit_bytes = l;
@@ -136,7 +137,7 @@ TEST(TrialRunnerTest, OutOfMemoryInForwardRecovers) {
   // input is forward's first matmul output ([64, 2] float32 = 512 bytes).
   auto m = mlp(256, 2, 2);
   const auto spec = specOf("256", LossKind::kCrossEntropy, OptimizerKind::kAdamW);
-  const std::int64_t l = baselineOf(m, spec) + 64 * 256 * 4;
+  const std::int64_t l = baselineOf(m, spec) + std::int64_t{64} * 256 * 4;
   const auto p = sweep(m, spec, 64, l, 1, [](const TrialResult&) { return true; });
   expectRecovered(p);
   EXPECT_EQ(p->result.failed_request_bytes, 64 * 2 * 4);
@@ -146,14 +147,15 @@ TEST(TrialRunnerTest, OutOfMemoryInForwardRecovers) {
 // mlp(4, 4, 1024) at batch 16: x 256 B, hidden 256 B each, logits [16, 1024] 65536 B; the
 // cross-entropy makes targets [16] int64 (128 B, a size no other step makes) and a log-softmax
 // of 65536 B; backward starts with the log-softmax's gradient (65536 B).
-constexpr std::int64_t kLogits = 16 * 1024 * 4;
+constexpr std::int64_t kLogits = std::int64_t{16} * 1024 * 4;
 
 TEST(TrialRunnerTest, OutOfMemoryInLossRecovers) {
   auto m = mlp(4, 4, 1024);
   const auto spec = specOf("4", LossKind::kCrossEntropy, OptimizerKind::kSgd);
   const std::int64_t forward_live = 256 + 256 + kLogits;  // x, tanh output, logits
-  const auto p = sweep(m, spec, 16, baselineOf(m, spec) + forward_live, 200,
-                       [](const TrialResult& r) { return r.failed_request_bytes == 16 * 8; });
+  const auto p =
+      sweep(m, spec, 16, baselineOf(m, spec) + forward_live, 200,
+            [](const TrialResult& r) { return r.failed_request_bytes == std::int64_t{16} * 8; });
   expectRecovered(p);
 }
 
@@ -228,13 +230,13 @@ TEST(TrialRunnerTest, PeakBytesAreAffineInBatch) {
   const double mp = (peak[0] + peak[1] + peak[2]) / 3;
   double sxy = 0;
   double sxx = 0;
-  for (int i = 0; i < 3; ++i) {
+  for (std::size_t i = 0; i < 3; ++i) {
     sxy += (b[i] - mb) * (peak[i] - mp);
     sxx += (b[i] - mb) * (b[i] - mb);
   }
   const double slope = sxy / sxx;
   EXPECT_GT(slope, 0);
-  for (int i = 0; i < 3; ++i) {
+  for (std::size_t i = 0; i < 3; ++i) {
     const double fit = mp + slope * (b[i] - mb);
     EXPECT_LT(std::abs(peak[i] - fit) / peak[i], 0.01) << "B=" << b[i] << " peak " << peak[i];
   }
@@ -249,7 +251,7 @@ TEST(TrialRunnerTest, AdamWPeakExceedsSgdByAboutTwiceParameterBytes) {
   const std::int64_t adamw = runner.run({8, 1, {}}).peak_bytes;
   const auto p = static_cast<double>(runner.parameterBytes());
   EXPECT_EQ(runner.optimizerStateBytes(), 2 * runner.parameterBytes());
-  const double diff = static_cast<double>(adamw - sgd);
+  const auto diff = static_cast<double>(adamw - sgd);
   // exp_avg and exp_avg_sq (2x parameters), plus AdamW's per-parameter temporaries (sqrt and
   // division of the largest parameter, 64x512 float32) that live one parameter at a time.
   const double largest = 64 * 512 * 4;
@@ -433,7 +435,7 @@ TEST(TrialRunnerChildTest, RealAllocatorFailureUnderRlimitData) {
   while (std::getline(status, line)) {
     if (line.rfind("VmData:", 0) == 0) vm_data = std::stoll(line.substr(7)) * 1024;
   }
-  const rlim_t cap = static_cast<rlim_t>(vm_data + (std::int64_t{256} << 20));
+  const auto cap = static_cast<rlim_t>(vm_data + (std::int64_t{256} << 20));
   const struct rlimit limit_data { cap, cap };
   ASSERT_EQ(setrlimit(RLIMIT_DATA, &limit_data), 0);
   auto m = convNet();
@@ -448,11 +450,11 @@ TEST(TrialRunnerChildTest, RealAllocatorFailureUnderRlimitData) {
 }
 
 TEST(TrialRunnerTest, RealAllocatorFailureInAChildProcessUnderRlimitData) {
-  char self[4096] = {};
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::array<char, 4096> self{};
+  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
   ASSERT_GT(n, 0);
   const std::string command =
-      "AUTOBATCH_RLIMIT_CHILD=1 '" + std::string(self) +
+      "AUTOBATCH_RLIMIT_CHILD=1 '" + std::string(self.data()) +
       "' --gtest_filter=TrialRunnerChildTest.RealAllocatorFailureUnderRlimitData";
   const int status = std::system(command.c_str());
   ASSERT_TRUE(WIFEXITED(status));

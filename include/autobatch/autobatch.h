@@ -35,8 +35,8 @@ struct MemoryBreakdown {
   std::int64_t parameter_bytes = 0;        ///< all parameters, after an fp16/bf16 cast
   std::int64_t gradient_bytes = 0;         ///< gradients of the trained parameters
   std::int64_t optimizer_state_bytes = 0;  ///< adam/adamw 2x, sgd-momentum 1x the trained bytes
-  std::int64_t baseline_bytes = 0;  ///< tensors alive before every trial (the model, inputs' not)
-  std::int64_t outside_bytes = 0;   ///< device memory outside the allocator (CUDA context); CPU 0
+  std::int64_t baseline_bytes = 0;    ///< tensors alive before every trial (the model, inputs' not)
+  std::int64_t outside_bytes = 0;     ///< device memory outside the allocator (CUDA context); CPU 0
   std::int64_t ddp_bucket_bytes = 0;  ///< TrainingSpec::ddp: the DDP bucket copy every trial held
 };
 

@@ -7,7 +7,8 @@
 // "exit_code", "error", "autobatch": {version, libtorch, cuda, driver}, "device": {...},
 // "fingerprint": {...}, "options": {...}, "model": {parameters, bytes...}, "trials": [...],
 // "result": {max_micro_batch, safe_micro_batch, ...}, "fit": {...}, "plans": {...}, "check": {...},
-// "ranks": {...}, "warnings": [...]}. Keys are never removed within a schema version; new keys may appear.
+// "ranks": {...}, "warnings": [...]}. Keys are never removed within a schema version; new keys may
+// appear.
 #pragma once
 
 #include <cstdint>

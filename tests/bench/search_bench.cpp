@@ -1,8 +1,8 @@
 // search_bench: trials per strategy over random affine memory models (2 MiB allocator rounding,
 // non-negative per-sample noise), with an exactness check of every answer. Results and the
 // command line: docs/search.md. Usage: search_bench [models] [seed]
-#include <array>
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
