@@ -186,6 +186,13 @@ struct TrialRunner::Impl {
   LossKind loss = LossKind::kMean;
   std::int64_t baseline_bytes = 0;
   std::int64_t last_oom_batch = 0;
+  int trials_run = 0;
+  detail::TrialPoint point;  // where the trial in progress is (fault injection in tests)
+
+  void enter(detail::TrialPhase phase) {
+    point.phase = phase;
+    detail::setTrialPoint(point);
+  }
 
   Impl(const TrainingSpec& given_spec, const SearchOptions& options, torch::jit::Module* given)
       : spec(given_spec) {
@@ -451,6 +458,7 @@ struct TrialRunner::Impl {
 
   // One forward/loss/backward of `batch` samples; every tensor of it dies with this frame.
   void microStep(std::int64_t batch, at::Generator& gen) {
+    enter(detail::TrialPhase::kInputs);
     std::vector<c10::IValue> args;
     args.reserve(inputs.size());
     for (const auto& input : inputs) args.emplace_back(makeInput(input, batch, gen));
@@ -460,7 +468,9 @@ struct TrialRunner::Impl {
           spec.precision == Precision::kAmpFp16 || spec.precision == Precision::kAmpBf16;
       const AutocastGuard autocast(
           device.type(), spec.precision == Precision::kAmpFp16 ? at::kHalf : at::kBFloat16, amp);
+      enter(detail::TrialPhase::kForward);
       const c10::IValue output = module.forward(args);
+      enter(detail::TrialPhase::kLoss);
       loss_value = computeLoss(output, gen);
     }
     args.clear();
@@ -469,6 +479,7 @@ struct TrialRunner::Impl {
                   "': expected a loss that depends on the trained parameters, but it does not "
                   "require grad (is forward detached, or run under no_grad?)");
     }
+    enter(detail::TrialPhase::kBackward);
     loss_value.backward();
   }
 
@@ -492,6 +503,9 @@ struct TrialRunner::Impl {
     rng_guard.emplace();
     module.train(true);
     backend->beginTrial();
+    point = {};
+    point.micro_batch_size = batch;
+    point.trial_index = trials_run++;
 
     std::exception_ptr error;
     double total_ms = 0.0;
@@ -511,9 +525,13 @@ struct TrialRunner::Impl {
           }
           const auto start = std::chrono::steady_clock::now();
           for (int micro = 0; micro < request.micro_batches_per_step; ++micro) {
+            point.step = step;
+            point.micro_batch_index = micro;
             microStep(batch, gen);
           }
+          enter(detail::TrialPhase::kOptimizerStep);
           if (optimizer) optimizer->step();
+          enter(detail::TrialPhase::kIdle);
           zeroGrad();
           backend->synchronize();
           total_ms +=
@@ -525,6 +543,7 @@ struct TrialRunner::Impl {
         error = std::current_exception();
       }
     }  // the optimizer and its state are gone here
+    enter(detail::TrialPhase::kIdle);
     zeroGrad();
     at::autocast::clear_cache();
 
