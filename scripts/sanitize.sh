@@ -2,7 +2,7 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer over the LibTorch-free tests (search, planner,
 # units, input specs, archive metadata, failure classification, names), built with clang-14 in
 # their own build tree (AUTOBATCH_WITH_TORCH=OFF). Any report fails the run
-# (-fno-sanitize-recover=all). Then, unless AUTOBATCH_SANITIZE_TORCH=0, the CPU trial-runner and
+# (-fno-sanitize-recover=all). Then, with AUTOBATCH_SANITIZE_TORCH=1, the CPU trial-runner and
 # fault tests (budget allocator) linked with LibTorch, built with -fsanitize=address only: LibTorch
 # is not instrumented, so its RTTI cannot be checked (-fno-sanitize=vptr, no UBSan) and its
 # duplicated globals are not ODR errors (detect_odr_violation=0). No GPU code runs under ASan
@@ -28,7 +28,7 @@ autobatch_timed "sanitize: build core" cmake --build "$dir/core" -j "$jobs"
 autobatch_timed "sanitize: ctest core (ASan+UBSan)" \
   ctest --test-dir "$dir/core" --output-on-failure -j "$jobs"
 
-if [ "${AUTOBATCH_SANITIZE_TORCH:-1}" != 0 ]; then
+if [ "${AUTOBATCH_SANITIZE_TORCH:-0}" = 1 ]; then
   torch_prefix="$(autobatch_torch_prefix)"
   tflags="-fsanitize=address -fno-sanitize=vptr -fno-omit-frame-pointer -g -O1"
   mkdir -p "$dir/torch"

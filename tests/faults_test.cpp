@@ -121,8 +121,8 @@ INSTANTIATE_TEST_SUITE_P(EachPhase, PhaseFaultTest,
                          ::testing::Values(TrialPhase::kInputs, TrialPhase::kForward,
                                            TrialPhase::kLoss, TrialPhase::kBackward,
                                            TrialPhase::kOptimizerStep),
-                         [](const ::testing::TestParamInfo<TrialPhase>& info) {
-                           switch (info.param) {
+                         [](const ::testing::TestParamInfo<TrialPhase>& param) {
+                           switch (param.param) {
                              case TrialPhase::kInputs:
                                return std::string("Inputs");
                              case TrialPhase::kForward:
@@ -164,11 +164,16 @@ TEST(FaultTest, OutOfMemoryInTheSecondAccumulationMicroBatch) {
 TEST(FaultTest, OutOfMemoryInTheVeryFirstTrialIsRecoveredFrom) {
   auto m = testing::mlp(16, 32, 8);
   TrialRunner runner(m, mlpSpec(), searchOptions());
-  // Only the first trial fails (a transient failure), besides the persistent boundary.
+  // Only the first trial fails (a transient failure), besides the persistent boundary. Binsearch
+  // starts above the minimum (guided starts at it, and a minimum that fails means nothing fits).
   const Injected fault([](const TrialPoint& p, std::int64_t) {
-    return p.phase == TrialPhase::kForward && (p.trial_index == 0 || p.micro_batch_size > kThreshold);
+    return p.phase == TrialPhase::kForward &&
+           (p.trial_index == 0 || p.micro_batch_size > kThreshold);
   });
-  const Searched s = search(runner, searchOptions());
+  SearchOptions o = searchOptions();
+  o.strategy = Strategy::kBinsearch;
+  o.initial_batch = 4;
+  const Searched s = search(runner, o);
   ASSERT_FALSE(s.result.trials.empty());
   EXPECT_EQ(s.result.trials.front().outcome, TrialOutcome::kOutOfMemory);
   expectBaselineEveryTime(s);
@@ -210,8 +215,7 @@ TEST(FaultTest, ModelErrorAtOneBatchEndsTheSearchAsThatError) {
   m.register_parameter("w", torch::randn({16, 8}).requires_grad_(), false);
   m.define(R"(
     def forward(self, x):
-        if x.size(0) == 37:
-            raise RuntimeError("batch of 37 is cursed")
+        assert x.size(0) != 37, "batch of 37 is cursed"
         return torch.matmul(x, self.w)
   )");
   SearchOptions o = searchOptions();
@@ -279,9 +283,7 @@ TEST(FaultChildTest, SearchUnderRlimitDataWithOneDnn) {
     if (line.rfind("VmData:", 0) == 0) vm_data = std::stoll(line.substr(7)) * 1024;
   }
   const auto cap = static_cast<rlim_t>(vm_data + (std::int64_t{384} << 20));
-  const struct rlimit limit_data {
-    cap, cap
-  };
+  const struct rlimit limit_data { cap, cap };
   ASSERT_EQ(setrlimit(RLIMIT_DATA, &limit_data), 0);
   auto m = testing::plainConvNet(32);
   TrainingSpec spec;
@@ -290,7 +292,7 @@ TEST(FaultChildTest, SearchUnderRlimitDataWithOneDnn) {
   SearchOptions o;
   o.memory_limit_bytes = kUnlimited;  // the budget never refuses: the real allocator does
   o.margin_bytes = 0;
-  o.max_batch = 8192;
+  o.max_batch = 2048;
   const MaxBatchResult r = findMaxBatch(m, spec, o);
   int ooms = 0;
   for (const auto& t : r.search.trials) {
@@ -301,9 +303,13 @@ TEST(FaultChildTest, SearchUnderRlimitDataWithOneDnn) {
   EXPECT_EQ(r.search.status, SearchStatus::kFound);
   EXPECT_GT(ooms, 0);
   ASSERT_GT(r.search.max_micro_batch, 16);
-  EXPECT_LT(r.search.max_micro_batch, 8192);
+  EXPECT_LT(r.search.max_micro_batch, 2048);
+  // Every size the search reports was seen to fit. Checked again afterwards, in the same process,
+  // real memory is less than it was: glibc keeps freed pages and oneDNN caches a primitive per
+  // shape tried (seen here: 446 fit mid-search, then 447..509 failed and 446 failed when checked
+  // again). Under a real allocator the verified size is approximate: keep a margin below it.
   TrialRunner runner(m, spec, o);
-  EXPECT_EQ(runner.run({r.search.max_micro_batch, 1, {}}).outcome, TrialOutcome::kFits);
+  EXPECT_EQ(runner.run({r.search.max_micro_batch * 3 / 4, 1, {}}).outcome, TrialOutcome::kFits);
   EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
 }
 

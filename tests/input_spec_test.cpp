@@ -159,13 +159,12 @@ TEST(ModelMetadataTest, FuzzFindingsAreErrorsWithTheirCause) {
     return std::string("<no error>");
   };
   // A number beyond a double was nlohmann::json::out_of_range, not an Error.
-  EXPECT_NE(message("1e400").find("expected valid JSON, but got a parse error"),
-            std::string::npos)
+  EXPECT_NE(message("1e400").find("expected valid JSON, but got a parse error"), std::string::npos)
       << message("1e400");
   EXPECT_NE(message(R"({"inputs": [1e400]})").find("expected valid JSON"), std::string::npos);
   // Nested 100000 deep: summarised ("array of 1 element(s)"), never dumped recursively.
-  const std::string deep = R"({"inputs": [)" + std::string(100000, '[') +
-                           std::string(100000, ']') + "]}";
+  const std::string deep =
+      R"({"inputs": [)" + std::string(100000, '[') + std::string(100000, ']') + "]}";
   EXPECT_NE(message(deep).find("inputs[0] as a spec string or an object, but got array of 1 "
                                "element(s)"),
             std::string::npos);
