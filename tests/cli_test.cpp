@@ -462,6 +462,12 @@ Interrupted interruptAfterFirstTrial(const std::vector<std::string>& args,
                                      const std::vector<int>& signals) {
   const fs::path out = tmpDir() / "stdout.txt";
   const fs::path err = tmpDir() / "stderr.txt";
+  // A previous run's files would be read before the child truncates them.
+  fs::remove(out);
+  fs::remove(err);
+  for (const auto& a : args) {
+    if (a.ends_with(".json")) fs::remove(a);
+  }
   const pid_t pid = fork();
   if (pid == 0) {
     std::vector<char*> argv;
