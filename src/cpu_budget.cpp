@@ -109,7 +109,7 @@ class BudgetAllocator final : public c10::Allocator {
 
   bool tracked(const void* data) {
     std::lock_guard<std::mutex> lock(mutex_);
-    return sizes_.count(const_cast<void*>(data)) != 0;
+    return sizes_.contains(const_cast<void*>(data));
   }
   void addExternal(std::int64_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);

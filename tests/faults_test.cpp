@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -314,10 +315,10 @@ TEST(FaultChildTest, SearchUnderRlimitDataWithOneDnn) {
 }
 
 TEST(FaultTest, SearchUnderARealAllocatorFailureInAChildProcess) {
-  char self[4096] = {};
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::array<char, 4096> self{};
+  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
   ASSERT_GT(n, 0);
-  const std::string command = "AUTOBATCH_FAULT_CHILD=1 '" + std::string(self) +
+  const std::string command = "AUTOBATCH_FAULT_CHILD=1 '" + std::string(self.data()) +
                               "' --gtest_filter=FaultChildTest.SearchUnderRlimitDataWithOneDnn";
   const int status = std::system(command.c_str());
   ASSERT_TRUE(WIFEXITED(status)) << status;

@@ -186,9 +186,9 @@ TEST(ModelMetadataTest, ExplicitSettingsOverrideTheArchive) {
   const auto from_archive = resolveInputs({}, std::nullopt, archive, "net.pt");
   EXPECT_EQ(from_archive.first, archive.inputs);
   EXPECT_EQ(from_archive.second, LossKind::kCrossEntropy);
-  const auto explicit_ = resolveInputs({parseInputSpec("5")}, LossKind::kMse, archive, "net.pt");
-  EXPECT_EQ(explicit_.first[0].sample_shape, (std::vector<std::int64_t>{5}));
-  EXPECT_EQ(explicit_.second, LossKind::kMse);
+  const auto given = resolveInputs({parseInputSpec("5")}, LossKind::kMse, archive, "net.pt");
+  EXPECT_EQ(given.first[0].sample_shape, (std::vector<std::int64_t>{5}));
+  EXPECT_EQ(given.second, LossKind::kMse);
   EXPECT_EQ(resolveInputs({parseInputSpec("5")}, std::nullopt, std::nullopt, "n").second,
             LossKind::kMean);
 }
