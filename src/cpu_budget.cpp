@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "autobatch/error.h"
 #include "memory_backend.h"
@@ -22,6 +23,24 @@ namespace autobatch::detail {
 namespace {
 
 thread_local int t_untracked_depth = 0;
+
+const char* phaseName(TrialPhase phase) {
+  switch (phase) {
+    case TrialPhase::kIdle:
+      return "no step";
+    case TrialPhase::kInputs:
+      return "inputs";
+    case TrialPhase::kForward:
+      return "forward";
+    case TrialPhase::kLoss:
+      return "loss";
+    case TrialPhase::kBackward:
+      return "backward";
+    case TrialPhase::kOptimizerStep:
+      return "optimizer step";
+  }
+  return "unknown";
+}
 
 // One process-wide instance, never destroyed: tensors it allocated may outlive any runner, and
 // their deleter must still find it.
@@ -40,6 +59,12 @@ class BudgetAllocator final : public c10::Allocator {
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (fault_ && fault_(point_, bytes)) {
+        TORCH_CHECK_WITH(OutOfMemoryError, false,
+                         "CPU budget allocator: out of memory: tried to allocate ", bytes,
+                         " bytes with ", current_, " bytes in use (injected in ",
+                         phaseName(point_.phase), ")");
+      }
       if (limit_ > 0 && current_ + bytes > limit_) {
         TORCH_CHECK_WITH(OutOfMemoryError, false,
                          "CPU budget allocator: out of memory: tried to allocate ", bytes,
@@ -97,6 +122,14 @@ class BudgetAllocator final : public c10::Allocator {
     current_ -= external_;
     external_ = 0;
   }
+  void setPoint(const TrialPoint& point) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    point_ = point;
+  }
+  void setFault(InjectedFault fault) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fault_ = std::move(fault);
+  }
   void setLimit(std::int64_t limit, std::string source) {
     std::lock_guard<std::mutex> lock(mutex_);
     limit_ = limit;
@@ -125,6 +158,8 @@ class BudgetAllocator final : public c10::Allocator {
   std::int64_t external_ = 0;
   std::int64_t limit_ = 0;  // 0: no limit (not installed)
   std::string source_;
+  TrialPoint point_;
+  InjectedFault fault_;
 };
 
 std::optional<std::int64_t> readInt(const std::string& path) {
@@ -313,5 +348,11 @@ UntrackedCpuScope::UntrackedCpuScope() { ++t_untracked_depth; }
 UntrackedCpuScope::~UntrackedCpuScope() { --t_untracked_depth; }
 
 bool isBudgetTracked(const void* data) { return BudgetAllocator::instance().tracked(data); }
+
+void setTrialPoint(const TrialPoint& point) { BudgetAllocator::instance().setPoint(point); }
+
+void setInjectedFault(InjectedFault fault) {
+  BudgetAllocator::instance().setFault(std::move(fault));
+}
 
 }  // namespace autobatch::detail

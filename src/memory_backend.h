@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -79,5 +80,30 @@ class UntrackedCpuScope {
 
 /// True when `data` was allocated (and is counted) by the budget allocator.
 bool isBudgetTracked(const void* data);
+
+/// The part of a training step an allocation belongs to (fault injection, tests/faults_test.cpp).
+enum class TrialPhase { kIdle, kInputs, kForward, kLoss, kBackward, kOptimizerStep };
+
+/// Where the CPU trial in progress is; set by the trial runner, read by fault injection.
+struct TrialPoint {
+  TrialPhase phase = TrialPhase::kIdle;
+  std::int64_t micro_batch_size = 0;
+  int micro_batch_index = 0;  ///< 0-based, within the optimizer step
+  int step = 0;               ///< 0-based, within the trial
+  int trial_index = 0;        ///< 0-based, trials run by this runner
+};
+
+/// Records where the trial is (process-wide; one CPU runner per process).
+void setTrialPoint(const TrialPoint& point);
+
+/// Decides whether a counted CPU allocation of `bytes` at `point` fails.
+using InjectedFault = std::function<bool(const TrialPoint& point, std::int64_t bytes)>;
+
+/// Test seam: while set, the CPU budget allocator asks `fault` before every counted allocation
+/// and, when it answers true, fails it exactly as over the limit (c10::OutOfMemoryError "CPU
+/// budget allocator: out of memory: tried to allocate N bytes ... (injected in <phase>)").
+/// Empty: no injection (the default). `fault` is called under the allocator's lock: it must not
+/// allocate tensors. Not for production use.
+void setInjectedFault(InjectedFault fault);
 
 }  // namespace autobatch::detail

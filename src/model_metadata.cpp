@@ -22,9 +22,19 @@ using nlohmann::json;
               expected + ", but got " + got);
 }
 
+// A short description of a JSON value for messages. Arrays and objects are summarised, never
+// dumped: dump() recurses once per nesting level, and an archive is untrusted input.
 std::string describe(const json& value) {
-  std::string text = value.dump();
-  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  if (value.is_array() || value.is_object()) {
+    return std::string(value.type_name()) + " of " + std::to_string(value.size()) +
+           (value.is_array() ? " element(s)" : " key(s)");
+  }
+  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 80) {
+    std::size_t cut = 77;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0U) == 0x80U) --cut;  // UTF-8
+    text = text.substr(0, cut) + "...";
+  }
   return std::string(value.type_name()) + " " + text;
 }
 
@@ -53,7 +63,12 @@ InputSpec parseInputObject(std::string_view origin, const json& item, const std:
   const auto dtype = item.find("dtype");
   if (dtype != item.end()) {
     if (!dtype->is_string()) fail(origin, where + ".dtype as a string", describe(*dtype));
-    text += dtype->get<std::string>() + ":";
+    // Parsed on its own: spliced into the spec text, "int64:4" would read as a dtype and a shape.
+    try {
+      text += std::string(toString(parseDType(dtype->get<std::string>()))) + ":";
+    } catch (const Error& e) {
+      fail(origin, where + ".dtype to be a known dtype", std::string("an error: ") + e.what());
+    }
   }
   if (shape->empty()) text += "scalar";
   for (std::size_t i = 0; i < shape->size(); ++i) {
@@ -81,7 +96,8 @@ ModelMetadata parseModelMetadata(std::string_view json_text, std::string_view or
   json doc;
   try {
     doc = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for numbers beyond a double ("1e400").
     fail(origin, "valid JSON", std::string("a parse error: ") + e.what());
   }
   if (!doc.is_object()) fail(origin, "a JSON object with an \"inputs\" list", describe(doc));

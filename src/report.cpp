@@ -159,6 +159,11 @@ std::int64_t gpuBytes(const BuildInfo& build, const std::string& device) {
   return 0;
 }
 
+/// What the model holds whatever the batch: parameters, gradients and optimizer state, in bytes.
+std::int64_t modelNeedsBytes(const MemoryBreakdown& m) {
+  return m.parameter_bytes + m.gradient_bytes + m.optimizer_state_bytes;
+}
+
 }  // namespace
 
 std::string toJson(const ReportData& d) {
@@ -207,20 +212,23 @@ std::string toJson(const ReportData& d) {
     const SearchResult& s = d.result->search;
     for (const auto& t : s.trials) trials.push_back(toJson(t));
     for (const auto& w : s.warnings) warnings.push_back(w);
-    doc["result"] = {{"search_status", toString(s.status)},
-                     {"max_micro_batch", s.max_micro_batch},
-                     {"safe_micro_batch", s.safe_micro_batch},
-                     {"micro_batches_per_step", s.micro_batches_per_step},
-                     {"memory_limit_bytes", s.memory_limit_bytes},
-                     {"margin_bytes", s.margin_bytes},
-                     {"headroom_bytes", s.memory_limit_bytes - s.margin_bytes},
-                     {"fastest_micro_batch", s.fastest_micro_batch},
-                     {"non_monotonic", s.non_monotonic},
-                     {"size_limit_batch", s.size_limit_batch},
-                     {"size_limit_reason", s.size_limit_reason},
-                     {"min_batch_needs_at_least_bytes", s.min_batch_needs_at_least_bytes},
-                     {"trial_count", s.trials.size()},
-                     {"elapsed_s", s.elapsed_s}};
+    doc["result"] = {
+        {"search_status", toString(s.status)},
+        {"max_micro_batch", s.max_micro_batch},
+        {"safe_micro_batch", s.safe_micro_batch},
+        {"micro_batches_per_step", s.micro_batches_per_step},
+        {"memory_limit_bytes", s.memory_limit_bytes},
+        {"margin_bytes", s.margin_bytes},
+        {"headroom_bytes", s.memory_limit_bytes - s.margin_bytes},
+        {"fastest_micro_batch", s.fastest_micro_batch},
+        {"non_monotonic", s.non_monotonic},
+        {"size_limit_batch", s.size_limit_batch},
+        {"size_limit_reason", s.size_limit_reason},
+        {"min_batch_needs_at_least_bytes", s.min_batch_needs_at_least_bytes},
+        {"model_needs_bytes", modelNeedsBytes(d.result->memory)},
+        {"model_exceeds_limit", modelNeedsBytes(d.result->memory) > s.memory_limit_bytes},
+        {"trial_count", s.trials.size()},
+        {"elapsed_s", s.elapsed_s}};
     doc["fit"] = {{"fixed_bytes", s.fit.fixed_bytes},
                   {"per_sample_bytes", s.fit.per_sample_bytes},
                   {"points", s.fit.points},
@@ -243,7 +251,9 @@ std::string toJson(const ReportData& d) {
   doc["trials"] = trials;
   doc["warnings"] = warnings;
   doc["ranks"] = ranksJson(d);
-  return doc.dump(2) + "\n";
+  // Paths, flag values and model messages are not always UTF-8: an invalid byte becomes U+FFFD
+  // instead of an exception (the report is written on every exit, errors included).
+  return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 std::string humanReport(const ReportData& d) {
@@ -290,6 +300,17 @@ std::string humanReport(const ReportData& d) {
           "  nothing fits at the minimum batch {}: it needs at least {} (limit {})\n",
           d.options.min_batch, formatBytes(s.min_batch_needs_at_least_bytes),
           formatBytes(s.memory_limit_bytes));
+      const MemoryBreakdown& m = d.result->memory;
+      const std::int64_t own = modelNeedsBytes(m);
+      if (own > s.memory_limit_bytes) {
+        out << fmt::format(
+            "  the model itself needs {} ({} bytes: parameters {} + gradients {} + optimizer state "
+            "{}), more than the limit of {} ({} bytes): no batch can fit; use a larger "
+            "--memory-limit, sgd instead of adam/adamw, fp16/bf16, or a smaller model\n",
+            formatBytes(own), own, formatBytes(m.parameter_bytes), formatBytes(m.gradient_bytes),
+            formatBytes(m.optimizer_state_bytes), formatBytes(s.memory_limit_bytes),
+            s.memory_limit_bytes);
+      }
     }
     if (s.size_limit_batch > 0) {
       out << fmt::format("  size limit at {}: {}\n", s.size_limit_batch, s.size_limit_reason);

@@ -188,6 +188,13 @@ struct TrialRunner::Impl {
   std::int64_t baseline_bytes = 0;
   std::int64_t last_oom_batch = 0;
   std::int64_t ddp_bucket_bytes = 0;
+  int trials_run = 0;
+  detail::TrialPoint point;  // where the trial in progress is (fault injection in tests)
+
+  void enter(detail::TrialPhase phase) {
+    point.phase = phase;
+    detail::setTrialPoint(point);
+  }
 
   Impl(TrainingSpec given_spec, const SearchOptions& options, torch::jit::Module* given)
       : spec(std::move(given_spec)) {
@@ -456,6 +463,7 @@ struct TrialRunner::Impl {
 
   // One forward/loss/backward of `batch` samples; every tensor of it dies with this frame.
   void microStep(std::int64_t batch, at::Generator& gen) {
+    enter(detail::TrialPhase::kInputs);
     std::vector<c10::IValue> args;
     args.reserve(inputs.size());
     for (const auto& input : inputs) args.emplace_back(makeInput(input, batch, gen));
@@ -465,7 +473,9 @@ struct TrialRunner::Impl {
           spec.precision == Precision::kAmpFp16 || spec.precision == Precision::kAmpBf16;
       const AutocastGuard autocast(
           device.type(), spec.precision == Precision::kAmpFp16 ? at::kHalf : at::kBFloat16, amp);
+      enter(detail::TrialPhase::kForward);
       const c10::IValue output = module.forward(args);
+      enter(detail::TrialPhase::kLoss);
       loss_value = computeLoss(output, gen);
     }
     args.clear();
@@ -474,6 +484,7 @@ struct TrialRunner::Impl {
                   "': expected a loss that depends on the trained parameters, but it does not "
                   "require grad (is forward detached, or run under no_grad?)");
     }
+    enter(detail::TrialPhase::kBackward);
     loss_value.backward();
   }
 
@@ -497,6 +508,9 @@ struct TrialRunner::Impl {
     rng_guard.emplace();
     module.train(true);
     backend->beginTrial();
+    point = {};
+    point.micro_batch_size = batch;
+    point.trial_index = trials_run++;
 
     std::exception_ptr error;
     double total_ms = 0.0;
@@ -520,9 +534,13 @@ struct TrialRunner::Impl {
           }
           const auto start = std::chrono::steady_clock::now();
           for (int micro = 0; micro < request.micro_batches_per_step; ++micro) {
+            point.step = step;
+            point.micro_batch_index = micro;
             microStep(batch, gen);
           }
+          enter(detail::TrialPhase::kOptimizerStep);
           if (optimizer) optimizer->step();
+          enter(detail::TrialPhase::kIdle);
           zeroGrad();
           backend->synchronize();
           total_ms +=
@@ -534,6 +552,7 @@ struct TrialRunner::Impl {
         error = std::current_exception();
       }
     }  // the optimizer and its state are gone here
+    enter(detail::TrialPhase::kIdle);
     zeroGrad();
     at::autocast::clear_cache();
 

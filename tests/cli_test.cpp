@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -387,6 +388,183 @@ TEST(CliTest, AmpBf16LowersTheConvNetPeakOfResNet18) {
   // The fixed part (weights, gradients, AdamW state: 4 x 44.6 MiB) is the same in both runs, so
   // the drop is in the activations: at least 20 MiB of them at batch 8.
   EXPECT_GT(peak["fp32"] - peak["amp-bf16"], 20LL << 20);
+}
+
+}  // namespace
+
+namespace {
+
+// A module whose forward is `body` and whose one parameter is `w` of `shape`, with the archive's
+// input description `inputs_json`.
+std::string modelWith(const std::string& name, const std::vector<std::int64_t>& shape,
+                      const std::string& body, const std::string& inputs_json) {
+  const fs::path path = tmpDir() / (name + ".pt");
+  torch::manual_seed(0);
+  torch::jit::Module net(name);
+  net.register_parameter("w", (torch::randn(shape) * 0.05).requires_grad_(), false);
+  net.define(body);
+  net.save(path.string(), {{"autobatch/inputs.json", inputs_json}});
+  return path.string();
+}
+
+TEST(CliTest, ALimitBelowWhatTheModelItselfNeedsExitsThreeWithBoth) {
+  // 1024 x 1024 float32 = 4 MiB of parameters; AdamW: + 4 MiB gradients + 8 MiB state = 16 MiB.
+  const std::string model =
+      modelWith("Big", {1024, 1024}, "def forward(self, x):\n  return torch.matmul(x, self.w)\n",
+                R"({"inputs": ["1024"]})");
+  const fs::path json_path = tmpDir() / "big.json";
+  const CliRun run = runCli("--model " + model + " --device cpu --memory-limit 12MiB --json " +
+                            json_path.string());
+  EXPECT_EQ(run.exit_code, 3) << run.err;
+  EXPECT_NE(run.out.find("the model itself needs 16.00 MiB (16777216 bytes: parameters 4.00 MiB + "
+                         "gradients 4.00 MiB + optimizer state 8.00 MiB), more than the limit of "
+                         "12.00 MiB (12582912 bytes)"),
+            std::string::npos)
+      << run.out;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_EQ(doc["status"], "nothing-fits");
+  EXPECT_EQ(doc["result"]["model_needs_bytes"], 16777216);
+  EXPECT_EQ(doc["result"]["model_exceeds_limit"], true);
+  EXPECT_EQ(doc["result"]["memory_limit_bytes"], 12582912);
+}
+
+TEST(CliTest, AModelErrorAtOneBatchSizeIsThatErrorNotDoesNotFit) {
+  const std::string model = modelWith("Raises37", {16, 8}, R"(
+def forward(self, x):
+    assert x.size(0) != 37, "batch of 37 is cursed"
+    return torch.matmul(x, self.w)
+)",
+                                      R"({"inputs": ["16"]})");
+  const std::string common = "--model " + model + " --device cpu --memory-limit 64MiB";
+  const fs::path json_path = tmpDir() / "raises.json";
+  const CliRun search =
+      runCli(common + " --strategy binsearch --initial-batch 37 --max-batch 64 --json " +
+             json_path.string());
+  EXPECT_EQ(search.exit_code, 1) << search.err;
+  EXPECT_NE(search.err.find("batch of 37 is cursed"), std::string::npos) << search.err;
+  EXPECT_NE(search.err.find("at micro-batch 37 x 1 per step; not counted as out of memory"),
+            std::string::npos)
+      << search.err;
+  EXPECT_EQ(search.out.find("does not fit"), std::string::npos) << search.out;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_EQ(doc["status"], "runtime-error");
+  const CliRun check = runCli(common + " --check-batch 37");
+  EXPECT_EQ(check.exit_code, 1) << check.err;
+  EXPECT_NE(check.err.find("batch of 37 is cursed"), std::string::npos) << check.err;
+  EXPECT_EQ(runCli(common + " --check-batch 36").exit_code, 0);
+}
+
+TEST(CliTest, BytesThatAreNotUtf8StillGiveAJsonReport) {
+  // Found by the fuzz target's corpus: the report's JSON refused invalid UTF-8 in the error text.
+  const fs::path json_path = tmpDir() / "bytes.json";
+  const CliRun run = runCli("--model \"$(printf 'net\\377.pt')\" --json " + json_path.string());
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_NE(run.err.find("does not exist"), std::string::npos) << run.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_EQ(doc["status"], "usage-error");
+  EXPECT_NE(doc["error"].get<std::string>().find("net\xEF\xBF\xBD.pt"), std::string::npos);
+}
+
+// A model slow enough (a few hundred ms per step at small batches) to be interrupted mid-search.
+std::string slowModel() {
+  return modelWith("Slow", {256, 256}, R"(
+def forward(self, x):
+    y = x
+    for _ in range(150):
+        y = torch.tanh(torch.matmul(y, self.w))
+    return y
+)",
+                   R"({"inputs": ["256"]})");
+}
+
+struct Interrupted {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Starts the CLI (fork/exec), waits for the first trial's log line on stderr, sends `signals`
+// (one after the other, at once), and waits for the process to end.
+Interrupted interruptAfterFirstTrial(const std::vector<std::string>& args,
+                                     const std::vector<int>& signals) {
+  const fs::path out = tmpDir() / "stdout.txt";
+  const fs::path err = tmpDir() / "stderr.txt";
+  // A previous run's files would be read before the child truncates them.
+  fs::remove(out);
+  fs::remove(err);
+  for (const auto& a : args) {
+    if (a.ends_with(".json")) fs::remove(a);
+  }
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    std::string cli = AUTOBATCH_CLI;
+    argv.push_back(cli.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (std::freopen(out.c_str(), "w", stdout) == nullptr) _exit(98);
+    if (std::freopen(err.c_str(), "w", stderr) == nullptr) _exit(98);
+    execv(AUTOBATCH_CLI, argv.data());
+    _exit(99);
+  }
+  Interrupted result;
+  for (int i = 0; i < 1200 && readFile(err).find("trial batch") == std::string::npos; ++i) {
+    usleep(50 * 1000);
+  }
+  for (const int sig : signals) {
+    kill(pid, sig);
+    usleep(300 * 1000);  // a signal still pending would merge with the next one of its kind
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.out = readFile(out);
+  result.err = readFile(err);
+  return result;
+}
+
+class InterruptTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(InterruptTest, FirstSignalFinishesTheStepAndWritesTheBestVerifiedResult) {
+  const int sig = GetParam();
+  const fs::path json_path = tmpDir() / "interrupted.json";
+  const Interrupted run =
+      interruptAfterFirstTrial({"--model", slowModel(), "--device", "cpu", "--memory-limit",
+                                "512MiB", "--json", json_path.string()},
+                               {sig});
+  EXPECT_EQ(run.exit_code, 128 + sig) << run.err;
+  ASSERT_TRUE(fs::exists(json_path)) << run.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_EQ(doc["status"], "interrupted");
+  EXPECT_EQ(doc["exit_code"], 128 + sig);
+  EXPECT_EQ(doc["result"]["search_status"], "cancelled");
+  // The first trial fit before the signal: it is the best verified result, printed too.
+  ASSERT_GE(doc["trials"].size(), 1U);
+  EXPECT_EQ(doc["trials"][0]["outcome"], "fits");
+  EXPECT_GE(doc["result"]["max_micro_batch"], doc["trials"][0]["micro_batch_size"]);
+  EXPECT_NE(run.out.find("max micro-batch"), std::string::npos) << run.out;
+  for (const auto& t : doc["trials"]) {
+    if (t["cancelled"] == true) {
+      EXPECT_NE(t["outcome"], "out-of-memory");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SigintAndSigterm, InterruptTest, ::testing::Values(SIGINT, SIGTERM),
+                         [](const ::testing::TestParamInfo<int>& param) {
+                           return std::string(param.param == SIGINT ? "Sigint" : "Sigterm");
+                         });
+
+TEST(CliTest, SecondSignalExitsAtOnceWithoutWriting) {
+  const fs::path json_path = tmpDir() / "twice.json";
+  const Interrupted run =
+      interruptAfterFirstTrial({"--model", slowModel(), "--device", "cpu", "--memory-limit",
+                                "512MiB", "--json", json_path.string()},
+                               {SIGTERM, SIGTERM});
+  EXPECT_EQ(run.exit_code, 143) << run.err;
+  EXPECT_FALSE(fs::exists(json_path));
+  EXPECT_EQ(run.out.find("max micro-batch"), std::string::npos) << run.out;
 }
 
 }  // namespace

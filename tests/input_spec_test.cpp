@@ -147,6 +147,38 @@ TEST(ModelMetadataTest, RejectsBadDocumentsNamingTheProblem) {
   EXPECT_NE(message(R"({"inputs": [7]})").find("a spec string or an object"), std::string::npos);
 }
 
+// Found by tests/fuzz/parsers_fuzz.cpp: each of these once escaped as a non-autobatch exception
+// (nlohmann's out_of_range), could recurse once per nesting level, or read a dtype as a shape.
+TEST(ModelMetadataTest, FuzzFindingsAreErrorsWithTheirCause) {
+  auto message = [](const std::string& json) {
+    try {
+      parseModelMetadata(json, "net.pt");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  // A number beyond a double was nlohmann::json::out_of_range, not an Error.
+  EXPECT_NE(message("1e400").find("expected valid JSON, but got a parse error"), std::string::npos)
+      << message("1e400");
+  EXPECT_NE(message(R"({"inputs": [1e400]})").find("expected valid JSON"), std::string::npos);
+  // Nested 100000 deep: summarised ("array of 1 element(s)"), never dumped recursively.
+  const std::string deep =
+      R"({"inputs": [)" + std::string(100000, '[') + std::string(100000, ']') + "]}";
+  EXPECT_NE(message(deep).find("inputs[0] as a spec string or an object, but got array of 1 "
+                               "element(s)"),
+            std::string::npos);
+  // A dtype holding a ':' was spliced into the spec text; it is checked on its own.
+  EXPECT_NE(message(R"({"inputs": [{"shape": [3], "dtype": "int64:4"}]})")
+                .find("inputs[0].dtype to be a known dtype, but got an error: unknown dtype "
+                      "'int64:4'"),
+            std::string::npos)
+      << message(R"({"inputs": [{"shape": [3], "dtype": "int64:4"}]})");
+  // A long string cut for the message is cut between UTF-8 characters, not inside one.
+  const std::string cut = message(R"({"inputs": ")" + std::string(75, 'a') + "\u00e9\u00e9\"}");
+  EXPECT_TRUE(cut.ends_with("string \"" + std::string(75, 'a') + "...")) << cut;
+}
+
 TEST(ModelMetadataTest, ExplicitSettingsOverrideTheArchive) {
   ModelMetadata archive;
   archive.inputs = {parseInputSpec("3x8x8")};
@@ -154,9 +186,9 @@ TEST(ModelMetadataTest, ExplicitSettingsOverrideTheArchive) {
   const auto from_archive = resolveInputs({}, std::nullopt, archive, "net.pt");
   EXPECT_EQ(from_archive.first, archive.inputs);
   EXPECT_EQ(from_archive.second, LossKind::kCrossEntropy);
-  const auto from_flags = resolveInputs({parseInputSpec("5")}, LossKind::kMse, archive, "net.pt");
-  EXPECT_EQ(from_flags.first[0].sample_shape, (std::vector<std::int64_t>{5}));
-  EXPECT_EQ(from_flags.second, LossKind::kMse);
+  const auto given = resolveInputs({parseInputSpec("5")}, LossKind::kMse, archive, "net.pt");
+  EXPECT_EQ(given.first[0].sample_shape, (std::vector<std::int64_t>{5}));
+  EXPECT_EQ(given.second, LossKind::kMse);
   EXPECT_EQ(resolveInputs({parseInputSpec("5")}, std::nullopt, std::nullopt, "n").second,
             LossKind::kMean);
 }

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# AddressSanitizer + UndefinedBehaviorSanitizer over the LibTorch-free tests (search, planner,
+# units, input specs, archive metadata, failure classification, names), built with clang-14 in
+# their own build tree (AUTOBATCH_WITH_TORCH=OFF). Any report fails the run
+# (-fno-sanitize-recover=all). Then, with AUTOBATCH_SANITIZE_TORCH=1, the CPU trial-runner and
+# fault tests (budget allocator) linked with LibTorch, built with -fsanitize=address only: LibTorch
+# is not instrumented, so its RTTI cannot be checked (-fno-sanitize=vptr, no UBSan) and its
+# duplicated globals are not ODR errors (detect_odr_violation=0). No GPU code runs under ASan
+# (cudaMalloc fails under it): only the cpu label.
+# Variables: AUTOBATCH_SANITIZE_DIR (default build-sanitize/), AUTOBATCH_JOBS.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/env.sh"
+t0=$SECONDS
+dir="${AUTOBATCH_SANITIZE_DIR:-$AUTOBATCH_ROOT/build-sanitize}"
+jobs="${AUTOBATCH_JOBS:-$(nproc)}"
+flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+
+mkdir -p "$dir/core"
+autobatch_timed "sanitize: configure core" cmake -S "$AUTOBATCH_ROOT" -B "$dir/core" -G Ninja \
+  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Debug \
+  -DAUTOBATCH_WITH_TORCH=OFF -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_WERROR=ON \
+  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
+  >"$dir/core-configure.log" 2>&1 || { cat "$dir/core-configure.log"; exit 1; }
+autobatch_timed "sanitize: build core" cmake --build "$dir/core" -j "$jobs"
+autobatch_timed "sanitize: ctest core (ASan+UBSan)" \
+  ctest --test-dir "$dir/core" --output-on-failure -j "$jobs"
+
+if [ "${AUTOBATCH_SANITIZE_TORCH:-0}" = 1 ]; then
+  torch_prefix="$(autobatch_torch_prefix)"
+  tflags="-fsanitize=address -fno-sanitize=vptr -fno-omit-frame-pointer -g -O1"
+  mkdir -p "$dir/torch"
+  autobatch_timed "sanitize: configure torch" cmake -S "$AUTOBATCH_ROOT" -B "$dir/torch" -G Ninja \
+    -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_PYTHON="$AUTOBATCH_PYTHON" \
+    -DCMAKE_CXX_FLAGS="$tflags" -DCMAKE_EXE_LINKER_FLAGS="$tflags" \
+    -DCMAKE_SHARED_LINKER_FLAGS="$tflags" \
+    >"$dir/torch-configure.log" 2>&1 || { cat "$dir/torch-configure.log"; exit 1; }
+  autobatch_timed "sanitize: build torch tests" cmake --build "$dir/torch" -j "$jobs" \
+    --target trial_runner_test faults_test
+  # LibTorch's own allocations are not instrumented and some of its one-time globals are never
+  # freed: leaks are checked by the budget allocator's count in the tests themselves. A real
+  # allocator failure must come back as std::bad_alloc, not an ASan abort.
+  ASAN_OPTIONS="detect_odr_violation=0:detect_leaks=0:alloc_dealloc_mismatch=0:allocator_may_return_null=1" \
+    autobatch_timed "sanitize: torch CPU tests (ASan)" \
+    ctest --test-dir "$dir/torch" --output-on-failure -j "$jobs" -L cpu \
+    -R '^(TrialRunnerTest|ClassifyExceptionTest|FaultTest)' -E 'RlimitData|RealAllocator'
+fi
+echo "[time] sanitize.sh total: $((SECONDS - t0)) s"
