@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -19,9 +20,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::string seconds(double s) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f s", s);
-  return text;
+  std::array<char, 32> text{};
+  std::snprintf(text.data(), text.size(), "%.1f s", s);
+  return text.data();
 }
 
 std::string key(const char* kind, int rank) {
@@ -54,7 +55,7 @@ struct RankGroup::Impl {
                     e.what_without_backtrace() + ")");
   }
 
-  void beat(c10::intrusive_ptr<c10d::Store> own) {
+  void beat(const c10::intrusive_ptr<c10d::Store>& own) {
     std::int64_t count = 0;
     std::unique_lock<std::mutex> lock(mutex);
     while (!stop) {
@@ -81,7 +82,7 @@ struct RankGroup::Impl {
   }
 
   // The host waits until every rank has read the reports (bounded), then may take the store away.
-  void waitForReaders() {
+  void waitForReaders() const {
     if (!hosts) return;
     const auto deadline = Clock::now() + std::chrono::duration<double>(options.timeout_s);
     for (int r = 0; r < info.world_size; ++r) {
@@ -152,7 +153,7 @@ Agreement RankGroup::exchange(const RankReport& mine) {
       std::string why;
       const auto now = Clock::now();
       for (int r = 0; r < world; ++r) {
-        if (reports.count(r) != 0U) continue;
+        if (reports.contains(r)) continue;
         if (m.store->check({key("result", r)})) {
           reports[r] = decodeRankReport(m.store->get_to_str(key("result", r)));
           continue;
@@ -170,7 +171,10 @@ Agreement RankGroup::exchange(const RankReport& mine) {
       }
       if (!dead.empty()) {
         std::string names;
-        for (int r : dead) names += (names.empty() ? "" : ", ") + std::to_string(r);
+        for (int r : dead) {
+          if (!names.empty()) names += ", ";
+          names += std::to_string(r);
+        }
         throw RankError("ranks could not agree: no result from rank(s) " + names + " within " +
                         seconds(m.options.timeout_s) + " (--rank-timeout): " + why);
       }
@@ -180,6 +184,7 @@ Agreement RankGroup::exchange(const RankReport& mine) {
     }
     m.store->set(key("read", m.info.rank), "1");
     std::vector<RankReport> all;
+    all.reserve(reports.size());
     for (auto& [r, report] : reports) all.push_back(report);
     Agreement agreement = agree(std::move(all), world);
     m.waitForReaders();

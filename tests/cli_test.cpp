@@ -143,7 +143,9 @@ TEST(CliTest, BadFlagValuesExitTwoNamingTheFlag) {
       {"--no-such-flag", "no-such-flag"},
   };
   for (const auto& [flags, message] : cases) {
-    const CliRun run = runCli("--model " + model + ' ' + flags);
+    std::string args = "--model " + model;
+    args += " " + flags;
+    const CliRun run = runCli(args);
     EXPECT_EQ(run.exit_code, 2) << flags << "\n" << run.err;
     EXPECT_NE(run.err.find(message), std::string::npos) << flags << "\n" << run.err;
   }
