@@ -99,7 +99,7 @@ torch::Device parseDevice(const std::string& text) {
     throw Error("device: expected cpu, cuda or cuda:N, but got '" + text + "'");
   }
   try {
-    return torch::Device(text);
+    return {text};
   } catch (const c10::Error&) {
     throw Error("device: expected cpu, cuda or cuda:N, but got '" + text + "'");
   }

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < models; ++i) {
       const MemoryModel model = autobatch::testing::randomModel(rng, 16.0, 8192.0);
       const std::int64_t threshold = model.threshold();
-      for (int s = 0; s < 3; ++s) {
+      for (std::size_t s = 0; s < 3; ++s) {
         autobatch::SearchOptions options;
         options.strategy = strategies[s];
         if (margin_fraction < 0) {
@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
         models,
         margin_fraction < 0 ? "margin 0 (maximum only)" : "margin 5% (maximum and safe batch)");
     std::printf("  %-10s %10s %6s %14s\n", "strategy", "mean", "max", "wrong answers");
-    for (int s = 0; s < 3; ++s) {
+    for (std::size_t s = 0; s < 3; ++s) {
       std::printf("  %-10s %10.2f %6lld %14lld\n",
                   std::string(autobatch::toString(strategies[s])).c_str(),
                   static_cast<double>(tally[s].total) / models, tally[s].worst, tally[s].wrong);
