@@ -44,8 +44,18 @@ install_venv() {
 t0=$SECONDS
 [ "${AUTOBATCH_SKIP_APT:-0}" = 1 ] || autobatch_timed "bootstrap: Debian packages" install_debs
 autobatch_timed "bootstrap: Python environment" install_venv
-if [ -f "$AUTOBATCH_ROOT/scripts/export_models.py" ]; then
-  autobatch_timed "bootstrap: models" "$AUTOBATCH_PYTHON" "$AUTOBATCH_ROOT/scripts/export_models.py" \
-    --out "$AUTOBATCH_ROOT/models"
-fi
+# The export scripts and the environment decide the models: when none of them changed since the
+# last complete export, skip Python altogether (importing torch alone takes seconds).
+export_models() {
+  local models="$AUTOBATCH_ROOT/models" stamp
+  stamp="$(cat "$AUTOBATCH_ROOT/scripts/export_models.py" "$AUTOBATCH_ROOT/scripts/autobatch_export.py" \
+           "$AUTOBATCH_ROOT/requirements.txt" | sha256sum | cut -c1-16)"
+  if [ "$(cat "$models/.complete" 2>/dev/null)" = "$stamp" ]; then
+    echo "bootstrap: models ready in $models"
+    return
+  fi
+  "$AUTOBATCH_PYTHON" "$AUTOBATCH_ROOT/scripts/export_models.py" --out "$models"
+  echo "$stamp" >"$models/.complete"
+}
+autobatch_timed "bootstrap: models" export_models
 echo "[time] bootstrap total: $((SECONDS - t0)) s"
