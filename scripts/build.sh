@@ -6,6 +6,11 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/env.sh"
 
+# ccache shares compiles between clones of the repo (CI builds a fresh clone): paths are taken
+# relative to the clone, and the build folder is not hashed (debug info may then name another
+# clone's folder).
+export CCACHE_BASEDIR="$AUTOBATCH_ROOT" CCACHE_NOHASHDIR=1
+
 autobatch_timed "bootstrap" bash "$here/bootstrap.sh"
 torch_prefix="$(autobatch_torch_prefix)"
 mkdir -p "$AUTOBATCH_BUILD_DIR"
