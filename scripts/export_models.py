@@ -2,7 +2,9 @@
 
 torchvision ResNet-18, ResNet-50, MobileNetV3-Large, ViT-B/16 (random weights: memory does not
 depend on their values) and a GPT-style decoder-only language model (vocabulary 32000, context
-256, 12 layers of width 768, tied embeddings: about 110M parameters). Each archive carries its
+256, 12 layers of width 768, tied embeddings: about 110M parameters), and a small one of the same
+code for the CPU benchmark (decoder_lm_small: vocabulary 8000, context 128, 4 layers of width 256,
+about 5.2M parameters). Each archive carries its
 input specs and loss (autobatch/inputs.json), so no --input flag is needed.
 
 A model is exported again only when these scripts or torch changed since it was written (a stamp file
@@ -82,12 +84,18 @@ def _decoder_lm():
     return (DecoderLM(), (torch.randint(0, 32000, (2, 256)),), "cross-entropy", {0: 32000})
 
 
+def _decoder_lm_small():
+    model = DecoderLM(vocab=8000, context=128, width=256, layers=4, heads=4)
+    return (model, (torch.randint(0, 8000, (2, 128)),), "cross-entropy", {0: 8000})
+
+
 MODELS = {
     "resnet18": _vision("resnet18"),
     "resnet50": _vision("resnet50"),
     "mobilenet_v3_large": _vision("mobilenet_v3_large"),
     "vit_b_16": _vision("vit_b_16"),
     "decoder_lm": _decoder_lm,
+    "decoder_lm_small": _decoder_lm_small,
 }
 
 

@@ -304,9 +304,9 @@ class CpuBudgetBackend final : public MemoryBackend {
   }
   void releaseCaches() override {}
   void synchronize() override {}
-  bool processLimitNear(std::int64_t bytes) const override {
-    return process_.bytes != std::numeric_limits<std::int64_t>::max() &&
-           bytes >= process_.bytes / 2;
+  bool processLimitNear(std::int64_t peak_bytes, std::int64_t failed_request_bytes) const override {
+    if (process_.bytes == std::numeric_limits<std::int64_t>::max()) return false;  // no limit
+    return failed_request_bytes > 0 || peak_bytes + failed_request_bytes >= process_.bytes / 2;
   }
 
  private:

@@ -139,7 +139,10 @@ class CudaBackend final : public MemoryBackend {
     alloc::emptyCache();
   }
   void synchronize() override { c10::cuda::device_synchronize(); }
-  bool processLimitNear(std::int64_t /*bytes*/) const override { return false; }
+  bool processLimitNear(std::int64_t /*peak_bytes*/,
+                        std::int64_t /*failed_request_bytes*/) const override {
+    return false;
+  }
   std::string allocatorConfig() const override { return alloc_conf_; }
   std::int64_t outsideBytes() const override { return outside_; }
 

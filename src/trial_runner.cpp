@@ -1,6 +1,7 @@
 #include "autobatch/trial_runner.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceGuard.h>
 #include <spdlog/spdlog.h>
@@ -16,6 +17,7 @@
 #include <optional>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "autobatch/error.h"
 #include "autobatch/failure.h"
@@ -55,25 +57,32 @@ class AutocastGuard {
   at::ScalarType previous_dtype_ = at::kFloat;
 };
 
-/// Saves the default CPU generator's state (dropout draws from it) and restores it.
-class CpuRngStateGuard {
+/// Saves the default generators' states (dropout draws from them) and restores them: the CPU's,
+/// and the device's own when the trial runs on CUDA (through at::globalContext(), so this file
+/// needs no CUDA header; a CUDA generator's state is a small CPU tensor of seed and offset).
+class RngStateGuard {
  public:
-  CpuRngStateGuard() {
+  explicit RngStateGuard(const at::Device& device) {
     const detail::UntrackedCpuScope untracked;
-    auto gen = at::detail::getDefaultCPUGenerator();
-    const std::lock_guard<std::mutex> lock(gen.mutex());
-    state_ = gen.get_state();
+    save(at::globalContext().defaultGenerator(at::Device(at::kCPU)));
+    if (device.is_cuda()) save(at::globalContext().defaultGenerator(device));
   }
-  ~CpuRngStateGuard() {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    const std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state_);
+  ~RngStateGuard() {
+    for (auto& [gen, state] : saved_) {
+      const std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(state);
+    }
   }
-  CpuRngStateGuard(const CpuRngStateGuard&) = delete;
-  CpuRngStateGuard& operator=(const CpuRngStateGuard&) = delete;
+  RngStateGuard(const RngStateGuard&) = delete;
+  RngStateGuard& operator=(const RngStateGuard&) = delete;
 
  private:
-  at::Tensor state_;
+  void save(at::Generator gen) {
+    const std::lock_guard<std::mutex> lock(gen.mutex());
+    at::Tensor state = gen.get_state();
+    saved_.emplace_back(std::move(gen), std::move(state));
+  }
+  std::vector<std::pair<at::Generator, at::Tensor>> saved_;
 };
 
 at::ScalarType toScalarType(DType dtype) {
@@ -504,8 +513,8 @@ struct TrialRunner::Impl {
     const c10::DeviceGuard device_guard(device);
     const bool saved_optimize = torch::jit::getGraphExecutorOptimize();
     torch::jit::setGraphExecutorOptimize(spec.optimize_graph);
-    std::optional<CpuRngStateGuard> rng_guard;
-    rng_guard.emplace();
+    std::optional<RngStateGuard> rng_guard;
+    rng_guard.emplace(device);
     module.train(true);
     backend->beginTrial();
     point = {};
@@ -562,7 +571,7 @@ struct TrialRunner::Impl {
       const FailureClass loose = classifyException(error, {true, true});
       FailureContext context;
       context.process_limit_near =
-          backend->processLimitNear(peaks.peak_bytes + loose.failed_request_bytes);
+          backend->processLimitNear(peaks.peak_bytes, loose.failed_request_bytes);
       context.after_larger_oom = last_oom_batch > batch;
       failure = classifyException(error, context);
       if (failure.kind != FailureKind::kRethrow) error = nullptr;  // free it before cleanup

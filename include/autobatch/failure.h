@@ -37,7 +37,10 @@ enum class ExceptionType {
 /// When the ambiguous signs of exhaustion count as out of memory.
 struct FailureContext {
   /// A process limit (RLIMIT_DATA, RLIMIT_AS, a cgroup limit) is set and the trial came near it:
-  /// its peak bytes plus the failed request reached half of the headroom the limit left at start.
+  /// the failed request's size is known (a refused R-byte request shows the process was within R
+  /// of its limit, whatever the tensors counted), or the trial's tensor peak plus the request
+  /// reached half of the headroom the limit left at start. Without a process limit, an allocation
+  /// failure is out of memory only after a larger OOM (an absurd request is a model error).
   bool process_limit_near = false;
   /// The previous trial ran out of memory at a larger micro-batch than this one.
   bool after_larger_oom = false;
