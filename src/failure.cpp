@@ -94,9 +94,11 @@ constexpr std::array<std::string_view, 7> kOutOfMemory{"out of memory",
 constexpr std::array<std::string_view, 5> kSizeLimit{
     "CUDNN_STATUS_NOT_SUPPORTED", "invalid configuration argument", "canUse32BitIndexMath",
     "32-bit index", "int32 index"};
-constexpr std::array<std::string_view, 4> kExhaustion{"can't allocate memory",
-                                                      "Cannot allocate memory", "std::bad_alloc",
-                                                      "could not create a primitive"};
+// oneDNN reports a failed allocation as a failure to create or to execute a primitive (both seen
+// under RLIMIT_DATA in the benchmark, docs/benchmarks.md).
+constexpr std::array<std::string_view, 5> kExhaustion{
+    "can't allocate memory", "Cannot allocate memory", "std::bad_alloc",
+    "could not create a primitive", "could not execute a primitive"};
 
 template <std::size_t N>
 std::optional<std::string_view> findAny(std::string_view message,

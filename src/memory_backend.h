@@ -51,7 +51,8 @@ class MemoryBackend {
   /// the process was within R of it, whatever the tensors counted: oneDNN scratch, allocator
   /// overhead and fragmentation are not tensors), or the trial's tensor peak reached half of the
   /// headroom the limit left at start. `failed_request_bytes` is 0 when the message gives no size.
-  virtual bool processLimitNear(std::int64_t peak_bytes, std::int64_t failed_request_bytes) const = 0;
+  virtual bool processLimitNear(std::int64_t peak_bytes,
+                                std::int64_t failed_request_bytes) const = 0;
   /// PYTORCH_ALLOC_CONF as recorded at setup ("" when unset or on the CPU).
   virtual std::string allocatorConfig() const { return ""; }
   /// Outside-allocator bytes counted in peak_bytes (CUDA context etc.; 0 on the CPU).

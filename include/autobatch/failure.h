@@ -72,7 +72,7 @@ struct FailureClass {
 ///    argument", "canUse32BitIndexMath", "32-bit index", "int32 index".
 /// 5. Only when context.process_limit_near or context.after_larger_oom -> out of memory:
 ///    kBadAlloc, "can't allocate memory" (DefaultCPUAllocator), "Cannot allocate memory",
-///    "std::bad_alloc", "could not create a primitive" (oneDNN).
+///    "std::bad_alloc", "could not create a primitive" / "could not execute a primitive" (oneDNN).
 /// 6. Everything else -> rethrow.
 FailureClass classifyFailure(ExceptionType type, std::string_view message,
                              const FailureContext& context);
