@@ -221,15 +221,16 @@ def main() -> int:
     args.device_type = torch.device(args.device).type
     torch.backends.mkldnn.enabled = args.mkldnn == "on"
     torch.manual_seed(0)
-    if args.device_type == "cuda" and args.memory_limit_bytes > 0:
-        device = torch.device(args.device)
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_limit_bytes / total), device)
     rec = Recorder(3 if args.finder in ("lightning-binsearch", "lightning-power", "accelerate")
                    else args.steps)
     result: dict = {"finder": args.finder, "import_s": round(time.time() - T0, 2)}
     code = 0
     try:
+        if args.device_type == "cuda" and args.memory_limit_bytes > 0:
+            device = torch.device(args.device)
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_limit_bytes / total),
+                                                       device)
         if args.finder.startswith("lightning-"):
             result.update(run_lightning(args, rec, args.finder.split("-", 1)[1]))
         elif args.finder == "check-lightning":
@@ -247,7 +248,7 @@ def main() -> int:
         traceback.print_exc(file=sys.stderr)
         code = 3 if args.finder.startswith("check-") or args.finder == "eager" else 1
     result.update(rec.summary())
-    if args.device_type == "cuda":
+    if args.device_type == "cuda" and torch.cuda.is_available():
         result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     result["wall_s"] = round(time.time() - T0, 2)
     print("RESULT " + json.dumps(result), flush=True)

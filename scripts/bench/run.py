@@ -332,13 +332,15 @@ def render(rows: list[dict], args) -> None:
                        f"{fmt(r.get('b_star'))} | {fmt(r.get('offset'))} | {fmt(r.get('trials'))} |"
                        f" {fmt(r.get('steps'))} | {fmt(r.get('wall_s'))} | {mib(r.get('max_rss_bytes') if args.section == 'cpu' else r.get('peak_reserved_bytes'))} | {err} |")
         out.append("")
-        ours = next((r for r in rs if r["finder"] == "autobatch guided"), None)
         ratio_lines = []
-        for r in rs:
-            if ours and r["harness"] in ("lightning", "accelerate") and r.get("trials") \
-                    and ours.get("trials"):
+        for label in ("autobatch guided", "autobatch guided (budget)"):
+            ours = next((r for r in rs if r["finder"] == label), None)
+            for r in rs:
+                if not (ours and r["harness"] in ("lightning", "accelerate") and r.get("trials")
+                        and ours.get("trials")):
+                    continue
                 ratio_lines.append(
-                    f"- autobatch guided / {r['finder']}: trials {ours['trials']}/{r['trials']} = "
+                    f"- {label} / {r['finder']}: trials {ours['trials']}/{r['trials']} = "
                     f"{ours['trials'] / r['trials']:.2f}, wall time {ours['wall_s']}/{r['wall_s']} s"
                     f" = {ours['wall_s'] / r['wall_s']:.2f}")
         out += ratio_lines + ([""] if ratio_lines else [])
@@ -392,7 +394,7 @@ def machine() -> str:
         tv = torch.__version__
     except ImportError:
         tv = "?"
-    return f"{platform.node() and 'Linux'} {platform.machine()}, {cores} cores, {mem:.0f} GiB, torch {tv}"
+    return f"{platform.system()} {platform.machine()}, {cores} cores, {mem:.0f} GiB, torch {tv}"
 
 
 def main() -> int:
