@@ -19,6 +19,7 @@
 #include "autobatch/error.h"
 #include "autobatch/search.h"
 #include "autobatch/trial_runner.h"
+#include "child_process.h"
 #include "memory_backend.h"
 #include "test_models.h"
 
@@ -277,15 +278,7 @@ TEST(FaultTest, CallersModuleIsUnchangedAfterFindMaxBatch) {
 TEST(FaultChildTest, SearchUnderRlimitDataWithOneDnn) {
   if (std::getenv("AUTOBATCH_FAULT_CHILD") == nullptr) GTEST_SKIP() << "run by the parent test";
   ASSERT_TRUE(at::globalContext().userEnabledMkldnn());
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  std::int64_t vm_data = 0;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmData:", 0) == 0) vm_data = std::stoll(line.substr(7)) * 1024;
-  }
-  const auto cap = static_cast<rlim_t>(vm_data + (std::int64_t{384} << 20));
-  const struct rlimit limit_data { cap, cap };
-  ASSERT_EQ(setrlimit(RLIMIT_DATA, &limit_data), 0);
+  ASSERT_TRUE(testing::capDataSegment(std::int64_t{384} << 20));
   auto m = testing::plainConvNet(32);
   TrainingSpec spec;
   spec.inputs = parseInputSpecs("3x32x32");
@@ -315,14 +308,8 @@ TEST(FaultChildTest, SearchUnderRlimitDataWithOneDnn) {
 }
 
 TEST(FaultTest, SearchUnderARealAllocatorFailureInAChildProcess) {
-  std::array<char, 4096> self{};
-  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
-  ASSERT_GT(n, 0);
-  const std::string command = "AUTOBATCH_FAULT_CHILD=1 '" + std::string(self.data()) +
-                              "' --gtest_filter=FaultChildTest.SearchUnderRlimitDataWithOneDnn";
-  const int status = std::system(command.c_str());
-  ASSERT_TRUE(WIFEXITED(status)) << status;
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  testing::expectChildPasses("AUTOBATCH_FAULT_CHILD",
+                             "FaultChildTest.SearchUnderRlimitDataWithOneDnn");
 }
 
 }  // namespace

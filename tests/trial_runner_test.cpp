@@ -23,6 +23,7 @@
 #include "autobatch/error.h"
 #include "autobatch/failure.h"
 #include "autobatch/model_metadata.h"
+#include "child_process.h"
 #include "test_models.h"
 
 namespace autobatch {
@@ -430,15 +431,7 @@ TEST(TrialRunnerTest, ReadsInputsAndLossFromTheArchive) {
 // CPU allocator (under the budget allocator, whose own limit is set out of the way) fails.
 TEST(TrialRunnerChildTest, RealAllocatorFailureUnderRlimitData) {
   if (std::getenv("AUTOBATCH_RLIMIT_CHILD") == nullptr) GTEST_SKIP() << "run by the parent test";
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  std::int64_t vm_data = 0;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmData:", 0) == 0) vm_data = std::stoll(line.substr(7)) * 1024;
-  }
-  const auto cap = static_cast<rlim_t>(vm_data + (std::int64_t{256} << 20));
-  const struct rlimit limit_data { cap, cap };
-  ASSERT_EQ(setrlimit(RLIMIT_DATA, &limit_data), 0);
+  ASSERT_TRUE(testing::capDataSegment(std::int64_t{256} << 20));
   auto m = convNet();
   TrialRunner runner(m, specOf("3x32x32", LossKind::kCrossEntropy, OptimizerKind::kAdamW),
                      limit(kUnlimited));
@@ -451,15 +444,8 @@ TEST(TrialRunnerChildTest, RealAllocatorFailureUnderRlimitData) {
 }
 
 TEST(TrialRunnerTest, RealAllocatorFailureInAChildProcessUnderRlimitData) {
-  std::array<char, 4096> self{};
-  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
-  ASSERT_GT(n, 0);
-  const std::string command =
-      "AUTOBATCH_RLIMIT_CHILD=1 '" + std::string(self.data()) +
-      "' --gtest_filter=TrialRunnerChildTest.RealAllocatorFailureUnderRlimitData";
-  const int status = std::system(command.c_str());
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  testing::expectChildPasses("AUTOBATCH_RLIMIT_CHILD",
+                             "TrialRunnerChildTest.RealAllocatorFailureUnderRlimitData");
 }
 
 // Found by the benchmark (ResNet-18 under RLIMIT_DATA 1536 MiB, --memory-limit 1TiB): memory the
@@ -470,15 +456,7 @@ TEST(TrialRunnerTest, RealAllocatorFailureInAChildProcessUnderRlimitData) {
 // the headroom after the runner measured it.
 TEST(TrialRunnerChildTest, UntrackedMemoryNearTheLimitIsStillOutOfMemory) {
   if (std::getenv("AUTOBATCH_RLIMIT_CHILD") == nullptr) GTEST_SKIP() << "run by the parent test";
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  std::int64_t vm_data = 0;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmData:", 0) == 0) vm_data = std::stoll(line.substr(7)) * 1024;
-  }
-  const auto cap = static_cast<rlim_t>(vm_data + (std::int64_t{256} << 20));
-  const struct rlimit limit_data { cap, cap };
-  ASSERT_EQ(setrlimit(RLIMIT_DATA, &limit_data), 0);
+  ASSERT_TRUE(testing::capDataSegment(std::int64_t{256} << 20));
   auto m = convNet();
   TrialRunner runner(m, specOf("3x32x32", LossKind::kCrossEntropy, OptimizerKind::kAdamW),
                      limit(kUnlimited));
@@ -502,15 +480,8 @@ TEST(TrialRunnerChildTest, UntrackedMemoryNearTheLimitIsStillOutOfMemory) {
 }
 
 TEST(TrialRunnerTest, UntrackedMemoryNearTheLimitIsOutOfMemoryInAChildProcess) {
-  std::array<char, 4096> self{};
-  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
-  ASSERT_GT(n, 0);
-  const std::string command =
-      "AUTOBATCH_RLIMIT_CHILD=1 '" + std::string(self.data()) +
-      "' --gtest_filter=TrialRunnerChildTest.UntrackedMemoryNearTheLimitIsStillOutOfMemory";
-  const int status = std::system(command.c_str());
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  testing::expectChildPasses("AUTOBATCH_RLIMIT_CHILD",
+                             "TrialRunnerChildTest.UntrackedMemoryNearTheLimitIsStillOutOfMemory");
 }
 
 // Prints the peak table of docs/trial_runner.md (AUTOBATCH_PRINT_PEAKS=1).
