@@ -47,6 +47,6 @@ if [ "${AUTOBATCH_SANITIZE_TORCH:-1}" = 1 ]; then
   ASAN_OPTIONS="detect_odr_violation=0:detect_leaks=0:alloc_dealloc_mismatch=0:allocator_may_return_null=1" \
     autobatch_timed "sanitize: torch CPU tests (ASan)" \
     ctest --test-dir "$dir/torch" --output-on-failure -j "$jobs" -L cpu \
-    -R '^(TrialRunnerTest|ClassifyExceptionTest|FaultTest|FindMaxBatchTest)' -E 'RlimitData|RealAllocator'
+    -R '^(TrialRunnerTest|ClassifyExceptionTest|FaultTest|FindMaxBatchTest)' -E 'RlimitData|RealAllocator|ChildProcess'
 fi
 echo "[time] sanitize.sh total: $((SECONDS - t0)) s"
