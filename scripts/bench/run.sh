@@ -9,5 +9,6 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/../env.sh"
 bash "$AUTOBATCH_ROOT/scripts/build.sh" >/dev/null
 t0=$SECONDS
-"$AUTOBATCH_PYTHON" "$here/run.py" --device cpu --md "$AUTOBATCH_ROOT/docs/benchmarks.md" "$@"
+cd "$AUTOBATCH_ROOT"
+"$AUTOBATCH_PYTHON" scripts/bench/run.py --device cpu --md docs/benchmarks.md "$@"
 echo "[time] bench run.py: $((SECONDS - t0)) s"
