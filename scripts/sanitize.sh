@@ -45,7 +45,7 @@ if [ "${AUTOBATCH_SANITIZE_TORCH:-1}" = 1 ]; then
   # freed: leaks are checked by the budget allocator's count in the tests themselves. A real
   # allocator failure must come back as std::bad_alloc, not an ASan abort.
   ASAN_OPTIONS="detect_odr_violation=0:detect_leaks=0:alloc_dealloc_mismatch=0:allocator_may_return_null=1" \
-    autobatch_timed "sanitize: torch CPU tests (ASan)" \
+    autobatch_timed "sanitize: torch CPU tests (ASan+UBSan)" \
     ctest --test-dir "$dir/torch" --output-on-failure -j "$jobs" -L cpu \
     -R '^(TrialRunnerTest|ClassifyExceptionTest|FaultTest|FindMaxBatchTest)' -E 'RlimitData|RealAllocator|ChildProcess'
 fi
