@@ -209,7 +209,10 @@ class Runner:
                    max_rss_bytes=r["max_rss_bytes"],
                    exit=r["rc"], error=None if r["rc"] == 0 else (rep.get("error") or
                                                                   r["stderr"][-300:]),
-                   peak_bytes=max((t.get("peak_allocated_bytes", 0) for t in trials), default=None),
+                   # at the batch found (the eager check compares with it); reserved: the search
+                   peak_bytes=next((t.get("peak_allocated_bytes") for t in trials
+                                    if t.get("micro_batch_size") == res.get("max_micro_batch")
+                                    and t.get("outcome") == "fits"), None),
                    peak_reserved_bytes=max((t.get("peak_reserved_bytes", 0) for t in trials),
                                            default=None),
                    command=shlex.join(r["argv"]))
