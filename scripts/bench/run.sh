@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the CPU tables of docs/benchmarks.md: autobatch against PyTorch Lightning and HF
 # accelerate (scripts/bench/run.py), on this machine. Builds autobatch and exports the models first
-# (scripts/bootstrap.sh, scripts/build.sh). About 20 minutes on 2 cores; run it on a quiet machine,
+# (scripts/build.sh). About 15 minutes on 2 cores (861 s measured); run it on a quiet machine,
 # since wall times are measured. Extra arguments go to run.py (e.g. --cases decoder-lm-small).
 # Raw rows: build/bench/results.jsonl.
 set -euo pipefail
