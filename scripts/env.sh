@@ -33,3 +33,22 @@ autobatch_timed() {
   echo "[time] $label: $((SECONDS - t0)) s (exit $rc)"
   return $rc
 }
+
+# Configures a clang-14 Debug build tree for the sanitizer and fuzz scripts, printing its time; the
+# CMake output goes to DIR/configure.log, shown only when it fails.
+#   autobatch_clang_configure LABEL DIR CXXFLAGS LDFLAGS [CMAKE ARGS...]
+autobatch_clang_configure() {
+  local label="$1" dir="$2" cxxflags="$3" ldflags="$4"
+  shift 4
+  local t0=$SECONDS
+  mkdir -p "$dir"
+  if ! cmake -S "$AUTOBATCH_ROOT" -B "$dir" -G Ninja \
+    -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_CXX_FLAGS="$cxxflags" -DCMAKE_EXE_LINKER_FLAGS="$ldflags" \
+    -DCMAKE_SHARED_LINKER_FLAGS="$ldflags" "$@" >"$dir/configure.log" 2>&1; then
+    cat "$dir/configure.log"
+    echo "[time] $label: $((SECONDS - t0)) s (exit 1)"
+    return 1
+  fi
+  echo "[time] $label: $((SECONDS - t0)) s (exit 0)"
+}

@@ -12,11 +12,8 @@ seconds="${1:-60}"
 dir="${AUTOBATCH_FUZZ_DIR:-$AUTOBATCH_ROOT/build-fuzz}"
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -g -O1"
 mkdir -p "$dir/artifacts"
-autobatch_timed "fuzz: configure" cmake -S "$AUTOBATCH_ROOT" -B "$dir" -G Ninja \
-  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Debug \
-  -DAUTOBATCH_WITH_TORCH=OFF -DAUTOBATCH_FUZZ=ON -DAUTOBATCH_WERROR=ON \
-  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
-  >"$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }
+autobatch_clang_configure "fuzz: configure" "$dir" "$flags" "-fsanitize=address,undefined" \
+  -DAUTOBATCH_WITH_TORCH=OFF -DAUTOBATCH_FUZZ=ON -DAUTOBATCH_WERROR=ON
 autobatch_timed "fuzz: build" cmake --build "$dir" -j "${AUTOBATCH_JOBS:-$(nproc)}" --target parsers_fuzz
 corpus="$(mktemp -d)"
 trap 'rm -rf "$corpus"' EXIT

@@ -19,12 +19,8 @@ flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-po
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 
-mkdir -p "$dir/core"
-autobatch_timed "sanitize: configure core" cmake -S "$AUTOBATCH_ROOT" -B "$dir/core" -G Ninja \
-  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Debug \
-  -DAUTOBATCH_WITH_TORCH=OFF -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_WERROR=ON \
-  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
-  >"$dir/core-configure.log" 2>&1 || { cat "$dir/core-configure.log"; exit 1; }
+autobatch_clang_configure "sanitize: configure core" "$dir/core" "$flags" "$flags" \
+  -DAUTOBATCH_WITH_TORCH=OFF -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_WERROR=ON
 autobatch_timed "sanitize: build core" cmake --build "$dir/core" -j "$jobs"
 autobatch_timed "sanitize: ctest core (ASan+UBSan)" \
   ctest --test-dir "$dir/core" --output-on-failure -j "$jobs"
@@ -32,13 +28,8 @@ autobatch_timed "sanitize: ctest core (ASan+UBSan)" \
 if [ "${AUTOBATCH_SANITIZE_TORCH:-1}" = 1 ]; then
   torch_prefix="$(autobatch_torch_prefix)"
   tflags="-fsanitize=address,undefined -fno-sanitize=vptr,function -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1"
-  mkdir -p "$dir/torch"
-  autobatch_timed "sanitize: configure torch" cmake -S "$AUTOBATCH_ROOT" -B "$dir/torch" -G Ninja \
-    -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_PREFIX_PATH="$torch_prefix" -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_PYTHON="$AUTOBATCH_PYTHON" \
-    -DCMAKE_CXX_FLAGS="$tflags" -DCMAKE_EXE_LINKER_FLAGS="$tflags" \
-    -DCMAKE_SHARED_LINKER_FLAGS="$tflags" \
-    >"$dir/torch-configure.log" 2>&1 || { cat "$dir/torch-configure.log"; exit 1; }
+  autobatch_clang_configure "sanitize: configure torch" "$dir/torch" "$tflags" "$tflags" \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_PYTHON="$AUTOBATCH_PYTHON"
   autobatch_timed "sanitize: build torch tests" cmake --build "$dir/torch" -j "$jobs" \
     --target trial_runner_test faults_test
   # LibTorch's own allocations are not instrumented and some of its one-time globals are never
