@@ -53,6 +53,13 @@ CASES = {
 }
 
 
+def failure(res: dict, reported: str | None) -> str:
+    """What a failed process row shows: a timeout, else its own error, else its stderr's end."""
+    if res["timed_out"]:
+        return f"timed out after {res['wall_s']} s (killed)"
+    return reported or res["stderr"][-300:] or f"exit {res['rc']}"
+
+
 def log(*parts) -> None:
     print("[bench]", *parts, file=sys.stderr, flush=True)
 
@@ -73,7 +80,7 @@ class Runner:
         if left < 15:
             log(f"  skipped (deadline): {shlex.join(argv)[:120]}")
             return {"rc": None, "wall_s": 0.0, "stdout": "", "stderr": "skipped: deadline",
-                    "timed_out": True, "max_rss_bytes": 0}
+                    "timed_out": False, "max_rss_bytes": 0}
         timeout = min(timeout, left)
 
         def limit():
@@ -84,7 +91,8 @@ class Runner:
             t0 = time.time()
             proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True,
                                     preexec_fn=limit if cap else None)
-            timer = threading.Timer(timeout, proc.kill)
+            fired = threading.Event()
+            timer = threading.Timer(timeout, lambda: (fired.set(), proc.kill()))
             timer.start()
             _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage
             timer.cancel()
@@ -93,7 +101,7 @@ class Runner:
             out.seek(0)
             err.seek(0)
             return {"rc": proc.returncode, "wall_s": round(wall, 2), "stdout": out.read(),
-                    "stderr": err.read(), "timed_out": not timer.is_alive() and wall >= timeout,
+                    "stderr": err.read(), "timed_out": fired.is_set(),
                     "max_rss_bytes": usage.ru_maxrss * 1024}
 
     def autobatch(self, case: dict, extra: list[str], cap: int, timeout: float, tag: str) -> dict:
@@ -207,8 +215,7 @@ class Runner:
                    steps=sum(t.get("steps_completed", 0) + (t.get("outcome") != "fits")
                              for t in trials) or None,
                    max_rss_bytes=r["max_rss_bytes"],
-                   exit=r["rc"], error=None if r["rc"] == 0 else (rep.get("error") or
-                                                                  r["stderr"][-300:]),
+                   exit=r["rc"], error=None if r["rc"] == 0 else failure(r, rep.get("error")),
                    # at the batch found (the eager check compares with it); reserved: the search
                    peak_bytes=next((t.get("peak_allocated_bytes") for t in trials
                                     if t.get("micro_batch_size") == res.get("max_micro_batch")
@@ -230,8 +237,7 @@ class Runner:
                     trial_sizes=res.get("trial_sizes"), exit=r["rc"],
                     max_rss_bytes=r["max_rss_bytes"],
                     peak_reserved_bytes=res.get("peak_reserved_bytes"),
-                    error=res.get("error") or (None if r["rc"] == 0 else
-                                               (r["stderr"][-300:] or f"exit {r['rc']}")),
+                    error=res.get("error") or (None if r["rc"] == 0 else failure(r, None)),
                     command=shlex.join(r["argv"]))
 
     def run_case(self, case: dict) -> None:
