@@ -5,6 +5,9 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 #include <sys/resource.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <fstream>
@@ -18,6 +21,7 @@
 
 #include "autobatch/error.h"
 #include "memory_backend.h"
+#include "process_memory.h"
 
 namespace autobatch::detail {
 namespace {
@@ -70,6 +74,13 @@ class BudgetAllocator final : public c10::Allocator {
                          "CPU budget allocator: out of memory: tried to allocate ", bytes,
                          " bytes with ", current_, " bytes in use under a limit of ", limit_,
                          " bytes (", source_, ")");
+      }
+      if (guard_ != nullptr && bytes >= ProcessMemoryGuard::kCheckFromBytes &&
+          !guard_->admits(bytes)) {
+        TORCH_CHECK_WITH(OutOfMemoryError, false,
+                         "CPU budget allocator: out of memory: tried to allocate ", bytes,
+                         " bytes with ", current_, " bytes of tensors in use, but ",
+                         guard_->refusalMessage());
       }
       current_ += bytes;  // claimed before the real allocation, so threads cannot overshoot
     }
@@ -130,6 +141,11 @@ class BudgetAllocator final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     fault_ = std::move(fault);
   }
+  // The guard is owned by the backend, which clears it before destroying it.
+  void setGuard(ProcessMemoryGuard* guard) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    guard_ = guard;
+  }
   void setLimit(std::int64_t limit, std::string source) {
     std::lock_guard<std::mutex> lock(mutex_);
     limit_ = limit;
@@ -160,18 +176,8 @@ class BudgetAllocator final : public c10::Allocator {
   std::string source_;
   TrialPoint point_;
   InjectedFault fault_;
+  ProcessMemoryGuard* guard_ = nullptr;
 };
-
-std::optional<std::int64_t> readInt(const std::string& path) {
-  std::ifstream in(path);
-  std::string text;
-  if (!(in >> text) || text == "max") return std::nullopt;
-  try {
-    return std::stoll(text);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
 
 // A "Key:   123 kB" line of /proc/self/status or /proc/meminfo, in bytes.
 std::optional<std::int64_t> readKb(const std::string& path, const std::string& key) {
@@ -200,30 +206,10 @@ struct Headroom {
 // Headroom left by the process limits (cgroup, RLIMIT_DATA, RLIMIT_AS); max when none is set.
 Headroom processHeadroom() {
   Headroom h;
-  // cgroup v2: this process's cgroup and its parents.
-  std::ifstream cgroups("/proc/self/cgroup");
-  std::string line;
-  while (std::getline(cgroups, line)) {
-    if (line.rfind("0::", 0) != 0) continue;
-    std::string dir = line.substr(3);
-    while (true) {
-      const std::string base = "/sys/fs/cgroup" + dir;
-      const auto max = readInt(base + "/memory.max");
-      const auto current = readInt(base + "/memory.current");
-      if (max && current) {
-        h.offer(*max - *current, "cgroup memory.max " + std::to_string(*max) + " less its usage " +
-                                     std::to_string(*current) + " (" + base + ")");
-      }
-      if (dir.empty() || dir == "/") break;
-      dir = dir.substr(0, dir.rfind('/'));
-    }
-  }
-  // cgroup v1.
-  if (const auto max = readInt("/sys/fs/cgroup/memory/memory.limit_in_bytes");
-      max && *max < (std::int64_t{1} << 60)) {
-    const auto usage = readInt("/sys/fs/cgroup/memory/memory.usage_in_bytes").value_or(0);
-    h.offer(*max - usage, "cgroup v1 memory.limit_in_bytes " + std::to_string(*max) +
-                              " less its usage " + std::to_string(usage));
+  for (const CgroupMemoryLimit& level : cgroupMemoryLimitsOfThisProcess()) {
+    h.offer(level.headroomBytes(), level.describe() + " less what its usage " +
+                                       std::to_string(level.usage_bytes) + " holds beyond " +
+                                       "unmapped page cache, " + std::to_string(level.needBytes()));
   }
   struct rlimit limit {};
   if (getrlimit(RLIMIT_DATA, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
@@ -252,30 +238,26 @@ class CpuBudgetBackend final : public MemoryBackend {
           "CPU budget allocator: expected no other TrialRunner on the CPU in this process, but "
           "one is alive; destroy it before creating another");
     }
-    process_ = processHeadroom();
-    Headroom headroom = process_;
-    if (const auto available = readKb("/proc/meminfo", "MemAvailable")) {
-      headroom.offer(*available, "MemAvailable at start " + std::to_string(*available));
-    }
     if (memory_limit_bytes > 0) {
       explicit_limit_ = memory_limit_bytes;
       source_ = "--memory-limit";
-    } else {
-      default_headroom_ = headroom.bytes;
-      source_ = headroom.source.empty() ? "no system limit found" : headroom.source;
     }
+    measureHeadroom();
+    guard_ = ProcessMemoryGuard::forThisProcess();
     c10::SetCPUAllocator(&budget, kPriority);
     if (c10::GetCPUAllocator() != &budget) {
       throw Error(
           "CPU budget allocator: expected c10::SetCPUAllocator to install it, but another CPU "
           "allocator of higher priority is registered; the CPU budget cannot be enforced");
     }
-    start_bytes_ = budget.current();
+    held_bytes_ = budget.current();
     applyLimit();
+    budget.setGuard(guard_.get());
   }
 
   ~CpuBudgetBackend() override {
     BudgetAllocator& budget = BudgetAllocator::instance();
+    budget.setGuard(nullptr);
     budget.setLimit(0, "");
     budget.clearExternal();
     c10::SetCPUAllocator(previous_, kPriority);
@@ -284,25 +266,56 @@ class CpuBudgetBackend final : public MemoryBackend {
   std::string name() const override { return "cpu-budget"; }
   std::int64_t limitBytes() const override { return limit_; }
   std::string limitSource() const override {
-    if (explicit_limit_ > 0) return source_;
-    return source_ + ", plus the " + std::to_string(limit_ - default_headroom_) +
-           " bytes of tensors held at start";
+    std::string text = source_;
+    if (explicit_limit_ == 0) {
+      text += ", plus the " + std::to_string(limit_ - default_headroom_) +
+              " bytes of tensors held at setup";
+    }
+    if (guard_) {
+      text += "; the whole process is kept " + std::to_string(guard_->marginBytes()) +
+              " bytes under " + guard_->describe();
+    }
+    return text;
   }
   std::int64_t currentBytes() const override { return BudgetAllocator::instance().current(); }
+  // Measured again now that the model (and the runner's host snapshot of its weights, which the
+  // budget does not count) is in memory: the default limit is the room left now plus the tensors
+  // held now, and the guard's baseline usage is taken at the same moment.
   void finishSetup(std::int64_t untracked_model_bytes) override {
-    BudgetAllocator::instance().addExternal(untracked_model_bytes);
-    external_ = untracked_model_bytes;
+    BudgetAllocator& budget = BudgetAllocator::instance();
+    budget.addExternal(untracked_model_bytes);
+    measureHeadroom();
+    if (guard_) guard_->setBaseline();
+    held_bytes_ = budget.current();
     applyLimit();
   }
   void beginTrial() override { BudgetAllocator::instance().resetPeak(); }
+  // Peak compared with the limit: the tensors' peak, plus, when the limit is the system's (no
+  // --memory-limit), what the process keeps beyond its tensors since setup (thread pools, oneDNN's
+  // primitive cache and JIT code), measured after the trial once glibc's free chunks are given
+  // back. The limit is the room the process left at setup plus the tensors it held then, so this
+  // compares the process's settled need with the cgroup limit or the memory available. Transient
+  // heap fragmentation is not in it: the guard keeps it under the limit, the margin covers it.
   MemoryPeaks endTrial() override {
     MemoryPeaks peaks;
-    peaks.peak_allocated_bytes = BudgetAllocator::instance().peak();
+    BudgetAllocator& budget = BudgetAllocator::instance();
+    peaks.peak_allocated_bytes = budget.peak();
     peaks.peak_reserved_bytes = peaks.peak_allocated_bytes;
     peaks.peak_bytes = peaks.peak_allocated_bytes;
+    if (guard_ && explicit_limit_ == 0) {
+      const std::int64_t kept_beyond_tensors = guard_->settledNeedBytes() -
+                                               guard_->baselineNeedBytes() -
+                                               (budget.current() - held_bytes_);
+      peaks.peak_bytes += std::max<std::int64_t>(kept_beyond_tensors, 0);
+    }
     return peaks;
   }
-  void releaseCaches() override {}
+  // glibc keeps freed chunks; a cgroup counts them. Each trial starts from the same resident set.
+  void releaseCaches() override {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+  }
   void synchronize() override {}
   bool processLimitNear(std::int64_t peak_bytes, std::int64_t failed_request_bytes) const override {
     if (process_.bytes == std::numeric_limits<std::int64_t>::max()) return false;  // no limit
@@ -312,27 +325,39 @@ class CpuBudgetBackend final : public MemoryBackend {
  private:
   static constexpr std::uint8_t kPriority = 0;
 
+  // The room the process limits and MemAvailable leave now (the default limit's part).
+  void measureHeadroom() {
+    process_ = processHeadroom();
+    Headroom headroom = process_;
+    if (const auto available = readKb("/proc/meminfo", "MemAvailable")) {
+      headroom.offer(*available, "MemAvailable " + std::to_string(*available));
+    }
+    if (explicit_limit_ == 0) {
+      default_headroom_ = headroom.bytes;
+      source_ = headroom.source.empty() ? "no system limit found" : headroom.source;
+    }
+  }
+
   void applyLimit() {
     if (explicit_limit_ > 0) {
       limit_ = explicit_limit_;
     } else {
-      // The headroom was measured before the model (and its untracked tensors) counted.
-      const std::int64_t held = start_bytes_ + external_;
-      limit_ = default_headroom_ > std::numeric_limits<std::int64_t>::max() - held
+      // The headroom was measured while these tensors were already held.
+      limit_ = default_headroom_ > std::numeric_limits<std::int64_t>::max() - held_bytes_
                    ? std::numeric_limits<std::int64_t>::max()
-                   : default_headroom_ + held;
+                   : default_headroom_ + held_bytes_;
     }
     BudgetAllocator::instance().setLimit(std::max<std::int64_t>(limit_ - reserve_, 1),
                                          limitSource());
   }
 
   c10::Allocator* previous_ = nullptr;
+  std::unique_ptr<ProcessMemoryGuard> guard_;
   Headroom process_;
   std::int64_t reserve_ = 0;
   std::int64_t explicit_limit_ = 0;
   std::int64_t default_headroom_ = 0;
-  std::int64_t start_bytes_ = 0;
-  std::int64_t external_ = 0;
+  std::int64_t held_bytes_ = 0;  // tensors counted when the headroom was last measured
   std::int64_t limit_ = 0;
   std::string source_;
 };

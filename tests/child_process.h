@@ -31,14 +31,16 @@ inline bool capDataSegment(std::int64_t headroom_bytes) {
   return setrlimit(RLIMIT_DATA, &limit_data) == 0;
 }
 
-/// In the parent: runs this test binary again with `env_name`=1 and only test `test_name`, and
-/// expects that one test to run and pass (a filter that matches nothing would also exit 0).
-inline void expectChildPasses(const std::string& env_name, const std::string& test_name) {
+/// In the parent: runs this test binary again with `env_name`=`env_value` and only test
+/// `test_name`, and expects that one test to run and pass (a filter that matches nothing would
+/// also exit 0) and the child to exit by itself (not killed, e.g. by a cgroup's OOM killer).
+inline void expectChildPasses(const std::string& env_name, const std::string& test_name,
+                              const std::string& env_value = "1") {
   std::array<char, 4096> self{};
   const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
   ASSERT_GT(n, 0);
-  const std::string command =
-      env_name + "=1 '" + std::string(self.data()) + "' --gtest_filter=" + test_name + " 2>&1";
+  const std::string command = env_name + "='" + env_value + "' '" + std::string(self.data()) +
+                              "' --gtest_filter=" + test_name + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr) << command;
   std::string output;
@@ -48,8 +50,11 @@ inline void expectChildPasses(const std::string& env_name, const std::string& te
   }
   const int status = pclose(pipe);
   std::cout << output;
-  ASSERT_TRUE(WIFEXITED(status)) << command;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << command;
+  ASSERT_TRUE(WIFEXITED(status)) << command << ": killed by signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << command
+      << (WEXITSTATUS(status) > 128 ? ": the child was killed (the shell's 128 + signal)" : "");
   EXPECT_NE(output.find("[  PASSED  ] 1 test."), std::string::npos) << command;
 }
 

@@ -36,8 +36,13 @@ PlanKind parsePlanKind(std::string_view name);
 
 struct SearchOptions {
   /// Memory limit in bytes. 0: the device's (CUDA: free at start plus what this process holds;
-  /// CPU: the smallest of the cgroup limit, MemAvailable and RLIMIT_DATA/RLIMIT_AS). On CUDA a
-  /// smaller value emulates a smaller card through the caching allocator's memory fraction.
+  /// CPU: the room left by the tightest of the cgroup limits (v1 or v2, every level),
+  /// MemAvailable and RLIMIT_DATA/RLIMIT_AS, plus the tensors held, measured once the model is
+  /// loaded). On CUDA a smaller value emulates a smaller card through the caching allocator's
+  /// memory fraction. On the CPU, whatever the value, a process guard also refuses (as out of
+  /// memory) any tensor allocation that would take the whole process within max(64 MiB, 2%) of a
+  /// cgroup limit or of the memory available: the kernel enforces those by killing the process
+  /// (docs/trial_runner.md, "the process guard").
   std::int64_t memory_limit_bytes = 0;
   /// Bytes kept free for what a trial does not show (other processes, EMA copies, data loaders);
   /// taken off the limit before the search. Range >= 0. Default: 0.

@@ -91,7 +91,9 @@ class TrialRunner {
   /// TrainingSpec::ddp: bytes of the gradient-sized buffer every trial allocates on the device
   /// (DDP's gradient buckets) from its start to its end; 0 without ddp.
   std::int64_t ddpBucketBytes() const;
-  /// Where the limit came from (e.g. "--memory-limit", "MemAvailable at start 123...").
+  /// Where the limit came from (e.g. "--memory-limit", "MemAvailable 123...", "cgroup v1
+  /// memory.limit_in_bytes 1610612736 (/sys/fs/cgroup/memory/job) less ..."), and on the CPU what
+  /// the process guard keeps the whole process under.
   std::string memoryLimitSource() const;
   /// "cpu-budget" or "cuda-caching".
   std::string backendName() const;

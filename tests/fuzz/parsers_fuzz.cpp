@@ -9,7 +9,10 @@
 // - parseInputSpecs of the joined toString()s gives the same list;
 // - parseBytes is >= 0 and its decimal text parses back to the same value;
 // - parseInteger stays in [min, max] and round-trips; parseDecimal is finite and in [min, max];
-// - parseModelMetadata gives at least one input, and toJson() of it parses back to the same.
+// - parseModelMetadata gives at least one input, and toJson() of it parses back to the same;
+// - readCgroupMemoryLimits (the input as /proc/self/cgroup and as mountinfo text, over a tree that
+//   does not exist) throws nothing and finds no limit; parseMemoryStat gives figures in
+//   [0, 2^59].
 // Built by scripts/fuzz.sh (CMake option AUTOBATCH_FUZZ, clang's -fsanitize=fuzzer).
 #include <cmath>
 #include <cstddef>
@@ -26,6 +29,7 @@
 #include "autobatch/input_spec.h"
 #include "autobatch/model_metadata.h"
 #include "autobatch/units.h"
+#include "process_memory.h"
 
 namespace {
 
@@ -82,6 +86,20 @@ void checkSpec(const autobatch::InputSpec& spec, std::string_view input) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
+
+  guarded("readCgroupMemoryLimits", input, [&] {
+    const std::string text(input);
+    const auto levels =
+        autobatch::detail::readCgroupMemoryLimits(text, text, "/nonexistent-autobatch-fuzz-root");
+    check(levels.empty(), "no limit read from a tree that does not exist", input);
+  });
+  for (const int version : {1, 2}) {
+    const auto figures = autobatch::detail::parseMemoryStat(input.data(), input.size(), version);
+    check(figures.file_bytes >= 0 && figures.file_bytes <= (std::int64_t{1} << 59) &&
+              figures.mapped_file_bytes >= 0 &&
+              figures.mapped_file_bytes <= (std::int64_t{1} << 58),
+          "memory.stat figures in range", input);
+  }
 
   guarded("parseInputSpecs", input, [&] {
     const auto specs = autobatch::parseInputSpecs(input);

@@ -1,0 +1,155 @@
+// Internal: the memory limits that apply to this process as a whole (cgroup v1 and v2, the
+// system's available memory), and a guard that refuses an allocation before the process would pass
+// one of them. LibTorch-free (built into autobatch_core, tested in tests/process_memory_test.cpp).
+//
+// Why: the CPU budget allocator counts tensor bytes only. A cgroup counts everything the process
+// touches (glibc's retained free chunks, oneDNN scratch and JIT code, thread stacks) and, when the
+// cgroup passes its limit, the kernel kills the process with SIGKILL: nothing to catch. Measured
+// on this machine kind before the guard: ResNet-18 3x64x64 under a cgroup v1 limit of 1.5 GiB,
+// `autobatch` without --memory-limit was killed at its third trial (exit 137, memory.oom_control
+// oom_kill 1). The guard reads what the kernel reads (the cgroup's usage) before every large
+// allocation and turns "would pass the limit" into c10::OutOfMemoryError, a trial outcome.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace autobatch::detail {
+
+/// One cgroup level whose memory limit applies to this process (its own cgroup or an ancestor).
+struct CgroupMemoryLimit {
+  int version = 0;  ///< 1 (memory controller of cgroup v1) or 2 (unified hierarchy)
+  /// The cgroup's folder, e.g. "/sys/fs/cgroup/memory/process_api/f075" (v1) or
+  /// "/sys/fs/cgroup/user.slice/job-3" (v2).
+  std::string dir;
+  std::int64_t limit_bytes = 0;  ///< memory.limit_in_bytes (v1) or memory.max (v2), > 0
+  std::int64_t usage_bytes = 0;  ///< memory.usage_in_bytes (v1) or memory.current (v2)
+  /// Page cache charged to the cgroup, from memory.stat ((total_)active_file + inactive_file, v1
+  /// keys with "total_"), and the part of it mapped into processes ((total_)mapped_file, v2
+  /// file_mapped), in bytes; 0 when memory.stat gives none.
+  std::int64_t file_bytes = 0;
+  std::int64_t mapped_file_bytes = 0;
+
+  /// What the kernel cannot take back without killing: usage less the page cache nobody maps
+  /// (it is reclaimed before any process is killed; mapped pages, such as LibTorch's own code, are
+  /// kept because evicting them makes every step fault them back in), in bytes, in [0, usage].
+  std::int64_t needBytes() const;
+  /// limit - needBytes(), in bytes; may be negative.
+  std::int64_t headroomBytes() const { return limit_bytes - needBytes(); }
+  /// The file the kernel's usage figure is read from (memory.usage_in_bytes or memory.current).
+  std::string usageFile() const;
+  /// "cgroup v1 memory.limit_in_bytes 1610612736 (/sys/fs/cgroup/memory/x)" and the like.
+  std::string describe() const;
+};
+
+/// The cgroup levels with a memory limit that apply to a process, innermost first, from the text
+/// of its /proc/<pid>/cgroup and /proc/<pid>/mountinfo. Where the hierarchy is mounted comes from
+/// mountinfo (cgroup v1 "memory" controller: fstype "cgroup" with super option "memory"; v2: fstype
+/// "cgroup2", e.g. /sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid systems); the process's
+/// cgroup path is taken relative to the mount's root (a container sees "/docker/<id>" mounted as
+/// its own root). Each level from the process's cgroup up to the mount point is read; levels
+/// without a limit ("max", or v1's "unlimited" 2^63 rounded down to a page) are left out, and so
+/// are levels whose files cannot be read. `root` is prepended to every path read (tests build a
+/// fake tree under a temporary folder; "" for the real one). Never throws on malformed text: what
+/// cannot be parsed is skipped.
+std::vector<CgroupMemoryLimit> readCgroupMemoryLimits(const std::string& proc_cgroup_text,
+                                                      const std::string& proc_mountinfo_text,
+                                                      const std::string& root = "");
+
+/// readCgroupMemoryLimits() for this process (/proc/self/cgroup, /proc/self/mountinfo).
+std::vector<CgroupMemoryLimit> cgroupMemoryLimitsOfThisProcess();
+
+/// The bytes one cgroup usage file holds now (memory.current, memory.usage_in_bytes), for tests and
+/// the guard; nullopt when it cannot be read.
+std::optional<std::int64_t> readBytesFile(const std::string& path);
+
+/// Refuses an allocation that would take the process past one of its memory limits.
+///
+/// What it watches, chosen when it is created:
+/// - every cgroup level with a memory limit (cgroupMemoryLimitsOfThisProcess()): its need
+///   (CgroupMemoryLimit::needBytes(), from memory.usage_in_bytes / memory.current and memory.stat)
+///   against its limit. Raw usage is not the figure: near the limit the kernel fills the cgroup
+///   with page cache and evicts it on demand, so usage sits at the limit while nothing is wrong;
+/// - without any cgroup limit, the system: this process's anonymous resident bytes
+///   (/proc/self/statm resident - shared) against what it held at the baseline plus MemAvailable
+///   then (the global OOM killer picks the largest process, which a search near the machine's
+///   memory would be).
+/// admits(n) is true when need + n stays at or under limit - margin, margin = max(64 MiB, 2% of the
+/// limit): room for what grows between two checks without passing through the budget allocator
+/// (small allocations are not checked, nor thread stacks, oneDNN's JIT code). Between two reads of
+/// memory.stat the need is followed by this process's anonymous resident bytes (one pread of
+/// /proc/self/statm); memory.stat is read again every 64 checks and whenever that estimate comes
+/// within the margin. Before refusing it gives glibc's free chunks back to the system
+/// (malloc_trim(0)) and reads the figures again. No heap allocation on the path that admits (the
+/// budget allocator calls it from inside allocations).
+/// Thread safety: none; calls must not overlap (the budget allocator makes them under its lock).
+class ProcessMemoryGuard {
+ public:
+  /// The guard for this process now; nullptr when nothing could be read (no /proc).
+  static std::unique_ptr<ProcessMemoryGuard> forThisProcess();
+  /// A guard over the given cgroup levels only; nullptr when none of them can be read.
+  static std::unique_ptr<ProcessMemoryGuard> forCgroups(
+      const std::vector<CgroupMemoryLimit>& limits);
+  ~ProcessMemoryGuard();
+  ProcessMemoryGuard(const ProcessMemoryGuard&) = delete;
+  ProcessMemoryGuard& operator=(const ProcessMemoryGuard&) = delete;
+
+  /// True when `request_bytes` (>= 0) more can be taken without passing limit - margin anywhere.
+  /// When false, refusalMessage() says which limit and with what need.
+  bool admits(std::int64_t request_bytes);
+  /// For the last refusal: "the process would pass a memory limit the kernel enforces by killing
+  /// it: 1.40 GiB in use + 72.14 MiB requested > 1.50 GiB less a margin of 64.00 MiB for memory
+  /// the budget does not count (cgroup v1 memory.limit_in_bytes 1610612736 (/sys/...))"; "" before.
+  std::string refusalMessage() const;
+  /// What is watched, "; "-separated ("cgroup v1 memory.limit_in_bytes 1610612736 (/sys/...)",
+  /// "system memory: ...").
+  std::string describe() const;
+  /// The margin kept under the tightest watched limit, in bytes.
+  std::int64_t marginBytes() const;
+
+  /// Chooses the tightest watched limit (least room: limit - margin - need) and takes its need now
+  /// as the baseline. Called at creation and by the runner once set up.
+  void setBaseline();
+  /// The tightest limit's need at the last setBaseline(), in bytes.
+  std::int64_t baselineNeedBytes() const;
+  /// The tightest limit's need now, from the kernel's figures, after giving glibc's free chunks
+  /// back (malloc_trim(0)): what the process keeps, not what it touched; in bytes.
+  std::int64_t settledNeedBytes();
+
+  /// Below this size an allocation is not checked (it comes from glibc's heap, whose growth the
+  /// margin covers): 64 KiB.
+  static constexpr std::int64_t kCheckFromBytes = std::int64_t{64} << 10;
+  /// memory.stat is read again after this many checks even far from the limit (other processes
+  /// in the same cgroup grow too).
+  static constexpr int kChecksPerStatRead = 64;
+
+ private:
+  struct Watch;
+  ProcessMemoryGuard();
+  std::int64_t anonBytes() const;
+  static std::optional<std::int64_t> exactNeed(const Watch& w);
+  static void resync(Watch& w, std::int64_t anon_bytes);
+
+  int statm_fd_ = -1;
+  std::vector<Watch> watches_;
+  std::size_t tightest_ = 0;  // index into watches_
+  std::int64_t baseline_need_bytes_ = 0;
+  std::string refusal_;
+};
+
+/// margin = max(64 MiB, 2% of `limit_bytes`), in bytes (ProcessMemoryGuard).
+std::int64_t processMemoryMarginBytes(std::int64_t limit_bytes);
+
+/// The figures of a memory.stat text ("key value" lines) that needBytes() uses, cgroup `version`
+/// 1 (total_active_file, total_inactive_file, total_mapped_file: hierarchical) or 2 (active_file,
+/// inactive_file, file_mapped), in bytes; missing keys are 0. Reads `text` only, no allocation.
+struct MemoryStatFigures {
+  std::int64_t file_bytes = 0;
+  std::int64_t mapped_file_bytes = 0;
+};
+MemoryStatFigures parseMemoryStat(const char* text, std::size_t size, int version);
+
+}  // namespace autobatch::detail

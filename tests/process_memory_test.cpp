@@ -1,0 +1,268 @@
+// The process-wide memory limits (cgroup v1 / v2 discovery, need against limit) and the guard, on
+// fake /proc and /sys/fs/cgroup trees written under a temporary folder. LibTorch-free.
+#include "process_memory.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace autobatch::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+// What cgroup v1 shows for "no limit": PAGE_COUNTER_MAX pages of 4 KiB.
+constexpr const char* kV1Unlimited = "9223372036854771712";
+
+class ProcessMemoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tree_root = fs::path(AUTOBATCH_TEST_TMP) /
+                ("process_memory_" +
+                 std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+                 "_" + std::to_string(getpid()));
+    fs::remove_all(tree_root);
+    fs::create_directories(tree_root);
+  }
+  void TearDown() override { fs::remove_all(tree_root); }
+
+  // Writes `text` to root + `path` (an absolute path of the fake tree).
+  void write(const std::string& path, const std::string& text) const {
+    const fs::path file = tree_root.string() + path;
+    fs::create_directories(file.parent_path());
+    std::ofstream(file) << text;
+  }
+  std::string root() const { return tree_root.string(); }
+
+  fs::path tree_root;
+};
+
+// mountinfo lines as the kernel writes them.
+const std::string kV1MemoryMount =
+    "40 30 0:35 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n";
+const std::string kV1CpuMount =
+    "39 30 0:34 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n";
+const std::string kRootMount = "22 1 0:21 / / rw,relatime - overlay overlay rw,lowerdir=/a\n";
+
+// The case found on this machine kind: the process sits in a nested v1 cgroup; reading the mount's
+// top folder only (as autobatch did) finds no limit, and the process is killed at the limit.
+TEST_F(ProcessMemoryTest, CgroupV1NestedPathIsFollowedToItsLimit) {
+  write("/sys/fs/cgroup/memory/memory.limit_in_bytes", kV1Unlimited);
+  write("/sys/fs/cgroup/memory/memory.usage_in_bytes", "9000000000");
+  write("/sys/fs/cgroup/memory/process_api/memory.limit_in_bytes", kV1Unlimited);
+  write("/sys/fs/cgroup/memory/process_api/memory.usage_in_bytes", "8000000000");
+  const std::string job = "/sys/fs/cgroup/memory/process_api/f075";
+  write(job + "/memory.limit_in_bytes", "1610612736\n");
+  write(job + "/memory.usage_in_bytes", "300000000\n");
+  write(job + "/memory.stat",
+        "cache 70000000\nrss 200000000\nmapped_file 1\ninactive_file 2\nactive_file 3\n"
+        "hierarchical_memory_limit 1610612736\ntotal_cache 70000000\ntotal_rss 200000000\n"
+        "total_mapped_file 10000000\ntotal_inactive_file 20000000\ntotal_active_file 50000000\n");
+  const auto levels = readCgroupMemoryLimits("5:cpu,cpuacct:/\n4:memory:/process_api/f075\n0::/\n",
+                                             kRootMount + kV1CpuMount + kV1MemoryMount, root());
+  ASSERT_EQ(levels.size(), 1U);
+  EXPECT_EQ(levels[0].version, 1);
+  EXPECT_EQ(levels[0].dir, job);
+  EXPECT_EQ(levels[0].limit_bytes, 1610612736);
+  EXPECT_EQ(levels[0].usage_bytes, 300000000);
+  EXPECT_EQ(levels[0].file_bytes, 70000000);  // the total_ (hierarchical) keys, not the local ones
+  EXPECT_EQ(levels[0].mapped_file_bytes, 10000000);
+  // Unmapped page cache (70 MB - 10 MB mapped) is reclaimed before a kill.
+  EXPECT_EQ(levels[0].needBytes(), 300000000 - 60000000);
+  EXPECT_EQ(levels[0].headroomBytes(), 1610612736 - 240000000);
+  EXPECT_EQ(levels[0].usageFile(), job + "/memory.usage_in_bytes");
+  EXPECT_EQ(levels[0].describe(), "cgroup v1 memory.limit_in_bytes 1610612736 (" + job + ")");
+}
+
+// Docker on cgroup v1 without a cgroup namespace: /proc/self/cgroup names /docker/<id>, and the
+// container's mount shows that cgroup as its top folder (mountinfo root field).
+TEST_F(ProcessMemoryTest, ContainerMountShowsItsOwnCgroupAsTheTop) {
+  write("/sys/fs/cgroup/memory/memory.limit_in_bytes", "2147483648");
+  write("/sys/fs/cgroup/memory/memory.usage_in_bytes", "1073741824");
+  const auto levels = readCgroupMemoryLimits(
+      "4:memory:/docker/0123abcd\n",
+      "40 30 0:35 /docker/0123abcd /sys/fs/cgroup/memory ro,nosuid - cgroup cgroup rw,memory\n",
+      root());
+  ASSERT_EQ(levels.size(), 1U);
+  EXPECT_EQ(levels[0].dir, "/sys/fs/cgroup/memory");
+  EXPECT_EQ(levels[0].limit_bytes, 2147483648);
+  EXPECT_EQ(levels[0].needBytes(), 1073741824);  // no memory.stat: nothing taken off
+}
+
+// cgroup v2: the job's own memory.max is "max", its parent's is set; both levels are read,
+// innermost first, and a tighter inner limit comes first.
+TEST_F(ProcessMemoryTest, CgroupV2EveryLevelUpToTheMountIsRead) {
+  const std::string mount = "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+  write("/sys/fs/cgroup/user.slice/memory.max", "4294967296\n");
+  write("/sys/fs/cgroup/user.slice/memory.current", "1000\n");
+  write("/sys/fs/cgroup/user.slice/job-3/memory.max", "max\n");
+  write("/sys/fs/cgroup/user.slice/job-3/memory.current", "900\n");
+  write("/sys/fs/cgroup/user.slice/job-3/step/memory.max", "1073741824\n");
+  write("/sys/fs/cgroup/user.slice/job-3/step/memory.current", "800000000\n");
+  write("/sys/fs/cgroup/user.slice/job-3/step/memory.stat",
+        "anon 500000000\nfile 300000000\nactive_file 100000000\ninactive_file 200000000\n"
+        "file_mapped 50000000\n");
+  const auto levels =
+      readCgroupMemoryLimits("0::/user.slice/job-3/step\n", kRootMount + mount, root());
+  ASSERT_EQ(levels.size(), 2U);
+  EXPECT_EQ(levels[0].version, 2);
+  EXPECT_EQ(levels[0].dir, "/sys/fs/cgroup/user.slice/job-3/step");
+  EXPECT_EQ(levels[0].needBytes(), 800000000 - (300000000 - 50000000));
+  EXPECT_EQ(levels[0].usageFile(), "/sys/fs/cgroup/user.slice/job-3/step/memory.current");
+  EXPECT_EQ(levels[0].describe(),
+            "cgroup memory.max 1073741824 (/sys/fs/cgroup/user.slice/job-3/step)");
+  EXPECT_EQ(levels[1].dir, "/sys/fs/cgroup/user.slice");
+  EXPECT_EQ(levels[1].limit_bytes, 4294967296);
+}
+
+// Hybrid systems mount cgroup2 at /sys/fs/cgroup/unified (without the memory controller) and
+// the v1 memory controller beside it: the limit is found in v1.
+TEST_F(ProcessMemoryTest, HybridSystemFindsTheV1MemoryLimit) {
+  write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", "536870912");
+  write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", "100");
+  write("/sys/fs/cgroup/unified/job/cgroup.procs", "1\n");
+  const auto levels = readCgroupMemoryLimits(
+      "4:memory:/job\n0::/job\n",
+      kV1MemoryMount + "31 22 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n", root());
+  ASSERT_EQ(levels.size(), 1U);
+  EXPECT_EQ(levels[0].version, 1);
+  EXPECT_EQ(levels[0].limit_bytes, 536870912);
+}
+
+TEST_F(ProcessMemoryTest, MountPointWithAnEscapedSpace) {
+  write("/mnt/my mem/job/memory.limit_in_bytes", "1000000");
+  write("/mnt/my mem/job/memory.usage_in_bytes", "10");
+  const auto levels = readCgroupMemoryLimits(
+      "7:memory:/job\n", "40 30 0:35 / /mnt/my\\040mem rw - cgroup cgroup rw,memory\n", root());
+  ASSERT_EQ(levels.size(), 1U);
+  EXPECT_EQ(levels[0].dir, "/mnt/my mem/job");
+}
+
+TEST_F(ProcessMemoryTest, NoLimitAnywhereGivesNothing) {
+  write("/sys/fs/cgroup/memory/memory.limit_in_bytes", kV1Unlimited);
+  write("/sys/fs/cgroup/memory/memory.usage_in_bytes", "5");
+  write("/sys/fs/cgroup/memory.max", "max");
+  write("/sys/fs/cgroup/memory.current", "5");
+  EXPECT_TRUE(readCgroupMemoryLimits("4:memory:/\n0::/\n", kV1MemoryMount, root()).empty());
+  EXPECT_TRUE(readCgroupMemoryLimits(
+                  "0::/\n", "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", root())
+                  .empty());
+}
+
+// Malformed /proc text and files: skipped, never thrown, never a limit made up.
+TEST_F(ProcessMemoryTest, MalformedTextIsSkipped) {
+  write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", "12abc");
+  write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", "10");
+  write("/sys/fs/cgroup/memory/other/memory.limit_in_bytes", "99999999999999999999999");
+  write("/sys/fs/cgroup/memory/other/memory.usage_in_bytes", "10");
+  const std::string bad_mounts =
+      "garbage\n40 30 0:35 / /x - cgroup\n\n- - - -\n40 30 0:35 / /sys/fs/cgroup/memory rw - "
+      "cgroup cgroup rw,memory\n";
+  for (const std::string cgroup :
+       {"4:memory:/job\n", "4:memory:/other\n", "memory\n", "4:memory:relative\n", ":::\n", ""}) {
+    EXPECT_TRUE(readCgroupMemoryLimits(cgroup, bad_mounts, root()).empty()) << cgroup;
+  }
+  EXPECT_TRUE(readCgroupMemoryLimits("4:memory:/job\n", "", root()).empty());
+}
+
+TEST(MemoryStatTest, KeysOfEachVersion) {
+  const std::string v1 =
+      "active_file 7\ninactive_file 7\nmapped_file 7\ntotal_active_file 100\n"
+      "total_inactive_file 20\ntotal_mapped_file 30\n";
+  auto f = parseMemoryStat(v1.data(), v1.size(), 1);
+  EXPECT_EQ(f.file_bytes, 120);
+  EXPECT_EQ(f.mapped_file_bytes, 30);
+  const std::string v2 = "anon 5\nactive_file 100\ninactive_file 20\nfile_mapped 30\nfile 999\n";
+  f = parseMemoryStat(v2.data(), v2.size(), 2);
+  EXPECT_EQ(f.file_bytes, 120);
+  EXPECT_EQ(f.mapped_file_bytes, 30);
+  // A file cut inside a line (pread into a fixed buffer) and a number too long: no overflow.
+  const std::string cut = "active_file 99999999999999999999999999\ninactive_fi";
+  f = parseMemoryStat(cut.data(), cut.size(), 2);
+  EXPECT_GT(f.file_bytes, 0);
+  EXPECT_EQ(f.mapped_file_bytes, 0);
+  f = parseMemoryStat("", 0, 1);
+  EXPECT_EQ(f.file_bytes, 0);
+}
+
+TEST(CgroupMemoryLimitTest, NeedStaysWithinUsage) {
+  CgroupMemoryLimit level;
+  level.usage_bytes = 100;
+  level.file_bytes = 500;  // memory.stat read a moment later than the usage
+  EXPECT_EQ(level.needBytes(), 0);
+  level.mapped_file_bytes = 600;  // mapped larger than the file figure
+  EXPECT_EQ(level.needBytes(), 100);
+}
+
+TEST(ProcessMemoryMarginTest, SixtyFourMiBOrTwoPercent) {
+  EXPECT_EQ(processMemoryMarginBytes(1024 * kMiB), 64 * kMiB);
+  EXPECT_EQ(processMemoryMarginBytes(3200 * kMiB), 64 * kMiB);
+  EXPECT_EQ(processMemoryMarginBytes(10000 * kMiB), 200 * kMiB);
+}
+
+// The guard over a fake cgroup whose usage file the test rewrites.
+TEST_F(ProcessMemoryTest, GuardRefusesPastLimitLessMarginAndAsksTheKernelAgain) {
+  const std::string job = root() + "/sys/fs/cgroup/memory/job";
+  write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", std::to_string(500 * kMiB));
+  write("/sys/fs/cgroup/memory/job/memory.stat", "total_inactive_file 0\n");
+  CgroupMemoryLimit level;
+  level.version = 1;
+  level.dir = job;
+  level.limit_bytes = 1024 * kMiB;
+  auto guard = ProcessMemoryGuard::forCgroups({level});
+  ASSERT_NE(guard, nullptr);
+  EXPECT_EQ(guard->baselineNeedBytes(), 500 * kMiB);
+  EXPECT_EQ(guard->marginBytes(), 64 * kMiB);
+  EXPECT_EQ(guard->describe(), "cgroup v1 memory.limit_in_bytes 1073741824 (" + job + ")");
+  EXPECT_TRUE(guard->admits(400 * kMiB));   // 900 <= 1024 - 64
+  EXPECT_FALSE(guard->admits(500 * kMiB));  // 1000 > 960
+  const std::string why = guard->refusalMessage();
+  EXPECT_NE(why.find("500.00 MiB in use + 500.00 MiB requested > 1.00 GiB less a margin of "
+                     "64.00 MiB"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("(cgroup v1 memory.limit_in_bytes 1073741824 (" + job + "))"),
+            std::string::npos)
+      << why;
+  // Another process in the cgroup gave memory back: the estimate (500 MiB) says no, the kernel's
+  // figure says yes.
+  write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", std::to_string(100 * kMiB));
+  EXPECT_TRUE(guard->admits(800 * kMiB));  // 900 <= 960
+  EXPECT_EQ(guard->settledNeedBytes(), 100 * kMiB);
+  // Page cache nobody maps is taken off the usage.
+  write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", std::to_string(1000 * kMiB));
+  write("/sys/fs/cgroup/memory/job/memory.stat",
+        "total_inactive_file " + std::to_string(700 * kMiB) + "\n");
+  EXPECT_EQ(guard->settledNeedBytes(), 300 * kMiB);
+  EXPECT_TRUE(guard->admits(600 * kMiB));   // 300 + 600 <= 960
+  EXPECT_FALSE(guard->admits(700 * kMiB));  // 300 + 700 > 960
+}
+
+TEST_F(ProcessMemoryTest, GuardOverNoReadableCgroupIsNone) {
+  CgroupMemoryLimit level;
+  level.version = 2;
+  level.dir = root() + "/missing";
+  level.limit_bytes = 1024 * kMiB;
+  EXPECT_EQ(ProcessMemoryGuard::forCgroups({level}), nullptr);
+  EXPECT_EQ(ProcessMemoryGuard::forCgroups({}), nullptr);
+}
+
+// This process, on whatever machine runs the test: a guard exists (cgroup or system memory), and
+// a request of all the memory in the world is refused while a small one is admitted.
+TEST(ProcessMemoryGuardTest, ThisProcessHasAGuardThatRefusesTheImpossible) {
+  auto guard = ProcessMemoryGuard::forThisProcess();
+  ASSERT_NE(guard, nullptr);
+  EXPECT_FALSE(guard->describe().empty());
+  EXPECT_TRUE(guard->admits(ProcessMemoryGuard::kCheckFromBytes));
+  EXPECT_FALSE(guard->admits(std::int64_t{1} << 60));
+  EXPECT_NE(guard->refusalMessage().find("would pass a memory limit"), std::string::npos);
+  EXPECT_GT(guard->baselineNeedBytes(), 0);
+}
+
+}  // namespace
+}  // namespace autobatch::detail
