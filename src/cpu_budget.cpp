@@ -289,24 +289,23 @@ class CpuBudgetBackend final : public MemoryBackend {
     held_bytes_ = budget.current();
     applyLimit();
   }
-  void beginTrial() override { BudgetAllocator::instance().resetPeak(); }
-  // Peak compared with the limit: the tensors' peak, plus, when the limit is the system's (no
-  // --memory-limit), what the process keeps beyond its tensors since setup (thread pools, oneDNN's
-  // primitive cache and JIT code), measured after the trial once glibc's free chunks are given
-  // back. The limit is the room the process left at setup plus the tensors it held then, so this
-  // compares the process's settled need with the cgroup limit or the memory available. Transient
-  // heap fragmentation is not in it: the guard keeps it under the limit, the margin covers it.
+  void beginTrial() override {
+    BudgetAllocator::instance().resetPeak();
+    if (guard_) guard_->resetPeak();
+  }
+  // Peak compared with the limit: the tensors' peak, or, when the limit is the system's (no
+  // --memory-limit) and larger, the process's own peak need as the guard sampled it (what its
+  // usage grew by since setup, plus the tensors held then: the limit is the room left at setup
+  // plus those tensors). That need counts what the kernel counts and the budget cannot see:
+  // glibc's retained free chunks, oneDNN's scratch and primitive cache, thread stacks.
   MemoryPeaks endTrial() override {
     MemoryPeaks peaks;
-    BudgetAllocator& budget = BudgetAllocator::instance();
-    peaks.peak_allocated_bytes = budget.peak();
+    peaks.peak_allocated_bytes = BudgetAllocator::instance().peak();
     peaks.peak_reserved_bytes = peaks.peak_allocated_bytes;
     peaks.peak_bytes = peaks.peak_allocated_bytes;
     if (guard_ && explicit_limit_ == 0) {
-      const std::int64_t kept_beyond_tensors = guard_->settledNeedBytes() -
-                                               guard_->baselineNeedBytes() -
-                                               (budget.current() - held_bytes_);
-      peaks.peak_bytes += std::max<std::int64_t>(kept_beyond_tensors, 0);
+      peaks.peak_bytes = std::max(
+          peaks.peak_bytes, guard_->peakNeedBytes() - guard_->baselineNeedBytes() + held_bytes_);
     }
     return peaks;
   }

@@ -394,6 +394,9 @@ std::unique_ptr<ProcessMemoryGuard> ProcessMemoryGuard::forThisProcess() {
 }
 
 void ProcessMemoryGuard::setBaseline() {
+#if defined(__GLIBC__)
+  malloc_trim(0);  // the runner trims after every trial too: trials start from this state
+#endif
   const std::int64_t anon = anonBytes();
   std::int64_t least_room = std::numeric_limits<std::int64_t>::max();
   for (std::size_t i = 0; i < watches_.size(); ++i) {
@@ -406,34 +409,28 @@ void ProcessMemoryGuard::setBaseline() {
     }
   }
   baseline_need_bytes_ = watches_.empty() ? 0 : watches_[tightest_].need_ref_bytes;
+  peak_need_bytes_ = baseline_need_bytes_;
 }
 
 std::int64_t ProcessMemoryGuard::baselineNeedBytes() const { return baseline_need_bytes_; }
 
-std::int64_t ProcessMemoryGuard::settledNeedBytes() {
-  if (watches_.empty()) return 0;
-#if defined(__GLIBC__)
-  malloc_trim(0);
-#endif
+void ProcessMemoryGuard::resetPeak() {
+  if (watches_.empty()) return;
   Watch& w = watches_[tightest_];
   resync(w, anonBytes());
-  return w.need_ref_bytes;
+  peak_need_bytes_ = w.need_ref_bytes;
 }
+
+std::int64_t ProcessMemoryGuard::peakNeedBytes() const { return peak_need_bytes_; }
 
 bool ProcessMemoryGuard::admits(std::int64_t request_bytes) {
   const std::int64_t anon = anonBytes();
-  for (Watch& w : watches_) {
+  for (std::size_t i = 0; i < watches_.size(); ++i) {
+    Watch& w = watches_[i];
     if (++w.checks_since_read >= kChecksPerStatRead) resync(w, anon);
     std::int64_t need = w.need_ref_bytes + (anon - w.anon_ref_bytes);
     if (need + request_bytes > w.limit_bytes - w.margin_bytes) {
       resync(w, anon);  // the estimate is near: ask the kernel
-      need = w.need_ref_bytes;
-    }
-    if (need + request_bytes > w.limit_bytes - w.margin_bytes) {
-#if defined(__GLIBC__)
-      malloc_trim(0);  // glibc's free chunks are anonymous memory the kernel counts
-#endif
-      resync(w, anonBytes());
       need = w.need_ref_bytes;
     }
     if (need + request_bytes > w.limit_bytes - w.margin_bytes) {
@@ -443,6 +440,7 @@ bool ProcessMemoryGuard::admits(std::int64_t request_bytes) {
                  " for memory the budget does not count (" + w.what + ")";
       return false;
     }
+    if (i == tightest_) peak_need_bytes_ = std::max(peak_need_bytes_, need + request_bytes);
   }
   return true;
 }

@@ -82,9 +82,10 @@ std::optional<std::int64_t> readBytesFile(const std::string& path);
 /// (small allocations are not checked, nor thread stacks, oneDNN's JIT code). Between two reads of
 /// memory.stat the need is followed by this process's anonymous resident bytes (one pread of
 /// /proc/self/statm); memory.stat is read again every 64 checks and whenever that estimate comes
-/// within the margin. Before refusing it gives glibc's free chunks back to the system
-/// (malloc_trim(0)) and reads the figures again. No heap allocation on the path that admits (the
-/// budget allocator calls it from inside allocations).
+/// within the margin. It does not give glibc's free chunks back (malloc_trim) to make room: a
+/// user's training process keeps them too and the kernel counts them, so a trial that would only
+/// fit with trimming does not fit. No heap allocation on the path that admits (the budget
+/// allocator calls it from inside allocations).
 /// Thread safety: none; calls must not overlap (the budget allocator makes them under its lock).
 class ProcessMemoryGuard {
  public:
@@ -110,14 +111,19 @@ class ProcessMemoryGuard {
   /// The margin kept under the tightest watched limit, in bytes.
   std::int64_t marginBytes() const;
 
-  /// Chooses the tightest watched limit (least room: limit - margin - need) and takes its need now
-  /// as the baseline. Called at creation and by the runner once set up.
+  /// Gives glibc's free chunks back (malloc_trim(0)), chooses the tightest watched limit (least
+  /// room: limit - margin - need) and takes its need now as the baseline and the peak. Called at
+  /// creation and by the runner once set up.
   void setBaseline();
   /// The tightest limit's need at the last setBaseline(), in bytes.
   std::int64_t baselineNeedBytes() const;
-  /// The tightest limit's need now, from the kernel's figures, after giving glibc's free chunks
-  /// back (malloc_trim(0)): what the process keeps, not what it touched; in bytes.
-  std::int64_t settledNeedBytes();
+  /// Starts a new peak at the tightest limit's need now (reads memory.stat).
+  void resetPeak();
+  /// The highest need of the tightest limit seen since resetPeak(): its need then, and need +
+  /// request at every check admits() passed, in bytes. Sampled at checked allocations, so it
+  /// includes what glibc keeps of freed chunks (as the kernel counts it) but not pages first
+  /// touched after the last check.
+  std::int64_t peakNeedBytes() const;
 
   /// Below this size an allocation is not checked (it comes from glibc's heap, whose growth the
   /// margin covers): 64 KiB.
@@ -137,6 +143,7 @@ class ProcessMemoryGuard {
   std::vector<Watch> watches_;
   std::size_t tightest_ = 0;  // index into watches_
   std::int64_t baseline_need_bytes_ = 0;
+  std::int64_t peak_need_bytes_ = 0;
   std::string refusal_;
 };
 
