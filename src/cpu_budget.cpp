@@ -146,6 +146,13 @@ class BudgetAllocator final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     guard_ = guard;
   }
+  // Runs `f` on the guard's state under the lock admits() runs under (another thread of the
+  // caller may allocate a tensor meanwhile).
+  template <typename F>
+  auto underLock(F&& f) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::forward<F>(f)();
+  }
   void setLimit(std::int64_t limit, std::string source) {
     std::lock_guard<std::mutex> lock(mutex_);
     limit_ = limit;
@@ -284,14 +291,15 @@ class CpuBudgetBackend final : public MemoryBackend {
   void finishSetup(std::int64_t untracked_model_bytes) override {
     BudgetAllocator& budget = BudgetAllocator::instance();
     budget.addExternal(untracked_model_bytes);
+    releaseCaches();  // the headroom and the guard's baseline are both read from a trimmed heap
+    if (guard_) budget.underLock([this] { guard_->setBaseline(); });
     measureHeadroom();
-    if (guard_) guard_->setBaseline();
     held_bytes_ = budget.current();
     applyLimit();
   }
   void beginTrial() override {
     BudgetAllocator::instance().resetPeak();
-    if (guard_) guard_->resetPeak();
+    if (guard_) BudgetAllocator::instance().underLock([this] { guard_->resetPeak(); });
   }
   // Peak compared with the limit: the tensors' peak, or, when the limit is the system's (no
   // --memory-limit) and larger, the process's own peak need as the guard sampled it (what its
@@ -304,8 +312,9 @@ class CpuBudgetBackend final : public MemoryBackend {
     peaks.peak_reserved_bytes = peaks.peak_allocated_bytes;
     peaks.peak_bytes = peaks.peak_allocated_bytes;
     if (guard_ && explicit_limit_ == 0) {
-      peaks.peak_bytes = std::max(
-          peaks.peak_bytes, guard_->peakNeedBytes() - guard_->baselineNeedBytes() + held_bytes_);
+      const std::int64_t grown_bytes = BudgetAllocator::instance().underLock(
+          [this] { return guard_->peakNeedBytes() - guard_->baselineNeedBytes(); });
+      peaks.peak_bytes = std::max(peaks.peak_bytes, grown_bytes + held_bytes_);
     }
     return peaks;
   }

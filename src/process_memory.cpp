@@ -108,27 +108,24 @@ std::vector<CgroupMount> cgroupMounts(const std::string& mountinfo_text, int ver
   return mounts;
 }
 
-std::string parentOf(const std::string& dir) {
-  const auto slash = dir.rfind('/');
-  return slash == std::string::npos || slash == 0 ? std::string("/") : dir.substr(0, slash);
-}
-
 // Each level from the process's cgroup up to the mount point, with a limit.
 void collectLevels(int version, const std::string& cgroup_path, const CgroupMount& mount,
                    const std::string& root, std::vector<CgroupMemoryLimit>& out) {
+  // The process's cgroup below the mount's top folder: "" (the top itself) or "/a/b".
   std::string relative;
   if (mount.root == "/") {
-    relative = cgroup_path == "/" ? "" : cgroup_path;
-  } else if (cgroup_path == mount.root) {
-    relative = "";
-  } else if (cgroup_path.rfind(mount.root + "/", 0) == 0) {
+    relative = cgroup_path;
+  } else if (cgroup_path == mount.root || cgroup_path.rfind(mount.root + "/", 0) == 0) {
     relative = cgroup_path.substr(mount.root.size());
-  }  // else: the process's cgroup is not under this mount; its top level still applies.
+  } else if (mount.root.rfind("/..", 0) != 0) {
+    return;  // another part of the hierarchy, bind-mounted elsewhere: not this process's limits
+  }  // else: a cgroup namespace shows the mount's root outside it ("/../.."): its top applies.
+  while (!relative.empty() && relative.back() == '/') relative.pop_back();
   const std::string top = mount.mount_point == "/" ? "" : mount.mount_point;
-  std::string dir = top + relative;
   const std::string limit_file = version == 1 ? "memory.limit_in_bytes" : "memory.max";
   const std::string usage_file = version == 1 ? "memory.usage_in_bytes" : "memory.current";
   while (true) {
+    const std::string dir = top + relative;
     const std::string base = root + (dir.empty() ? "/" : dir);
     const auto limit = readBytesFile(base + "/" + limit_file);
     const auto usage = readBytesFile(base + "/" + usage_file);
@@ -144,9 +141,8 @@ void collectLevels(int version, const std::string& cgroup_path, const CgroupMoun
       level.mapped_file_bytes = figures.mapped_file_bytes;
       out.push_back(level);
     }
-    if (dir.size() <= top.size()) break;
-    dir = parentOf(dir);
-    if (dir.size() < top.size()) break;
+    if (relative.empty()) break;
+    relative = relative.substr(0, relative.rfind('/'));  // strictly shorter: the walk ends
   }
 }
 
@@ -284,7 +280,8 @@ std::optional<std::int64_t> preadNumber(int fd) {
   for (; i < n && buffer[static_cast<std::size_t>(i)] >= '0' &&
          buffer[static_cast<std::size_t>(i)] <= '9';
        ++i) {
-    value = value * 10 + (buffer[static_cast<std::size_t>(i)] - '0');
+    value = std::min<std::int64_t>(value * 10 + (buffer[static_cast<std::size_t>(i)] - '0'),
+                                   kStatValueMax);
   }
   if (i == 0) return std::nullopt;
   return value;
@@ -352,14 +349,16 @@ std::optional<std::int64_t> ProcessMemoryGuard::exactNeed(const Watch& w) {
 }
 
 void ProcessMemoryGuard::resync(Watch& w, std::int64_t anon_bytes) {
-  if (const auto need = exactNeed(w)) w.need_ref_bytes = *need;
+  if (const auto need = exactNeed(w)) {
+    w.need_ref_bytes = *need;
+  } else {
+    w.need_ref_bytes += anon_bytes - w.anon_ref_bytes;  // unreadable now: keep the estimate
+  }
   w.anon_ref_bytes = anon_bytes;
   w.checks_since_read = 0;
 }
 
-std::unique_ptr<ProcessMemoryGuard> ProcessMemoryGuard::forCgroups(
-    const std::vector<CgroupMemoryLimit>& limits) {
-  std::unique_ptr<ProcessMemoryGuard> guard(new ProcessMemoryGuard());
+void ProcessMemoryGuard::addCgroupWatches(const std::vector<CgroupMemoryLimit>& limits) {
   for (const CgroupMemoryLimit& level : limits) {
     Watch w;
     w.version = level.version;
@@ -369,26 +368,39 @@ std::unique_ptr<ProcessMemoryGuard> ProcessMemoryGuard::forCgroups(
     w.limit_bytes = level.limit_bytes;
     w.margin_bytes = processMemoryMarginBytes(level.limit_bytes);
     w.what = level.describe();
-    guard->watches_.push_back(std::move(w));
+    watches_.push_back(std::move(w));
   }
+}
+
+void ProcessMemoryGuard::addSystemWatch() {
+  const auto available = meminfoBytes("MemAvailable");
+  if (!available || statm_fd_ < 0) return;
+  Watch w;
+  w.system = true;
+  const std::int64_t anon = anonBytes();
+  w.limit_bytes = anon + *available;
+  w.margin_bytes = processMemoryMarginBytes(*available);
+  w.what = "system memory: this process's anonymous resident bytes (" + std::to_string(anon) +
+           " at start) may grow by MemAvailable (" + std::to_string(*available) + " at start)";
+  watches_.push_back(std::move(w));
+}
+
+std::unique_ptr<ProcessMemoryGuard> ProcessMemoryGuard::forCgroups(
+    const std::vector<CgroupMemoryLimit>& limits) {
+  std::unique_ptr<ProcessMemoryGuard> guard(new ProcessMemoryGuard());
+  guard->addCgroupWatches(limits);
   if (guard->watches_.empty()) return nullptr;
   guard->setBaseline();
   return guard;
 }
 
+// A cgroup limit larger than the memory free on the machine leaves the global OOM killer in
+// charge: the system is watched beside every cgroup level.
 std::unique_ptr<ProcessMemoryGuard> ProcessMemoryGuard::forThisProcess() {
-  if (auto guard = forCgroups(cgroupMemoryLimitsOfThisProcess())) return guard;
   std::unique_ptr<ProcessMemoryGuard> guard(new ProcessMemoryGuard());
-  const auto available = meminfoBytes("MemAvailable");
-  if (!available || guard->statm_fd_ < 0) return nullptr;
-  Watch w;
-  w.system = true;
-  const std::int64_t anon = guard->anonBytes();
-  w.limit_bytes = anon + *available;
-  w.margin_bytes = processMemoryMarginBytes(*available);
-  w.what = "system memory: this process's anonymous resident bytes (" + std::to_string(anon) +
-           " at start) may grow by MemAvailable (" + std::to_string(*available) + " at start)";
-  guard->watches_.push_back(std::move(w));
+  guard->addCgroupWatches(cgroupMemoryLimitsOfThisProcess());
+  guard->addSystemWatch();
+  if (guard->watches_.empty()) return nullptr;
   guard->setBaseline();
   return guard;
 }

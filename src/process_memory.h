@@ -68,12 +68,14 @@ std::optional<std::int64_t> readBytesFile(const std::string& path);
 
 /// Refuses an allocation that would take the process past one of its memory limits.
 ///
-/// What it watches, chosen when it is created:
+/// What it watches, chosen when it is created (forThisProcess: all of them; the tightest one sets
+/// the peak figure):
 /// - every cgroup level with a memory limit (cgroupMemoryLimitsOfThisProcess()): its need
 ///   (CgroupMemoryLimit::needBytes(), from memory.usage_in_bytes / memory.current and memory.stat)
 ///   against its limit. Raw usage is not the figure: near the limit the kernel fills the cgroup
 ///   with page cache and evicts it on demand, so usage sits at the limit while nothing is wrong;
-/// - without any cgroup limit, the system: this process's anonymous resident bytes
+/// - the system (a cgroup limit above what the machine has free leaves the global OOM killer in
+///   charge): this process's anonymous resident bytes
 ///   (/proc/self/statm resident - shared) against what it held at the baseline plus MemAvailable
 ///   then (the global OOM killer picks the largest process, which a search near the machine's
 ///   memory would be).
@@ -89,7 +91,8 @@ std::optional<std::int64_t> readBytesFile(const std::string& path);
 /// Thread safety: none; calls must not overlap (the budget allocator makes them under its lock).
 class ProcessMemoryGuard {
  public:
-  /// The guard for this process now; nullptr when nothing could be read (no /proc).
+  /// The guard for this process now (its cgroup levels and the system); nullptr when nothing could
+  /// be read (no /proc).
   static std::unique_ptr<ProcessMemoryGuard> forThisProcess();
   /// A guard over the given cgroup levels only; nullptr when none of them can be read.
   static std::unique_ptr<ProcessMemoryGuard> forCgroups(
@@ -135,6 +138,8 @@ class ProcessMemoryGuard {
  private:
   struct Watch;
   ProcessMemoryGuard();
+  void addCgroupWatches(const std::vector<CgroupMemoryLimit>& limits);
+  void addSystemWatch();
   std::int64_t anonBytes() const;
   static std::optional<std::int64_t> exactNeed(const Watch& w);
   static void resync(Watch& w, std::int64_t anon_bytes);

@@ -143,6 +143,45 @@ TEST_F(ProcessMemoryTest, MountPointWithAnEscapedSpace) {
   EXPECT_EQ(levels[0].dir, "/mnt/my mem/job");
 }
 
+// Found in review: a hierarchy mounted at "/" made the walk up from the process's cgroup loop
+// forever (the parent of "/" is "/"), adding a level each time when "/" held a limit.
+TEST_F(ProcessMemoryTest, HierarchyMountedAtTheRootEndsItsWalk) {
+  write("/memory.max", "1073741824");
+  write("/memory.current", "100");
+  write("/job/memory.max", "max");
+  write("/job/memory.current", "50");
+  const auto levels =
+      readCgroupMemoryLimits("0::/job/\n", "30 22 0:26 / / rw - cgroup2 cgroup2 rw\n", root());
+  ASSERT_EQ(levels.size(), 1U);
+  EXPECT_EQ(levels[0].dir, "/");
+  EXPECT_EQ(levels[0].limit_bytes, 1073741824);
+}
+
+// Found in review: a mount of another part of the hierarchy (a bind mount of /other, or of
+// /docker/ab while the process is in /docker/abcd) does not hold this process's limits.
+TEST_F(ProcessMemoryTest, MountOfAnotherSubtreeIsNotThisProcesssLimit) {
+  write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", "2147483648");
+  write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", "1");
+  write("/mnt/other/memory.limit_in_bytes", "104857600");
+  write("/mnt/other/memory.usage_in_bytes", "1");
+  write("/mnt/ab/memory.limit_in_bytes", "104857600");
+  write("/mnt/ab/memory.usage_in_bytes", "1");
+  const auto levels = readCgroupMemoryLimits(
+      "4:memory:/job\n",
+      kV1MemoryMount + "41 30 0:35 /other /mnt/other rw - cgroup cgroup rw,memory\n", root());
+  ASSERT_EQ(levels.size(), 1U);
+  EXPECT_EQ(levels[0].limit_bytes, 2147483648);
+  EXPECT_TRUE(readCgroupMemoryLimits("4:memory:/docker/abcd\n",
+                                     "41 30 0:35 /docker/ab /mnt/ab rw - cgroup cgroup rw,memory\n",
+                                     root())
+                  .empty());
+  // A cgroup namespace shows the mount's root outside it: the mount's top folder applies.
+  const auto namespaced = readCgroupMemoryLimits(
+      "4:memory:/\n", "41 30 0:35 /../.. /mnt/other rw - cgroup cgroup rw,memory\n", root());
+  ASSERT_EQ(namespaced.size(), 1U);
+  EXPECT_EQ(namespaced[0].dir, "/mnt/other");
+}
+
 TEST_F(ProcessMemoryTest, NoLimitAnywhereGivesNothing) {
   write("/sys/fs/cgroup/memory/memory.limit_in_bytes", kV1Unlimited);
   write("/sys/fs/cgroup/memory/memory.usage_in_bytes", "5");
@@ -263,7 +302,7 @@ TEST_F(ProcessMemoryTest, GuardOverNoReadableCgroupIsNone) {
 TEST(ProcessMemoryGuardTest, ThisProcessHasAGuardThatRefusesTheImpossible) {
   auto guard = ProcessMemoryGuard::forThisProcess();
   ASSERT_NE(guard, nullptr);
-  EXPECT_FALSE(guard->describe().empty());
+  EXPECT_NE(guard->describe().find("system memory"), std::string::npos) << guard->describe();
   EXPECT_TRUE(guard->admits(ProcessMemoryGuard::kCheckFromBytes));
   EXPECT_FALSE(guard->admits(std::int64_t{1} << 60));
   EXPECT_NE(guard->refusalMessage().find("would pass a memory limit"), std::string::npos);
