@@ -10,11 +10,9 @@
 #endif
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -186,19 +184,6 @@ class BudgetAllocator final : public c10::Allocator {
   ProcessMemoryGuard* guard_ = nullptr;
 };
 
-// A "Key:   123 kB" line of /proc/self/status or /proc/meminfo, in bytes.
-std::optional<std::int64_t> readKb(const std::string& path, const std::string& key) {
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key + ":", 0) != 0) continue;
-    std::istringstream fields(line.substr(key.size() + 1));
-    std::int64_t kb = 0;
-    if (fields >> kb) return kb * 1024;
-  }
-  return std::nullopt;
-}
-
 struct Headroom {
   std::int64_t bytes = std::numeric_limits<std::int64_t>::max();
   std::string source;
@@ -220,13 +205,13 @@ Headroom processHeadroom() {
   }
   struct rlimit limit {};
   if (getrlimit(RLIMIT_DATA, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
-    const auto used = readKb("/proc/self/status", "VmData").value_or(0);
+    const auto used = readKbLine("/proc/self/status", "VmData").value_or(0);
     const auto cap = static_cast<std::int64_t>(limit.rlim_cur);
     h.offer(cap - used, "RLIMIT_DATA " + std::to_string(cap) + " less the process's VmData " +
                             std::to_string(used));
   }
   if (getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
-    const auto used = readKb("/proc/self/status", "VmSize").value_or(0);
+    const auto used = readKbLine("/proc/self/status", "VmSize").value_or(0);
     const auto cap = static_cast<std::int64_t>(limit.rlim_cur);
     h.offer(cap - used, "RLIMIT_AS " + std::to_string(cap) + " less the process's VmSize " +
                             std::to_string(used));
@@ -337,7 +322,7 @@ class CpuBudgetBackend final : public MemoryBackend {
   void measureHeadroom() {
     process_ = processHeadroom();
     Headroom headroom = process_;
-    if (const auto available = readKb("/proc/meminfo", "MemAvailable")) {
+    if (const auto available = readKbLine("/proc/meminfo", "MemAvailable")) {
       headroom.offer(*available, "MemAvailable " + std::to_string(*available));
     }
     if (explicit_limit_ == 0) {

@@ -2,9 +2,6 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
 
 #include <algorithm>
 #include <array>
@@ -45,19 +42,6 @@ std::optional<std::int64_t> parseBytes(const std::string& text) {
   if (i == first_digit) return std::nullopt;
   if (i < text.size() && text[i] != '\n' && text[i] != ' ') return std::nullopt;
   return value;
-}
-
-// A "Key:   123 kB" line of /proc/meminfo, in bytes.
-std::optional<std::int64_t> meminfoBytes(const std::string& key) {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key + ":", 0) != 0) continue;
-    std::istringstream fields(line.substr(key.size() + 1));
-    std::int64_t kb = 0;
-    if (fields >> kb) return kb * 1024;
-  }
-  return std::nullopt;
 }
 
 // mountinfo escapes space, tab, newline and backslash as \ooo.
@@ -194,6 +178,18 @@ std::string CgroupMemoryLimit::describe() const {
          std::to_string(limit_bytes) + " (" + dir + ")";
 }
 
+std::optional<std::int64_t> readKbLine(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) != 0) continue;
+    std::istringstream fields(line.substr(key.size() + 1));
+    std::int64_t kb = 0;
+    if (fields >> kb) return kb * 1024;
+  }
+  return std::nullopt;
+}
+
 std::optional<std::int64_t> readBytesFile(const std::string& path) {
   std::ifstream in(path);
   std::string text;
@@ -326,7 +322,8 @@ std::int64_t ProcessMemoryGuard::anonBytes() const {
 // The watch's need now from the kernel's own figures; nullopt when unreadable.
 std::optional<std::int64_t> ProcessMemoryGuard::exactNeed(const Watch& w) {
   if (w.system) {
-    const auto available = meminfoBytes("MemAvailable");  // allocates; never on the fast path
+    const auto available =
+        readKbLine("/proc/meminfo", "MemAvailable");  // allocates; never on the fast path
     if (!available) return std::nullopt;
     // The room left is MemAvailable: express it as need against the fixed limit.
     return w.limit_bytes - *available;
@@ -373,7 +370,7 @@ void ProcessMemoryGuard::addCgroupWatches(const std::vector<CgroupMemoryLimit>& 
 }
 
 void ProcessMemoryGuard::addSystemWatch() {
-  const auto available = meminfoBytes("MemAvailable");
+  const auto available = readKbLine("/proc/meminfo", "MemAvailable");
   if (!available || statm_fd_ < 0) return;
   Watch w;
   w.system = true;
@@ -406,9 +403,6 @@ std::unique_ptr<ProcessMemoryGuard> ProcessMemoryGuard::forThisProcess() {
 }
 
 void ProcessMemoryGuard::setBaseline() {
-#if defined(__GLIBC__)
-  malloc_trim(0);  // the runner trims after every trial too: trials start from this state
-#endif
   const std::int64_t anon = anonBytes();
   std::int64_t least_room = std::numeric_limits<std::int64_t>::max();
   for (std::size_t i = 0; i < watches_.size(); ++i) {

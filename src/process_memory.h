@@ -62,6 +62,10 @@ std::vector<CgroupMemoryLimit> readCgroupMemoryLimits(const std::string& proc_cg
 /// readCgroupMemoryLimits() for this process (/proc/self/cgroup, /proc/self/mountinfo).
 std::vector<CgroupMemoryLimit> cgroupMemoryLimitsOfThisProcess();
 
+/// The value of a "Key:   123 kB" line of a /proc file (/proc/meminfo, /proc/self/status), in
+/// bytes; nullopt when the file or the key is missing.
+std::optional<std::int64_t> readKbLine(const std::string& path, const std::string& key);
+
 /// The bytes one cgroup usage file holds now (memory.current, memory.usage_in_bytes), for tests and
 /// the guard; nullopt when it cannot be read.
 std::optional<std::int64_t> readBytesFile(const std::string& path);
@@ -114,9 +118,9 @@ class ProcessMemoryGuard {
   /// The margin kept under the tightest watched limit, in bytes.
   std::int64_t marginBytes() const;
 
-  /// Gives glibc's free chunks back (malloc_trim(0)), chooses the tightest watched limit (least
-  /// room: limit - margin - need) and takes its need now as the baseline and the peak. Called at
-  /// creation and by the runner once set up.
+  /// Chooses the tightest watched limit (least room: limit - margin - need) and takes its need now
+  /// as the baseline and the peak. Called at creation and by the runner once set up (after it
+  /// trimmed the heap, as it does after every trial).
   void setBaseline();
   /// The tightest limit's need at the last setBaseline(), in bytes.
   std::int64_t baselineNeedBytes() const;
