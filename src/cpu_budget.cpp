@@ -56,6 +56,17 @@ class BudgetAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     const auto bytes = static_cast<std::int64_t>(n);
     if (t_untracked_depth > 0 || n == 0) {
+      // Not counted (the model being loaded, the weights' snapshot), but real to the kernel: a
+      // cgroup kills a process loading a model larger than its room as surely as a trial.
+      if (bytes >= ProcessMemoryGuard::kCheckFromBytes) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (guard_ != nullptr && !guard_->admits(bytes)) {
+          TORCH_CHECK_WITH(OutOfMemoryError, false,
+                           "CPU budget allocator: out of memory while setting up (loading the "
+                           "model or copying its weights): tried to allocate ",
+                           bytes, " bytes, but ", guard_->refusalMessage());
+        }
+      }
       void* data = c10::alloc_cpu(n);
       return {data, data, &deleteTracked, c10::Device(c10::DeviceType::CPU)};
     }

@@ -169,6 +169,10 @@ MemoryStatFigures parseMemoryStat(const char* text, std::size_t size, int versio
   return figures;
 }
 
+std::string CgroupMemoryLimit::limitFile() const {
+  return dir + (version == 1 ? "/memory.limit_in_bytes" : "/memory.max");
+}
+
 std::string CgroupMemoryLimit::usageFile() const {
   return dir + (version == 1 ? "/memory.usage_in_bytes" : "/memory.current");
 }
@@ -251,10 +255,11 @@ struct ProcessMemoryGuard::Watch {
   int version = 0;               // cgroup version
   int usage_fd = -1;             // memory.usage_in_bytes / memory.current
   int stat_fd = -1;              // memory.stat
+  int limit_fd = -1;             // memory.limit_in_bytes / memory.max: it can be lowered any time
   std::int64_t limit_bytes = 0;  // cgroup: its limit; system: anon + MemAvailable at the baseline
   std::int64_t margin_bytes = 0;
-  std::int64_t need_ref_bytes = 0;  // need at the last exact read
-  std::int64_t anon_ref_bytes = 0;  // this process's anonymous bytes then
+  std::int64_t need_ref_bytes = 0;    // need at the last exact read
+  std::int64_t follow_ref_bytes = 0;  // the followed figure then (followed())
   int checks_since_read = 0;
   std::string what;
 };
@@ -293,6 +298,7 @@ ProcessMemoryGuard::~ProcessMemoryGuard() {
   for (const Watch& w : watches_) {
     if (w.usage_fd >= 0) close(w.usage_fd);
     if (w.stat_fd >= 0) close(w.stat_fd);
+    if (w.limit_fd >= 0) close(w.limit_fd);
   }
   if (statm_fd_ >= 0) close(statm_fd_);
 }
@@ -320,7 +326,27 @@ std::int64_t ProcessMemoryGuard::anonBytes() const {
 }
 
 // The watch's need now from the kernel's own figures; nullopt when unreadable.
-std::optional<std::int64_t> ProcessMemoryGuard::exactNeed(const Watch& w) {
+// Between exact reads the need is followed by one figure read with one pread: a cgroup's raw usage
+// (it sees every process in the cgroup; page cache it gains counts until the next exact read),
+// or this process's anonymous bytes for the system.
+std::optional<std::int64_t> ProcessMemoryGuard::followed(const Watch& w, std::int64_t anon_bytes) {
+  if (w.system) return anon_bytes;
+  return preadNumber(w.usage_fd);
+}
+
+// The limit can be lowered while the search runs (an operator, a job scheduler): read at every
+// check, one pread. "max" now, or unreadable: the old one is kept.
+void ProcessMemoryGuard::refreshLimit(Watch& w) {
+  if (w.system || w.limit_fd < 0) return;
+  if (const auto limit = preadNumber(w.limit_fd); limit && *limit > 0 && *limit < kNoLimitFrom) {
+    if (*limit != w.limit_bytes) {
+      w.limit_bytes = *limit;
+      w.margin_bytes = processMemoryMarginBytes(*limit);
+    }
+  }
+}
+
+std::optional<std::int64_t> ProcessMemoryGuard::exactNeed(Watch& w) {
   if (w.system) {
     const auto available =
         readKbLine("/proc/meminfo", "MemAvailable");  // allocates; never on the fast path
@@ -328,6 +354,7 @@ std::optional<std::int64_t> ProcessMemoryGuard::exactNeed(const Watch& w) {
     // The room left is MemAvailable: express it as need against the fixed limit.
     return w.limit_bytes - *available;
   }
+  refreshLimit(w);
   CgroupMemoryLimit level;
   level.version = w.version;
   level.limit_bytes = w.limit_bytes;
@@ -346,12 +373,13 @@ std::optional<std::int64_t> ProcessMemoryGuard::exactNeed(const Watch& w) {
 }
 
 void ProcessMemoryGuard::resync(Watch& w, std::int64_t anon_bytes) {
+  const auto now = followed(w, anon_bytes);
   if (const auto need = exactNeed(w)) {
     w.need_ref_bytes = *need;
-  } else {
-    w.need_ref_bytes += anon_bytes - w.anon_ref_bytes;  // unreadable now: keep the estimate
+  } else if (now) {
+    w.need_ref_bytes += *now - w.follow_ref_bytes;  // unreadable now: keep the estimate
   }
-  w.anon_ref_bytes = anon_bytes;
+  if (now) w.follow_ref_bytes = *now;
   w.checks_since_read = 0;
 }
 
@@ -362,6 +390,7 @@ void ProcessMemoryGuard::addCgroupWatches(const std::vector<CgroupMemoryLimit>& 
     w.usage_fd = open(level.usageFile().c_str(), O_RDONLY | O_CLOEXEC);
     if (w.usage_fd < 0) continue;
     w.stat_fd = open((level.dir + "/memory.stat").c_str(), O_RDONLY | O_CLOEXEC);
+    w.limit_fd = open(level.limitFile().c_str(), O_RDONLY | O_CLOEXEC);
     w.limit_bytes = level.limit_bytes;
     w.margin_bytes = processMemoryMarginBytes(level.limit_bytes);
     w.what = level.describe();
@@ -434,7 +463,9 @@ bool ProcessMemoryGuard::admits(std::int64_t request_bytes) {
   for (std::size_t i = 0; i < watches_.size(); ++i) {
     Watch& w = watches_[i];
     if (++w.checks_since_read >= kChecksPerStatRead) resync(w, anon);
-    std::int64_t need = w.need_ref_bytes + (anon - w.anon_ref_bytes);
+    refreshLimit(w);
+    const auto now = followed(w, anon);
+    std::int64_t need = w.need_ref_bytes + (now ? *now - w.follow_ref_bytes : 0);
     if (need + request_bytes > w.limit_bytes - w.margin_bytes) {
       resync(w, anon);  // the estimate is near: ask the kernel
       need = w.need_ref_bytes;

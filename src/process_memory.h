@@ -39,6 +39,8 @@ struct CgroupMemoryLimit {
   std::int64_t needBytes() const;
   /// limit - needBytes(), in bytes; may be negative.
   std::int64_t headroomBytes() const { return limit_bytes - needBytes(); }
+  /// The file of the limit (memory.limit_in_bytes or memory.max).
+  std::string limitFile() const;
   /// The file the kernel's usage figure is read from (memory.usage_in_bytes or memory.current).
   std::string usageFile() const;
   /// "cgroup v1 memory.limit_in_bytes 1610612736 (/sys/fs/cgroup/memory/x)" and the like.
@@ -86,13 +88,16 @@ std::optional<std::int64_t> readBytesFile(const std::string& path);
 /// admits(n) is true when need + n stays at or under limit - margin, margin = max(64 MiB, 2% of the
 /// limit): room for what grows between two checks without passing through the budget allocator
 /// (small allocations are not checked, nor thread stacks, oneDNN's JIT code). Between two reads of
-/// memory.stat the need is followed by this process's anonymous resident bytes (one pread of
-/// /proc/self/statm); memory.stat is read again every 64 checks and whenever that estimate comes
-/// within the margin. It does not give glibc's free chunks back (malloc_trim) to make room: a
-/// user's training process keeps them too and the kernel counts them, so a trial that would only
-/// fit with trimming does not fit. No heap allocation on the path that admits (the budget
-/// allocator calls it from inside allocations).
-/// Thread safety: none; calls must not overlap (the budget allocator makes them under its lock).
+/// memory.stat the need is followed by one pread: the cgroup's raw usage (which sees the other
+/// processes of the cgroup too), or for the system this process's anonymous resident bytes
+/// (/proc/self/statm); memory.stat is read again every 64 checks and whenever that estimate comes
+/// within the margin. The limit itself is read at every check (it can be lowered while the search
+/// runs; found by a user test: lowered from 1.5 GiB to 900 MiB mid-search, the process was killed).
+/// It does not give glibc's free chunks back (malloc_trim) to make room: a user's training process
+/// keeps them too and the kernel counts them, so a trial that would only fit with trimming does not
+/// fit. No heap allocation on the path that admits (the budget allocator calls it from inside
+/// allocations). Thread safety: none; calls must not overlap (the budget allocator makes them under
+/// its lock).
 class ProcessMemoryGuard {
  public:
   /// The guard for this process now (its cgroup levels and the system); nullptr when nothing could
@@ -145,7 +150,9 @@ class ProcessMemoryGuard {
   void addCgroupWatches(const std::vector<CgroupMemoryLimit>& limits);
   void addSystemWatch();
   std::int64_t anonBytes() const;
-  static std::optional<std::int64_t> exactNeed(const Watch& w);
+  static std::optional<std::int64_t> followed(const Watch& w, std::int64_t anon_bytes);
+  static void refreshLimit(Watch& w);
+  static std::optional<std::int64_t> exactNeed(Watch& w);
   static void resync(Watch& w, std::int64_t anon_bytes);
 
   int statm_fd_ = -1;

@@ -288,6 +288,35 @@ TEST_F(ProcessMemoryTest, GuardRefusesPastLimitLessMarginAndAsksTheKernelAgain) 
   EXPECT_FALSE(guard->admits(700 * kMiB));  // 300 + 700 > 960
 }
 
+// Found by a user test: the cgroup limit lowered from 1.5 GiB to 900 MiB while the search ran, and
+// the guard, which had read it once, let the process be killed; and three searches in one cgroup,
+// each following only its own memory between reads of memory.stat, got two of them killed. The
+// limit is read at every check, and between reads of memory.stat the cgroup's own usage is
+// followed (it sees the other processes).
+TEST_F(ProcessMemoryTest, GuardSeesALoweredLimitAndOtherProcessesAtOnce) {
+  const std::string job = root() + "/sys/fs/cgroup/memory/job";
+  write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", std::to_string(1536 * kMiB));
+  write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", std::to_string(500 * kMiB));
+  write("/sys/fs/cgroup/memory/job/memory.stat", "total_inactive_file 0\n");
+  CgroupMemoryLimit level;
+  level.version = 1;
+  level.dir = job;
+  level.limit_bytes = 1536 * kMiB;
+  auto guard = ProcessMemoryGuard::forCgroups({level});
+  ASSERT_NE(guard, nullptr);
+  EXPECT_TRUE(guard->admits(800 * kMiB));  // 500 + 800 <= 1536 - 64
+  write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", std::to_string(900 * kMiB));
+  EXPECT_FALSE(guard->admits(800 * kMiB));  // 500 + 800 > 900 - 64
+  EXPECT_NE(guard->refusalMessage().find("> 900.00 MiB less a margin of 64.00 MiB"),
+            std::string::npos)
+      << guard->refusalMessage();
+  EXPECT_TRUE(guard->admits(300 * kMiB));  // 500 + 300 <= 836
+  // Another process of the cgroup takes 400 MiB: seen at the next check, before any re-read of
+  // memory.stat would be due.
+  write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", std::to_string(900 * kMiB));
+  EXPECT_FALSE(guard->admits(100 * kMiB));  // 900 + 100 > 836
+}
+
 TEST_F(ProcessMemoryTest, GuardOverNoReadableCgroupIsNone) {
   CgroupMemoryLimit level;
   level.version = 2;

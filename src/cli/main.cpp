@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <c10/util/Exception.h>
 #include <unistd.h>
 #include <algorithm>
 #include <atomic>
@@ -420,6 +421,11 @@ int main(int argc, char** argv) {
     return fail(cli, "ranks-disagree", kExitRanks, e.what());
   } catch (const Error& e) {
     return fail(cli, "usage-error", kExitUsage, e.what());
+  } catch (const c10::OutOfMemoryError& e) {
+    // Out of memory outside any trial: setting up (loading the model, copying its weights) did
+    // not fit, so no micro-batch can.
+    return fail(cli, "nothing-fits", kExitDoesNotFit,
+                std::string("the model does not fit before any trial: ") + e.what());
   } catch (const std::exception& e) {
     std::string where;
     if (cli.running) {
