@@ -44,6 +44,15 @@ std::optional<std::int64_t> parseBytes(const std::string& text) {
   return value;
 }
 
+// The number at the start of a small file (memory.current, memory.max, ...); nullopt when
+// unreadable or "max".
+std::optional<std::int64_t> readBytesFile(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!std::getline(in, text)) return std::nullopt;
+  return parseBytes(text);
+}
+
 // mountinfo escapes space, tab, newline and backslash as \ooo.
 std::string unescapeOctal(const std::string& field) {
   std::string out;
@@ -192,13 +201,6 @@ std::optional<std::int64_t> readKbLine(const std::string& path, const std::strin
     if (fields >> kb) return kb * 1024;
   }
   return std::nullopt;
-}
-
-std::optional<std::int64_t> readBytesFile(const std::string& path) {
-  std::ifstream in(path);
-  std::string text;
-  if (!std::getline(in, text)) return std::nullopt;
-  return parseBytes(text);
 }
 
 std::vector<CgroupMemoryLimit> readCgroupMemoryLimits(const std::string& proc_cgroup_text,

@@ -68,10 +68,6 @@ std::vector<CgroupMemoryLimit> cgroupMemoryLimitsOfThisProcess();
 /// bytes; nullopt when the file or the key is missing.
 std::optional<std::int64_t> readKbLine(const std::string& path, const std::string& key);
 
-/// The bytes one cgroup usage file holds now (memory.current, memory.usage_in_bytes), for tests and
-/// the guard; nullopt when it cannot be read.
-std::optional<std::int64_t> readBytesFile(const std::string& path);
-
 /// Refuses an allocation that would take the process past one of its memory limits.
 ///
 /// What it watches, chosen when it is created (forThisProcess: all of them; the tightest one sets

@@ -37,10 +37,29 @@ class ProcessMemoryTest : public ::testing::Test {
     fs::create_directories(file.parent_path());
     std::ofstream(file) << text;
   }
+  // A cgroup folder's limit and usage files: v1 (memory.limit_in_bytes, memory.usage_in_bytes)
+  // or v2 (memory.max, memory.current).
+  void writeV1(const std::string& dir, const std::string& limit, const std::string& usage) const {
+    write(dir + "/memory.limit_in_bytes", limit);
+    write(dir + "/memory.usage_in_bytes", usage);
+  }
+  void writeV2(const std::string& dir, const std::string& max, const std::string& current) const {
+    write(dir + "/memory.max", max);
+    write(dir + "/memory.current", current);
+  }
   std::string root() const { return tree_root.string(); }
 
   fs::path tree_root;
 };
+
+// A v1 cgroup level at `dir` with `limit_bytes`, as readCgroupMemoryLimits() would give it.
+CgroupMemoryLimit v1Level(const std::string& dir, std::int64_t limit_bytes) {
+  CgroupMemoryLimit level;
+  level.version = 1;
+  level.dir = dir;
+  level.limit_bytes = limit_bytes;
+  return level;
+}
 
 // mountinfo lines as the kernel writes them.
 const std::string kV1MemoryMount =
@@ -52,10 +71,8 @@ const std::string kRootMount = "22 1 0:21 / / rw,relatime - overlay overlay rw,l
 // The case found on this machine kind: the process sits in a nested v1 cgroup; reading the mount's
 // top folder only (as autobatch did) finds no limit, and the process is killed at the limit.
 TEST_F(ProcessMemoryTest, CgroupV1NestedPathIsFollowedToItsLimit) {
-  write("/sys/fs/cgroup/memory/memory.limit_in_bytes", kV1Unlimited);
-  write("/sys/fs/cgroup/memory/memory.usage_in_bytes", "9000000000");
-  write("/sys/fs/cgroup/memory/process_api/memory.limit_in_bytes", kV1Unlimited);
-  write("/sys/fs/cgroup/memory/process_api/memory.usage_in_bytes", "8000000000");
+  writeV1("/sys/fs/cgroup/memory", kV1Unlimited, "9000000000");
+  writeV1("/sys/fs/cgroup/memory/process_api", kV1Unlimited, "8000000000");
   const std::string job = "/sys/fs/cgroup/memory/process_api/f075";
   write(job + "/memory.limit_in_bytes", "1610612736\n");
   write(job + "/memory.usage_in_bytes", "300000000\n");
@@ -82,8 +99,7 @@ TEST_F(ProcessMemoryTest, CgroupV1NestedPathIsFollowedToItsLimit) {
 // Docker on cgroup v1 without a cgroup namespace: /proc/self/cgroup names /docker/<id>, and the
 // container's mount shows that cgroup as its top folder (mountinfo root field).
 TEST_F(ProcessMemoryTest, ContainerMountShowsItsOwnCgroupAsTheTop) {
-  write("/sys/fs/cgroup/memory/memory.limit_in_bytes", "2147483648");
-  write("/sys/fs/cgroup/memory/memory.usage_in_bytes", "1073741824");
+  writeV1("/sys/fs/cgroup/memory", "2147483648", "1073741824");
   const auto levels = readCgroupMemoryLimits(
       "4:memory:/docker/0123abcd\n",
       "40 30 0:35 /docker/0123abcd /sys/fs/cgroup/memory ro,nosuid - cgroup cgroup rw,memory\n",
@@ -98,12 +114,9 @@ TEST_F(ProcessMemoryTest, ContainerMountShowsItsOwnCgroupAsTheTop) {
 // innermost first, and a tighter inner limit comes first.
 TEST_F(ProcessMemoryTest, CgroupV2EveryLevelUpToTheMountIsRead) {
   const std::string mount = "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
-  write("/sys/fs/cgroup/user.slice/memory.max", "4294967296\n");
-  write("/sys/fs/cgroup/user.slice/memory.current", "1000\n");
-  write("/sys/fs/cgroup/user.slice/job-3/memory.max", "max\n");
-  write("/sys/fs/cgroup/user.slice/job-3/memory.current", "900\n");
-  write("/sys/fs/cgroup/user.slice/job-3/step/memory.max", "1073741824\n");
-  write("/sys/fs/cgroup/user.slice/job-3/step/memory.current", "800000000\n");
+  writeV2("/sys/fs/cgroup/user.slice", "4294967296\n", "1000\n");
+  writeV2("/sys/fs/cgroup/user.slice/job-3", "max\n", "900\n");
+  writeV2("/sys/fs/cgroup/user.slice/job-3/step", "1073741824\n", "800000000\n");
   write("/sys/fs/cgroup/user.slice/job-3/step/memory.stat",
         "anon 500000000\nfile 300000000\nactive_file 100000000\ninactive_file 200000000\n"
         "file_mapped 50000000\n");
@@ -123,8 +136,7 @@ TEST_F(ProcessMemoryTest, CgroupV2EveryLevelUpToTheMountIsRead) {
 // Hybrid systems mount cgroup2 at /sys/fs/cgroup/unified (without the memory controller) and
 // the v1 memory controller beside it: the limit is found in v1.
 TEST_F(ProcessMemoryTest, HybridSystemFindsTheV1MemoryLimit) {
-  write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", "536870912");
-  write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", "100");
+  writeV1("/sys/fs/cgroup/memory/job", "536870912", "100");
   write("/sys/fs/cgroup/unified/job/cgroup.procs", "1\n");
   const auto levels = readCgroupMemoryLimits(
       "4:memory:/job\n0::/job\n",
@@ -135,8 +147,7 @@ TEST_F(ProcessMemoryTest, HybridSystemFindsTheV1MemoryLimit) {
 }
 
 TEST_F(ProcessMemoryTest, MountPointWithAnEscapedSpace) {
-  write("/mnt/my mem/job/memory.limit_in_bytes", "1000000");
-  write("/mnt/my mem/job/memory.usage_in_bytes", "10");
+  writeV1("/mnt/my mem/job", "1000000", "10");
   const auto levels = readCgroupMemoryLimits(
       "7:memory:/job\n", "40 30 0:35 / /mnt/my\\040mem rw - cgroup cgroup rw,memory\n", root());
   ASSERT_EQ(levels.size(), 1U);
@@ -146,10 +157,8 @@ TEST_F(ProcessMemoryTest, MountPointWithAnEscapedSpace) {
 // Found in review: a hierarchy mounted at "/" made the walk up from the process's cgroup loop
 // forever (the parent of "/" is "/"), adding a level each time when "/" held a limit.
 TEST_F(ProcessMemoryTest, HierarchyMountedAtTheRootEndsItsWalk) {
-  write("/memory.max", "1073741824");
-  write("/memory.current", "100");
-  write("/job/memory.max", "max");
-  write("/job/memory.current", "50");
+  writeV2("", "1073741824", "100");
+  writeV2("/job", "max", "50");
   const auto levels =
       readCgroupMemoryLimits("0::/job/\n", "30 22 0:26 / / rw - cgroup2 cgroup2 rw\n", root());
   ASSERT_EQ(levels.size(), 1U);
@@ -160,12 +169,9 @@ TEST_F(ProcessMemoryTest, HierarchyMountedAtTheRootEndsItsWalk) {
 // Found in review: a mount of another part of the hierarchy (a bind mount of /other, or of
 // /docker/ab while the process is in /docker/abcd) does not hold this process's limits.
 TEST_F(ProcessMemoryTest, MountOfAnotherSubtreeIsNotThisProcesssLimit) {
-  write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", "2147483648");
-  write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", "1");
-  write("/mnt/other/memory.limit_in_bytes", "104857600");
-  write("/mnt/other/memory.usage_in_bytes", "1");
-  write("/mnt/ab/memory.limit_in_bytes", "104857600");
-  write("/mnt/ab/memory.usage_in_bytes", "1");
+  writeV1("/sys/fs/cgroup/memory/job", "2147483648", "1");
+  writeV1("/mnt/other", "104857600", "1");
+  writeV1("/mnt/ab", "104857600", "1");
   const auto levels = readCgroupMemoryLimits(
       "4:memory:/job\n",
       kV1MemoryMount + "41 30 0:35 /other /mnt/other rw - cgroup cgroup rw,memory\n", root());
@@ -183,10 +189,8 @@ TEST_F(ProcessMemoryTest, MountOfAnotherSubtreeIsNotThisProcesssLimit) {
 }
 
 TEST_F(ProcessMemoryTest, NoLimitAnywhereGivesNothing) {
-  write("/sys/fs/cgroup/memory/memory.limit_in_bytes", kV1Unlimited);
-  write("/sys/fs/cgroup/memory/memory.usage_in_bytes", "5");
-  write("/sys/fs/cgroup/memory.max", "max");
-  write("/sys/fs/cgroup/memory.current", "5");
+  writeV1("/sys/fs/cgroup/memory", kV1Unlimited, "5");
+  writeV2("/sys/fs/cgroup", "max", "5");
   EXPECT_TRUE(readCgroupMemoryLimits("4:memory:/\n0::/\n", kV1MemoryMount, root()).empty());
   EXPECT_TRUE(readCgroupMemoryLimits(
                   "0::/\n", "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", root())
@@ -195,10 +199,8 @@ TEST_F(ProcessMemoryTest, NoLimitAnywhereGivesNothing) {
 
 // Malformed /proc text and files: skipped, never thrown, never a limit made up.
 TEST_F(ProcessMemoryTest, MalformedTextIsSkipped) {
-  write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", "12abc");
-  write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", "10");
-  write("/sys/fs/cgroup/memory/other/memory.limit_in_bytes", "99999999999999999999999");
-  write("/sys/fs/cgroup/memory/other/memory.usage_in_bytes", "10");
+  writeV1("/sys/fs/cgroup/memory/job", "12abc", "10");
+  writeV1("/sys/fs/cgroup/memory/other", "99999999999999999999999", "10");
   const std::string bad_mounts =
       "garbage\n40 30 0:35 / /x - cgroup\n\n- - - -\n40 30 0:35 / /sys/fs/cgroup/memory rw - "
       "cgroup cgroup rw,memory\n";
@@ -249,11 +251,7 @@ TEST_F(ProcessMemoryTest, GuardRefusesPastLimitLessMarginAndAsksTheKernelAgain) 
   const std::string job = root() + "/sys/fs/cgroup/memory/job";
   write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", std::to_string(500 * kMiB));
   write("/sys/fs/cgroup/memory/job/memory.stat", "total_inactive_file 0\n");
-  CgroupMemoryLimit level;
-  level.version = 1;
-  level.dir = job;
-  level.limit_bytes = 1024 * kMiB;
-  auto guard = ProcessMemoryGuard::forCgroups({level});
+  auto guard = ProcessMemoryGuard::forCgroups({v1Level(job, 1024 * kMiB)});
   ASSERT_NE(guard, nullptr);
   EXPECT_EQ(guard->baselineNeedBytes(), 500 * kMiB);
   EXPECT_EQ(guard->marginBytes(), 64 * kMiB);
@@ -295,14 +293,9 @@ TEST_F(ProcessMemoryTest, GuardRefusesPastLimitLessMarginAndAsksTheKernelAgain) 
 // followed (it sees the other processes).
 TEST_F(ProcessMemoryTest, GuardSeesALoweredLimitAndOtherProcessesAtOnce) {
   const std::string job = root() + "/sys/fs/cgroup/memory/job";
-  write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", std::to_string(1536 * kMiB));
-  write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", std::to_string(500 * kMiB));
+  writeV1("/sys/fs/cgroup/memory/job", std::to_string(1536 * kMiB), std::to_string(500 * kMiB));
   write("/sys/fs/cgroup/memory/job/memory.stat", "total_inactive_file 0\n");
-  CgroupMemoryLimit level;
-  level.version = 1;
-  level.dir = job;
-  level.limit_bytes = 1536 * kMiB;
-  auto guard = ProcessMemoryGuard::forCgroups({level});
+  auto guard = ProcessMemoryGuard::forCgroups({v1Level(job, 1536 * kMiB)});
   ASSERT_NE(guard, nullptr);
   EXPECT_TRUE(guard->admits(800 * kMiB));  // 500 + 800 <= 1536 - 64
   write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", std::to_string(900 * kMiB));
