@@ -34,6 +34,7 @@ RunContext contextOf(const TrialRunner& runner) {
   c.inputs = runner.inputs();
   c.loss = runner.loss();
   c.micro_batches_per_trial = runner.microBatchesPerTrial();
+  c.warnings = runner.memoryLimitWarnings();
   return c;
 }
 

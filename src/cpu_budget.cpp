@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "autobatch/error.h"
+#include "autobatch/units.h"
 #include "memory_backend.h"
 #include "process_memory.h"
 
@@ -321,6 +322,27 @@ class CpuBudgetBackend final : public MemoryBackend {
 #endif
   }
   void synchronize() override {}
+  std::vector<std::string> limitWarnings() const override {
+    std::vector<std::string> warnings;
+    // An explicit limit is a tensor budget; the process itself cannot pass what the kernel
+    // enforces, so above that the guard, not the budget, decides.
+    const std::int64_t usable = room_.bytes > std::numeric_limits<std::int64_t>::max() - held_bytes_
+                                    ? std::numeric_limits<std::int64_t>::max()
+                                    : room_.bytes + held_bytes_;
+    if (explicit_limit_ > 0 && explicit_limit_ > usable) {
+      warnings.push_back("--memory-limit " + formatBytes(explicit_limit_) +
+                         " is more than this process can use, " + formatBytes(usable) + " (" +
+                         room_.source + ", plus the tensors held at setup): batches near the " +
+                         "limit are refused by what the kernel enforces, not by the budget, so " +
+                         "the answer is this machine's, not that of the emulated limit");
+    }
+    if (guard_) {
+      const auto changes =
+          BudgetAllocator::instance().underLock([this] { return guard_->limitChanges(); });
+      warnings.insert(warnings.end(), changes.begin(), changes.end());
+    }
+    return warnings;
+  }
   bool processLimitNear(std::int64_t peak_bytes, std::int64_t failed_request_bytes) const override {
     if (process_.bytes == std::numeric_limits<std::int64_t>::max()) return false;  // no limit
     return failed_request_bytes > 0 || peak_bytes + failed_request_bytes >= process_.bytes / 2;
@@ -336,6 +358,7 @@ class CpuBudgetBackend final : public MemoryBackend {
     if (const auto available = readKbLine("/proc/meminfo", "MemAvailable")) {
       headroom.offer(*available, "MemAvailable " + std::to_string(*available));
     }
+    room_ = headroom;
     if (explicit_limit_ == 0) {
       default_headroom_ = headroom.bytes;
       source_ = headroom.source.empty() ? "no system limit found" : headroom.source;
@@ -358,6 +381,7 @@ class CpuBudgetBackend final : public MemoryBackend {
   c10::Allocator* previous_ = nullptr;
   std::unique_ptr<ProcessMemoryGuard> guard_;
   Headroom process_;
+  Headroom room_;  // the room the process limits and MemAvailable left at the last measurement
   std::int64_t reserve_ = 0;
   std::int64_t explicit_limit_ = 0;
   std::int64_t default_headroom_ = 0;

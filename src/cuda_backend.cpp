@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "autobatch/error.h"
+#include "autobatch/units.h"
 #include "cuda_device.h"
 #include "memory_backend.h"
 
@@ -86,6 +87,13 @@ class CudaBackend final : public MemoryBackend {
     // Device usage less what the caching allocator holds: this process's CUDA context and
     // kernels, plus any other process on the same device (conservative on a shared GPU).
     outside_ = std::max<std::int64_t>(total_ - static_cast<std::int64_t>(free_bytes) - reserved, 0);
+    if (memory_limit_bytes > total_) {
+      warnings_.push_back("--memory-limit " + formatBytes(memory_limit_bytes) +
+                          " is more than cuda:" + std::to_string(index) + "'s total memory, " +
+                          formatBytes(total_) +
+                          ": the caching allocator's memory fraction is capped at 1, so the "
+                          "device's own memory is the limit in effect");
+    }
     if (memory_limit_bytes > 0) {
       limit_ = memory_limit_bytes;
       source_ = "--memory-limit (memory fraction of cuda:" + std::to_string(index) + ")";
@@ -145,6 +153,7 @@ class CudaBackend final : public MemoryBackend {
   }
   std::string allocatorConfig() const override { return alloc_conf_; }
   std::int64_t outsideBytes() const override { return outside_; }
+  std::vector<std::string> limitWarnings() const override { return warnings_; }
 
  private:
   c10::DeviceIndex index_;
@@ -156,6 +165,7 @@ class CudaBackend final : public MemoryBackend {
   bool fraction_set_ = false;
   std::string source_;
   std::string alloc_conf_;
+  std::vector<std::string> warnings_;
 };
 
 }  // namespace

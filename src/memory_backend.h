@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace autobatch::detail {
 
@@ -57,6 +58,9 @@ class MemoryBackend {
   virtual std::string allocatorConfig() const { return ""; }
   /// Outside-allocator bytes counted in peak_bytes (CUDA context etc.; 0 on the CPU).
   virtual std::int64_t outsideBytes() const { return 0; }
+  /// What the user should know about the limit, now: --memory-limit above what the process or
+  /// the device can use, a process limit changed while the trials ran. Empty when nothing.
+  virtual std::vector<std::string> limitWarnings() const { return {}; }
 };
 
 /// Installs the CPU budget allocator (c10::SetCPUAllocator). `memory_limit_bytes` 0: the

@@ -117,22 +117,37 @@ void collectLevels(int version, const std::string& cgroup_path, const CgroupMoun
   const std::string top = mount.mount_point == "/" ? "" : mount.mount_point;
   const std::string limit_file = version == 1 ? "memory.limit_in_bytes" : "memory.max";
   const std::string usage_file = version == 1 ? "memory.usage_in_bytes" : "memory.current";
+  // A limit in bytes, or 0 for none ("max", v1's "unlimited", unreadable).
+  auto limit_in = [](const std::string& file) -> std::int64_t {
+    const auto bytes = readBytesFile(file);
+    return bytes && *bytes > 0 && *bytes < kNoLimitFrom ? *bytes : 0;
+  };
   while (true) {
     const std::string dir = top + relative;
     const std::string base = root + (dir.empty() ? "/" : dir);
-    const auto limit = readBytesFile(base + "/" + limit_file);
+    const std::int64_t limit = limit_in(base + "/" + limit_file);
+    // memory.high throttles instead of killing; it matters only below memory.max.
+    std::int64_t high = version == 2 ? limit_in(base + "/memory.high") : 0;
+    if (limit > 0 && high >= limit) high = 0;
     const auto usage = readBytesFile(base + "/" + usage_file);
-    if (limit && usage && *limit > 0 && *limit < kNoLimitFrom) {
+    if (usage && (limit > 0 || high > 0)) {
       CgroupMemoryLimit level;
       level.version = version;
       level.dir = dir.empty() ? "/" : dir;
-      level.limit_bytes = *limit;
       level.usage_bytes = *usage;
       const std::string stat = readWholeFile(base + "/memory.stat");
       const MemoryStatFigures figures = parseMemoryStat(stat.data(), stat.size(), version);
       level.file_bytes = figures.file_bytes;
       level.mapped_file_bytes = figures.mapped_file_bytes;
-      out.push_back(level);
+      if (limit > 0) {
+        level.limit_bytes = limit;
+        out.push_back(level);
+      }
+      if (high > 0) {
+        level.limit_bytes = high;
+        level.high = true;
+        out.push_back(level);
+      }
     }
     if (relative.empty()) break;
     relative = relative.substr(0, relative.rfind('/'));  // strictly shorter: the walk ends
@@ -179,7 +194,7 @@ MemoryStatFigures parseMemoryStat(const char* text, std::size_t size, int versio
 }
 
 std::string CgroupMemoryLimit::limitFile() const {
-  return dir + (version == 1 ? "/memory.limit_in_bytes" : "/memory.max");
+  return dir + (version == 1 ? "/memory.limit_in_bytes" : high ? "/memory.high" : "/memory.max");
 }
 
 std::string CgroupMemoryLimit::usageFile() const {
@@ -187,7 +202,9 @@ std::string CgroupMemoryLimit::usageFile() const {
 }
 
 std::string CgroupMemoryLimit::describe() const {
-  return std::string(version == 1 ? "cgroup v1 memory.limit_in_bytes " : "cgroup memory.max ") +
+  return std::string(version == 1 ? "cgroup v1 memory.limit_in_bytes "
+                     : high       ? "cgroup memory.high "
+                                  : "cgroup memory.max ") +
          std::to_string(limit_bytes) + " (" + dir + ")";
 }
 
@@ -235,7 +252,7 @@ std::vector<CgroupMemoryLimit> readCgroupMemoryLimits(const std::string& proc_cg
   std::vector<CgroupMemoryLimit> unique;
   for (const auto& level : levels) {
     const bool seen = std::any_of(unique.begin(), unique.end(), [&](const CgroupMemoryLimit& u) {
-      return u.version == level.version && u.dir == level.dir;
+      return u.version == level.version && u.dir == level.dir && u.high == level.high;
     });
     if (!seen) unique.push_back(level);
   }
@@ -259,10 +276,12 @@ struct ProcessMemoryGuard::Watch {
   int stat_fd = -1;              // memory.stat
   int limit_fd = -1;             // memory.limit_in_bytes / memory.max: it can be lowered any time
   std::int64_t limit_bytes = 0;  // cgroup: its limit; system: anon + MemAvailable at the baseline
+  std::int64_t first_limit_bytes = 0;  // cgroup: its limit when the guard was created
   std::int64_t margin_bytes = 0;
   std::int64_t need_ref_bytes = 0;    // need at the last exact read
   std::int64_t follow_ref_bytes = 0;  // the followed figure then (followed())
   int checks_since_read = 0;
+  bool throttles = false;  // memory.high: passing it throttles the process instead of killing it
   std::string what;
 };
 
@@ -394,7 +413,9 @@ void ProcessMemoryGuard::addCgroupWatches(const std::vector<CgroupMemoryLimit>& 
     w.stat_fd = open((level.dir + "/memory.stat").c_str(), O_RDONLY | O_CLOEXEC);
     w.limit_fd = open(level.limitFile().c_str(), O_RDONLY | O_CLOEXEC);
     w.limit_bytes = level.limit_bytes;
+    w.first_limit_bytes = level.limit_bytes;
     w.margin_bytes = processMemoryMarginBytes(level.limit_bytes);
+    w.throttles = level.high;
     w.what = level.describe();
     watches_.push_back(std::move(w));
   }
@@ -419,6 +440,7 @@ std::unique_ptr<ProcessMemoryGuard> ProcessMemoryGuard::forCgroups(
   guard->addCgroupWatches(limits);
   if (guard->watches_.empty()) return nullptr;
   guard->setBaseline();
+  guard->keepFirstLimits();
   return guard;
 }
 
@@ -430,7 +452,12 @@ std::unique_ptr<ProcessMemoryGuard> ProcessMemoryGuard::forThisProcess() {
   guard->addSystemWatch();
   if (guard->watches_.empty()) return nullptr;
   guard->setBaseline();
+  guard->keepFirstLimits();
   return guard;
+}
+
+void ProcessMemoryGuard::keepFirstLimits() {
+  for (Watch& w : watches_) w.first_limit_bytes = w.limit_bytes;
 }
 
 void ProcessMemoryGuard::setBaseline() {
@@ -473,7 +500,9 @@ bool ProcessMemoryGuard::admits(std::int64_t request_bytes) {
       need = w.need_ref_bytes;
     }
     if (need + request_bytes > w.limit_bytes - w.margin_bytes) {
-      refusal_ = "the process would pass a memory limit the kernel enforces by killing it: " +
+      refusal_ = std::string("the process would pass a memory limit the kernel enforces by ") +
+                 (w.throttles ? "throttling it (the step would run far slower than measured): "
+                              : "killing it: ") +
                  formatBytes(need) + " in use + " + formatBytes(request_bytes) + " requested > " +
                  formatBytes(w.limit_bytes) + " less a margin of " + formatBytes(w.margin_bytes) +
                  " for memory the budget does not count (" + w.what + ")";
@@ -490,6 +519,17 @@ std::string ProcessMemoryGuard::describe() const {
   std::string text;
   for (const Watch& w : watches_) text += (text.empty() ? "" : "; ") + w.what;
   return text;
+}
+
+std::vector<std::string> ProcessMemoryGuard::limitChanges() const {
+  std::vector<std::string> changes;
+  for (const Watch& w : watches_) {
+    if (w.system || w.limit_bytes == w.first_limit_bytes) continue;
+    changes.push_back(w.what + " was changed to " + std::to_string(w.limit_bytes) +
+                      " while the trials ran: the trials before the change were measured " +
+                      "against the old limit; run the search again under the new one");
+  }
+  return changes;
 }
 
 std::int64_t ProcessMemoryGuard::marginBytes() const {

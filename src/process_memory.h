@@ -25,7 +25,13 @@ struct CgroupMemoryLimit {
   /// The cgroup's folder, e.g. "/sys/fs/cgroup/memory/process_api/f075" (v1) or
   /// "/sys/fs/cgroup/user.slice/job-3" (v2).
   std::string dir;
-  std::int64_t limit_bytes = 0;  ///< memory.limit_in_bytes (v1) or memory.max (v2), > 0
+  std::int64_t limit_bytes =
+      0;  ///< memory.limit_in_bytes (v1), memory.max or memory.high (v2), > 0
+  /// True when the limit is cgroup v2's memory.high: above it the kernel does not kill but
+  /// throttles the cgroup and reclaims under heavy pressure (systemd's MemoryHigh=, Kubernetes'
+  /// MemoryQoS), so a training step there runs far slower than measured; autobatch keeps under it
+  /// as under memory.max. A level with both has two entries, memory.high only when it is lower.
+  bool high = false;
   std::int64_t usage_bytes = 0;  ///< memory.usage_in_bytes (v1) or memory.current (v2)
   /// Page cache charged to the cgroup, from memory.stat ((total_)active_file + inactive_file, v1
   /// keys with "total_"), and the part of it mapped into processes ((total_)mapped_file, v2
@@ -39,11 +45,12 @@ struct CgroupMemoryLimit {
   std::int64_t needBytes() const;
   /// limit - needBytes(), in bytes; may be negative.
   std::int64_t headroomBytes() const { return limit_bytes - needBytes(); }
-  /// The file of the limit (memory.limit_in_bytes or memory.max).
+  /// The file of the limit (memory.limit_in_bytes, memory.max or memory.high).
   std::string limitFile() const;
   /// The file the kernel's usage figure is read from (memory.usage_in_bytes or memory.current).
   std::string usageFile() const;
-  /// "cgroup v1 memory.limit_in_bytes 1610612736 (/sys/fs/cgroup/memory/x)" and the like.
+  /// "cgroup v1 memory.limit_in_bytes 1610612736 (/sys/fs/cgroup/memory/x)", "cgroup memory.high
+  /// 2147483648 (/sys/fs/cgroup/job)" and the like.
   std::string describe() const;
 };
 
@@ -52,11 +59,11 @@ struct CgroupMemoryLimit {
 /// mountinfo (cgroup v1 "memory" controller: fstype "cgroup" with super option "memory"; v2: fstype
 /// "cgroup2", e.g. /sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid systems); the process's
 /// cgroup path is taken relative to the mount's root (a container sees "/docker/<id>" mounted as
-/// its own root). Each level from the process's cgroup up to the mount point is read; levels
-/// without a limit ("max", or v1's "unlimited" 2^63 rounded down to a page) are left out, and so
-/// are levels whose files cannot be read. `root` is prepended to every path read (tests build a
-/// fake tree under a temporary folder; "" for the real one). Never throws on malformed text: what
-/// cannot be parsed is skipped.
+/// its own root). Each level from the process's cgroup up to the mount point is read (v2:
+/// memory.max and, when lower, memory.high, as two entries); levels without a limit ("max", or v1's
+/// "unlimited" 2^63 rounded down to a page) are left out, and so are levels whose files cannot be
+/// read. `root` is prepended to every path read (tests build a fake tree under a temporary folder;
+/// "" for the real one). Never throws on malformed text: what cannot be parsed is skipped.
 std::vector<CgroupMemoryLimit> readCgroupMemoryLimits(const std::string& proc_cgroup_text,
                                                       const std::string& proc_mountinfo_text,
                                                       const std::string& root = "");
@@ -110,12 +117,18 @@ class ProcessMemoryGuard {
   /// When false, refusalMessage() says which limit and with what need.
   bool admits(std::int64_t request_bytes);
   /// For the last refusal: "the process would pass a memory limit the kernel enforces by killing
-  /// it: 1.40 GiB in use + 72.14 MiB requested > 1.50 GiB less a margin of 64.00 MiB for memory
-  /// the budget does not count (cgroup v1 memory.limit_in_bytes 1610612736 (/sys/...))"; "" before.
+  /// it (or, for memory.high, by throttling it): 1.40 GiB in use + 72.14 MiB requested > 1.50 GiB
+  /// less a margin of 64.00 MiB for memory the budget does not count (cgroup v1
+  /// memory.limit_in_bytes 1610612736 (/sys/...))"; "" before.
   std::string refusalMessage() const;
   /// What is watched, "; "-separated ("cgroup v1 memory.limit_in_bytes 1610612736 (/sys/...)",
   /// "system memory: ...").
   std::string describe() const;
+  /// One line per cgroup limit that differs now (as last read) from when the guard was created:
+  /// "cgroup v1 memory.limit_in_bytes 1610612736 (/sys/...) was changed to 943718400 while the
+  /// trials ran: ...". Trials before the change were measured against the old limit (a batch
+  /// that fit then may not fit now). Empty when none changed.
+  std::vector<std::string> limitChanges() const;
   /// The margin kept under the tightest watched limit, in bytes.
   std::int64_t marginBytes() const;
 
@@ -145,6 +158,7 @@ class ProcessMemoryGuard {
   ProcessMemoryGuard();
   void addCgroupWatches(const std::vector<CgroupMemoryLimit>& limits);
   void addSystemWatch();
+  void keepFirstLimits();  // the limits limitChanges() compares with: as read at creation
   std::int64_t anonBytes() const;
   static std::optional<std::int64_t> followed(const Watch& w, std::int64_t anon_bytes);
   static void refreshLimit(Watch& w);

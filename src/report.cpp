@@ -204,6 +204,9 @@ std::string toJson(const ReportData& d) {
   doc["model"] = memoryOf(d) ? toJson(*memoryOf(d)) : json(nullptr);
   json trials = json::array();
   json warnings = json::array();
+  if (ctx) {
+    for (const auto& w : ctx->warnings) warnings.push_back(w);
+  }
   doc["result"] = nullptr;
   doc["fit"] = nullptr;
   doc["plans"] = nullptr;
@@ -305,11 +308,15 @@ std::string humanReport(const ReportData& d) {
       if (own > s.memory_limit_bytes) {
         out << fmt::format(
             "  the model itself needs {} ({} bytes: parameters {} + gradients {} + optimizer state "
-            "{}), more than the limit of {} ({} bytes): no batch can fit; use a larger "
-            "--memory-limit, sgd instead of adam/adamw, fp16/bf16, or a smaller model\n",
+            "{}), more than the limit of {} ({} bytes): no batch can fit; use {}, sgd instead "
+            "of adam/adamw, fp16/bf16, or a smaller model\n",
             formatBytes(own), own, formatBytes(m.parameter_bytes), formatBytes(m.gradient_bytes),
             formatBytes(m.optimizer_state_bytes), formatBytes(s.memory_limit_bytes),
-            s.memory_limit_bytes);
+            s.memory_limit_bytes,
+            // The limit came from the flag, or from the device / the process's own limits,
+            // which a larger --memory-limit cannot raise.
+            d.options.memory_limit_bytes > 0 ? "a larger --memory-limit (if the device has it)"
+                                             : "a device or a job with more memory");
       }
     }
     if (s.size_limit_batch > 0) {
@@ -381,6 +388,9 @@ std::string humanReport(const ReportData& d) {
     out << fmt::format("\ncheck micro-batch {}: {} raw, {} with the margin ({})\n",
                        c.trial.request.micro_batch_size, c.fits ? "fits" : "does not fit",
                        c.fits_with_margin ? "fits" : "does not fit", formatBytes(c.margin_bytes));
+  }
+  if (ctx) {
+    for (const auto& w : ctx->warnings) out << "warning: " << w << "\n";
   }
   if (!d.error.empty()) out << "error: " << d.error << "\n";
   return out.str();

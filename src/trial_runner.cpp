@@ -665,6 +665,9 @@ std::int64_t TrialRunner::memoryLimitBytes() const {
   return impl_->backend->limitBytes() - impl_->reserve_bytes;
 }
 std::string TrialRunner::memoryLimitSource() const { return impl_->backend->limitSource(); }
+std::vector<std::string> TrialRunner::memoryLimitWarnings() const {
+  return impl_->backend->limitWarnings();
+}
 std::string TrialRunner::backendName() const { return impl_->backend->name(); }
 std::int64_t TrialRunner::baselineBytes() const { return impl_->baseline_bytes; }
 std::int64_t TrialRunner::currentBytes() const { return impl_->backend->currentBytes(); }

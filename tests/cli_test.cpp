@@ -418,10 +418,12 @@ TEST(CliTest, ALimitBelowWhatTheModelItselfNeedsExitsThreeWithBoth) {
   const CliRun run = runCli("--model " + model + " --device cpu --memory-limit 12MiB --json " +
                             json_path.string());
   EXPECT_EQ(run.exit_code, 3) << run.err;
-  EXPECT_NE(run.out.find("the model itself needs 16.00 MiB (16777216 bytes: parameters 4.00 MiB + "
-                         "gradients 4.00 MiB + optimizer state 8.00 MiB), more than the limit of "
-                         "12.00 MiB (12582912 bytes)"),
-            std::string::npos)
+  EXPECT_NE(
+      run.out.find("the model itself needs 16.00 MiB (16777216 bytes: parameters 4.00 MiB + "
+                   "gradients 4.00 MiB + optimizer state 8.00 MiB), more than the limit of "
+                   "12.00 MiB (12582912 bytes): no batch can fit; use a larger --memory-limit "
+                   "(if the device has it)"),
+      std::string::npos)
       << run.out;
   const auto doc = nlohmann::json::parse(readFile(json_path));
   EXPECT_EQ(doc["status"], "nothing-fits");

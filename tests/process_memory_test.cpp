@@ -133,6 +133,62 @@ TEST_F(ProcessMemoryTest, CgroupV2EveryLevelUpToTheMountIsRead) {
   EXPECT_EQ(levels[1].limit_bytes, 4294967296);
 }
 
+// cgroup v2's memory.high (systemd MemoryHigh=): above it the kernel throttles the cgroup instead
+// of killing it, and a training step there runs far slower than measured. It is a limit of its own
+// when lower than memory.max (or with memory.max "max"), and left out when not lower.
+TEST_F(ProcessMemoryTest, CgroupV2MemoryHighBelowMaxIsALimitOfItsOwn) {
+  const std::string mount = "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+  const std::string top = "/sys/fs/cgroup";
+  writeV2(top + "/job.slice", "max\n", "1000\n");
+  write(top + "/job.slice/memory.high", "3221225472\n");  // only memory.high: 3 GiB
+  writeV2(top + "/job.slice/run", "2147483648\n", "600000000\n");
+  write(top + "/job.slice/run/memory.high", "1610612736\n");  // lower than memory.max
+  write(top + "/job.slice/run/memory.stat", "active_file 100000000\nfile_mapped 40000000\n");
+  writeV2(top + "/job.slice/run/step", "1073741824\n", "500000000\n");
+  write(top + "/job.slice/run/step/memory.high", "1073741824\n");  // equal: memory.max applies
+  const auto levels =
+      readCgroupMemoryLimits("0::/job.slice/run/step\n", kRootMount + mount, root());
+  ASSERT_EQ(levels.size(), 4U);
+  EXPECT_FALSE(levels[0].high);
+  EXPECT_EQ(levels[0].dir, top + "/job.slice/run/step");
+  EXPECT_EQ(levels[0].limit_bytes, 1073741824);
+  EXPECT_FALSE(levels[1].high);
+  EXPECT_EQ(levels[1].limit_bytes, 2147483648);
+  EXPECT_TRUE(levels[2].high);
+  EXPECT_EQ(levels[2].dir, top + "/job.slice/run");
+  EXPECT_EQ(levels[2].limit_bytes, 1610612736);
+  EXPECT_EQ(levels[2].needBytes(), 600000000 - 60000000);  // the same usage as memory.max's entry
+  EXPECT_EQ(levels[2].limitFile(), top + "/job.slice/run/memory.high");
+  EXPECT_EQ(levels[2].usageFile(), top + "/job.slice/run/memory.current");
+  EXPECT_EQ(levels[2].describe(), "cgroup memory.high 1610612736 (" + top + "/job.slice/run)");
+  EXPECT_TRUE(levels[3].high);
+  EXPECT_EQ(levels[3].dir, top + "/job.slice");
+  EXPECT_EQ(levels[3].limit_bytes, 3221225472);
+}
+
+// The guard over memory.high: refused like memory.max, and the message says what passing it does.
+TEST_F(ProcessMemoryTest, GuardKeepsUnderMemoryHighAndSaysItThrottles) {
+  const std::string mount = "30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+  writeV2("/sys/fs/cgroup/job", "max\n", std::to_string(200 * kMiB));
+  write("/sys/fs/cgroup/job/memory.high", std::to_string(1024 * kMiB));
+  write("/sys/fs/cgroup/job/memory.stat", "active_file 0\n");
+  auto levels = readCgroupMemoryLimits("0::/job\n", kRootMount + mount, root());
+  ASSERT_EQ(levels.size(), 1U);
+  ASSERT_TRUE(levels[0].high);
+  levels[0].dir = root() + levels[0].dir;  // the guard opens the files by their folder
+  auto guard = ProcessMemoryGuard::forCgroups(levels);
+  ASSERT_NE(guard, nullptr);
+  EXPECT_TRUE(guard->admits(700 * kMiB));   // 200 + 700 <= 1024 - 64
+  EXPECT_FALSE(guard->admits(800 * kMiB));  // 1000 > 960
+  const std::string why = guard->refusalMessage();
+  EXPECT_NE(why.find("enforces by throttling it"), std::string::npos) << why;
+  EXPECT_NE(why.find("cgroup memory.high 1073741824"), std::string::npos) << why;
+  // memory.high lowered while the search runs: read at every check, as memory.max is.
+  write("/sys/fs/cgroup/job/memory.high", std::to_string(512 * kMiB));
+  EXPECT_FALSE(guard->admits(300 * kMiB));  // 500 > 512 - 64
+  EXPECT_TRUE(guard->admits(200 * kMiB));
+}
+
 // Hybrid systems mount cgroup2 at /sys/fs/cgroup/unified (without the memory controller) and
 // the v1 memory controller beside it: the limit is found in v1.
 TEST_F(ProcessMemoryTest, HybridSystemFindsTheV1MemoryLimit) {
@@ -298,8 +354,17 @@ TEST_F(ProcessMemoryTest, GuardSeesALoweredLimitAndOtherProcessesAtOnce) {
   auto guard = ProcessMemoryGuard::forCgroups({v1Level(job, 1536 * kMiB)});
   ASSERT_NE(guard, nullptr);
   EXPECT_TRUE(guard->admits(800 * kMiB));  // 500 + 800 <= 1536 - 64
+  EXPECT_TRUE(guard->limitChanges().empty());
   write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", std::to_string(900 * kMiB));
   EXPECT_FALSE(guard->admits(800 * kMiB));  // 500 + 800 > 900 - 64
+  // The report says so: trials before the change were measured against 1.5 GiB.
+  const auto changes = guard->limitChanges();
+  ASSERT_EQ(changes.size(), 1U);
+  EXPECT_EQ(changes[0].rfind("cgroup v1 memory.limit_in_bytes 1610612736 (" + job +
+                                 ") was changed to 943718400 while the trials ran",
+                             0),
+            0U)
+      << changes[0];
   EXPECT_NE(guard->refusalMessage().find("> 900.00 MiB less a margin of 64.00 MiB"),
             std::string::npos)
       << guard->refusalMessage();

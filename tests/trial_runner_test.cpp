@@ -23,6 +23,7 @@
 #include "autobatch/error.h"
 #include "autobatch/failure.h"
 #include "autobatch/model_metadata.h"
+#include "autobatch/units.h"
 #include "child_process.h"
 #include "test_models.h"
 
@@ -214,6 +215,29 @@ TEST(TrialRunnerTest, WrongInputShapeIsAModelErrorNotOutOfMemory) {
     EXPECT_NE(std::string(e.what()).find("cannot be multiplied"), std::string::npos) << e.what();
   }
   EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+}
+
+// --memory-limit is a tensor budget: above what the process can use (cgroup, MemAvailable) the
+// kernel's limit decides, and the report must say so rather than present the emulated figure.
+TEST(TrialRunnerTest, MemoryLimitAboveWhatTheProcessCanUseIsWarnedAbout) {
+  auto m = mlp(kIn, kHidden, kClasses);
+  const auto spec = specOf("3", LossKind::kMean, OptimizerKind::kSgd);
+  {
+    TrialRunner runner(m, spec, limit(std::int64_t{1} << 50));  // 1 PiB: no machine of ours
+    const auto warnings = runner.memoryLimitWarnings();
+    ASSERT_EQ(warnings.size(), 1U);
+    EXPECT_NE(warnings[0].find("--memory-limit " + formatBytes(std::int64_t{1} << 50) +
+                               " is more than this process can use"),
+              std::string::npos)
+        << warnings[0];
+    EXPECT_TRUE(warnings[0].find("MemAvailable") != std::string::npos ||
+                warnings[0].find("cgroup") != std::string::npos)
+        << warnings[0];
+  }
+  {
+    TrialRunner runner(m, spec, limit(std::int64_t{64} << 20));
+    EXPECT_TRUE(runner.memoryLimitWarnings().empty());
+  }
 }
 
 TEST(TrialRunnerTest, PeakBytesAreAffineInBatch) {

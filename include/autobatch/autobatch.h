@@ -50,6 +50,9 @@ struct RunContext {
   std::vector<InputSpec> inputs;        ///< the inputs the trials used (flags, else the archive)
   LossKind loss = LossKind::kMean;      ///< the loss the trials used
   int micro_batches_per_trial = 1;      ///< min(accumulation_steps, 2)
+  /// TrialRunner::memoryLimitWarnings() once the trials ran (the report lists them first among
+  /// its warnings).
+  std::vector<std::string> warnings;
 };
 
 /// The result of findMaxBatch().

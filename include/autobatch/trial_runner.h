@@ -95,6 +95,12 @@ class TrialRunner {
   /// memory.limit_in_bytes 1610612736 (/sys/fs/cgroup/memory/job) less ..."), and on the CPU what
   /// the process guard keeps the whole process under.
   std::string memoryLimitSource() const;
+  /// What the user should know about the limit, as of now (call it after the trials): an explicit
+  /// --memory-limit larger than what the process can use (CPU: the cgroup / system room, which the
+  /// process guard keeps it under anyway) or than the device's total memory (CUDA: the memory
+  /// fraction is capped at 1), a cgroup limit changed while the trials ran (trials before the
+  /// change were measured against the old one). Empty when nothing.
+  std::vector<std::string> memoryLimitWarnings() const;
   /// "cpu-budget" or "cuda-caching".
   std::string backendName() const;
   /// Bytes held by tensors before every trial (the model, its snapshot excluded), in bytes.
