@@ -199,10 +199,12 @@ class BudgetAllocator final : public c10::Allocator {
 struct Headroom {
   std::int64_t bytes = std::numeric_limits<std::int64_t>::max();
   std::string source;
-  void offer(std::int64_t candidate, const std::string& what) {
+  std::string brief;  // the limit alone, for warnings: "cgroup v1 memory.limit_in_bytes ..."
+  void offer(std::int64_t candidate, const std::string& what, const std::string& limit) {
     if (candidate < bytes) {
       bytes = std::max<std::int64_t>(candidate, 0);
       source = what;
+      brief = limit;
     }
   }
 };
@@ -211,22 +213,27 @@ struct Headroom {
 Headroom processHeadroom() {
   Headroom h;
   for (const CgroupMemoryLimit& level : cgroupMemoryLimitsOfThisProcess()) {
-    h.offer(level.headroomBytes(), level.describe() + " less what its usage " +
-                                       std::to_string(level.usage_bytes) + " holds beyond " +
-                                       "unmapped page cache, " + std::to_string(level.needBytes()));
+    h.offer(level.headroomBytes(),
+            level.describe() + " less what its usage " + std::to_string(level.usage_bytes) +
+                " holds beyond " + "unmapped page cache, " + std::to_string(level.needBytes()),
+            level.describe());
   }
   struct rlimit limit {};
   if (getrlimit(RLIMIT_DATA, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
     const auto used = readKbLine("/proc/self/status", "VmData").value_or(0);
     const auto cap = static_cast<std::int64_t>(limit.rlim_cur);
-    h.offer(cap - used, "RLIMIT_DATA " + std::to_string(cap) + " less the process's VmData " +
-                            std::to_string(used));
+    h.offer(
+        cap - used,
+        "RLIMIT_DATA " + std::to_string(cap) + " less the process's VmData " + std::to_string(used),
+        "RLIMIT_DATA " + std::to_string(cap));
   }
   if (getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
     const auto used = readKbLine("/proc/self/status", "VmSize").value_or(0);
     const auto cap = static_cast<std::int64_t>(limit.rlim_cur);
-    h.offer(cap - used, "RLIMIT_AS " + std::to_string(cap) + " less the process's VmSize " +
-                            std::to_string(used));
+    h.offer(
+        cap - used,
+        "RLIMIT_AS " + std::to_string(cap) + " less the process's VmSize " + std::to_string(used),
+        "RLIMIT_AS " + std::to_string(cap));
   }
   return h;
 }
@@ -329,12 +336,20 @@ class CpuBudgetBackend final : public MemoryBackend {
     const std::int64_t usable = room_.bytes > std::numeric_limits<std::int64_t>::max() - held_bytes_
                                     ? std::numeric_limits<std::int64_t>::max()
                                     : room_.bytes + held_bytes_;
-    if (explicit_limit_ > 0 && explicit_limit_ > usable) {
-      warnings.push_back("--memory-limit " + formatBytes(explicit_limit_) +
-                         " is more than this process can use, " + formatBytes(usable) + " (" +
-                         room_.source + ", plus the tensors held at setup): batches near the " +
-                         "limit are refused by what the kernel enforces, not by the budget, so " +
-                         "the answer is this machine's, not that of the emulated limit");
+    // The budget the trials run under is the flag less the reserve.
+    if (explicit_limit_ > 0 && explicit_limit_ - reserve_ > usable) {
+      auto both = [](std::int64_t bytes) {
+        return formatBytes(bytes) + " (" + std::to_string(bytes) + " bytes)";
+      };
+      warnings.push_back(
+          std::string("--memory-limit ") + (reserve_ > 0 ? "less --reserve, " : "") +
+          both(explicit_limit_ - reserve_) + ", is more than this process can use, " +
+          both(usable) + ": the room left at setup under " + room_.brief +
+          ", plus the tensors held then. Batches between the two were refused at that limit, " +
+          "not at the budget, so the answer is this machine's, not that of the " +
+          "emulated one; to emulate a smaller device give --memory-limit " +
+          std::to_string(usable + reserve_) + " (bytes) or less, or leave it out to use all " +
+          "the process can");
     }
     if (guard_) {
       const auto changes =
@@ -356,7 +371,8 @@ class CpuBudgetBackend final : public MemoryBackend {
     process_ = processHeadroom();
     Headroom headroom = process_;
     if (const auto available = readKbLine("/proc/meminfo", "MemAvailable")) {
-      headroom.offer(*available, "MemAvailable " + std::to_string(*available));
+      headroom.offer(*available, "MemAvailable " + std::to_string(*available),
+                     "the system's MemAvailable");
     }
     room_ = headroom;
     if (explicit_limit_ == 0) {

@@ -8,7 +8,8 @@
 namespace autobatch {
 namespace {
 
-constexpr std::size_t kMaxReason = 400;
+// The process guard's refusal names two cgroup folders: about 500 characters here.
+constexpr std::size_t kMaxReason = 1000;
 
 bool contains(std::string_view haystack, std::string_view needle) {
   return haystack.find(needle) != std::string_view::npos;

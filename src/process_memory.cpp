@@ -276,7 +276,10 @@ struct ProcessMemoryGuard::Watch {
   int stat_fd = -1;              // memory.stat
   int limit_fd = -1;             // memory.limit_in_bytes / memory.max: it can be lowered any time
   std::int64_t limit_bytes = 0;  // cgroup: its limit; system: anon + MemAvailable at the baseline
-  std::int64_t first_limit_bytes = 0;  // cgroup: its limit when the guard was created
+  // The limits it was changed to since, in order; capacity reserved at creation (no allocation
+  // while admitting): past kMaxLimitChanges the last entry is overwritten.
+  std::vector<std::int64_t> changed_to;
+  static constexpr std::size_t kMaxLimitChanges = 8;
   std::int64_t margin_bytes = 0;
   std::int64_t need_ref_bytes = 0;    // need at the last exact read
   std::int64_t follow_ref_bytes = 0;  // the followed figure then (followed())
@@ -364,6 +367,11 @@ void ProcessMemoryGuard::refreshLimit(Watch& w) {
     if (*limit != w.limit_bytes) {
       w.limit_bytes = *limit;
       w.margin_bytes = processMemoryMarginBytes(*limit);
+      if (w.changed_to.size() < Watch::kMaxLimitChanges) {
+        w.changed_to.push_back(*limit);  // within the reserved capacity
+      } else {
+        w.changed_to.back() = *limit;
+      }
     }
   }
 }
@@ -415,7 +423,6 @@ void ProcessMemoryGuard::addCgroupWatches(const std::vector<CgroupMemoryLimit>& 
     w.stat_fd = open((level.dir + "/memory.stat").c_str(), O_RDONLY | O_CLOEXEC);
     w.limit_fd = open(level.limitFile().c_str(), O_RDONLY | O_CLOEXEC);
     w.limit_bytes = level.limit_bytes;
-    w.first_limit_bytes = level.limit_bytes;
     w.margin_bytes = processMemoryMarginBytes(level.limit_bytes);
     w.throttles = level.high;
     w.what = level.describe();
@@ -459,7 +466,10 @@ std::unique_ptr<ProcessMemoryGuard> ProcessMemoryGuard::forThisProcess() {
 }
 
 void ProcessMemoryGuard::keepFirstLimits() {
-  for (Watch& w : watches_) w.first_limit_bytes = w.limit_bytes;
+  for (Watch& w : watches_) {
+    w.changed_to.clear();
+    w.changed_to.reserve(Watch::kMaxLimitChanges);
+  }
 }
 
 void ProcessMemoryGuard::setBaseline() {
@@ -536,10 +546,16 @@ std::string ProcessMemoryGuard::describe() const {
 std::vector<std::string> ProcessMemoryGuard::limitChanges() const {
   std::vector<std::string> changes;
   for (const Watch& w : watches_) {
-    if (w.system || w.limit_bytes == w.first_limit_bytes) continue;
-    changes.push_back(w.what + " was changed to " + std::to_string(w.limit_bytes) +
-                      " while the trials ran: the trials before the change were measured " +
-                      "against the old limit; run the search again under the new one");
+    if (w.system || w.changed_to.empty()) continue;
+    std::string values;
+    for (std::size_t i = 0; i < w.changed_to.size(); ++i) {
+      values += (i == 0 ? "" : ", then ") + std::to_string(w.changed_to[i]);
+    }
+    changes.push_back(
+        w.what + " was changed while the trials ran, to " + values +
+        ": each trial was measured against the limit of its time, so the answer (and any "
+        "non-monotonic or does-not-fit figure) may belong to an earlier limit; run autobatch "
+        "again under the one now");
   }
   return changes;
 }

@@ -124,10 +124,11 @@ class ProcessMemoryGuard {
   /// What is watched, "; "-separated ("cgroup v1 memory.limit_in_bytes 1610612736 (/sys/...)",
   /// "system memory: ...").
   std::string describe() const;
-  /// One line per cgroup limit that differs now (as last read) from when the guard was created:
-  /// "cgroup v1 memory.limit_in_bytes 1610612736 (/sys/...) was changed to 943718400 while the
-  /// trials ran: ...". Trials before the change were measured against the old limit (a batch
-  /// that fit then may not fit now). Empty when none changed.
+  /// One line per cgroup limit that was changed since the guard was created (as seen by its
+  /// checks): "cgroup v1 memory.limit_in_bytes 1610612736 (/sys/...) was changed while the trials
+  /// ran, to 2147483648, then 943718400: ...", the values in order (the first 7 and the last).
+  /// Trials before a change were measured against the limit then (a batch that fit then may not
+  /// fit now). Empty when none changed.
   std::vector<std::string> limitChanges() const;
   /// The margin kept under the tightest watched limit, in bytes.
   std::int64_t marginBytes() const;
@@ -158,7 +159,7 @@ class ProcessMemoryGuard {
   ProcessMemoryGuard();
   void addCgroupWatches(const std::vector<CgroupMemoryLimit>& limits);
   void addSystemWatch();
-  void keepFirstLimits();  // the limits limitChanges() compares with: as read at creation
+  void keepFirstLimits();  // limitChanges() counts from here: the limits as read at creation
   std::int64_t anonBytes() const;
   static std::optional<std::int64_t> followed(const Watch& w, std::int64_t anon_bytes);
   static void refreshLimit(Watch& w);

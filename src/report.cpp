@@ -300,9 +300,10 @@ std::string humanReport(const ReportData& d) {
                        formatBytes(s.memory_limit_bytes - s.margin_bytes));
     if (s.status == SearchStatus::kNothingFits) {
       out << fmt::format(
-          "  nothing fits at the minimum batch {}: it needs at least {} (limit {})\n",
+          "  nothing fits at the minimum batch {}: it needs at least {} (limit less the margin "
+          "{})\n",
           d.options.min_batch, formatBytes(s.min_batch_needs_at_least_bytes),
-          formatBytes(s.memory_limit_bytes));
+          formatBytes(s.memory_limit_bytes - s.margin_bytes));
       const MemoryBreakdown& m = d.result->memory;
       const std::int64_t own = modelNeedsBytes(m);
       if (own > s.memory_limit_bytes) {
@@ -381,6 +382,7 @@ std::string humanReport(const ReportData& d) {
                            rep.rank == d.rank->rank ? "  (this rank)" : "");
       }
     }
+    for (const auto& w : ctx->warnings) out << "warning: " << w << "\n";
     for (const auto& w : s.warnings) out << "warning: " << w << "\n";
   }
   if (d.check) {
@@ -389,7 +391,7 @@ std::string humanReport(const ReportData& d) {
                        c.trial.request.micro_batch_size, c.fits ? "fits" : "does not fit",
                        c.fits_with_margin ? "fits" : "does not fit", formatBytes(c.margin_bytes));
   }
-  if (ctx) {
+  if (ctx && !d.result) {
     for (const auto& w : ctx->warnings) out << "warning: " << w << "\n";
   }
   if (!d.error.empty()) out << "error: " << d.error << "\n";

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "autobatch/error.h"
+#include "autobatch/units.h"
 
 namespace autobatch {
 namespace {
@@ -34,8 +35,7 @@ constexpr double kRetreatFraction = 0.05;
 using Clock = std::chrono::steady_clock;
 
 std::string bytesText(std::int64_t bytes) {
-  return std::to_string(bytes) + " bytes (" +
-         std::to_string(static_cast<double>(bytes) / static_cast<double>(1LL << 20)) + " MiB)";
+  return formatBytes(bytes) + " (" + std::to_string(bytes) + " bytes)";
 }
 
 void validate(const SearchOptions& o) {
@@ -485,7 +485,7 @@ class Search {
         break;
       case Stop::kTimeBudget:
         result_.status = SearchStatus::kTimeBudget;
-        result_.warnings.push_back("the time budget (" + std::to_string(options_.time_limit_s) +
+        result_.warnings.push_back("the time budget (" + oneDecimal(options_.time_limit_s) +
                                    " s) ran out; reporting the best verified batch");
         break;
       case Stop::kCancelled:
@@ -525,10 +525,16 @@ class Search {
           " samples/s; step times of one trial each, so a busy machine can reorder them)");
     }
     if (result_.status == SearchStatus::kNothingFits && result_.size_limit_batch == 0) {
-      result_.warnings.push_back("nothing fits: the minimum batch " +
-                                 std::to_string(options_.min_batch) + " needs at least " +
-                                 bytesText(result_.min_batch_needs_at_least_bytes) +
-                                 ", the limit is " + bytesText(result_.memory_limit_bytes));
+      const std::int64_t headroom = result_.memory_limit_bytes - result_.margin_bytes;
+      const std::int64_t need = result_.min_batch_needs_at_least_bytes;
+      result_.warnings.push_back(
+          "nothing fits: the minimum batch " + std::to_string(options_.min_batch) +
+          " needs at least " + bytesText(need) + ", the limit less the margin is " +
+          bytesText(headroom) +
+          (need <= headroom ? "; its trial was refused before its tensors reached that (a limit "
+                              "on the whole process, or an allocator failure: the trial's reason "
+                              "says which)"
+                            : ""));
     }
     result_.elapsed_s = elapsedS();
   }

@@ -240,7 +240,8 @@ struct TrialRunner::Impl {
       throw Error("memory limit: expected more than the reserve of " +
                   std::to_string(reserve_bytes) + " bytes, but got " +
                   std::to_string(backend->limitBytes()) + " bytes (" + backend->limitSource() +
-                  ")");
+                  "); lower --reserve" +
+                  (options.memory_limit_bytes > 0 ? " or raise --memory-limit" : ""));
     }
     saved_rethrow = FLAGS_torch_jit_enable_rethrow_caught_exception;
     FLAGS_torch_jit_enable_rethrow_caught_exception = true;  // keeps c10::OutOfMemoryError's type

@@ -82,6 +82,13 @@ std::int64_t parseBytes(std::string_view text, std::string_view what) {
     fail(what, text,
          "unknown unit '" + unit + "': valid units are B, KB, MB, GB, TB, KiB, MiB, GiB, TiB");
   }
+  // "1.5" or "0.5B" is a fraction of a byte: almost always a forgotten unit, never a size to
+  // round silently (found by a user test: "--memory-limit 1.5" became 1 byte).
+  if (multiplier == 1 && fraction != 0) {
+    fail(what, text,
+         "a fraction of a byte (a number without a unit is bytes): add the unit, such as " +
+             std::string(text.substr(0, text.find_first_not_of("0123456789."))) + "GiB");
+  }
   if (whole > kMax / multiplier) fail(what, text, "larger than 2^63 - 1 bytes");
   // floor(fraction * multiplier / scale) without overflow: fraction, scale < 10^18, multiplier
   // < 2^41, so the product needs 128 bits.

@@ -361,7 +361,7 @@ TEST_F(ProcessMemoryTest, GuardSeesALoweredLimitAndOtherProcessesAtOnce) {
   const auto changes = guard->limitChanges();
   ASSERT_EQ(changes.size(), 1U);
   EXPECT_EQ(changes[0].rfind("cgroup v1 memory.limit_in_bytes 1610612736 (" + job +
-                                 ") was changed to 943718400 while the trials ran",
+                                 ") was changed while the trials ran, to 943718400:",
                              0),
             0U)
       << changes[0];
@@ -373,6 +373,15 @@ TEST_F(ProcessMemoryTest, GuardSeesALoweredLimitAndOtherProcessesAtOnce) {
   // memory.stat would be due.
   write("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", std::to_string(900 * kMiB));
   EXPECT_FALSE(guard->admits(100 * kMiB));  // 900 + 100 > 836
+  // Raised again, then lowered: every value, in order (a search that ran under each).
+  write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", std::to_string(2048 * kMiB));
+  EXPECT_TRUE(guard->admits(800 * kMiB));  // 900 + 800 <= 2048 - 64
+  write("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", std::to_string(1024 * kMiB));
+  EXPECT_FALSE(guard->admits(100 * kMiB));  // 900 + 100 > 1024 - 64
+  ASSERT_EQ(guard->limitChanges().size(), 1U);
+  EXPECT_NE(guard->limitChanges()[0].find("to 943718400, then 2147483648, then 1073741824: "),
+            std::string::npos)
+      << guard->limitChanges()[0];
 }
 
 // Found by a user test: a model file read cold leaves page cache in the cgroup; at the limit the

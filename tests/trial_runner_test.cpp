@@ -227,7 +227,7 @@ TEST(TrialRunnerTest, MemoryLimitAboveWhatTheProcessCanUseIsWarnedAbout) {
     const auto warnings = runner.memoryLimitWarnings();
     ASSERT_EQ(warnings.size(), 1U);
     EXPECT_NE(warnings[0].find("--memory-limit " + formatBytes(std::int64_t{1} << 50) +
-                               " is more than this process can use"),
+                               " (1125899906842624 bytes), is more than this process can use"),
               std::string::npos)
         << warnings[0];
     EXPECT_TRUE(warnings[0].find("MemAvailable") != std::string::npos ||
@@ -237,6 +237,13 @@ TEST(TrialRunnerTest, MemoryLimitAboveWhatTheProcessCanUseIsWarnedAbout) {
   {
     TrialRunner runner(m, spec, limit(std::int64_t{64} << 20));
     EXPECT_TRUE(runner.memoryLimitWarnings().empty());
+  }
+  {
+    // The trials' budget is the flag less --reserve: 64 MiB here, whatever the flag says.
+    auto options = limit(std::int64_t{1} << 50);
+    options.reserve_bytes = (std::int64_t{1} << 50) - (std::int64_t{64} << 20);
+    TrialRunner runner(m, spec, options);
+    EXPECT_TRUE(runner.memoryLimitWarnings().empty()) << runner.memoryLimitWarnings()[0];
   }
 }
 

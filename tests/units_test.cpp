@@ -62,6 +62,18 @@ TEST(UnitsTest, MalformedSizesSayWhatIsWrong) {
   expectError("1 2GiB", "unknown unit");
   expectError("1.0000000000000000001GiB", "more than 18 digits after the decimal point");
   expectError("99999999999999999999", "larger than 2^63 - 1 bytes");
+  // Found by a user test: "--memory-limit 1.5" was taken as 1 byte.
+  expectError("1.5",
+              "a fraction of a byte (a number without a unit is bytes): add the unit, such "
+              "as 1.5GiB");
+  expectError("0.5B", "a fraction of a byte");
+  expectError("0.5 b", "such as 0.5GiB");
+}
+
+TEST(UnitsTest, WholeBytesWithAFractionOfZeroAreBytes) {
+  EXPECT_EQ(parseBytes("2.0"), 2);
+  EXPECT_EQ(parseBytes("2.000B"), 2);
+  EXPECT_EQ(parseBytes("0.5KiB"), 512);
 }
 
 TEST(UnitsTest, FormatsWithBinaryUnits) {

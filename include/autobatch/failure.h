@@ -49,7 +49,7 @@ struct FailureContext {
 /// A classified failure.
 struct FailureClass {
   FailureKind kind = FailureKind::kRethrow;
-  /// The line of the message that decided it (trimmed, at most 400 characters); for kRethrow the
+  /// The line of the message that decided it (trimmed, at most 1000 characters); for kRethrow the
   /// first line of the message.
   std::string reason;
   /// Bytes of the failed allocation when the message tells ("Tried to allocate 2.00 GiB",

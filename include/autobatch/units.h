@@ -15,7 +15,8 @@ namespace autobatch {
 /// "1.5GiB" (rounded down to whole bytes), "1073741824" (bytes).
 /// `what` names the value in errors (e.g. "--memory-limit").
 /// Throws: autobatch::Error for an empty text, a sign, an exponent ("1e400"), an unknown unit
-/// ("24XB": lists the valid ones), or a value above 2^63 - 1 bytes.
+/// ("24XB": lists the valid ones), a fraction of a byte ("1.5", "0.5B": a forgotten unit; "2.0"
+/// is 2 bytes), or a value above 2^63 - 1 bytes.
 std::int64_t parseBytes(std::string_view text, std::string_view what = "size");
 
 /// Parses a whole number in [min, max] (decimal digits, an optional leading '-'), for count flags.
