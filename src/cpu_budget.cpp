@@ -215,7 +215,7 @@ Headroom processHeadroom() {
   for (const CgroupMemoryLimit& level : cgroupMemoryLimitsOfThisProcess()) {
     h.offer(level.headroomBytes(),
             level.describe() + " less what its usage " + std::to_string(level.usage_bytes) +
-                " holds beyond " + "unmapped page cache, " + std::to_string(level.needBytes()),
+                " holds beyond unmapped page cache, " + std::to_string(level.needBytes()),
             level.describe());
   }
   struct rlimit limit {};

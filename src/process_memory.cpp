@@ -449,7 +449,7 @@ std::unique_ptr<ProcessMemoryGuard> ProcessMemoryGuard::forCgroups(
   guard->addCgroupWatches(limits);
   if (guard->watches_.empty()) return nullptr;
   guard->setBaseline();
-  guard->keepFirstLimits();
+  guard->startLimitHistory();
   return guard;
 }
 
@@ -461,11 +461,11 @@ std::unique_ptr<ProcessMemoryGuard> ProcessMemoryGuard::forThisProcess() {
   guard->addSystemWatch();
   if (guard->watches_.empty()) return nullptr;
   guard->setBaseline();
-  guard->keepFirstLimits();
+  guard->startLimitHistory();
   return guard;
 }
 
-void ProcessMemoryGuard::keepFirstLimits() {
+void ProcessMemoryGuard::startLimitHistory() {
   for (Watch& w : watches_) {
     w.changed_to.clear();
     w.changed_to.reserve(Watch::kMaxLimitChanges);

@@ -25,8 +25,8 @@ struct CgroupMemoryLimit {
   /// The cgroup's folder, e.g. "/sys/fs/cgroup/memory/process_api/f075" (v1) or
   /// "/sys/fs/cgroup/user.slice/job-3" (v2).
   std::string dir;
-  std::int64_t limit_bytes =
-      0;  ///< memory.limit_in_bytes (v1), memory.max or memory.high (v2), > 0
+  /// memory.limit_in_bytes (v1), memory.max or memory.high (v2), > 0
+  std::int64_t limit_bytes = 0;
   /// True when the limit is cgroup v2's memory.high: above it the kernel does not kill but
   /// throttles the cgroup and reclaims under heavy pressure (systemd's MemoryHigh=, Kubernetes'
   /// MemoryQoS), so a training step there runs far slower than measured; autobatch keeps under it
@@ -159,7 +159,7 @@ class ProcessMemoryGuard {
   ProcessMemoryGuard();
   void addCgroupWatches(const std::vector<CgroupMemoryLimit>& limits);
   void addSystemWatch();
-  void keepFirstLimits();  // limitChanges() counts from here: the limits as read at creation
+  void startLimitHistory();  // limitChanges() counts from here: the limits as read at creation
   std::int64_t anonBytes() const;
   static std::optional<std::int64_t> followed(const Watch& w, std::int64_t anon_bytes);
   static void refreshLimit(Watch& w);
