@@ -20,17 +20,19 @@ MemoryBreakdown breakdownOf(const TrialRunner& runner) {
   m.optimizer_state_bytes = runner.optimizerStateBytes();
   m.baseline_bytes = runner.baselineBytes();
   m.outside_bytes = runner.outsideBytes();
+  m.outside_growth_bytes = runner.outsideGrowthBytes();
   m.ddp_bucket_bytes = runner.ddpBucketBytes();
   return m;
 }
 
 RunContext contextOf(const TrialRunner& runner) {
   RunContext c;
-  c.device = runner.spec().device;
+  c.device = runner.device();
   c.backend = runner.backendName();
   c.memory_limit_bytes = runner.memoryLimitBytes();
   c.memory_limit_source = runner.memoryLimitSource();
   c.allocator_config = runner.allocatorConfig();
+  c.allocator = runner.allocatorInfo();
   c.inputs = runner.inputs();
   c.loss = runner.loss();
   c.micro_batches_per_trial = runner.microBatchesPerTrial();

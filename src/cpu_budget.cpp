@@ -73,6 +73,10 @@ class BudgetAllocator final : public c10::Allocator {
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (error_) {
+        const std::string message = error_(point_, bytes);
+        TORCH_CHECK(message.empty(), message);
+      }
       if (fault_ && fault_(point_, bytes)) {
         TORCH_CHECK_WITH(OutOfMemoryError, false,
                          "CPU budget allocator: out of memory: tried to allocate ", bytes,
@@ -151,6 +155,10 @@ class BudgetAllocator final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     fault_ = std::move(fault);
   }
+  void setError(InjectedError error) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = std::move(error);
+  }
   // The guard is owned by the backend, which clears it before destroying it.
   void setGuard(ProcessMemoryGuard* guard) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -193,6 +201,7 @@ class BudgetAllocator final : public c10::Allocator {
   std::string source_;
   TrialPoint point_;
   InjectedFault fault_;
+  InjectedError error_;
   ProcessMemoryGuard* guard_ = nullptr;
 };
 
@@ -422,6 +431,10 @@ void setTrialPoint(const TrialPoint& point) { BudgetAllocator::instance().setPoi
 
 void setInjectedFault(InjectedFault fault) {
   BudgetAllocator::instance().setFault(std::move(fault));
+}
+
+void setInjectedError(InjectedError error) {
+  BudgetAllocator::instance().setError(std::move(error));
 }
 
 }  // namespace autobatch::detail

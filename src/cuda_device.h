@@ -1,5 +1,5 @@
 // Internal: the only entry points into the CUDA runtime outside the memory backend.
-// Implemented in cuda_backend.cpp when LibTorch has CUDA (AUTOBATCH_HAVE_CUDA), else stubbed.
+// Implemented in cuda_runtime.cpp when LibTorch has CUDA (AUTOBATCH_HAVE_CUDA), else stubbed.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,9 @@ std::vector<CudaDeviceInfo> cudaDevices();
 std::string cudaRuntimeVersion();
 /// cudaDriverGetVersion(), 0 when no driver is installed.
 int cudaDriverVersion();
+/// The CUDA runtime's current device (c10::cuda::current_device()); 0 without CUDA. What an
+/// index-less "cuda" resolves to (resolveDeviceName, cuda_api.h).
+int cudaCurrentDevice();
 /// The caching allocator's memory fraction of device `index` (1.0 without CUDA).
 double cudaMemoryFraction(int index);
 /// cudaMemGetInfo's free bytes of the current device (0 without CUDA).

@@ -21,4 +21,14 @@ FailureClass classifyException(const std::exception_ptr& error, const FailureCon
   }
 }
 
+bool isFatalDeviceError(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return isFatalDeviceError(std::string_view(e.what()));
+  } catch (...) {  // inspected only; the caller rethrows the original object
+    return false;
+  }
+}
+
 }  // namespace autobatch

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,24 @@ struct MemoryPeaks {
   /// Compared with the limit: peak reserved plus what lies outside the allocator.
   std::int64_t peak_bytes = 0;
   std::int64_t allocator_retries = 0;
+  /// CUDA: growth of the memory outside the caching allocator seen at this trial's end (lazily
+  /// loaded kernel modules, library handles); already counted in peak_bytes. 0 on the CPU.
+  std::int64_t outside_growth_bytes = 0;
+};
+
+/// How the CUDA caching allocator was configured for the trials (empty on the CPU).
+struct AllocatorSetup {
+  /// PYTORCH_ALLOC_CONF's value, else "PYTORCH_CUDA_ALLOC_CONF=<value>", else "".
+  std::string config;
+  std::optional<std::string> pytorch_alloc_conf;       ///< as read at setup; nullopt: unset
+  std::optional<std::string> pytorch_cuda_alloc_conf;  ///< as read at setup; nullopt: unset
+  /// Which variable LibTorch 2.11 took its settings from: "PYTORCH_ALLOC_CONF",
+  /// "PYTORCH_CUDA_ALLOC_CONF", "both" (generic keys from the first, backend and
+  /// per_process_memory_fraction from the second) or "" (neither set).
+  std::string config_env;
+  bool expandable_segments = false;
+  /// The memory fraction the trials ran under (1.0: no cap).
+  double fraction = 1.0;
 };
 
 class MemoryBackend {
@@ -54,10 +73,21 @@ class MemoryBackend {
   /// headroom the limit left at start. `failed_request_bytes` is 0 when the message gives no size.
   virtual bool processLimitNear(std::int64_t peak_bytes,
                                 std::int64_t failed_request_bytes) const = 0;
-  /// PYTORCH_ALLOC_CONF as recorded at setup ("" when unset or on the CPU).
-  virtual std::string allocatorConfig() const { return ""; }
-  /// Outside-allocator bytes counted in peak_bytes (CUDA context etc.; 0 on the CPU).
+  /// The allocator's configuration as recorded at setup (empty on the CPU).
+  virtual AllocatorSetup allocatorSetup() const { return {}; }
+  /// Outside-allocator bytes counted in peak_bytes now (CUDA context etc.; 0 on the CPU).
   virtual std::int64_t outsideBytes() const { return 0; }
+  /// Total growth of the outside part since setup, in bytes (0 on the CPU).
+  virtual std::int64_t outsideGrowthBytes() const { return 0; }
+  /// True when the trial runner must run one warm-up step before finishSetup() so that memory
+  /// created lazily by the first kernels (CUDA context modules, cuBLAS/cuDNN handles) is in the
+  /// outside part from the start (CUDA).
+  virtual bool needsWarmUp() const { return false; }
+  /// After a fatal device error (a sticky CUDA error: device-side assert, illegal address): no
+  /// device call is made any more (endTrial returns zero peaks, releaseCaches and synchronize do
+  /// nothing, the destructor leaves the memory fraction as it is).
+  virtual void markPoisoned() {}
+  virtual bool poisoned() const { return false; }
   /// What the user should know about the limit, now: --memory-limit above what the process or
   /// the device can use, a process limit changed while the trials ran. Empty when nothing.
   virtual std::vector<std::string> limitWarnings() const { return {}; }
@@ -71,11 +101,21 @@ class MemoryBackend {
 std::unique_ptr<MemoryBackend> makeCpuBudgetBackend(std::int64_t memory_limit_bytes,
                                                     std::int64_t reserve_bytes);
 
-/// The CUDA caching allocator backend for device `index`. `memory_limit_bytes` 0: the device's
-/// total memory; otherwise the memory fraction emulates a card of that size, less
-/// `reserve_bytes`. Throws: autobatch::Error when built without CUDA or no such device.
+/// The CUDA caching allocator backend for device `index` (cuda_backend.cpp, docs/trial_runner.md).
+/// `memory_limit_bytes` 0: the device's totalGlobalMem (or the allocator configuration's
+/// per_process_memory_fraction of it, when lower); otherwise the memory fraction emulates a card
+/// of that size. The fraction (limit - reserve - outside part [- one 20 MiB page with expandable
+/// segments]) / totalGlobalMem is applied at finishSetup(), after the runner's warm-up step, and
+/// lowered again whenever the outside part grows.
+/// Throws: autobatch::Error when built without CUDA, for no such device, for
+/// PYTORCH_NO_CUDA_MEMORY_CACHING=1 and for backend:cudaMallocAsync (exit 2 in the CLI).
 std::unique_ptr<MemoryBackend> makeCudaBackend(int index, std::int64_t memory_limit_bytes,
                                                std::int64_t reserve_bytes);
+class CudaApi;
+/// As makeCudaBackend over the given CUDA calls (tests pass a fake). `api` must not be null.
+std::unique_ptr<MemoryBackend> makeCudaBackendWith(std::unique_ptr<CudaApi> api, int index,
+                                                   std::int64_t memory_limit_bytes,
+                                                   std::int64_t reserve_bytes);
 
 /// Scope in which CPU allocations by this thread are not counted by the budget allocator (the
 /// host-side snapshot of the weights). Nestable.
@@ -114,5 +154,15 @@ using InjectedFault = std::function<bool(const TrialPoint& point, std::int64_t b
 /// Empty: no injection (the default). `fault` is called under the allocator's lock: it must not
 /// allocate tensors. Not for production use.
 void setInjectedFault(InjectedFault fault);
+
+/// Decides whether a counted CPU allocation of `bytes` at `point` raises a library error: the
+/// message to raise (as c10::Error, the type cuDNN / cuBLAS failures arrive with), or "" for none.
+using InjectedError = std::function<std::string(const TrialPoint& point, std::int64_t bytes)>;
+
+/// Test seam beside setInjectedFault: while set, the budget allocator asks `error` before every
+/// counted allocation and throws c10::Error with the message it returns (e.g. cuDNN's "GET was
+/// unable to find an engine to execute this computation", to test FailureKind::
+/// kPossibleOutOfMemory on the CPU). Called under the allocator's lock. Not for production use.
+void setInjectedError(InjectedError error);
 
 }  // namespace autobatch::detail

@@ -23,6 +23,12 @@ std::string inputsText(const std::vector<InputSpec>& inputs) {
   return text;
 }
 
+// A recorded environment variable: its value, or null when it was unset (or no trial context).
+json optionalJson(const RunContext* ctx, std::optional<std::string> AllocatorInfo::*field) {
+  if (ctx == nullptr || !(ctx->allocator.*field)) return nullptr;
+  return *(ctx->allocator.*field);
+}
+
 json toJson(const TrialResult& t) {
   return {{"micro_batch_size", t.request.micro_batch_size},
           {"micro_batches_per_step", t.request.micro_batches_per_step},
@@ -34,6 +40,7 @@ json toJson(const TrialResult& t) {
           {"memory_limit_bytes", t.memory_limit_bytes},
           {"failed_request_bytes", t.failed_request_bytes},
           {"allocator_retries", t.allocator_retries},
+          {"outside_growth_bytes", t.outside_growth_bytes},
           {"step_ms", t.step_ms},
           {"steps_completed", t.steps_completed},
           {"samples_per_second", samplesPerSecond(t)},
@@ -58,11 +65,14 @@ json toJson(const AccumulationPlan& plan) {
 }
 
 json toJson(const MemoryBreakdown& m) {
-  return {
-      {"parameter_count", m.parameter_count},  {"parameter_bytes", m.parameter_bytes},
-      {"gradient_bytes", m.gradient_bytes},    {"optimizer_state_bytes", m.optimizer_state_bytes},
-      {"baseline_bytes", m.baseline_bytes},    {"outside_bytes", m.outside_bytes},
-      {"ddp_bucket_bytes", m.ddp_bucket_bytes}};
+  return {{"parameter_count", m.parameter_count},
+          {"parameter_bytes", m.parameter_bytes},
+          {"gradient_bytes", m.gradient_bytes},
+          {"optimizer_state_bytes", m.optimizer_state_bytes},
+          {"baseline_bytes", m.baseline_bytes},
+          {"outside_bytes", m.outside_bytes},
+          {"outside_growth_bytes", m.outside_growth_bytes},
+          {"ddp_bucket_bytes", m.ddp_bucket_bytes}};
 }
 
 // null for a single process; else this rank and, after the exchange, what the ranks agreed on.
@@ -179,13 +189,19 @@ std::string toJson(const ReportData& d) {
                       {"cuda_driver_version", d.build.cuda_driver_version}};
   const RunContext* ctx = contextOf(d);
   const std::string device = ctx ? ctx->device : d.spec.device;
-  doc["device"] = {{"name", device},
-                   {"description", gpuName(d.build, device)},
-                   {"total_bytes", gpuBytes(d.build, device)},
-                   {"backend", ctx ? ctx->backend : ""},
-                   {"memory_limit_bytes", ctx ? ctx->memory_limit_bytes : 0},
-                   {"memory_limit_source", ctx ? ctx->memory_limit_source : ""},
-                   {"allocator_config", ctx ? ctx->allocator_config : ""}};
+  doc["device"] = {
+      {"name", device},
+      {"description", gpuName(d.build, device)},
+      {"total_bytes", gpuBytes(d.build, device)},
+      {"backend", ctx ? ctx->backend : ""},
+      {"memory_limit_bytes", ctx ? ctx->memory_limit_bytes : 0},
+      {"memory_limit_source", ctx ? ctx->memory_limit_source : ""},
+      {"allocator_config", ctx ? ctx->allocator_config : ""},
+      {"allocator_config_env", ctx ? ctx->allocator.config_env : ""},
+      {"pytorch_alloc_conf", optionalJson(ctx, &AllocatorInfo::pytorch_alloc_conf)},
+      {"pytorch_cuda_alloc_conf", optionalJson(ctx, &AllocatorInfo::pytorch_cuda_alloc_conf)},
+      {"expandable_segments", ctx ? ctx->allocator.expandable_segments : false},
+      {"allocator_fraction", ctx ? ctx->allocator.fraction : 1.0}};
   doc["options"] = optionsJson(d.spec, d.options);
   json used_inputs = json::array();
   if (ctx) {
@@ -286,7 +302,10 @@ std::string humanReport(const ReportData& d) {
                          t.cancelled ? "cancelled" : std::string(toString(t.outcome)),
                          formatBytes(t.peak_allocated_bytes), formatBytes(t.peak_reserved_bytes),
                          formatBytes(t.peak_bytes), t.step_ms, samplesPerSecond(t),
-                         t.reason.empty() ? "" : "  " + t.reason.substr(0, 80));
+                         (t.outside_growth_bytes > 0
+                              ? "  outside allocator +" + formatBytes(t.outside_growth_bytes)
+                              : std::string()) +
+                             (t.reason.empty() ? "" : "  " + t.reason.substr(0, 80)));
     }
   }
   if (d.result) {
@@ -353,6 +372,11 @@ std::string humanReport(const ReportData& d) {
                        formatBytes(m.parameter_bytes));
     out << fmt::format("  gradients        {}\n", formatBytes(m.gradient_bytes));
     out << fmt::format("  optimizer state  {}\n", formatBytes(m.optimizer_state_bytes));
+    if (m.outside_growth_bytes > 0) {
+      out << fmt::format(
+          "  outside allocator {} (grew by {} after setup: lazily loaded kernels, handles)\n",
+          formatBytes(m.outside_bytes), formatBytes(m.outside_growth_bytes));
+    }
     if (m.ddp_bucket_bytes > 0) {
       out << fmt::format(
           "  DDP buckets      {} (--ddp: one gradient-sized copy, held by every trial)\n",

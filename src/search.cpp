@@ -118,6 +118,11 @@ class Search {
     if (options_.before_trial) options_.before_trial(request);
     TrialResult r = probe_(request);  // exceptions end the search, unchanged
     r.request = request;
+    if (r.classification_rerun) {
+      // The runner's re-run that decided an ambiguous failure: a trial of its own, listed first.
+      result_.trials.push_back(*r.classification_rerun);
+      if (options_.on_trial) options_.on_trial(result_.trials.back());
+    }
     if (r.memory_limit_bytes > 0) limit_ = r.memory_limit_bytes;
     result_.trials.push_back(std::move(r));
     const TrialResult& last = result_.trials.back();

@@ -22,6 +22,8 @@
 #include "autobatch/error.h"
 #include "autobatch/failure.h"
 #include "autobatch/model_metadata.h"
+#include "cuda_api.h"
+#include "cuda_device.h"
 #include "memory_backend.h"
 
 namespace autobatch {
@@ -103,12 +105,16 @@ at::ScalarType toScalarType(DType dtype) {
   return at::kFloat;
 }
 
+// "cuda" becomes cuda:<current device> here, once: every later use (the device check of the
+// model's tensors, the limit, statistics, fraction, guards, RNG and the report) sees one index.
 torch::Device parseDevice(const std::string& text) {
   if (text != "cpu" && text != "cuda" && text.rfind("cuda:", 0) != 0) {
     throw Error("device: expected cpu, cuda or cuda:N, but got '" + text + "'");
   }
+  const std::string resolved =
+      detail::resolveDeviceName(text, text == "cuda" ? detail::cudaCurrentDevice() : 0);
   try {
-    return {text};
+    return {resolved};
   } catch (const c10::Error&) {
     throw Error("device: expected cpu, cuda or cuda:N, but got '" + text + "'");
   }
@@ -196,6 +202,14 @@ struct TrialRunner::Impl {
   LossKind loss = LossKind::kMean;
   std::int64_t baseline_bytes = 0;
   std::int64_t last_oom_batch = 0;
+  // The largest micro-batch seen to fit (with its micro-batches per step): where an ambiguous
+  // failure is re-run to classify it.
+  std::int64_t largest_fit_batch = 0;
+  int largest_fit_micro_batches = 1;
+  bool classifying = false;  // inside a re-run to classify: no nested re-run
+  // A fatal device error (sticky CUDA error) was seen: no device work any more, not even in the
+  // destructor (a weight restore on a dead context throws, and from a destructor that terminates).
+  bool poisoned = false;
   std::int64_t ddp_bucket_bytes = 0;
   int trials_run = 0;
   detail::TrialPoint point;  // where the trial in progress is (fault injection in tests)
@@ -335,19 +349,31 @@ struct TrialRunner::Impl {
       for (const auto& p : module.parameters(true)) add(p);
       for (const auto& b : module.buffers(true)) add(b);
     }
+    if (backend->needsWarmUp()) warmUp(std::max<std::int64_t>(options.min_batch, 1));
     backend->finishSetup(untracked_bytes);
     baseline_bytes = backend->currentBytes();
   }
 
   ~Impl() {
-    restoreWeights();
-    if (borrowed) {
-      // Undo an fp16/bf16 cast on the caller's module, without counting the restored tensors.
-      const detail::UntrackedCpuScope untracked;
-      const at::NoGradGuard no_grad;
-      for (auto& s : saved) {
-        if (s.live.scalar_type() != s.host.scalar_type()) s.live.set_data(s.host.to(device));
+    if (!poisoned) {
+      try {
+        restoreWeights();
+        if (borrowed) {
+          // Undo an fp16/bf16 cast on the caller's module, without counting the restored tensors.
+          const detail::UntrackedCpuScope untracked;
+          const at::NoGradGuard no_grad;
+          for (auto& s : saved) {
+            if (s.live.scalar_type() != s.host.scalar_type()) s.live.set_data(s.host.to(device));
+          }
+        }
+      } catch (const std::exception& e) {  // a destructor must not throw (std::terminate)
+        spdlog::warn("could not restore the model's weights: {}", e.what());
       }
+    } else {
+      spdlog::warn(
+          "the model's weights were not restored: {} had a fatal error and its memory cannot be "
+          "read or written any more",
+          device.str());
     }
     module.train(was_training);
     at::globalContext().setBenchmarkCuDNN(saved_cudnn_benchmark);
@@ -498,6 +524,22 @@ struct TrialRunner::Impl {
     loss_value.backward();
   }
 
+  // One warm-up step at the search's smallest micro-batch before the backend reads its baseline
+  // (CUDA): the first kernels of each kind load modules and create library handles outside the
+  // caching allocator; read before them, the outside part would be too small for every trial. Out
+  // of memory and size limits here are left to the first real trial to report; a model error
+  // leaves at once (the first trial would raise it too).
+  void warmUp(std::int64_t batch) {
+    const TrialResult r = runOnce({batch, 1, {}});
+    if (r.outcome != TrialOutcome::kFits) {
+      spdlog::debug("warm-up step at micro-batch {}: {} ({})", batch, toString(r.outcome),
+                    r.reason);
+    }
+    trials_run = 0;
+    last_oom_batch = 0;
+    largest_fit_batch = 0;
+  }
+
   TrialResult run(const TrialRequest& request) {
     if (request.micro_batch_size < 1 || request.micro_batches_per_step < 1) {
       throw Error(
@@ -506,6 +548,75 @@ struct TrialRunner::Impl {
           std::to_string(request.micro_batch_size) + " and " +
           std::to_string(request.micro_batches_per_step));
     }
+    if (poisoned) {
+      throw Error("trial: expected a usable device, but " + device.str() +
+                  " had a fatal error in an earlier trial; start a new process");
+    }
+    return runOnce(request);
+  }
+
+  // Frees what a trial left: weights back, caches emptied. Skipped once the device is poisoned;
+  // an error here poisons it (the original error, if any, is the one that leaves).
+  void cleanUpAfterTrial(std::exception_ptr& error) {
+    if (poisoned) return;
+    try {
+      restoreWeights();
+      backend->releaseCaches();
+    } catch (const std::exception&) {
+      if (!error) error = std::current_exception();
+      poison();
+    }
+  }
+
+  void poison() {
+    poisoned = true;
+    backend->markPoisoned();
+  }
+
+  // An ambiguous failure at `request`: empty the cache and re-run the largest batch already seen
+  // to fit. It fits: the failure was out of memory. The error persists there: it is the model's or
+  // the install's, and `error` leaves unchanged (exit 1). Nothing fitted yet: out of memory (the
+  // failing batch is then the smallest tried; "nothing fits" names the message).
+  void classifyByEvidence(const TrialRequest& request, FailureClass& failure,
+                          std::exception_ptr& error, TrialResult& result) {
+    if (largest_fit_batch == 0 || classifying) {
+      if (classifying) return;  // the outer trial decides; `error` leaves the re-run unchanged
+      failure.kind = FailureKind::kOutOfMemory;
+      failure.reason += " (taken as out of memory: nothing has fitted yet to re-run)";
+      error = nullptr;
+      return;
+    }
+    TrialRequest again;
+    again.micro_batch_size = largest_fit_batch;
+    again.micro_batches_per_step = largest_fit_micro_batches;
+    again.cancel = request.cancel;
+    classifying = true;
+    TrialResult rerun;
+    bool persisted = false;
+    try {
+      rerun = runOnce(again);
+      persisted =
+          rerun.outcome != TrialOutcome::kFits && rerun.outcome != TrialOutcome::kOutOfMemory;
+    } catch (const std::exception&) {
+      persisted = true;
+    }
+    classifying = false;
+    if (persisted) {
+      spdlog::warn(
+          "batch {} failed with \"{}\", and the re-run at batch {}, which fit before, failed "
+          "too: a model or install error, not out of memory",
+          request.micro_batch_size, failure.reason, largest_fit_batch);
+      return;  // `error` is rethrown by the caller
+    }
+    rerun.reason = "re-run to classify: " + failure.reason;
+    result.classification_rerun = std::make_shared<const TrialResult>(std::move(rerun));
+    failure.kind = FailureKind::kOutOfMemory;
+    failure.reason += " (out of memory: batch " + std::to_string(largest_fit_batch) +
+                      " fit when re-run with the cache emptied)";
+    error = nullptr;
+  }
+
+  TrialResult runOnce(const TrialRequest& request) {
     TrialResult result;
     result.request = request;
     result.memory_limit_bytes = backend->limitBytes() - reserve_bytes;
@@ -566,22 +677,37 @@ struct TrialRunner::Impl {
     zeroGrad();
     at::autocast::clear_cache();
 
+    // A sticky device error (device-side assert, illegal address) makes every later device call
+    // throw it again: mark the device poisoned before any cleanup touches it.
+    if (error && isFatalDeviceError(error)) poison();
+    detail::MemoryPeaks peaks;
+    if (!poisoned) {
+      try {
+        peaks = backend->endTrial();  // synchronizes: an asynchronous device error shows here
+      } catch (const std::exception&) {
+        if (!error) error = std::current_exception();
+        poison();
+      }
+    }
     FailureClass failure;
-    const detail::MemoryPeaks peaks = backend->endTrial();
-    if (error) {
+    if (error && !poisoned) {
       const FailureClass loose = classifyException(error, {true, true});
       FailureContext context;
       context.process_limit_near =
           backend->processLimitNear(peaks.peak_bytes, loose.failed_request_bytes);
       context.after_larger_oom = last_oom_batch > batch;
       failure = classifyException(error, context);
-      if (failure.kind != FailureKind::kRethrow) error = nullptr;  // free it before cleanup
+      if (failure.kind == FailureKind::kOutOfMemory || failure.kind == FailureKind::kSizeLimit) {
+        error = nullptr;  // free it before cleanup
+      }
     }
-    restoreWeights();
+    cleanUpAfterTrial(error);
     module.train(was_training);
     rng_guard.reset();
-    backend->releaseCaches();
     torch::jit::setGraphExecutorOptimize(saved_optimize);
+    if (error && !poisoned && failure.kind == FailureKind::kPossibleOutOfMemory) {
+      classifyByEvidence(request, failure, error, result);
+    }
     if (error) {
       last_oom_batch = 0;
       std::rethrow_exception(error);
@@ -591,6 +717,7 @@ struct TrialRunner::Impl {
     result.peak_reserved_bytes = peaks.peak_reserved_bytes;
     result.peak_bytes = peaks.peak_bytes;
     result.allocator_retries = peaks.allocator_retries;
+    result.outside_growth_bytes = peaks.outside_growth_bytes;
     result.step_ms =
         result.steps_completed > 0 ? total_ms / static_cast<double>(result.steps_completed) : 0.0;
     if (failure.kind == FailureKind::kOutOfMemory) {
@@ -598,13 +725,17 @@ struct TrialRunner::Impl {
       result.reason = failure.reason;
       result.failed_request_bytes = failure.failed_request_bytes;
       last_oom_batch = std::max(last_oom_batch, batch);
-    } else if (failure.kind == FailureKind::kSizeLimit && error == nullptr &&
-               !failure.reason.empty()) {
+    } else if (failure.kind == FailureKind::kSizeLimit && !failure.reason.empty()) {
       result.outcome = TrialOutcome::kSizeLimit;
       result.reason = failure.reason;
     } else {
       last_oom_batch = 0;
-      if (result.cancelled) result.reason = "cancelled";
+      if (result.cancelled) {
+        result.reason = "cancelled";
+      } else if (batch >= largest_fit_batch) {
+        largest_fit_batch = batch;
+        largest_fit_micro_batches = request.micro_batches_per_step;
+      }
     }
     return result;
   }
@@ -673,7 +804,22 @@ std::string TrialRunner::backendName() const { return impl_->backend->name(); }
 std::int64_t TrialRunner::baselineBytes() const { return impl_->baseline_bytes; }
 std::int64_t TrialRunner::currentBytes() const { return impl_->backend->currentBytes(); }
 std::int64_t TrialRunner::outsideBytes() const { return impl_->backend->outsideBytes(); }
-std::string TrialRunner::allocatorConfig() const { return impl_->backend->allocatorConfig(); }
+std::int64_t TrialRunner::outsideGrowthBytes() const {
+  return impl_->backend->outsideGrowthBytes();
+}
+std::string TrialRunner::allocatorConfig() const { return impl_->backend->allocatorSetup().config; }
+AllocatorInfo TrialRunner::allocatorInfo() const {
+  const detail::AllocatorSetup setup = impl_->backend->allocatorSetup();
+  AllocatorInfo info;
+  info.config = setup.config;
+  info.pytorch_alloc_conf = setup.pytorch_alloc_conf;
+  info.pytorch_cuda_alloc_conf = setup.pytorch_cuda_alloc_conf;
+  info.config_env = setup.config_env;
+  info.expandable_segments = setup.expandable_segments;
+  info.fraction = setup.fraction;
+  return info;
+}
+std::string TrialRunner::device() const { return impl_->device.str(); }
 const std::vector<InputSpec>& TrialRunner::inputs() const { return impl_->inputs; }
 LossKind TrialRunner::loss() const { return impl_->loss; }
 const TrainingSpec& TrialRunner::spec() const { return impl_->spec; }

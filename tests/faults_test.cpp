@@ -235,6 +235,89 @@ TEST(FaultTest, ModelErrorAtOneBatchEndsTheSearchAsThatError) {
   }
 }
 
+// Installs an injected library error (c10::Error with a given text) for the test's lifetime.
+class InjectedLibraryError {
+ public:
+  explicit InjectedLibraryError(detail::InjectedError error) {
+    detail::setInjectedError(std::move(error));
+  }
+  ~InjectedLibraryError() { detail::setInjectedError({}); }
+  InjectedLibraryError(const InjectedLibraryError&) = delete;
+  InjectedLibraryError& operator=(const InjectedLibraryError&) = delete;
+};
+
+// cuDNN's v8 API swallows an OutOfMemoryError while trying plans and reports this instead.
+constexpr const char* kNoEngine = "GET was unable to find an engine to execute this computation";
+
+// An ambiguous library failure above the boundary is decided by evidence: the largest batch seen
+// to fit is re-run with the cache emptied (a trial of its own, listed before the failure), it
+// fits, so the failure is out of memory and the search goes on to the exact boundary. Catches a
+// runner that rethrows it (the search ends in exit 1 on a plain OOM in disguise) and one that
+// calls it out of memory without evidence (hides real install faults: the next test).
+TEST(FaultTest, AmbiguousFailureThatARerunClearsIsOutOfMemory) {
+  auto m = testing::mlp(16, 32, 8);
+  TrialRunner runner(m, mlpSpec(), searchOptions());
+  const InjectedLibraryError error([](const TrialPoint& p, std::int64_t) {
+    return p.phase == TrialPhase::kForward && p.micro_batch_size > kThreshold ? kNoEngine : "";
+  });
+  const Searched s = search(runner, searchOptions());
+  EXPECT_EQ(s.result.status, SearchStatus::kFound);
+  EXPECT_EQ(s.result.max_micro_batch, kThreshold);
+  expectBaselineEveryTime(s);
+  int reruns = 0;
+  for (std::size_t i = 0; i < s.result.trials.size(); ++i) {
+    const TrialResult& t = s.result.trials[i];
+    if (t.reason.rfind("re-run to classify: ", 0) != 0) continue;
+    ++reruns;
+    EXPECT_EQ(t.outcome, TrialOutcome::kFits);
+    EXPECT_LE(t.request.micro_batch_size, kThreshold);
+    ASSERT_LT(i + 1, s.result.trials.size());
+    const TrialResult& failed = s.result.trials[i + 1];
+    EXPECT_EQ(failed.outcome, TrialOutcome::kOutOfMemory);
+    EXPECT_GT(failed.request.micro_batch_size, kThreshold);
+    EXPECT_NE(failed.reason.find(kNoEngine), std::string::npos) << failed.reason;
+    EXPECT_NE(failed.reason.find("fit when re-run with the cache emptied"), std::string::npos)
+        << failed.reason;
+  }
+  EXPECT_GE(reruns, 1);
+}
+
+// The same text at every batch, the smallest included, after one batch fitted: the re-run fails
+// too, so it is the model's or the install's error and leaves unchanged (exit 1 in the CLI), never
+// "does not fit". Catches a runner that maps every such text to out of memory.
+TEST(FaultTest, AmbiguousFailureThatPersistsInTheRerunIsTheModelsError) {
+  auto m = testing::mlp(16, 32, 8);
+  TrialRunner runner(m, mlpSpec(), searchOptions());
+  ASSERT_EQ(runner.run({4, 1, {}}).outcome, TrialOutcome::kFits);
+  const InjectedLibraryError error([](const TrialPoint& p, std::int64_t) {
+    return p.phase == TrialPhase::kForward ? kNoEngine : "";
+  });
+  try {
+    (void)runner.run({8, 1, {}});
+    FAIL() << "expected the library's error";
+  } catch (const Error& e) {
+    FAIL() << "must leave unchanged, not as autobatch::Error: " << e.what();
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(kNoEngine), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+}
+
+// Nothing has fitted yet: there is no batch to re-run, and the failing batch is the smallest
+// tried: out of memory, and "nothing fits" names the message.
+TEST(FaultTest, AmbiguousFailureBeforeAnyFitIsOutOfMemoryNamingTheMessage) {
+  auto m = testing::mlp(16, 32, 8);
+  TrialRunner runner(m, mlpSpec(), searchOptions());
+  const InjectedLibraryError error([](const TrialPoint& p, std::int64_t) {
+    return p.phase == TrialPhase::kForward ? kNoEngine : "";
+  });
+  const TrialResult r = runner.run({1, 1, {}});
+  EXPECT_EQ(r.outcome, TrialOutcome::kOutOfMemory);
+  EXPECT_NE(r.reason.find(kNoEngine), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("nothing has fitted yet"), std::string::npos) << r.reason;
+  EXPECT_EQ(r.classification_rerun, nullptr);
+}
+
 std::vector<torch::Tensor> stateOf(torch::jit::Module& m) {
   std::vector<torch::Tensor> state;
   for (const auto& p : m.parameters()) state.push_back(p.detach().clone());

@@ -35,8 +35,10 @@ struct MemoryBreakdown {
   std::int64_t parameter_bytes = 0;        ///< all parameters, after an fp16/bf16 cast
   std::int64_t gradient_bytes = 0;         ///< gradients of the trained parameters
   std::int64_t optimizer_state_bytes = 0;  ///< adam/adamw 2x, sgd-momentum 1x the trained bytes
-  std::int64_t baseline_bytes = 0;    ///< tensors alive before every trial (the model, inputs' not)
-  std::int64_t outside_bytes = 0;     ///< device memory outside the allocator (CUDA context); CPU 0
+  std::int64_t baseline_bytes = 0;  ///< tensors alive before every trial (the model, inputs' not)
+  std::int64_t outside_bytes = 0;   ///< device memory outside the allocator (CUDA context); CPU 0
+  /// growth of outside_bytes after setup (included in it), seen at trials' ends; CPU 0
+  std::int64_t outside_growth_bytes = 0;
   std::int64_t ddp_bucket_bytes = 0;  ///< TrainingSpec::ddp: the DDP bucket copy every trial held
 };
 
@@ -47,6 +49,7 @@ struct RunContext {
   std::int64_t memory_limit_bytes = 0;  ///< the limit the trials ran under (after the reserve)
   std::string memory_limit_source;      ///< e.g. "--memory-limit", "MemAvailable 123..."
   std::string allocator_config;         ///< PYTORCH_ALLOC_CONF (CUDA), "" when unset
+  AllocatorInfo allocator;              ///< the caching allocator's configuration (CUDA)
   std::vector<InputSpec> inputs;        ///< the inputs the trials used (flags, else the archive)
   LossKind loss = LossKind::kMean;      ///< the loss the trials used
   int micro_batches_per_trial = 1;      ///< min(accumulation_steps, 2)

@@ -1,8 +1,10 @@
 // autobatch/failure.h — what an exception raised during a trial means: the ONE classification.
 //
-// A trial that throws is either out of memory (a result: the batch does not fit), at a kernel's
-// hard size limit (a result: never "does not fit", never silently shrunk), or anything else
-// (a model error or a fatal device error: rethrown unchanged by the trial runner).
+// A trial that throws is either out of memory (a result: the batch does not fit), possibly out of
+// memory (a library failure that memory exhaustion and a model or install fault both cause: the
+// trial runner decides it by evidence), at a kernel's hard size limit (a result: never "does not
+// fit", never silently shrunk), or anything else (a model error, an install fault or a fatal device
+// error: rethrown unchanged by the trial runner).
 // The text rules are LibTorch-free (classifyFailure); classifyException maps a live exception
 // (c10::OutOfMemoryError, std::bad_alloc, other std::exception, non-std) onto them and is
 // implemented in the LibTorch part of the library.
@@ -20,10 +22,17 @@ namespace autobatch {
 enum class FailureKind {
   kOutOfMemory,  ///< the batch does not fit (TrialOutcome::kOutOfMemory)
   kSizeLimit,    ///< a kernel's hard size limit (TrialOutcome::kSizeLimit)
-  kRethrow,      ///< a model or fatal device error: leaves the runner unchanged
+  kRethrow,      ///< a model, install or fatal device error: leaves the runner unchanged
+  /// A cuDNN / cuBLAS failure that memory exhaustion causes as often as a model or install fault
+  /// (classifyFailure rule 4). The text cannot tell them apart; the trial runner decides by
+  /// evidence: it empties the cache and re-runs, as a trial of its own, the largest batch already
+  /// seen to fit. If that re-run fits, the failure was out of memory (the failed trial counts as
+  /// TrialOutcome::kOutOfMemory); if the same error comes back there, it is the model's or the
+  /// install's and is rethrown (exit 1). When nothing has fitted yet it is taken as out of memory.
+  kPossibleOutOfMemory,
 };
 
-/// "out-of-memory", "size-limit", "rethrow".
+/// "out-of-memory", "size-limit", "rethrow", "possible-out-of-memory".
 std::string_view toString(FailureKind kind);
 
 /// The type of the exception object, as far as classification cares.
@@ -49,31 +58,55 @@ struct FailureContext {
 /// A classified failure.
 struct FailureClass {
   FailureKind kind = FailureKind::kRethrow;
-  /// The line of the message that decided it (trimmed, at most 1000 characters); for kRethrow the
-  /// first line of the message.
+  /// The line of the message that decided it (trimmed, at most 1000 characters): for kRethrow the
+  /// line naming the fatal device error or the cuDNN status code (rules 2 and 5), else the first
+  /// line of the message. Never one of PyTorch's hint lines.
   std::string reason;
   /// Bytes of the failed allocation when the message tells ("Tried to allocate 2.00 GiB",
   /// "tried to allocate 4096 bytes"), else 0.
   std::int64_t failed_request_bytes = 0;
 };
 
-/// The classification rules, in order:
+/// The classification rules, in order. They look at the message's own lines only: PyTorch's
+/// standard hint lines are dropped first, since every CUDA runtime error carries them whatever the
+/// error ("Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.", "CUDA kernel
+/// errors might be asynchronously reported ...", "For debugging consider passing
+/// CUDA_LAUNCH_BLOCKING=1", "Search for `cudaError...' in https://... for more information.",
+/// "Device-side assertions were explicitly omitted ...", and the other lines c10's
+/// c10_cuda_check_implementation appends; LibTorch 2.11, libc10_cuda.so).
+/// Phrases match as substrings; status codes (CUDNN_STATUS_..., CUBLAS_STATUS_..., cudaError...)
+/// match as whole identifiers only, case-sensitively: CUDNN_STATUS_NOT_SUPPORTED does not match
+/// CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH.
 /// 1. kNonStd -> rethrow.
 /// 2. Fatal device errors -> rethrow, even inside an OOM-typed message: "illegal memory access",
 ///    "misaligned address", "unspecified launch failure", "device-side assert", "illegal
 ///    instruction", "uncorrectable ECC" (case-insensitive).
 /// 3. kOutOfMemoryError, or a message naming an allocation failure -> out of memory: "out of
-///    memory" (the caching allocator's "CUDA out of memory", "CUDA error: out of memory", the CPU
-///    budget allocator's text, and these texts inside TorchScript's wrapped std::runtime_error),
-///    "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
-///    "CUFFT_ALLOC_FAILED", "CUSOLVER_STATUS_ALLOC_FAILED", "CUSPARSE_STATUS_ALLOC_FAILED"
-///    (case-insensitive).
-/// 4. Hard size limits -> size limit: "CUDNN_STATUS_NOT_SUPPORTED", "invalid configuration
-///    argument", "canUse32BitIndexMath", "32-bit index", "int32 index".
-/// 5. Only when context.process_limit_near or context.after_larger_oom -> out of memory:
+///    memory" (case-insensitive: the caching allocator's "CUDA out of memory", "CUDA error: out of
+///    memory", the CPU budget allocator's text, and these texts inside TorchScript's wrapped
+///    std::runtime_error); the codes cudaErrorMemoryAllocation, CUBLAS_STATUS_ALLOC_FAILED,
+///    CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED,
+///    CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED (cuDNN 9), CUDNN_STATUS_ALLOC_FAILED
+///    (its deprecated alias), CUFFT_ALLOC_FAILED, CUSOLVER_STATUS_ALLOC_FAILED,
+///    CUSPARSE_STATUS_ALLOC_FAILED.
+/// 4. Failures that exhaustion causes as often as a model or install fault -> possible out of
+///    memory (see FailureKind::kPossibleOutOfMemory): "GET was unable to find an engine to execute
+///    this computation", "FIND was unable to find an engine to execute this computation" (cuDNN v8
+///    API), "Unable to find a valid cuDNN algorithm to run convolution" (cuDNN v7 API),
+///    "CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`".
+/// 5. cuDNN 9's CUDNN_STATUS_NOT_SUPPORTED_* codes (_ARCH_MISMATCH, _DATA_TYPE, _SUBLIBRARY_
+///    UNAVAILABLE, _INCOMPATIBLE_CUDA_DRIVER, ...: install, dtype or layout faults) -> rethrow, the
+///    reason being the line that names the code.
+/// 6. Hard size limits -> size limit: the bare code CUDNN_STATUS_NOT_SUPPORTED; "invalid
+///    configuration argument", "canUse32BitIndexMath", "32-bit index", "int32 index", "tensors
+///    with less than INT_MAX elements" (upsampling), "more than INT_MAX elements" (cub scans,
+///    sorts, unique); cuBLAS's argument checks in their full form, "at::cuda::blas::<fn> argument
+///    <name> must be non-negative and less than 2147483647 but got <N>" (or "must be positive")
+///    with N above 2147483647.
+/// 7. Only when context.process_limit_near or context.after_larger_oom -> out of memory:
 ///    kBadAlloc, "can't allocate memory" (DefaultCPUAllocator), "Cannot allocate memory",
 ///    "std::bad_alloc", "could not create a primitive" / "could not execute a primitive" (oneDNN).
-/// 6. Everything else -> rethrow.
+/// 8. Everything else -> rethrow.
 FailureClass classifyFailure(ExceptionType type, std::string_view message,
                              const FailureContext& context);
 
@@ -81,5 +114,13 @@ FailureClass classifyFailure(ExceptionType type, std::string_view message,
 /// std::bad_alloc, std::exception, other) and its what(). `error` must not be null.
 /// Implemented in the LibTorch part of the library.
 FailureClass classifyException(const std::exception_ptr& error, const FailureContext& context);
+
+/// True when the message's own lines (hint lines dropped) name a fatal device error (rule 2): a
+/// sticky CUDA error after which every device call of the process fails again. The trial runner
+/// then makes no more device calls (docs/trial_runner.md, "a poisoned device").
+bool isFatalDeviceError(std::string_view message);
+/// isFatalDeviceError for a caught exception's what(); false for a non-std exception. `error`
+/// must not be null. Implemented in the LibTorch part of the library.
+bool isFatalDeviceError(const std::exception_ptr& error);
 
 }  // namespace autobatch

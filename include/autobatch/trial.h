@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -62,12 +64,38 @@ struct TrialResult {
   std::int64_t failed_request_bytes = 0;
   /// cudaMalloc retries by the caching allocator during the trial (0 on the CPU).
   std::int64_t allocator_retries = 0;
+  /// CUDA: growth of the memory outside the caching allocator seen at the end of this trial
+  /// (lazily loaded kernels, cuDNN / cuBLASLt handles created at first use), in bytes; already in
+  /// peak_bytes, and the memory fraction was lowered by it for later trials. 0 on the CPU.
+  std::int64_t outside_growth_bytes = 0;
+  /// When this trial failed with an ambiguous sign of exhaustion (FailureKind::
+  /// kPossibleOutOfMemory: cuDNN "unable to find an engine", cublasCreate not initialized, ...),
+  /// the trial the runner ran to decide it: the cache emptied, the largest batch already seen to
+  /// fit re-run (reason "re-run to classify"). It fit: this trial is out of memory. Null when no
+  /// such trial ran. The search lists it as a trial of its own, before this one.
+  std::shared_ptr<const TrialResult> classification_rerun;
   /// Mean wall time of one completed optimizer step, in milliseconds (0 if none completed).
   double step_ms = 0.0;
   /// Optimizer steps completed.
   int steps_completed = 0;
   /// True when the cancel hook stopped the trial; a cancelled trial never counts as fitting.
   bool cancelled = false;
+};
+
+/// How the CUDA caching allocator was configured for the trials (docs/trial_runner.md).
+struct AllocatorInfo {
+  /// PYTORCH_ALLOC_CONF's value, else "PYTORCH_CUDA_ALLOC_CONF=<value>", else "".
+  std::string config;
+  std::optional<std::string> pytorch_alloc_conf;       ///< nullopt: unset
+  std::optional<std::string> pytorch_cuda_alloc_conf;  ///< nullopt: unset
+  /// The variable LibTorch 2.11 took its settings from: "PYTORCH_ALLOC_CONF",
+  /// "PYTORCH_CUDA_ALLOC_CONF", "both" (generic keys from the first; backend and
+  /// per_process_memory_fraction from the second) or "".
+  std::string config_env;
+  /// expandable_segments:True (the fraction's allowance is one 20 MiB page lower).
+  bool expandable_segments = false;
+  /// The memory fraction of totalGlobalMem the trials ran under; 1.0: no cap (and on the CPU).
+  double fraction = 1.0;
 };
 
 /// Runs one trial. Returns its result for fits / out-of-memory / size-limit outcomes.

@@ -38,11 +38,18 @@ class TrialRunner {
   /// Inputs and loss: `spec.inputs` / `spec.loss` when given, else the archive's
   /// "autobatch/inputs.json" (autobatch/model_metadata.h), else loss "mean".
   /// `options`: memory_limit_bytes (0: the device's) and reserve_bytes are used; the rest is the
-  /// search's. Side effects: installs the memory backend (see the file comment); on CUDA allocates
-  /// a warm-up tensor and runs one small matmul; precision fp16/bf16 casts the model.
+  /// search's, except min_batch (the warm-up's micro-batch). `spec.device` "cuda" means
+  /// cuda:<current device>, resolved once here (device() tells it). Side effects: installs the
+  /// memory backend (see the file comment); on CUDA runs one warm-up training step at
+  /// max(options.min_batch, 1) (weights and RNG restored after it), then releases the cuBLAS
+  /// workspaces and the cache before the baseline and the memory outside the allocator are read,
+  /// and sets the memory fraction (docs/trial_runner.md, "The CUDA backend"); precision fp16/bf16
+  /// casts the model.
   /// Throws: autobatch::Error for an invalid spec (steps_per_trial or accumulation_steps < 1, an
   /// unknown device, no inputs from either source, a bad metadata file, another CPU runner alive);
-  /// c10::Error from torch::jit::load for an unreadable archive.
+  /// c10::Error from torch::jit::load for an unreadable archive; on CUDA, autobatch::Error for
+  /// PYTORCH_NO_CUDA_MEMORY_CACHING=1, backend:cudaMallocAsync or a limit the memory outside the
+  /// allocator already fills, and the model's own error when the warm-up step raises one.
   TrialRunner(const TrainingSpec& spec, const SearchOptions& options = {});
 
   /// As above with a module the caller already loaded on `spec.device` (spec.model_path is only
@@ -65,8 +72,13 @@ class TrialRunner {
   /// Returns: outcome fits / out-of-memory / size-limit with the trial's peaks. After it returns
   /// or throws, currentBytes() equals baselineBytes() and the weights are restored.
   /// The cancel hook is checked before every step; a cancelled trial has cancelled = true.
-  /// Throws: autobatch::Error for micro_batch_size < 1 or micro_batches_per_step < 1, or a model
-  /// output the loss cannot use; model and fatal device errors unchanged.
+  /// A failure that is only possibly out of memory (FailureKind::kPossibleOutOfMemory) is decided
+  /// by re-running the largest micro-batch already seen to fit, with the cache emptied: that
+  /// trial comes back in `classification_rerun` (autobatch/trial.h).
+  /// Throws: autobatch::Error for micro_batch_size < 1 or micro_batches_per_step < 1, a model
+  /// output the loss cannot use, or a device poisoned by an earlier fatal error; model and fatal
+  /// device errors unchanged. After a fatal device error (a sticky CUDA error) no device call is
+  /// made any more, by run() or the destructor, and the weights are not restored.
   /// Side effects: runs real training steps on the device; allocates and frees device memory.
   TrialResult run(const TrialRequest& request);
 
@@ -109,8 +121,16 @@ class TrialRunner {
   std::int64_t currentBytes() const;
   /// Bytes the device holds outside the allocator (CUDA context, kernels); 0 on the CPU.
   std::int64_t outsideBytes() const;
-  /// PYTORCH_ALLOC_CONF at setup (CUDA), "" when unset.
+  /// Growth of the outside part since setup, in bytes (CUDA: lazily loaded kernels, handles
+  /// created at first use; the memory fraction was lowered by it); 0 on the CPU.
+  std::int64_t outsideGrowthBytes() const;
+  /// PYTORCH_ALLOC_CONF at setup (CUDA), else "PYTORCH_CUDA_ALLOC_CONF=<value>", "" when unset.
   std::string allocatorConfig() const;
+  /// The caching allocator's configuration as the trials ran under it (CUDA; defaults on the CPU).
+  AllocatorInfo allocatorInfo() const;
+  /// The device the trials run on, its index resolved: "cpu", "cuda:0", ... ("cuda" becomes
+  /// cuda:<current device>).
+  std::string device() const;
   /// The inputs and loss the trials use (explicit, else from the archive).
   const std::vector<InputSpec>& inputs() const;
   LossKind loss() const;
