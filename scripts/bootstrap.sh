@@ -8,6 +8,7 @@
 # Variables: AUTOBATCH_VENV, AUTOBATCH_ENV_ROOT, Torch_DIR (see scripts/env.sh);
 #   AUTOBATCH_SKIP_APT=1 skips step 1 (a machine where you cannot be root and have the packages).
 set -euo pipefail
+# shellcheck source=scripts/env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 debs=(cmake ninja-build ccache g++ python3-venv libspdlog-dev libfmt-dev libcxxopts-dev libgtest-dev
@@ -19,7 +20,7 @@ install_debs() {
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && { echo "bootstrap: Debian packages present"; return; }
-  echo "bootstrap: installing Debian packages: ${missing[*]}"
+  echo "bootstrap: installing Debian packages (a minute or two): ${missing[*]}"
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
@@ -34,10 +35,16 @@ install_venv() {
   # The marker is written last, so an interrupted install is never taken as ready: start over.
   rm -rf "$AUTOBATCH_VENV"
   mkdir -p "$(dirname "$AUTOBATCH_VENV")"
-  echo "bootstrap: creating the Python environment (about 5 GB, a few minutes) at $AUTOBATCH_VENV"
+  echo "bootstrap: creating the Python environment at $AUTOBATCH_VENV"
   python3 -m venv "$AUTOBATCH_VENV"
+  # pip's own lines show the progress (Collecting, Downloading NAME (SIZE), Installing); its bars
+  # only on a terminal, so a log gets one line per package.
+  local bar=off
+  [ -t 1 ] && bar=on
   "$AUTOBATCH_PYTHON" -m pip install -q --upgrade pip
-  "$AUTOBATCH_PYTHON" -m pip install -q -r "$AUTOBATCH_ROOT/requirements.txt"
+  echo "bootstrap: pip install -r requirements.txt: torch 2.11.0 with its CUDA libraries, about" \
+       "5 GB to download and unpack: 1 to 3 minutes on a fresh machine"
+  "$AUTOBATCH_PYTHON" -m pip install --progress-bar "$bar" -r "$AUTOBATCH_ROOT/requirements.txt"
   touch "$AUTOBATCH_VENV/.autobatch-complete"
 }
 
@@ -54,6 +61,7 @@ export_models() {
     echo "bootstrap: models ready in $models"
     return
   fi
+  echo "bootstrap: exporting the real models into $models (seconds each)"
   "$AUTOBATCH_PYTHON" "$AUTOBATCH_ROOT/scripts/export_models.py" --out "$models"
   echo "$stamp" >"$models/.complete"
 }

@@ -4,6 +4,7 @@
 # CMAKE_BUILD_TYPE (default RelWithDebInfo).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=scripts/env.sh
 . "$here/env.sh"
 
 # ccache shares compiles between clones of the repo (CI builds a fresh clone): paths are taken
@@ -14,8 +15,17 @@ export CCACHE_BASEDIR="$AUTOBATCH_ROOT" CCACHE_NOHASHDIR=1
 autobatch_timed "bootstrap" bash "$here/bootstrap.sh"
 torch_prefix="$(autobatch_torch_prefix)"
 mkdir -p "$AUTOBATCH_BUILD_DIR"
+# A first build says what it is doing and how long it takes (later ones take seconds).
+first=0
+[ -x "$AUTOBATCH_BUILD_DIR/bin/autobatch" ] || first=1
+[ "$first" = 0 ] ||
+  echo "build: configuring $AUTOBATCH_BUILD_DIR (CMake and LibTorch's config, seconds)"
 autobatch_timed "configure" cmake -S "$AUTOBATCH_ROOT" -B "$AUTOBATCH_BUILD_DIR" -G Ninja \
   -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DAUTOBATCH_WERROR=ON -DAUTOBATCH_PYTHON="$AUTOBATCH_PYTHON" \
   >"$AUTOBATCH_BUILD_DIR/configure.log" 2>&1 || { cat "$AUTOBATCH_BUILD_DIR/configure.log"; exit 1; }
+# ninja prints [done/total] per step.
+[ "$first" = 0 ] ||
+  echo "build: compiling (${AUTOBATCH_JOBS:-$(nproc)} jobs); the files that include LibTorch" \
+       "take 20-50 s each: 3 to 5 minutes on 2 cores the first time, less with a warm ccache"
 autobatch_timed "build" cmake --build "$AUTOBATCH_BUILD_DIR" -j "${AUTOBATCH_JOBS:-$(nproc)}"

@@ -74,10 +74,13 @@ class DecoderLM(nn.Module):
 
 
 def _vision(name: str):
-    import torchvision
+    def make():
+        import torchvision  # only when a torchvision model is made: the others export without it
 
-    return lambda: (getattr(torchvision.models, name)(weights=None),
-                    (torch.randn(2, 3, 224, 224),), "cross-entropy", None)
+        return (getattr(torchvision.models, name)(weights=None),
+                (torch.randn(2, 3, 224, 224),), "cross-entropy", None)
+
+    return make
 
 
 def _decoder_lm():

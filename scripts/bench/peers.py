@@ -28,7 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 
@@ -144,16 +146,24 @@ def run_lightning(args, rec: Recorder, mode: str | None) -> dict:
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
     precision = {"fp32": "32-true", "amp-bf16": "bf16-mixed", "amp-fp16": "16-mixed"}[args.precision]
+    # Tuner.scale_batch_size saves the model to default_root_dir/.scale_batch_size_<uuid>.ckpt
+    # (tens of MB) and removes it only when it returns: a finder killed at its timeout or by the
+    # memory cap left it in the working folder (once committed at the repo root). Lightning writes
+    # nothing else here (no logger, no checkpointing), but its root is a temporary folder anyway.
+    root = tempfile.mkdtemp(prefix="autobatch-peers-lightning-")
     common = dict(accelerator="gpu" if args.device_type == "cuda" else "cpu", devices=1,
                   precision=precision, logger=False, enable_checkpointing=False,
-                  enable_progress_bar=False, enable_model_summary=False)
-    if mode is None:  # ground truth: --steps steps at --batch
-        trainer = pl.Trainer(max_steps=args.steps, **common)
-        trainer.fit(Lit(args.batch))
-        return {"fits": rec.done.get(args.batch, 0) >= args.steps}
-    trainer = pl.Trainer(max_epochs=1, **common)
-    found = Tuner(trainer).scale_batch_size(Lit(2), mode=mode, steps_per_trial=3, init_val=2)
-    return {"found": found}
+                  enable_progress_bar=False, enable_model_summary=False, default_root_dir=root)
+    try:
+        if mode is None:  # ground truth: --steps steps at --batch
+            trainer = pl.Trainer(max_steps=args.steps, **common)
+            trainer.fit(Lit(args.batch))
+            return {"fits": rec.done.get(args.batch, 0) >= args.steps}
+        trainer = pl.Trainer(max_epochs=1, **common)
+        found = Tuner(trainer).scale_batch_size(Lit(2), mode=mode, steps_per_trial=3, init_val=2)
+        return {"found": found}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def run_accelerate(args, rec: Recorder, search: bool) -> dict:

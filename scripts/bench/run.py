@@ -73,7 +73,7 @@ class Runner:
         open(args.jsonl, "w").close()
 
     # ---- processes -------------------------------------------------------------------------------
-    def spawn(self, argv: list[str], cap: int, timeout: float) -> dict:
+    def spawn(self, argv: list[str], cap: int, timeout: float, cwd: str | None = None) -> dict:
         """Runs argv, on the CPU under RLIMIT_DATA = cap: wall time, its own peak RSS, exit, output."""
 
         left = self.args.deadline - time.time()
@@ -89,7 +89,7 @@ class Runner:
 
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             t0 = time.time()
-            proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True,
+            proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True, cwd=cwd,
                                     preexec_fn=limit if cap else None)
             fired = threading.Event()
             timer = threading.Timer(timeout, lambda: (fired.set(), proc.kill()))
@@ -125,7 +125,9 @@ class Runner:
                 "--device", self.args.device, *extra]
         if self.args.device != "cpu":
             argv += ["--memory-limit-bytes", str(case["cap"])]
-        res = self.spawn(argv, cap, timeout)
+        # In --workdir, so whatever a peer leaves behind when it is killed (Lightning's
+        # .scale_batch_size_*.ckpt, logs) never lands in the caller's folder (the repo root).
+        res = self.spawn(argv, cap, timeout, cwd=os.path.abspath(self.args.workdir))
         res["result"] = None
         for line in res["stdout"].splitlines():
             if line.startswith("RESULT "):

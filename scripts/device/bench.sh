@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# Run ON THE GPU MACHINE after scripts/device/run.sh (which builds build-device/; built here if
-# missing). The benchmark of issue 7 sized for one device session: one cap (20 GiB), amp-bf16,
-# ResNet-50 (3x224x224) and the 110M decoder LM (256 tokens); autobatch guided (2 and 3 steps per
-# trial) vs Lightning binsearch vs accelerate (from 512); ground truth and the eager-loop check for
-# autobatch's answers only; then, if time is left, autobatch alone on the full card.
-# Every row is appended to $OUT/bench.jsonl and $OUT/benchmarks.md is rewritten as each finishes.
-# AUTOBATCH_BENCH_SECONDS (default 300): no process runs past that many seconds (each one's timeout
-# is cut to what is left), so run.sh (build, GPU tests) + this fits one 600 s device call.
-#   device run: command "bash scripts/device/run.sh; bash scripts/device/bench.sh", carry [".debs"]
+# Run ON THE GPU MACHINE, in its own device call (scripts/device/check.sh is the GPU check; this is
+# the benchmark of issue 7, sized for one call): builds with `check.sh --build-only` (env.txt,
+# build.log, summary.txt; skipped when build-device/ already holds the CLI), then one cap (20 GiB),
+# amp-bf16, ResNet-50 (3x224x224) and the 110M decoder LM (256 tokens); autobatch guided (2 and 3
+# steps per trial) vs Lightning binsearch vs accelerate (from 512); ground truth and the eager-loop
+# check for autobatch's answers only; then, if time is left, autobatch alone on the full card.
+# Every row is appended to $OUT/bench.jsonl and $OUT/benchmarks.md is rewritten as each finishes
+# (with bench.log: 6 files in $OUT). AUTOBATCH_BENCH_SECONDS (default 300): no benchmark process
+# runs past that many seconds after the build (each one's timeout is cut to what is left).
+#   here, first:  bash scripts/device/prepare.sh
+#   device tool:  run(command="bash scripts/device/bench.sh", carry=[".debs"], timeout_s=540)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$root/out}"
 mkdir -p "$OUT"
-cd "$root"
+cd "$root" || exit 2
 python="${AUTOBATCH_DEVICE_PYTHON:-/opt/torch/.venv/bin/python}"
 budget="${AUTOBATCH_BENCH_SECONDS:-300}"
-t0=$SECONDS
 export PYTHONUNBUFFERED=1
+# The carried runtime libraries (spdlog, fmt) of the programs built by check.sh (see there).
+export LD_LIBRARY_PATH="$root/.debs/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 exec > >(tee -a "$OUT/bench.log") 2>&1
-[ -x build-device/bin/autobatch ] || AUTOBATCH_DEVICE_SKIP_TESTS=1 bash scripts/device/run.sh || exit 1
+[ -x build-device/bin/autobatch ] || bash scripts/device/check.sh --build-only || exit 1
+t0=$SECONDS
 
 # Models are exported here (the carried tree is limited to 64 MiB); ResNet-50 needs torchvision.
 models="$root/models-device"

@@ -4,6 +4,7 @@
 # image has LibTorch (/opt/torch/.venv), nvcc, cmake and ninja, but no internet.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=scripts/env.sh
 . "$here/../env.sh"
 dest="$AUTOBATCH_ROOT/.debs"
 pkgs=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libcxxopts-dev nlohmann-json3-dev
