@@ -4,7 +4,8 @@ torchvision ResNet-18, ResNet-50, MobileNetV3-Large, ViT-B/16 (random weights: m
 depend on their values) and a GPT-style decoder-only language model (vocabulary 32000, context
 256, 12 layers of width 768, tied embeddings: about 110M parameters), and a small one of the same
 code for the CPU benchmark (decoder_lm_small: vocabulary 8000, context 128, 4 layers of width 256,
-about 5.2M parameters). Each archive carries its
+about 5.2M parameters), and mlp_8x2048 (8 x (Linear(2048, 2048) + ReLU), mean loss: the
+optimizer step sets its peak). Each archive carries its
 input specs and loss (autobatch/inputs.json), so no --input flag is needed.
 
 A model is exported again only when these scripts or torch changed since it was written (a stamp file
@@ -83,6 +84,16 @@ def _vision(name: str):
     return make
 
 
+def _mlp_8x2048():
+    # Parameter-heavy (33.6M parameters, no activation worth the name at small batches): the
+    # optimizer step sets its peak, so the optimizer's implementation decides it (docs/fidelity.md)
+    # and the real memory curve is a max of phases (docs/search.md).
+    layers = []
+    for _ in range(8):
+        layers += [nn.Linear(2048, 2048), nn.ReLU()]
+    return (nn.Sequential(*layers), (torch.randn(2, 2048),), "mean", None)
+
+
 def _decoder_lm():
     return (DecoderLM(), (torch.randint(0, 32000, (2, 256)),), "cross-entropy", {0: 32000})
 
@@ -99,6 +110,7 @@ MODELS = {
     "vit_b_16": _vision("vit_b_16"),
     "decoder_lm": _decoder_lm,
     "decoder_lm_small": _decoder_lm_small,
+    "mlp_8x2048": _mlp_8x2048,
 }
 
 

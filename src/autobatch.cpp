@@ -22,6 +22,7 @@ MemoryBreakdown breakdownOf(const TrialRunner& runner) {
   m.outside_bytes = runner.outsideBytes();
   m.outside_growth_bytes = runner.outsideGrowthBytes();
   m.ddp_bucket_bytes = runner.ddpBucketBytes();
+  m.optimizer_impl = runner.optimizerImpl();
   return m;
 }
 

@@ -41,6 +41,7 @@ json toJson(const TrialResult& t) {
           {"failed_request_bytes", t.failed_request_bytes},
           {"allocator_retries", t.allocator_retries},
           {"outside_growth_bytes", t.outside_growth_bytes},
+          {"output_bytes", t.output_bytes},
           {"step_ms", t.step_ms},
           {"steps_completed", t.steps_completed},
           {"samples_per_second", samplesPerSecond(t)},
@@ -111,6 +112,9 @@ json optionsJson(const TrainingSpec& spec, const SearchOptions& o) {
           {"inputs", inputs},
           {"loss", spec.loss ? json(toString(*spec.loss)) : json(nullptr)},
           {"optimizer", toString(spec.optimizer)},
+          {"optimizer_impl", toString(spec.optimizer_impl)},
+          {"zero_grad", toString(spec.zero_grad)},
+          {"keep_output", spec.keep_output},
           {"learning_rate", spec.learning_rate},
           {"precision", toString(spec.precision)},
           {"device", spec.device},
@@ -218,6 +222,7 @@ std::string toJson(const ReportData& d) {
                         {"loss", ctx ? json(toString(ctx->loss)) : json(nullptr)},
                         {"options", doc["options"]}};
   doc["model"] = memoryOf(d) ? toJson(*memoryOf(d)) : json(nullptr);
+  if (memoryOf(d) != nullptr) doc["model"]["optimizer_impl"] = memoryOf(d)->optimizer_impl;
   json trials = json::array();
   json warnings = json::array();
   if (ctx) {
@@ -282,9 +287,13 @@ std::string humanReport(const ReportData& d) {
     out << fmt::format("device {} ({}), limit {} ({})\n", ctx->device, ctx->backend,
                        formatBytes(ctx->memory_limit_bytes), ctx->memory_limit_source);
     out << fmt::format(
-        "model {}: inputs {}, loss {}, optimizer {}, {}, {} steps per trial, {} "
-        "micro-batch(es) per step\n",
+        "model {}: inputs {}, loss {}, optimizer {}{}, zero_grad {}, output {}, {}, {} steps per "
+        "trial, {} micro-batch(es) per step\n",
         d.spec.model_path, inputsText(ctx->inputs), toString(ctx->loss), toString(d.spec.optimizer),
+        memoryOf(d) != nullptr && !memoryOf(d)->optimizer_impl.empty()
+            ? " (" + memoryOf(d)->optimizer_impl + ")"
+            : std::string(),
+        toString(d.spec.zero_grad), d.spec.keep_output ? "kept through the step" : "dropped",
         toString(d.spec.precision), d.spec.steps_per_trial, ctx->micro_batches_per_trial);
   }
   std::vector<TrialResult> trials;

@@ -30,7 +30,28 @@ constexpr std::array<detail::NameEntry<Precision>, 5> kPrecisionNames{{
     {Precision::kBf16, "bf16"},
 }};
 
+constexpr std::array<detail::NameEntry<OptimizerImpl>, 4> kOptimizerImplNames{{
+    {OptimizerImpl::kAuto, "auto"},
+    {OptimizerImpl::kLoop, "loop"},
+    {OptimizerImpl::kForeach, "foreach"},
+    {OptimizerImpl::kFused, "fused"},
+}};
+
+constexpr std::array<detail::NameEntry<ZeroGrad>, 2> kZeroGradNames{{
+    {ZeroGrad::kNone, "none"},
+    {ZeroGrad::kZeros, "zeros"},
+}};
+
 }  // namespace
+
+std::string_view toString(OptimizerImpl impl) { return detail::nameOf(kOptimizerImplNames, impl); }
+std::string_view toString(ZeroGrad mode) { return detail::nameOf(kZeroGradNames, mode); }
+OptimizerImpl parseOptimizerImpl(std::string_view name) {
+  return detail::parseName(kOptimizerImplNames, "optimizer implementation", name);
+}
+ZeroGrad parseZeroGrad(std::string_view name) {
+  return detail::parseName(kZeroGradNames, "zero-grad mode", name);
+}
 
 std::string_view toString(LossKind kind) { return detail::nameOf(kLossNames, kind); }
 std::string_view toString(OptimizerKind kind) { return detail::nameOf(kOptimizerNames, kind); }

@@ -7,9 +7,6 @@
 #include <spdlog/spdlog.h>
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 #include <torch/script.h>
 
 #include <chrono>
@@ -25,6 +22,7 @@
 #include "cuda_api.h"
 #include "cuda_device.h"
 #include "memory_backend.h"
+#include "optimizers.h"
 
 namespace autobatch {
 namespace {
@@ -178,6 +176,33 @@ std::int64_t bytesOf(const at::Tensor& t) {
   return t.numel() * static_cast<std::int64_t>(t.element_size());
 }
 
+// Bytes of the distinct storages `value` references (a tensor, or the tensors of a tuple, list or
+// dict, nested): what keeping it alive costs.
+void collectStorages(const c10::IValue& value, std::unordered_set<const void*>& seen,
+                     std::int64_t& bytes) {
+  if (value.isTensor()) {
+    const at::Tensor& t = value.toTensor();
+    if (!t.defined() || !t.has_storage()) return;
+    const void* data = t.storage().data();
+    if (data != nullptr && seen.insert(data).second) {
+      bytes += static_cast<std::int64_t>(t.storage().nbytes());
+    }
+  } else if (value.isTuple()) {
+    for (const auto& e : value.toTupleRef().elements()) collectStorages(e, seen, bytes);
+  } else if (value.isList()) {
+    for (const auto& e : value.toListRef()) collectStorages(e, seen, bytes);
+  } else if (value.isGenericDict()) {
+    for (const auto& entry : value.toGenericDict()) collectStorages(entry.value(), seen, bytes);
+  }
+}
+
+std::int64_t storageBytes(const c10::IValue& value) {
+  std::unordered_set<const void*> seen;
+  std::int64_t bytes = 0;
+  collectStorages(value, seen, bytes);
+  return bytes;
+}
+
 }  // namespace
 
 struct TrialRunner::Impl {
@@ -211,6 +236,12 @@ struct TrialRunner::Impl {
   // destructor (a weight restore on a dead context throws, and from a destructor that terminates).
   bool poisoned = false;
   std::int64_t ddp_bucket_bytes = 0;
+  OptimizerImpl optimizer_impl = OptimizerImpl::kLoop;  // spec.optimizer_impl, auto resolved
+  // A training loop's variables between micro-batches (inputs, targets, kept output).
+  std::vector<c10::IValue> held_inputs;
+  at::Tensor held_targets;
+  c10::IValue held_output;
+  std::int64_t output_bytes = 0;  // the trial's largest output, in bytes
   int trials_run = 0;
   detail::TrialPoint point;  // where the trial in progress is (fault injection in tests)
 
@@ -243,6 +274,7 @@ struct TrialRunner::Impl {
     }
     reserve_bytes = options.reserve_bytes;
     device = parseDevice(spec.device);
+    optimizer_impl = detail::resolveOptimizerImpl(spec.optimizer_impl, device.is_cuda());
     if (device.is_cuda()) {
       backend = detail::makeCudaBackend(device.has_index() ? device.index() : 0,
                                         options.memory_limit_bytes, options.reserve_bytes);
@@ -411,26 +443,28 @@ struct TrialRunner::Impl {
     for (auto& s : saved) s.live.copy_(s.host);
   }
 
-  void zeroGrad() {
-    for (auto& p : trained) p.mutable_grad() = at::Tensor();
+  // optimizer.zero_grad(set_to_none=...): kNone drops every gradient; kZeros keeps them
+  // allocated, zero-filled and detached (torch/optim/optimizer.py, zero_grad).
+  void zeroGrad(ZeroGrad mode) {
+    for (auto& p : trained) {
+      if (mode == ZeroGrad::kNone || !p.grad().defined()) {
+        p.mutable_grad() = at::Tensor();
+      } else {
+        p.mutable_grad().detach_();
+        p.mutable_grad().zero_();
+      }
+    }
   }
 
-  std::unique_ptr<torch::optim::Optimizer> makeOptimizer() const {
-    const double lr = spec.learning_rate;
-    switch (spec.optimizer) {
-      case OptimizerKind::kNone:
-        return nullptr;
-      case OptimizerKind::kSgd:
-        return std::make_unique<torch::optim::SGD>(trained, torch::optim::SGDOptions(lr));
-      case OptimizerKind::kSgdMomentum:
-        return std::make_unique<torch::optim::SGD>(trained,
-                                                   torch::optim::SGDOptions(lr).momentum(0.9));
-      case OptimizerKind::kAdam:
-        return std::make_unique<torch::optim::Adam>(trained, torch::optim::AdamOptions(lr));
-      case OptimizerKind::kAdamW:
-        return std::make_unique<torch::optim::AdamW>(trained, torch::optim::AdamWOptions(lr));
-    }
-    return nullptr;
+  // What a training loop's variables hold between its micro-batches, released at the trial's end.
+  void releaseHeld() {
+    held_inputs.clear();
+    held_targets = at::Tensor();
+    held_output = c10::IValue();
+  }
+
+  std::unique_ptr<detail::TrialOptimizer> makeOptimizer() const {
+    return detail::makeTrialOptimizer(spec.optimizer, optimizer_impl, trained, spec.learning_rate);
   }
 
   at::ScalarType modelFloatType() const {
@@ -454,7 +488,7 @@ struct TrialRunner::Impl {
     return device.is_cpu() ? t : t.to(device);
   }
 
-  at::Tensor computeLoss(const c10::IValue& output, at::Generator& gen) const {
+  at::Tensor computeLoss(const c10::IValue& output, at::Generator& gen) {
     if (loss == LossKind::kModel) return modelLoss(output);
     const auto out = firstTensor(output);
     if (!out) {
@@ -482,12 +516,14 @@ struct TrialRunner::Impl {
         at::Tensor targets = at::empty({logits.size(0)}, at::TensorOptions().dtype(at::kLong));
         targets.random_(0, classes, gen);
         if (!device.is_cpu()) targets = targets.to(device);
+        held_targets = targets;  // a loop's `y`
         return at::cross_entropy_loss(logits, targets);
       }
       case LossKind::kMse: {
         at::Tensor target = at::empty(out->sizes(), out->options().device(torch::kCPU));
         target.normal_(0.0, 1.0, gen);
         if (!device.is_cpu()) target = target.to(device);
+        held_targets = target;  // a loop's `y`
         return at::mse_loss(*out, target);
       }
       case LossKind::kMean:
@@ -503,6 +539,7 @@ struct TrialRunner::Impl {
     std::vector<c10::IValue> args;
     args.reserve(inputs.size());
     for (const auto& input : inputs) args.emplace_back(makeInput(input, batch, gen));
+    held_inputs = args;  // a loop's `x` holds them until the next micro-batch's are made
     at::Tensor loss_value;
     {
       const bool amp =
@@ -511,6 +548,9 @@ struct TrialRunner::Impl {
           device.type(), spec.precision == Precision::kAmpFp16 ? at::kHalf : at::kBFloat16, amp);
       enter(detail::TrialPhase::kForward);
       const c10::IValue output = module.forward(args);
+      // `logits = model(x)` kept in a variable: the previous micro-batch's output goes only now.
+      if (spec.keep_output) held_output = output;
+      output_bytes = std::max(output_bytes, storageBytes(output));
       enter(detail::TrialPhase::kLoss);
       loss_value = computeLoss(output, gen);
     }
@@ -630,13 +670,14 @@ struct TrialRunner::Impl {
     module.train(true);
     backend->beginTrial();
     point = {};
+    output_bytes = 0;
     point.micro_batch_size = batch;
     point.trial_index = trials_run++;
 
     std::exception_ptr error;
     double total_ms = 0.0;
     {
-      std::unique_ptr<torch::optim::Optimizer> optimizer;
+      std::unique_ptr<detail::TrialOptimizer> optimizer;
       at::Tensor ddp_buckets;  // --ddp: DDP's gradient buckets, alive for the whole trial
       at::Generator gen;
       {
@@ -662,7 +703,7 @@ struct TrialRunner::Impl {
           enter(detail::TrialPhase::kOptimizerStep);
           if (optimizer) optimizer->step();
           enter(detail::TrialPhase::kIdle);
-          zeroGrad();
+          zeroGrad(spec.zero_grad);
           backend->synchronize();
           total_ms +=
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -674,7 +715,9 @@ struct TrialRunner::Impl {
       }
     }  // the optimizer and its state are gone here
     enter(detail::TrialPhase::kIdle);
-    zeroGrad();
+    zeroGrad(ZeroGrad::kNone);
+    releaseHeld();
+    result.output_bytes = output_bytes;
     at::autocast::clear_cache();
 
     // A sticky device error (device-side assert, illegal address) makes every later device call
@@ -792,6 +835,10 @@ std::int64_t TrialRunner::optimizerStateBytes() const {
   return 0;
 }
 std::int64_t TrialRunner::ddpBucketBytes() const { return impl_->ddp_bucket_bytes; }
+std::string TrialRunner::optimizerImpl() const {
+  if (impl_->spec.optimizer == OptimizerKind::kNone) return "";
+  return std::string(toString(impl_->optimizer_impl));
+}
 
 std::int64_t TrialRunner::memoryLimitBytes() const {
   return impl_->backend->limitBytes() - impl_->reserve_bytes;

@@ -136,6 +136,10 @@ TEST(CliTest, BadFlagValuesExitTwoNamingTheFlag) {
       {"--precision fp8", "unknown precision 'fp8': expected one of fp32, amp-fp16"},
       {"--optimizer lion", "unknown optimizer 'lion': expected one of none, sgd"},
       {"--loss hinge", "unknown loss 'hinge': expected one of mean, cross-entropy"},
+      {"--optimizer-impl apex",
+       "unknown optimizer implementation 'apex': expected one of auto, loop, foreach, fused"},
+      {"--zero-grad nan", "unknown zero-grad mode 'nan': expected one of none, zeros"},
+      {"--keep-output maybe", "--keep-output: expected yes or no, but got 'maybe'"},
       {"--strategy random", "unknown strategy 'random'"},
       {"--margin 150%", "--margin: expected a number in [0, 99]"},
       {"--input 3x0x5", "--input"},
@@ -234,6 +238,27 @@ TEST(CliTest, JsonPlanMultipliesOutToTheTarget) {
   EXPECT_EQ(doc["fingerprint"]["inputs"][0], "float32:64");
   EXPECT_EQ(doc["device"]["memory_limit_bytes"], 64LL << 20);
   EXPECT_FALSE(doc["trials"].empty());
+}
+
+// The JSON says which optimizer implementation ran (auto resolved for the device) beside the flag,
+// the zero_grad mode and the output's lifetime, and each trial the bytes of the output it kept.
+// Catches auto reported unresolved, and a fingerprint that would not tell these jobs apart.
+TEST(CliTest, JsonNamesTheOptimizerImplementationThatRanAndTheOutputBytes) {
+  const std::string model = mlpModel();
+  for (const std::string impl : {"auto", "foreach"}) {
+    const fs::path json_path = tmpDir() / (impl + ".json");
+    const CliRun run =
+        runCli("--model " + model + " --device cpu --memory-limit 1GiB -q " +
+               "--check-batch 4 --optimizer-impl " + impl + " --json " + json_path.string());
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const auto doc = nlohmann::json::parse(readFile(json_path));
+    EXPECT_EQ(doc["options"]["optimizer_impl"], impl);
+    EXPECT_EQ(doc["model"]["optimizer_impl"], impl == "auto" ? "loop" : impl);
+    EXPECT_EQ(doc["options"]["zero_grad"], "none");
+    EXPECT_EQ(doc["options"]["keep_output"], true);
+    EXPECT_EQ(doc["fingerprint"]["options"]["optimizer_impl"], impl);
+    EXPECT_EQ(doc["trials"][0]["output_bytes"], 4 * 10 * 4);  // [4, 10] float32 logits
+  }
 }
 
 TEST(CliTest, EnvLinesEvaluateInSh) {

@@ -40,6 +40,9 @@ struct MemoryBreakdown {
   /// growth of outside_bytes after setup (included in it), seen at trials' ends; CPU 0
   std::int64_t outside_growth_bytes = 0;
   std::int64_t ddp_bucket_bytes = 0;  ///< TrainingSpec::ddp: the DDP bucket copy every trial held
+  /// The optimizer implementation that ran: "loop", "foreach" or "fused" (TrainingSpec::
+  /// optimizer_impl with auto resolved for the device); "" for optimizer none.
+  std::string optimizer_impl;
 };
 
 /// Where and how the trials ran.

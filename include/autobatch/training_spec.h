@@ -32,6 +32,26 @@ enum class OptimizerKind {
   kAdamW,        ///< "adamw": as adam, decoupled weight decay
 };
 
+/// How the optimizer step is computed, as PyTorch 2.11's Python optimizers offer it
+/// (torch/optim/optimizer.py, `_default_to_fused_or_foreach`): the implementations hold different
+/// temporaries at the step, so the peak of a parameter-heavy model depends on it.
+enum class OptimizerImpl {
+  kAuto,     ///< "auto": PyTorch's default for the device: foreach on CUDA, loop on the CPU
+  kLoop,     ///< "loop": one parameter at a time (`foreach=False`; torch::optim's own step)
+  kForeach,  ///< "foreach": multi-tensor ops over all parameters of a device and dtype at once
+             ///< (`_multi_tensor_sgd` / `_multi_tensor_adam`): one parameter-sized set of
+             ///< temporaries alive at once (Adam's sqrt of exp_avg_sq)
+  kFused,    ///< "fused": one fused kernel per group (at::_fused_sgd_ / _fused_adam_ /
+             ///< _fused_adamw_; `fused=True`)
+};
+
+/// What zero_grad() does between optimizer steps.
+enum class ZeroGrad {
+  kNone,   ///< "none": gradients set to None (PyTorch's `set_to_none=True`, its default)
+  kZeros,  ///< "zeros": gradients zero-filled and kept (`set_to_none=False`): alive through the
+           ///< next forward
+};
+
 /// Numeric precision of the step.
 enum class Precision {
   kFp32,     ///< "fp32": float32 everywhere
@@ -44,11 +64,15 @@ enum class Precision {
 std::string_view toString(LossKind kind);
 std::string_view toString(OptimizerKind kind);
 std::string_view toString(Precision precision);
+std::string_view toString(OptimizerImpl impl);
+std::string_view toString(ZeroGrad mode);
 
 /// Parse the CLI names above. Throws: autobatch::Error naming the value given and the valid names.
 LossKind parseLossKind(std::string_view name);
 OptimizerKind parseOptimizerKind(std::string_view name);
 Precision parsePrecision(std::string_view name);
+OptimizerImpl parseOptimizerImpl(std::string_view name);
+ZeroGrad parseZeroGrad(std::string_view name);
 
 /// The training job whose micro-batch is searched. Defaults follow the CLI's defaults.
 struct TrainingSpec {
@@ -60,6 +84,16 @@ struct TrainingSpec {
   std::optional<LossKind> loss;
   /// Default: adamw.
   OptimizerKind optimizer = OptimizerKind::kAdamW;
+  /// The optimizer's implementation. Default: auto (foreach on CUDA, loop on the CPU).
+  OptimizerImpl optimizer_impl = OptimizerImpl::kAuto;
+  /// Default: none (set_to_none=True).
+  ZeroGrad zero_grad = ZeroGrad::kNone;
+  /// Each micro-batch's output (every tensor of the IValue forward returned) stays referenced
+  /// until the next forward returns, through backward and the optimizer step, as in a loop that
+  /// keeps `logits = model(x)` in a variable (nanoGPT's shape). false: dropped before backward, as
+  /// Lightning's training_step and HF Trainer's compute_loss do. Default: true (an under-count is
+  /// an OOM in the job; an over-count one output's bytes of headroom).
+  bool keep_output = true;
   /// Learning rate of the optimizer (memory does not depend on it). Default: 1e-3.
   double learning_rate = 1e-3;
   /// Default: fp32.

@@ -68,6 +68,10 @@ struct TrialResult {
   /// (lazily loaded kernels, cuDNN / cuBLASLt handles created at first use), in bytes; already in
   /// peak_bytes, and the memory fraction was lowered by it for later trials. 0 on the CPU.
   std::int64_t outside_growth_bytes = 0;
+  /// Bytes of the distinct storages the model's output references (every tensor of the IValue
+  /// forward returned; the largest over the trial's micro-batches). With TrainingSpec::keep_output
+  /// they stay alive through backward and the optimizer step. 0 when no forward completed.
+  std::int64_t output_bytes = 0;
   /// When this trial failed with an ambiguous sign of exhaustion (FailureKind::
   /// kPossibleOutOfMemory: cuDNN "unable to find an engine", cublasCreate not initialized, ...),
   /// the trial the runner ran to decide it: the cache emptied, the largest batch already seen to

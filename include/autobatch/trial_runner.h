@@ -103,6 +103,10 @@ class TrialRunner {
   /// TrainingSpec::ddp: bytes of the gradient-sized buffer every trial allocates on the device
   /// (DDP's gradient buckets) from its start to its end; 0 without ddp.
   std::int64_t ddpBucketBytes() const;
+  /// The optimizer implementation the trials run: "loop", "foreach" or "fused"
+  /// (TrainingSpec::optimizer_impl with auto resolved: foreach on CUDA, loop on the CPU); "" for
+  /// optimizer none.
+  std::string optimizerImpl() const;
   /// Where the limit came from (e.g. "--memory-limit", "MemAvailable 123...", "cgroup v1
   /// memory.limit_in_bytes 1610612736 (/sys/fs/cgroup/memory/job) less ..."), and on the CPU what
   /// the process guard keeps the whole process under.

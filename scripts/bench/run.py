@@ -108,7 +108,11 @@ class Runner:
         path = os.path.join(self.args.workdir, f"{case['name']}-{tag}.json")
         argv = [self.args.autobatch, "--model", os.path.join(self.args.models, case["model"] + ".pt"),
                 "--input", case["input"], "--optimizer", "adamw", "--precision", case["precision"],
-                "--device", self.args.device, "--margin", "0", "--json", path, "-q", *extra]
+                "--device", self.args.device, "--margin", "0", "--json", path, "-q",
+                # The peers' loops (Lightning's training_step, accelerate's, peers.py's eager
+                # check) drop the model's output before backward; --optimizer-impl auto is
+                # PyTorch's default, as theirs.
+                "--keep-output", "no", *extra]
         res = self.spawn(argv, cap, timeout)
         try:
             with open(path) as f:

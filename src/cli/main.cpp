@@ -122,6 +122,15 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   }
   if (args.count("loss") != 0U) spec.loss = autobatch::parseLossKind(flag(args, "loss"));
   spec.optimizer = autobatch::parseOptimizerKind(flag(args, "optimizer"));
+  spec.optimizer_impl = autobatch::parseOptimizerImpl(flag(args, "optimizer-impl"));
+  spec.zero_grad = autobatch::parseZeroGrad(flag(args, "zero-grad"));
+  const std::string keep = flag(args, "keep-output");
+  if (keep != "yes" && keep != "no") {
+    throw Error("--keep-output: expected yes or no, but got '" + keep +
+                "' (yes: the job keeps the model's output in a variable through backward and the "
+                "optimizer step; no: it drops it before backward)");
+  }
+  spec.keep_output = keep == "yes";
   spec.learning_rate = autobatch::parseDecimal(flag(args, "lr"), "--lr", 0.0, 1e6);
   spec.precision = autobatch::parsePrecision(flag(args, "precision"));
   spec.steps_per_trial =
@@ -212,6 +221,14 @@ cxxopts::Options makeOptions() {
     ("loss", "mean, cross-entropy, mse or model. Default: the archive's, else mean", text(), "NAME");
   options.add_options("Training step")
     ("optimizer", "none, sgd, sgd-momentum, adam, adamw", text()->default_value("adamw"), "NAME")
+    ("optimizer-impl", "auto (PyTorch's default: foreach on CUDA, loop on the CPU), loop, foreach, "
+                       "fused", text()->default_value("auto"), "NAME")
+    ("zero-grad", "none (set_to_none=True, PyTorch's default) or zeros (set_to_none=False: "
+                  "gradients stay allocated through the next forward)",
+     text()->default_value("none"), "MODE")
+    ("keep-output", "yes: your loop keeps the model's output (logits = model(x)) through backward "
+                    "and the step; no: it drops it before backward (Lightning, HF Trainer)",
+     text()->default_value("yes"), "yes|no")
     ("lr", "Learning rate (memory does not depend on it)", text()->default_value("0.001"), "X")
     ("precision", "fp32, amp-fp16, amp-bf16, fp16, bf16", text()->default_value("fp32"), "NAME")
     ("device", "auto (cuda:0 when a GPU is seen, else cpu), cpu, cuda, cuda:N",
