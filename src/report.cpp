@@ -240,6 +240,7 @@ std::string toJson(const ReportData& d) {
         {"search_status", toString(s.status)},
         {"max_micro_batch", s.max_micro_batch},
         {"safe_micro_batch", s.safe_micro_batch},
+        {"capped_by", s.capped_by},
         {"micro_batches_per_step", s.micro_batches_per_step},
         {"memory_limit_bytes", s.memory_limit_bytes},
         {"margin_bytes", s.margin_bytes},
@@ -322,6 +323,16 @@ std::string humanReport(const ReportData& d) {
     out << fmt::format("\nresult ({}, {} trials, {:.1f} s)\n", toString(s.status), s.trials.size(),
                        s.elapsed_s);
     out << fmt::format("  max micro-batch   {}\n", s.max_micro_batch);
+    if (s.max_micro_batch > 0 && s.capped_by != "memory") {
+      out << fmt::format("  capped by         {}{}\n", s.capped_by,
+                         s.capped_by == "max-batch" || s.capped_by == "dataset-size"
+                             ? ": memory may allow more; larger batches were not tried"
+                         : s.capped_by == "size-limit"
+                             ? ": the next batch hits a kernel's size limit, not memory"
+                             : ": the search stopped before larger batches were ruled out");
+    } else if (s.max_micro_batch > 0) {
+      out << "  capped by         memory\n";
+    }
     out << fmt::format("  safe micro-batch  {}  (peak under limit - margin = {} - {} = {})\n",
                        s.safe_micro_batch, formatBytes(s.memory_limit_bytes),
                        formatBytes(s.margin_bytes),
@@ -439,6 +450,8 @@ std::string envLines(const ReportData& d) {
   std::int64_t safe_micro = 0;
   std::string plan_kind = "none";
   std::string sizes;
+  // What bounds the answer; "" for --check-batch (no search) and before any result.
+  const std::string capped_by = d.result ? d.result->search.capped_by : "";
   const int world = d.options.world_size;
   if (d.result && d.result->search.safe_micro_batch > 0) {
     const SearchResult& s = d.result->search;
@@ -478,6 +491,7 @@ std::string envLines(const ReportData& d) {
   out += fmt::format("AUTOBATCH_MICRO_BATCHES='{}'\n", sizes);
   out += fmt::format("AUTOBATCH_MAX_MICRO_BATCH={}\n", max_micro);
   out += fmt::format("AUTOBATCH_SAFE_MICRO_BATCH={}\n", safe_micro);
+  out += fmt::format("AUTOBATCH_CAPPED_BY={}\n", capped_by);
   return out;
 }
 

@@ -321,11 +321,41 @@ class Search {
     if (result_.max_micro_batch == 0 && stop_ == Stop::kNone) {
       result_.status = SearchStatus::kNothingFits;
     }
+    result_.capped_by = cappedBy();
     if (limit_ <= 0 && options_.memory_limit_bytes > 0) {
       limit_ = options_.memory_limit_bytes - options_.reserve_bytes;
     }
     result_.memory_limit_bytes = std::max<std::int64_t>(limit_, 0);
     result_.margin_bytes = marginBytes(options_, result_.memory_limit_bytes);
+  }
+
+  /// What bounds lo() from above (SearchResult::capped_by).
+  std::string cappedBy() const {
+    const std::int64_t max = lo();
+    if (max == 0) return "memory";
+    const auto above = fails_.upper_bound(max);
+    if (above != fails_.end() && *above == max + 1) return "memory";
+    if (result_.size_limit_batch == max + 1) return "size-limit";
+    const std::int64_t bound_max = options_.max_batch > 0 ? options_.max_batch : kUnbounded;
+    const std::int64_t bound_data = options_.dataset_size > 0 ? options_.dataset_size : kUnbounded;
+    if (max == bound_max && bound_max <= bound_data) return "max-batch";
+    if (max == bound_data) return "dataset-size";
+    switch (stop_) {
+      case Stop::kTrialBudget:
+        return "trial-budget";
+      case Stop::kTimeBudget:
+        return "time-budget";
+      case Stop::kCancelled:
+        return "cancelled";
+      case Stop::kNone:
+        break;
+    }
+    // A closed bracket (relative tolerance) or a size limit further up: the failure above rules.
+    if (result_.size_limit_batch > max &&
+        (above == fails_.end() || *above > result_.size_limit_batch)) {
+      return "size-limit";
+    }
+    return "memory";
   }
 
   /// The largest fitting batch whose measured peak <= limit - margin, searched like the maximum.

@@ -261,6 +261,22 @@ TEST(CliTest, JsonNamesTheOptimizerImplementationThatRanAndTheOutputBytes) {
   }
 }
 
+// --max-batch far below what memory allows: the report says the bound capped the answer, in the
+// human report, the JSON and the env lines.
+TEST(CliTest, AnAnswerCappedByMaxBatchSaysSo) {
+  const fs::path json_path = tmpDir() / "capped.json";
+  const CliRun run = runCli("--model " + mlpModel() +
+                            " --device cpu --memory-limit 256MiB --max-batch 8 --env --json " +
+                            json_path.string());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("AUTOBATCH_CAPPED_BY=max-batch\n"), std::string::npos) << run.out;
+  EXPECT_NE(run.err.find("capped by         max-batch: memory may allow more"), std::string::npos)
+      << run.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_EQ(doc["result"]["max_micro_batch"], 8);
+  EXPECT_EQ(doc["result"]["capped_by"], "max-batch");
+}
+
 TEST(CliTest, EnvLinesEvaluateInSh) {
   const CliRun run = runCli("--model " + mlpModel() +
                             " --device cpu --memory-limit 64MiB --target-batch 99991 --env -q");

@@ -114,6 +114,42 @@ TEST(SearchTest, BoundsAreNeverExceeded) {
   }
 }
 
+// A bound below what memory allows is said: "found 64" without it reads as the memory's answer.
+// Catches a search that reports every bounded answer as memory's (or none as such).
+TEST(SearchTest, CappedByNamesTheBoundThatStoppedTheAnswer) {
+  const MemoryModel model = modelWithThreshold(5000);
+  for (Strategy strategy : kAllStrategies) {
+    SearchOptions options = optionsFor(strategy);
+    EXPECT_EQ(findMaxBatch(probeFor(modelWithThreshold(1000)), options).capped_by, "memory")
+        << toString(strategy);
+    options.max_batch = 100;
+    EXPECT_EQ(findMaxBatch(probeFor(model), options).capped_by, "max-batch") << toString(strategy);
+    options.dataset_size = 37;
+    EXPECT_EQ(findMaxBatch(probeFor(model), options).capped_by, "dataset-size")
+        << toString(strategy);
+    options.max_batch = 0;
+    options.dataset_size = 0;
+    options.max_trials = 2;
+    EXPECT_EQ(findMaxBatch(probeFor(model), options).capped_by, "trial-budget")
+        << toString(strategy);
+  }
+  MemoryModel none = modelWithThreshold(10);
+  none.limit_bytes = none.fixed_bytes / 2;
+  EXPECT_EQ(findMaxBatch(probeFor(none), optionsFor(Strategy::kGuided)).capped_by, "memory");
+  const Probe limited = [&model](const TrialRequest& request) {
+    TrialResult r = model.run(request);
+    if (request.micro_batch_size >= 300) {
+      r.outcome = TrialOutcome::kSizeLimit;
+      r.reason = "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED";
+    }
+    return r;
+  };
+  for (Strategy strategy : {Strategy::kGuided, Strategy::kBinsearch}) {
+    EXPECT_EQ(findMaxBatch(limited, optionsFor(strategy)).capped_by, "size-limit")
+        << toString(strategy);
+  }
+}
+
 TEST(SearchTest, RelativeToleranceStopsEarlierWithAVerifiedBatch) {
   const MemoryModel model = modelWithThreshold(3000);
   SearchOptions options = optionsFor(Strategy::kBinsearch);

@@ -98,6 +98,12 @@ struct SearchResult {
   /// kNothingFits only: what the minimum batch needs, at least, in bytes: the failed trial's
   /// peak_bytes + failed_request_bytes (an OOM trial only gives a lower bound). 0 when unknown.
   std::int64_t min_batch_needs_at_least_bytes = 0;
+  /// What bounds max_micro_batch from above: "memory" (a larger batch ran out of memory, or
+  /// nothing fits), "max-batch" (SearchOptions::max_batch: memory may allow more, not searched),
+  /// "dataset-size" (SearchOptions::dataset_size), "size-limit" (the next batch hit a kernel's size
+  /// limit), or, when the search stopped before its bracket closed, "trial-budget", "time-budget"
+  /// or "cancelled" (larger batches were not ruled out).
+  std::string capped_by;
   /// True when a batch failed although a larger one fit (after one retry of the failed size).
   bool non_monotonic = false;
   /// The fitting single-micro-batch trial with the most samples per second (0 when none).
