@@ -5,7 +5,8 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
-#include <map>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "autobatch/error.h"
@@ -64,6 +65,21 @@ std::vector<at::Tensor> gradsOf(const std::vector<at::Tensor>& params) {
   return grads;
 }
 
+/// PyTorch's own refusal of sparse gradients (torch/optim/adam.py, _init_group: "Adam does not
+/// support sparse gradients, please consider SparseAdam instead"; torch/optim/sgd.py, _fused_sgd:
+/// "`_fused_sgd` does not support sparse gradients"), raised as the step's error (exit 1), not as
+/// a dispatcher dump from the foreach or fused kernel.
+void requireDense(const std::vector<at::Tensor>& params, const std::string& who) {
+  for (const auto& p : params) {
+    if (p.grad().defined() && p.grad().is_sparse()) {
+      throw std::runtime_error(who + " does not support sparse gradients (a parameter of shape " +
+                               c10::str(p.sizes()) +
+                               " got one); use --optimizer sgd or sgd-momentum with "
+                               "--optimizer-impl loop or foreach for a sparse embedding");
+    }
+  }
+}
+
 /// `_multi_tensor_sgd` (weight decay 0, dampening 0, no nesterov, no maximize).
 class ForeachSgd final : public TrialOptimizer {
  public:
@@ -75,6 +91,25 @@ class ForeachSgd final : public TrialOptimizer {
     for (const auto& group : groupWithGrad(params_)) {
       std::vector<at::Tensor> params = pick(params_, group);
       std::vector<at::Tensor> grads = gradsOf(params);
+      bool sparse = false;
+      for (const auto& g : grads) sparse = sparse || g.is_sparse();
+      if (sparse) {
+        // `foreach APIs don't support sparse`: _multi_tensor_sgd updates one parameter at a time.
+        for (std::size_t k = 0; k < group.size(); ++k) {
+          at::Tensor update = grads[k];
+          if (momentum_ != 0.0) {
+            at::Tensor& buf = buffers_[group[k]];
+            if (!buf.defined()) {
+              buf = grads[k].detach().clone();
+            } else {
+              buf.mul_(momentum_).add_(grads[k], 1.0);
+            }
+            update = buf;
+          }
+          params[k].add_(update, -lr_);
+        }
+        continue;
+      }
       if (momentum_ != 0.0) {
         bool all_buffers = true;
         for (const std::size_t i : group) all_buffers = all_buffers && buffers_[i].defined();
@@ -115,6 +150,7 @@ class FusedSgd final : public TrialOptimizer {
 
   void step() override {
     const at::NoGradGuard no_grad;
+    requireDense(params_, "`_fused_sgd`");
     const bool no_momentum_buffer = momentum_ == 0.0;
     bool is_first_step = !no_momentum_buffer;
     for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -174,6 +210,10 @@ class MultiTensorAdam final : public TrialOptimizer {
       state_[i].exp_avg = at::zeros_like(p, at::MemoryFormat::Preserve);
       state_[i].exp_avg_sq = at::zeros_like(p, at::MemoryFormat::Preserve);
     }
+    requireDense(params_, "Adam");
+    // Python's loop variable `exp_avg_sq_sqrt` keeps one group's temporaries alive until the next
+    // group's are made: with parameters of two dtypes both sets are alive at once.
+    std::vector<at::Tensor> previous_sqrt;
     for (const auto& group : groupWithGrad(params_)) {
       std::vector<at::Tensor> params = pick(params_, group);
       std::vector<at::Tensor> grads = gradsOf(params);
@@ -196,15 +236,17 @@ class MultiTensorAdam final : public TrialOptimizer {
         }
         continue;
       }
-      foreachStep(params, std::move(grads), exp_avgs, exp_avg_sqs, steps);
+      previous_sqrt = foreachStep(params, std::move(grads), exp_avgs, exp_avg_sqs, steps);
     }
   }
 
  private:
-  void foreachStep(const std::vector<at::Tensor>& params, std::vector<at::Tensor> grads,
-                   const std::vector<at::Tensor>& exp_avgs,
-                   const std::vector<at::Tensor>& exp_avg_sqs,
-                   const std::vector<at::Tensor>& steps) const {
+  // Returns the group's sqrt(exp_avg_sq) temporaries, which the caller keeps as Python does.
+  std::vector<at::Tensor> foreachStep(const std::vector<at::Tensor>& params,
+                                      std::vector<at::Tensor> grads,
+                                      const std::vector<at::Tensor>& exp_avgs,
+                                      const std::vector<at::Tensor>& exp_avg_sqs,
+                                      const std::vector<at::Tensor>& steps) const {
     if (weight_decay_ != 0.0) {
       if (decoupled_) {
         at::_foreach_mul_(params, 1.0 - lr_ * weight_decay_);
@@ -230,6 +272,7 @@ class MultiTensorAdam final : public TrialOptimizer {
     at::_foreach_div_(exp_avg_sq_sqrt, bias_correction2_sqrt);
     at::_foreach_add_(exp_avg_sq_sqrt, kEps);
     at::_foreach_addcdiv_(params, exp_avgs, exp_avg_sq_sqrt, step_size);
+    return exp_avg_sq_sqrt;
   }
 
   std::vector<at::Tensor> params_;
@@ -273,6 +316,18 @@ std::unique_ptr<TrialOptimizer> makeTrialOptimizer(OptimizerKind kind, Optimizer
                                                    double lr) {
   if (kind == OptimizerKind::kNone) return nullptr;
   const bool fused = impl == OptimizerImpl::kFused;
+  if (fused) {
+    // torch/optim/optimizer.py refuses it when the optimizer is built, as here.
+    for (const auto& p : params) {
+      if (!p.is_floating_point()) {
+        throw Error(
+            "--optimizer-impl fused: expected floating-point parameters (what PyTorch's "
+            "fused=True requires), but got one of " +
+            std::string(c10::toString(p.scalar_type())) + " with shape " + c10::str(p.sizes()) +
+            "; use --optimizer-impl loop or foreach");
+      }
+    }
+  }
   switch (impl) {
     case OptimizerImpl::kLoop:
       return makeLoop(kind, params, lr);

@@ -81,12 +81,30 @@ struct RankGroup::Impl {
     if (heartbeat.joinable()) heartbeat.join();
   }
 
-  // The host waits until every rank has read the reports (bounded), then may take the store away.
+  // The host waits until every rank has read the reports, then may take the store away. It stops
+  // waiting for a rank whose heartbeat has been silent for --rank-timeout (dead: it will never
+  // read), but keeps waiting for one still beating: a rank still searching when another failed
+  // comes to the exchange later and must find the store there to learn which rank failed (under
+  // load, a fixed wait of one timeout let it find the store gone and blame rank 0). Bounded by
+  // kMaxReaderWaitS all the same: a rank whose heartbeat thread lives on while it hangs.
   void waitForReaders() const {
     if (!hosts) return;
-    const auto deadline = Clock::now() + std::chrono::duration<double>(options.timeout_s);
+    constexpr double kMaxReaderWaitS = 600.0;
+    const auto start = Clock::now();
+    const auto hard_deadline =
+        start + std::chrono::duration<double>(std::max(options.timeout_s, kMaxReaderWaitS));
     for (int r = 0; r < info.world_size; ++r) {
-      while (!store->check({key("read", r)}) && Clock::now() < deadline) {
+      std::string beat;
+      auto changed = start;
+      while (!store->check({key("read", r)}) && Clock::now() < hard_deadline) {
+        const std::string now_beat =
+            store->check({key("hb", r)}) ? store->get_to_str(key("hb", r)) : "";
+        const auto now = Clock::now();
+        if (now_beat != beat) {
+          beat = now_beat;
+          changed = now;
+        }
+        if (std::chrono::duration<double>(now - changed).count() > options.timeout_s) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }

@@ -109,15 +109,32 @@ class Search {
       stop_ = Stop::kTrialBudget;
     } else if (options_.time_limit_s > 0.0 && elapsedS() >= options_.time_limit_s) {
       stop_ = Stop::kTimeBudget;
+    } else if (options_.time_limit_s > 0.0) {
+      // A trial predicted to end past the deadline is not started (time per sample is close to
+      // constant, so the trials so far predict it).
+      const double predicted = predictTrialSeconds(batch, micro_batches_per_step);
+      const double left = options_.time_limit_s - elapsedS();
+      if (predicted > left) {
+        stop_ = Stop::kTimeBudget;
+        result_.warnings.push_back("batch " + std::to_string(batch) + " would take about " +
+                                   oneDecimal(predicted) + " s; " + oneDecimal(left) +
+                                   " s of the time budget left, so it was not started");
+      }
     }
     if (stop_ != Stop::kNone) return nullptr;
     TrialRequest request;
     request.micro_batch_size = batch;
     request.micro_batches_per_step = micro_batches_per_step;
-    request.cancel = options_.cancel;
+    // The runner checks the hook before every step: a trial still running at the deadline stops
+    // there (it does not count; the best verified batch stands).
+    request.cancel = [this] {
+      return (options_.cancel && options_.cancel()) ||
+             (options_.time_limit_s > 0.0 && elapsedS() >= options_.time_limit_s);
+    };
     if (options_.before_trial) options_.before_trial(request);
     TrialResult r = probe_(request);  // exceptions end the search, unchanged
     r.request = request;
+    r.request.cancel = options_.cancel;  // the deadline hook above refers to this search
     if (r.classification_rerun) {
       // The runner's re-run that decided an ambiguous failure: a trial of its own, listed first.
       result_.trials.push_back(*r.classification_rerun);
@@ -128,10 +145,40 @@ class Search {
     const TrialResult& last = result_.trials.back();
     if (options_.on_trial) options_.on_trial(last);
     if (last.cancelled) {
-      stop_ = Stop::kCancelled;
+      const bool by_caller = options_.cancel && options_.cancel();
+      stop_ = by_caller ? Stop::kCancelled : Stop::kTimeBudget;
+      if (!by_caller) {
+        result_.warnings.push_back("the trial of batch " + std::to_string(batch) +
+                                   " was stopped at the time budget's end; it does not count");
+      }
       return nullptr;  // a cancelled trial says nothing about memory
     }
     return &last;
+  }
+
+  /// Seconds a trial of `batch` x `micro_batches` would take, from the completed trial nearest in
+  /// samples per step (its time per sample and step, times the most steps a trial completed);
+  /// 0 when none completed.
+  double predictTrialSeconds(std::int64_t batch, int micro_batches) const {
+    const TrialResult* nearest = nullptr;
+    double best_distance = 0.0;
+    int steps = 0;  // a trial that ran out of memory completed fewer steps than a trial runs
+    const double samples = static_cast<double>(batch) * micro_batches;
+    for (const auto& t : result_.trials) {
+      steps = std::max(steps, t.steps_completed);
+      if (t.steps_completed <= 0 || t.step_ms <= 0.0) continue;
+      const double t_samples =
+          static_cast<double>(t.request.micro_batch_size) * t.request.micro_batches_per_step;
+      const double distance = std::abs(std::log(samples / t_samples));
+      if (nearest == nullptr || distance < best_distance) {
+        nearest = &t;
+        best_distance = distance;
+      }
+    }
+    if (nearest == nullptr) return 0.0;
+    const double t_samples = static_cast<double>(nearest->request.micro_batch_size) *
+                             nearest->request.micro_batches_per_step;
+    return nearest->step_ms / 1000.0 * samples / t_samples * steps;
   }
 
   std::int64_t lo() const { return fits_.empty() ? 0 : fits_.rbegin()->first; }

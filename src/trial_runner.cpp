@@ -4,12 +4,14 @@
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceGuard.h>
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/script.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <optional>
 #include <unordered_set>
@@ -83,6 +85,86 @@ class RngStateGuard {
     saved_.emplace_back(std::move(gen), std::move(state));
   }
   std::vector<std::pair<at::Generator, at::Tensor>> saved_;
+};
+
+/// Logs while a trial runs, so that a long one never looks like a hang: each step's end (info
+/// when the step took a second or more, else debug) and, during a step longer than 10 s, a line
+/// every 10 s with the elapsed time, from a thread of its own (spdlog loggers used with it must be
+/// thread-safe: the CLI's is). The thread has a 256 KiB stack (a default 8 MiB one counts against
+/// RLIMIT_DATA, under which trials may run); when it cannot be created (a process limit), only the
+/// step ends are logged. The thread ends with the object.
+class StepProgress {
+ public:
+  StepProgress(std::int64_t batch, int micro_batches, int steps)
+      : batch_(batch), micro_batches_(micro_batches), steps_(steps) {
+    pthread_attr_t attr;
+    if (pthread_attr_init(&attr) != 0) return;
+    pthread_attr_setstacksize(&attr, std::size_t{256} << 10);
+    started_ = pthread_create(&thread_, &attr, &StepProgress::run, this) == 0;
+    pthread_attr_destroy(&attr);
+    if (!started_) spdlog::debug("no progress thread for this trial: pthread_create failed");
+  }
+  ~StepProgress() {
+    if (!started_) return;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    pthread_join(thread_, nullptr);
+  }
+  StepProgress(const StepProgress&) = delete;
+  StepProgress& operator=(const StepProgress&) = delete;
+
+  void beginStep(int step) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    step_ = step;
+    step_start_ = Clock::now();
+    in_step_ = true;
+  }
+  void endStep(double step_ms) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      in_step_ = false;
+    }
+    const auto level = step_ms >= 1000.0 ? spdlog::level::info : spdlog::level::debug;
+    spdlog::log(level, "trial of micro-batch {} x {}: step {}/{} done in {:.1f} s", batch_,
+                micro_batches_, step_ + 1, steps_, step_ms / 1000.0);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::seconds kEvery{10};
+
+  static void* run(void* self) {
+    static_cast<StepProgress*>(self)->watch();
+    return nullptr;
+  }
+
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      wake_.wait_for(lock, kEvery, [this] { return stop_; });
+      if (stop_ || !in_step_) continue;
+      const double elapsed_s = std::chrono::duration<double>(Clock::now() - step_start_).count();
+      if (elapsed_s >= static_cast<double>(kEvery.count())) {
+        spdlog::info("trial of micro-batch {} x {}: step {}/{} running for {:.0f} s", batch_,
+                     micro_batches_, step_ + 1, steps_, elapsed_s);
+      }
+    }
+  }
+
+  std::int64_t batch_;
+  int micro_batches_;
+  int steps_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  bool in_step_ = false;
+  int step_ = 0;
+  Clock::time_point step_start_;
+  pthread_t thread_{};
+  bool started_ = false;
 };
 
 at::ScalarType toScalarType(DType dtype) {
@@ -689,11 +771,13 @@ struct TrialRunner::Impl {
           ddp_buckets = at::empty({ddp_bucket_bytes}, at::TensorOptions(at::kByte).device(device));
         }
         optimizer = makeOptimizer();
+        StepProgress progress(batch, request.micro_batches_per_step, spec.steps_per_trial);
         for (int step = 0; step < spec.steps_per_trial; ++step) {
           if (request.cancel && request.cancel()) {
             result.cancelled = true;
             break;
           }
+          progress.beginStep(step);
           const auto start = std::chrono::steady_clock::now();
           for (int micro = 0; micro < request.micro_batches_per_step; ++micro) {
             point.step = step;
@@ -705,9 +789,11 @@ struct TrialRunner::Impl {
           enter(detail::TrialPhase::kIdle);
           zeroGrad(spec.zero_grad);
           backend->synchronize();
-          total_ms +=
+          const double step_ms =
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                   .count();
+          total_ms += step_ms;
+          progress.endStep(step_ms);
           ++result.steps_completed;
         }
       } catch (...) {  // classified below; whatever is not OOM or a size limit is rethrown

@@ -140,6 +140,8 @@ TEST(CliTest, BadFlagValuesExitTwoNamingTheFlag) {
        "unknown optimizer implementation 'apex': expected one of auto, loop, foreach, fused"},
       {"--zero-grad nan", "unknown zero-grad mode 'nan': expected one of none, zeros"},
       {"--keep-output maybe", "--keep-output: expected yes or no, but got 'maybe'"},
+      {"--optimizer none --optimizer-impl fused",
+       "--optimizer-impl: expected auto with --optimizer none"},
       {"--strategy random", "unknown strategy 'random'"},
       {"--margin 150%", "--margin: expected a number in [0, 99]"},
       {"--input 3x0x5", "--input"},
@@ -275,6 +277,26 @@ TEST(CliTest, AnAnswerCappedByMaxBatchSaysSo) {
   const auto doc = nlohmann::json::parse(readFile(json_path));
   EXPECT_EQ(doc["result"]["max_micro_batch"], 8);
   EXPECT_EQ(doc["result"]["capped_by"], "max-batch");
+}
+
+// A command line that cxxopts cannot parse (a misspelled flag, a flag missing its value) still
+// writes the JSON report: scripts read it on every exit (docs/python.md). Catches a --json path
+// taken from the parsed options only.
+TEST(CliTest, UnparsableCommandLinesStillWriteTheJson) {
+  const std::string model = mlpModel();
+  for (const std::string bad : {"--optimzer-impl fused", "--optimizer-impl"}) {
+    const fs::path json_path = tmpDir() / "bad.json";
+    fs::remove(json_path);
+    const CliRun run = runCli("--model " + model + " --json " + json_path.string() + " " + bad);
+    EXPECT_EQ(run.exit_code, 2) << bad << "\n" << run.err;
+    ASSERT_TRUE(fs::exists(json_path)) << bad;
+    const auto doc = nlohmann::json::parse(readFile(json_path));
+    EXPECT_EQ(doc["status"], "usage-error") << bad;
+    EXPECT_EQ(doc["exit_code"], 2) << bad;
+  }
+  const CliRun to_stdout = runCli("--model " + model + " --json - --optimzer-impl fused");
+  EXPECT_EQ(to_stdout.exit_code, 2);
+  EXPECT_EQ(nlohmann::json::parse(to_stdout.out)["status"], "usage-error") << to_stdout.out;
 }
 
 TEST(CliTest, EnvLinesEvaluateInSh) {

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "autobatch/error.h"
 #include "optimizers.h"
 
 namespace autobatch::detail {
@@ -52,6 +53,66 @@ TEST_P(OptimizersTest, ForeachAndFusedMatchTheLoop) {
 INSTANTIATE_TEST_SUITE_P(EveryOptimizer, OptimizersTest,
                          ::testing::Values(OptimizerKind::kSgd, OptimizerKind::kSgdMomentum,
                                            OptimizerKind::kAdam, OptimizerKind::kAdamW));
+
+// Sparse gradients (an Embedding with sparse=True): PyTorch's foreach SGD updates such parameters
+// one at a time, and Adam and fused SGD refuse them with their own message. Catches the foreach
+// and fused kernels' 90-line dispatcher dump ("Could not run 'aten::lerp_.Scalar' with arguments
+// from the 'SparseCPU' backend") reaching the user.
+TEST(OptimizersTest, SparseGradientsAreHandledOrRefusedAsPyTorchDoes) {
+  auto sparse_step = [](OptimizerKind kind, OptimizerImpl impl) {
+    torch::manual_seed(0);
+    std::vector<at::Tensor> params{torch::randn({10, 4}).requires_grad_()};
+    auto optimizer = makeTrialOptimizer(kind, impl, params, 0.1);
+    for (int step = 0; step < 2; ++step) {
+      params[0].mutable_grad() =
+          torch::sparse_coo_tensor(torch::tensor({{1, 3}}), torch::ones({2, 4}), {10, 4});
+      optimizer->step();
+    }
+    return params[0].detach().clone();
+  };
+  for (const auto kind : {OptimizerKind::kSgd, OptimizerKind::kSgdMomentum}) {
+    EXPECT_TRUE(torch::allclose(sparse_step(kind, OptimizerImpl::kForeach),
+                                sparse_step(kind, OptimizerImpl::kLoop)))
+        << toString(kind);
+  }
+  for (const auto kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+    for (const auto impl : {OptimizerImpl::kForeach, OptimizerImpl::kFused}) {
+      try {
+        sparse_step(kind, impl);
+        FAIL() << "expected PyTorch's refusal";
+      } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("Adam does not support sparse gradients"),
+                  std::string::npos)
+            << e.what();
+        EXPECT_EQ(std::string(e.what()).find("registered at"), std::string::npos) << e.what();
+      }
+    }
+  }
+  try {
+    sparse_step(OptimizerKind::kSgdMomentum, OptimizerImpl::kFused);
+    FAIL() << "expected PyTorch's refusal";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("`_fused_sgd` does not support sparse gradients"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// fused=True needs floating-point parameters (PyTorch refuses it when the optimizer is built): a
+// usage error naming the dtype, not a kernel's "not implemented for 'ComplexFloat'" at the step.
+TEST(OptimizersTest, FusedOnNonFloatingParametersIsAUsageError) {
+  const std::vector<at::Tensor> params{torch::randn({3}, torch::kComplexFloat).requires_grad_()};
+  try {
+    makeTrialOptimizer(OptimizerKind::kAdamW, OptimizerImpl::kFused, params, 0.1);
+    FAIL() << "expected autobatch::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--optimizer-impl fused: expected floating-point "
+                                         "parameters"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("ComplexFloat"), std::string::npos) << e.what();
+  }
+}
 
 // torch/optim/optimizer.py, _default_to_fused_or_foreach (2.11): foreach when every parameter is
 // on CUDA, the loop otherwise, fused never by default.

@@ -64,7 +64,7 @@ std::string flag(const cxxopts::ParseResult& args, const std::string& name) {
 
 struct Cli {
   autobatch::ReportData report;
-  /// The trial in progress, to name the batch in an error raised by the model.
+  /// The trial in progress, to name the batch in an error raised in the training step.
   std::optional<autobatch::TrialRequest> running;
   std::optional<std::int64_t> check_batch;
   std::string json_path;
@@ -123,6 +123,13 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   if (args.count("loss") != 0U) spec.loss = autobatch::parseLossKind(flag(args, "loss"));
   spec.optimizer = autobatch::parseOptimizerKind(flag(args, "optimizer"));
   spec.optimizer_impl = autobatch::parseOptimizerImpl(flag(args, "optimizer-impl"));
+  if (spec.optimizer == autobatch::OptimizerKind::kNone &&
+      spec.optimizer_impl != autobatch::OptimizerImpl::kAuto) {
+    throw Error(
+        "--optimizer-impl: expected auto with --optimizer none (there is no optimizer "
+        "step to implement), but got " +
+        std::string(autobatch::toString(spec.optimizer_impl)));
+  }
   spec.zero_grad = autobatch::parseZeroGrad(flag(args, "zero-grad"));
   const std::string keep = flag(args, "keep-output");
   if (keep != "yes" && keep != "no") {
@@ -345,8 +352,25 @@ void agreeAcrossRanks(Cli& cli) {
   }
 }
 
+// The --json path from the raw arguments (the last one given, as cxxopts takes it), so that a
+// command line cxxopts cannot parse (an unknown or misspelled flag, a flag missing its value)
+// still gets its JSON report: docs/errors.md promises one on every exit.
+std::string jsonPathBeforeParsing(int argc, char** argv) {
+  std::string path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--json" && i + 1 < argc) {
+      path = argv[++i];
+    } else if (arg.starts_with("--json=")) {
+      path = std::string(arg.substr(7));
+    }
+  }
+  return path;
+}
+
 int run(int argc, char** argv, Cli& cli) {
   auto options = makeOptions();
+  cli.json_path = jsonPathBeforeParsing(argc, argv);
   const auto args = options.parse(argc, argv);
   if (args.count("json") != 0U) cli.json_path = flag(args, "json");
   cli.env = args.count("env") != 0U;
@@ -427,7 +451,8 @@ int fail(Cli& cli, const std::string& status, int code, const std::string& raw_m
 }  // namespace
 
 int main(int argc, char** argv) {
-  spdlog::set_default_logger(spdlog::stderr_color_st("autobatch"));
+  // Thread-safe: the trial runner logs a long step's progress from a thread of its own.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("autobatch"));
   spdlog::set_pattern("[%H:%M:%S] %^%l%$: %v");
   Cli cli;
   try {
@@ -446,7 +471,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::string where;
     if (cli.running) {
-      where = " (raised by the model at micro-batch " +
+      where = " (raised in the training step at micro-batch " +
               std::to_string(cli.running->micro_batch_size) + " x " +
               std::to_string(cli.running->micro_batches_per_step) + " per step; not counted as " +
               "out of memory)";
