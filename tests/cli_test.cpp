@@ -15,43 +15,20 @@
 #include <string>
 #include <vector>
 
+#include "cli_run.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using autobatch::testing::CliRun;
+using autobatch::testing::readFile;
 
-std::string readFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// One folder per test: ctest runs the tests of this file in parallel processes.
-fs::path tmpDir() {
-  fs::path dir = fs::path(AUTOBATCH_TEST_TMP) / "cli" /
-                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path tmpDir() { return autobatch::testing::testDir("cli"); }
 
 // Runs the autobatch binary with `args` (already shell-quoted where needed).
 CliRun runCli(const std::string& args) {
-  const fs::path out = tmpDir() / "stdout.txt";
-  const fs::path err = tmpDir() / "stderr.txt";
-  const std::string command = std::string(AUTOBATCH_CLI) + " " + args + " >" + out.string() +
-                              " 2>" + err.string() + " </dev/null";
-  const int status = std::system(command.c_str());
-  CliRun run;
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  run.out = readFile(out);
-  run.err = readFile(err);
-  return run;
+  return autobatch::testing::runCliIn(tmpDir(), "std", args);
 }
 
 // A small MLP classifier, float32 [batch, 64] -> [batch, 10], saved with its input description.

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -97,6 +98,20 @@ struct FakeDevice {
     allocated -= bytes;
     cached += bytes;
   }
+  /// A trial that allocates `request` bytes at a time until the allocator refuses: returns the
+  /// bytes it held, and the device's largest usage on the way in `worst_used`.
+  std::int64_t fillUntilOutOfMemory(std::int64_t request, std::int64_t& worst_used) {
+    std::int64_t held = 0;
+    try {
+      for (;;) {
+        allocate(request);
+        held += request;
+        worst_used = std::max(worst_used, used());
+      }
+    } catch (const std::runtime_error&) {  // the allocator's OOM ends the trial
+    }
+    return held;
+  }
   /// The first kernel of a kind loads its module and handles outside the allocator; a matmul also
   /// creates the cuBLAS workspace inside it.
   void kernel(const std::string& kind, std::int64_t module_bytes) {
@@ -155,9 +170,33 @@ class FakeCudaApi final : public CudaApi {
   FakeDevice& d_;
 };
 
+/// The message of the autobatch::Error that `f` throws; "" (and a test failure) when it throws
+/// none.
+std::string errorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected autobatch::Error";
+  return "";
+}
+
 std::unique_ptr<MemoryBackend> backendOn(FakeDevice& d, std::int64_t limit,
                                          std::int64_t reserve = 0) {
   return makeCudaBackendWith(std::make_unique<FakeCudaApi>(d), 0, limit, reserve);
+}
+
+void setUpModelAndWarmUp(FakeDevice& d, std::int64_t model_bytes);
+
+/// A backend as the trial runner leaves it after setup: a 300 MiB model loaded, the warm-up step
+/// run, finishSetup() done.
+std::unique_ptr<MemoryBackend> readyBackend(FakeDevice& d, std::int64_t limit,
+                                            std::int64_t reserve = 0) {
+  auto backend = backendOn(d, limit, reserve);
+  setUpModelAndWarmUp(d, 300 * kMiB);
+  backend->finishSetup(0);
+  return backend;
 }
 
 /// What the trial runner does before finishSetup(): the model on the device, one warm-up step
@@ -205,9 +244,7 @@ TEST(CudaBackendTest, FractionIsOfTotalGlobalMemLessTheOutsidePartAndTheReserve)
   FakeDevice d;
   const std::int64_t limit = 20 * kGiB;
   const std::int64_t reserve = 256 * kMiB;
-  auto backend = backendOn(d, limit, reserve);
-  setUpModelAndWarmUp(d, 300 * kMiB);
-  backend->finishSetup(0);
+  auto backend = readyBackend(d, limit, reserve);
   const double allowed = d.fraction * static_cast<double>(d.total_global);
   const auto expected = static_cast<double>(limit - reserve - backend->outsideBytes());
   EXPECT_NEAR(allowed, expected, 1.0);
@@ -221,9 +258,7 @@ TEST(CudaBackendTest, FractionIsOfTotalGlobalMemLessTheOutsidePartAndTheReserve)
 TEST(CudaBackendTest, OutsideGrowthAfterATrialLowersTheFractionAndCountsInThePeak) {
   FakeDevice d;
   const std::int64_t limit = 20 * kGiB;
-  auto backend = backendOn(d, limit);
-  setUpModelAndWarmUp(d, 300 * kMiB);
-  backend->finishSetup(0);
+  auto backend = readyBackend(d, limit);
   const std::int64_t outside_before = backend->outsideBytes();
   const double fraction_before = d.fraction;
 
@@ -257,23 +292,12 @@ TEST(CudaBackendTest, OutsideGrowthAfterATrialLowersTheFractionAndCountsInThePea
 TEST(CudaBackendTest, DeviceUsageStaysUnderTheLimitAfterOutsideGrowth) {
   FakeDevice d;
   const std::int64_t limit = 8 * kGiB;
-  auto backend = backendOn(d, limit);
-  setUpModelAndWarmUp(d, 300 * kMiB);
-  backend->finishSetup(0);
+  auto backend = readyBackend(d, limit);
   std::int64_t worst_used = 0;
   for (int trial = 0; trial < 4; ++trial) {
     backend->beginTrial();
     d.kernel("kind-" + std::to_string(trial), 200 * kMiB);
-    std::int64_t held = 0;
-    try {
-      for (;;) {
-        d.allocate(64 * kMiB);
-        held += 64 * kMiB;
-        worst_used = std::max(worst_used, d.used());
-      }
-    } catch (const std::runtime_error&) {  // the allocator's OOM ends the trial
-    }
-    d.release(held);
+    d.release(d.fillUntilOutOfMemory(64 * kMiB, worst_used));
     backend->endTrial();
     backend->releaseCaches();
   }
@@ -281,15 +305,9 @@ TEST(CudaBackendTest, DeviceUsageStaysUnderTheLimitAfterOutsideGrowth) {
   // allowed excess, once; later trials must stay under the limit less nothing.
   EXPECT_LE(worst_used, limit + 200 * kMiB);
   backend->beginTrial();
-  std::int64_t held = 0;
-  try {
-    for (;;) {
-      d.allocate(64 * kMiB);
-      held += 64 * kMiB;
-    }
-  } catch (const std::runtime_error&) {
-  }
-  EXPECT_LE(d.used(), limit);
+  std::int64_t last_used = 0;
+  const std::int64_t held = d.fillUntilOutOfMemory(64 * kMiB, last_used);
+  EXPECT_LE(last_used, limit);
   d.release(held);
   backend->endTrial();
 }
@@ -302,23 +320,14 @@ TEST(CudaBackendTest, ExpandableSegmentsKeepReservedUnderTheLimitByOnePage) {
   d.facts.expandable_segments = true;
   d.facts.pytorch_alloc_conf = "expandable_segments:True";
   const std::int64_t limit = 4 * kGiB;
-  auto backend = backendOn(d, limit);
-  setUpModelAndWarmUp(d, 300 * kMiB);
-  backend->finishSetup(0);
+  auto backend = readyBackend(d, limit);
   EXPECT_TRUE(backend->allocatorSetup().expandable_segments);
   EXPECT_NEAR(d.fraction * static_cast<double>(d.total_global),
               static_cast<double>(limit - backend->outsideBytes() - kPage), 1.0);
   for (const std::int64_t request : {kMiB * 3, kMiB * 7, kMiB * 19, kMiB * 21}) {
     backend->beginTrial();
-    std::int64_t held = 0;
-    try {
-      for (;;) {
-        d.allocate(request);
-        held += request;
-      }
-    } catch (const std::runtime_error&) {
-    }
-    d.release(held);
+    std::int64_t worst_used = 0;
+    d.release(d.fillUntilOutOfMemory(request, worst_used));
     const MemoryPeaks peaks = backend->endTrial();
     EXPECT_LE(peaks.peak_bytes, limit) << "request " << request;
     backend->releaseCaches();
@@ -330,15 +339,10 @@ TEST(CudaBackendTest, ExpandableSegmentsKeepReservedUnderTheLimitByOnePage) {
 TEST(CudaBackendTest, DisabledCachingIsRefusedWithTheReason) {
   FakeDevice d;
   d.facts.caching_disabled = true;
-  try {
-    backendOn(d, 0);
-    FAIL() << "expected autobatch::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find("PYTORCH_NO_CUDA_MEMORY_CACHING"), std::string::npos) << message;
-    EXPECT_NE(message.find("every peak statistic reads 0"), std::string::npos) << message;
-    EXPECT_NE(message.find("unset PYTORCH_NO_CUDA_MEMORY_CACHING"), std::string::npos) << message;
-  }
+  const std::string message = errorOf([&] { backendOn(d, 0); });
+  EXPECT_NE(message.find("PYTORCH_NO_CUDA_MEMORY_CACHING"), std::string::npos) << message;
+  EXPECT_NE(message.find("every peak statistic reads 0"), std::string::npos) << message;
+  EXPECT_NE(message.find("unset PYTORCH_NO_CUDA_MEMORY_CACHING"), std::string::npos) << message;
   EXPECT_EQ(d.set_fraction_calls, 0);
 }
 
@@ -347,19 +351,13 @@ TEST(CudaBackendTest, CudaMallocAsyncIsRefusedWithTheFix) {
   FakeDevice d;
   d.facts.backend = "cudaMallocAsync";
   d.facts.pytorch_cuda_alloc_conf = "backend:cudaMallocAsync";
-  try {
-    backendOn(d, 8 * kGiB);
-    FAIL() << "expected autobatch::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find("expected the native caching allocator, but got "
-                           "backend:cudaMallocAsync"),
-              std::string::npos)
-        << message;
-    EXPECT_NE(message.find("PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"), std::string::npos)
-        << message;
-    EXPECT_NE(message.find("unset backend:cudaMallocAsync"), std::string::npos) << message;
-  }
+  const std::string message = errorOf([&] { backendOn(d, 8 * kGiB); });
+  EXPECT_NE(message.find("expected the native caching allocator, but got backend:cudaMallocAsync"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("unset backend:cudaMallocAsync"), std::string::npos) << message;
 }
 
 // Fault 7: per_process_memory_fraction in the allocator configuration caps reserved bytes too, and
@@ -417,9 +415,7 @@ TEST(CudaBackendTest, BothAllocatorVariablesAreRecordedWithTheOneLibTorchUsed) {
 TEST(CudaBackendTest, PoisonedDeviceGetsNoMoreCallsAndTheDestructorDoesNotThrow) {
   FakeDevice d;
   {
-    auto backend = backendOn(d, 8 * kGiB);
-    setUpModelAndWarmUp(d, 300 * kMiB);
-    backend->finishSetup(0);
+    auto backend = readyBackend(d, 8 * kGiB);
     ASSERT_GT(d.set_fraction_calls, 0);
     backend->beginTrial();
     d.sticky = true;
@@ -441,9 +437,7 @@ TEST(CudaBackendTest, PoisonedDeviceGetsNoMoreCallsAndTheDestructorDoesNotThrow)
 TEST(CudaBackendTest, FractionIsRestoredWhenTheBackendGoes) {
   FakeDevice d;
   {
-    auto backend = backendOn(d, 8 * kGiB);
-    setUpModelAndWarmUp(d, 300 * kMiB);
-    backend->finishSetup(0);
+    auto backend = readyBackend(d, 8 * kGiB);
     EXPECT_LT(d.fraction, 0.1);
   }
   EXPECT_DOUBLE_EQ(d.fraction, 1.0);
@@ -452,9 +446,7 @@ TEST(CudaBackendTest, FractionIsRestoredWhenTheBackendGoes) {
 // Without --memory-limit or a reserve the device's own memory is the limit: no fraction is set.
 TEST(CudaBackendTest, NoLimitLeavesTheFractionAloneAndUsesTotalGlobalMem) {
   FakeDevice d;
-  auto backend = backendOn(d, 0);
-  setUpModelAndWarmUp(d, 300 * kMiB);
-  backend->finishSetup(0);
+  auto backend = readyBackend(d, 0);
   EXPECT_EQ(d.set_fraction_calls, 0);
   EXPECT_EQ(backend->limitBytes(), d.total_global);
 }
@@ -464,29 +456,20 @@ TEST(CudaBackendTest, LimitBelowTheOutsidePartIsAnErrorNamingIt) {
   FakeDevice d;
   auto backend = backendOn(d, 512 * kMiB);
   setUpModelAndWarmUp(d, 10 * kMiB);
-  try {
-    backend->finishSetup(0);
-    FAIL() << "expected autobatch::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find("600.00 MiB cuda:0 holds outside the caching allocator"),
-              std::string::npos)
-        << message;
-    EXPECT_NE(message.find("raise --memory-limit"), std::string::npos) << message;
-  }
+  const std::string message = errorOf([&] { backend->finishSetup(0); });
+  EXPECT_NE(message.find("600.00 MiB cuda:0 holds outside the caching allocator"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("raise --memory-limit"), std::string::npos) << message;
 }
 
 TEST(CudaBackendTest, MissingDeviceIsAnErrorNamingTheCount) {
   FakeDevice d;
-  try {
-    makeCudaBackendWith(std::make_unique<FakeCudaApi>(d), 2, 0, 0);
-    FAIL() << "expected autobatch::Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'cuda:2': expected a visible CUDA device, but the CUDA "
-                                         "runtime sees 1"),
-              std::string::npos)
-        << e.what();
-  }
+  const std::string message =
+      errorOf([&] { makeCudaBackendWith(std::make_unique<FakeCudaApi>(d), 2, 0, 0); });
+  EXPECT_NE(message.find("'cuda:2': expected a visible CUDA device, but the CUDA runtime sees 1"),
+            std::string::npos)
+      << message;
 }
 
 }  // namespace

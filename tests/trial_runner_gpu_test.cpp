@@ -15,6 +15,7 @@
 
 #include "autobatch/error.h"
 #include "autobatch/trial_runner.h"
+#include "cli_run.h"
 #include "cuda_api.h"
 #include "test_models.h"
 
@@ -33,38 +34,14 @@ std::int64_t deviceUsedBytes() {
 
 detail::CudaAllocatorStats allocatorStats() { return detail::makeCudaRuntimeApi()->stats(0); }
 
-fs::path tmpDir() {
-  fs::path dir = fs::path(AUTOBATCH_TEST_TMP) / "gpu" /
-                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
-  fs::create_directories(dir);
-  return dir;
-}
+using testing::CliRun;
+using testing::readFile;
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string readFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+fs::path tmpDir() { return testing::testDir("gpu"); }
 
 // The CLI in a fresh process, as a user or a preflight script runs it.
 CliRun runCli(const std::string& args, const std::string& tag) {
-  const fs::path out = tmpDir() / (tag + ".out");
-  const fs::path err = tmpDir() / (tag + ".err");
-  const std::string command = std::string(AUTOBATCH_CLI) + " " + args + " >" + out.string() +
-                              " 2>" + err.string() + " </dev/null";
-  const int status = std::system(command.c_str());
-  CliRun run;
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  run.out = readFile(out);
-  run.err = readFile(err);
-  return run;
+  return testing::runCliIn(tmpDir(), tag, args);
 }
 
 class TrialRunnerGpuTest : public ::testing::Test {
