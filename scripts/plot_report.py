@@ -1,4 +1,5 @@
-"""Draws an autobatch JSON report: measured peak bytes against the micro-batch.
+"""Draws an autobatch JSON report: measured peak bytes against the micro-batch, with one line
+per phase of the step (trials[].phase_peaks: inputs, forward, loss, backward, optimizer-step).
 
 Usage: plot_report.py report.json out.png
 
@@ -37,6 +38,22 @@ def main(report_path: str, out_path: str) -> None:
                    facecolors=face, s=50, label=None if label in seen else label, zorder=3)
         seen.add(label)
     batches = [t["micro_batch_size"] for t in trials]
+    # One line per phase (the largest over its micro-batches), from the fitting trials of the
+    # search's own mode: where the peak is set, and how each phase grows with the batch.
+    mode = max((t["micro_batches_per_step"] for t in trials), default=1)
+    phases: dict[str, list[tuple[int, float]]] = {}
+    for t in sorted(trials, key=lambda t: t["micro_batch_size"]):
+        if t["outcome"] != "fits" or t["micro_batches_per_step"] != mode:
+            continue
+        top: dict[str, int] = {}
+        for p in t.get("phase_peaks") or []:
+            top[p["phase"]] = max(top.get(p["phase"], 0), p["peak_allocated_bytes"])
+        for phase, peak in top.items():
+            phases.setdefault(phase, []).append((t["micro_batch_size"], peak / GIB))
+    for phase, points in phases.items():
+        if len(points) >= 2:
+            ax.plot([x for x, _ in points], [y for _, y in points], "-", linewidth=1, alpha=0.7,
+                    label=f"{phase} (allocated)")
     fit = doc.get("fit") or {}
     if fit.get("points", 0) >= 2:
         xs = [0, max(batches) * 1.05]

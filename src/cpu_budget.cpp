@@ -109,6 +109,7 @@ class BudgetAllocator final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     sizes_[data] = n;
     peak_ = std::max(peak_, current_);
+    phase_peak_ = std::max(phase_peak_, current_);
     return {data, data, &deleteTracked, c10::Device(c10::DeviceType::CPU)};
   }
 
@@ -147,9 +148,17 @@ class BudgetAllocator final : public c10::Allocator {
     current_ -= external_;
     external_ = 0;
   }
+  // A new phase: the one ending keeps its peak (by phase and micro-batch), the new one starts
+  // from the bytes held now.
   void setPoint(const TrialPoint& point) {
     std::lock_guard<std::mutex> lock(mutex_);
+    recordPhasePeak(phase_peaks_, point_.phase, point_.micro_batch_index, phase_peak_);
     point_ = point;
+    phase_peak_ = current_;
+  }
+  std::vector<PhasePeakBytes> phasePeaks() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return phase_peaks_;
   }
   void setFault(InjectedFault fault) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -187,6 +196,8 @@ class BudgetAllocator final : public c10::Allocator {
   void resetPeak() {
     std::lock_guard<std::mutex> lock(mutex_);
     peak_ = current_;
+    phase_peak_ = current_;
+    phase_peaks_.clear();
   }
 
  private:
@@ -196,6 +207,8 @@ class BudgetAllocator final : public c10::Allocator {
   std::unordered_map<void*, std::size_t> sizes_;
   std::int64_t current_ = 0;
   std::int64_t peak_ = 0;
+  std::int64_t phase_peak_ = 0;              // peak of the phase in progress (point_.phase)
+  std::vector<PhasePeakBytes> phase_peaks_;  // the trial's closed phases
   std::int64_t external_ = 0;
   std::int64_t limit_ = 0;  // 0: no limit (not installed)
   std::string source_;
@@ -322,6 +335,7 @@ class CpuBudgetBackend final : public MemoryBackend {
   MemoryPeaks endTrial() override {
     MemoryPeaks peaks;
     peaks.peak_allocated_bytes = BudgetAllocator::instance().peak();
+    peaks.phase_peaks = BudgetAllocator::instance().phasePeaks();
     peaks.peak_reserved_bytes = peaks.peak_allocated_bytes;
     peaks.peak_bytes = peaks.peak_allocated_bytes;
     if (guard_ && explicit_limit_ == 0) {

@@ -128,13 +128,30 @@ class CudaBackend final : public MemoryBackend {
   void beginTrial() override {
     if (poisoned_) return;
     api_->resetPeakStats(index_);
-    retries_at_start_ = api_->stats(index_).num_alloc_retries;
+    const CudaAllocatorStats stats = api_->stats(index_);
+    retries_at_start_ = stats.num_alloc_retries;
+    trial_allocated_peak_ = stats.allocated_peak_bytes;
+    trial_reserved_peak_ = stats.reserved_peak_bytes;
+    phase_ = TrialPhase::kIdle;
+    phase_peaks_.clear();
+  }
+
+  // The allocator keeps one peak: read it for the phase that ends, fold it into the trial's, and
+  // reset it for the phase that starts (resetPeakStats sets every peak to its current value).
+  void enterPhase(TrialPhase phase, int micro) override {
+    if (poisoned_) return;
+    closePhase();
+    api_->resetPeakStats(index_);
+    phase_ = phase;
+    micro_ = micro;
   }
 
   MemoryPeaks endTrial() override {
     MemoryPeaks peaks;
     if (poisoned_) return peaks;
     api_->synchronize(index_);
+    closePhase();
+    phase_ = TrialPhase::kIdle;
     const CudaAllocatorStats stats = api_->stats(index_);
     if (setup_done_) {
       // Kernel modules load lazily (the default since CUDA 12.2), cuDNN and cuBLASLt create
@@ -147,8 +164,9 @@ class CudaBackend final : public MemoryBackend {
         applyFraction();
       }
     }
-    peaks.peak_allocated_bytes = stats.allocated_peak_bytes;
-    peaks.peak_reserved_bytes = stats.reserved_peak_bytes;
+    peaks.peak_allocated_bytes = trial_allocated_peak_;
+    peaks.peak_reserved_bytes = trial_reserved_peak_;
+    peaks.phase_peaks = phase_peaks_;
     peaks.peak_bytes = peaks.peak_reserved_bytes + outside_;
     peaks.allocator_retries = stats.num_alloc_retries - retries_at_start_;
     return peaks;
@@ -208,6 +226,13 @@ class CudaBackend final : public MemoryBackend {
     }
   }
 
+  void closePhase() {
+    const CudaAllocatorStats stats = api_->stats(index_);
+    trial_allocated_peak_ = std::max(trial_allocated_peak_, stats.allocated_peak_bytes);
+    trial_reserved_peak_ = std::max(trial_reserved_peak_, stats.reserved_peak_bytes);
+    recordPhasePeak(phase_peaks_, phase_, micro_, stats.allocated_peak_bytes);
+  }
+
   // Device usage less what the caching allocator holds: this process's CUDA context, kernels and
   // library handles, plus any other process on the device (conservative on a shared GPU).
   std::int64_t outsideNow() { return outsideNow(api_->stats(index_)); }
@@ -244,6 +269,11 @@ class CudaBackend final : public MemoryBackend {
   std::int64_t growth_ = 0;
   std::int64_t limit_ = 0;
   std::int64_t retries_at_start_ = 0;
+  std::int64_t trial_allocated_peak_ = 0;  // the peaks over the trial's phases so far
+  std::int64_t trial_reserved_peak_ = 0;
+  TrialPhase phase_ = TrialPhase::kIdle;
+  int micro_ = 0;
+  std::vector<PhasePeakBytes> phase_peaks_;
   double saved_fraction_ = 1.0;
   bool must_apply_ = false;
   bool fraction_set_ = false;

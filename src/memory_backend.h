@@ -3,6 +3,7 @@
 // LibTorch-free header.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -11,6 +12,50 @@
 #include <vector>
 
 namespace autobatch::detail {
+
+/// The part of a training step an allocation belongs to (fault injection, tests/faults_test.cpp).
+enum class TrialPhase { kIdle, kInputs, kForward, kLoss, kBackward, kOptimizerStep };
+
+/// "inputs", "forward", "loss", "backward", "optimizer-step" ("idle" between steps): the JSON's
+/// trials[].phase_peaks[].phase.
+inline const char* phaseKey(TrialPhase phase) {
+  switch (phase) {
+    case TrialPhase::kIdle:
+      return "idle";
+    case TrialPhase::kInputs:
+      return "inputs";
+    case TrialPhase::kForward:
+      return "forward";
+    case TrialPhase::kLoss:
+      return "loss";
+    case TrialPhase::kBackward:
+      return "backward";
+    case TrialPhase::kOptimizerStep:
+      return "optimizer-step";
+  }
+  return "unknown";
+}
+
+/// The peak of tensor bytes while one phase of one micro-batch ran (the largest over the trial's
+/// steps), in bytes.
+struct PhasePeakBytes {
+  TrialPhase phase = TrialPhase::kIdle;
+  int micro_batch_index = 0;  ///< 0-based within the optimizer step; 0 for the optimizer step
+  std::int64_t peak_bytes = 0;
+};
+
+/// Keeps the largest peak per (phase, micro-batch) in the order first seen.
+inline void recordPhasePeak(std::vector<PhasePeakBytes>& peaks, TrialPhase phase, int micro,
+                            std::int64_t bytes) {
+  if (phase == TrialPhase::kIdle) return;
+  for (auto& p : peaks) {
+    if (p.phase == phase && p.micro_batch_index == micro) {
+      p.peak_bytes = std::max(p.peak_bytes, bytes);
+      return;
+    }
+  }
+  peaks.push_back({phase, micro, bytes});
+}
 
 /// Peaks of one trial, in bytes.
 struct MemoryPeaks {
@@ -22,6 +67,9 @@ struct MemoryPeaks {
   /// CUDA: growth of the memory outside the caching allocator seen at this trial's end (lazily
   /// loaded kernel modules, library handles); already counted in peak_bytes. 0 on the CPU.
   std::int64_t outside_growth_bytes = 0;
+  /// The allocated-bytes peak of each phase of each micro-batch (issue 17: which phase sets the
+  /// trial's peak).
+  std::vector<PhasePeakBytes> phase_peaks;
 };
 
 /// How the CUDA caching allocator was configured for the trials (empty on the CPU).
@@ -60,6 +108,9 @@ class MemoryBackend {
   virtual void finishSetup(std::int64_t untracked_model_bytes) = 0;
   /// Resets the peak statistics before a trial.
   virtual void beginTrial() = 0;
+  /// The trial enters `phase` of micro-batch `micro` (CUDA: the phase before it is closed and the
+  /// allocator's peak reset; the CPU budget allocator follows setTrialPoint instead).
+  virtual void enterPhase(TrialPhase /*phase*/, int /*micro*/) {}
   /// Reads the peaks of the trial (after its tensors are gone).
   virtual MemoryPeaks endTrial() = 0;
   /// Releases cached memory so the next trial starts from the same baseline.
@@ -129,9 +180,6 @@ class UntrackedCpuScope {
 
 /// True when `data` was allocated (and is counted) by the budget allocator.
 bool isBudgetTracked(const void* data);
-
-/// The part of a training step an allocation belongs to (fault injection, tests/faults_test.cpp).
-enum class TrialPhase { kIdle, kInputs, kForward, kLoss, kBackward, kOptimizerStep };
 
 /// Where the CPU trial in progress is; set by the trial runner, read by fault injection.
 struct TrialPoint {

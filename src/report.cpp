@@ -29,7 +29,26 @@ json optionalJson(const RunContext* ctx, std::optional<std::string> AllocatorInf
   return *(ctx->allocator.*field);
 }
 
+// The phase whose peak is the trial's ("backward", "optimizer-step", "forward #2" for the second
+// micro-batch); "" when none was recorded.
+std::string peakPhase(const TrialResult& t) {
+  const PhasePeak* top = nullptr;
+  for (const auto& p : t.phase_peaks) {
+    if (top == nullptr || p.peak_allocated_bytes > top->peak_allocated_bytes) top = &p;
+  }
+  if (top == nullptr) return "";
+  return top->phase + (top->micro_batch_index > 0
+                           ? " #" + std::to_string(top->micro_batch_index + 1)
+                           : std::string());
+}
+
 json toJson(const TrialResult& t) {
+  json phases = json::array();
+  for (const auto& p : t.phase_peaks) {
+    phases.push_back({{"phase", p.phase},
+                      {"micro_batch_index", p.micro_batch_index},
+                      {"peak_allocated_bytes", p.peak_allocated_bytes}});
+  }
   return {{"micro_batch_size", t.request.micro_batch_size},
           {"micro_batches_per_step", t.request.micro_batches_per_step},
           {"outcome", toString(t.outcome)},
@@ -42,6 +61,8 @@ json toJson(const TrialResult& t) {
           {"allocator_retries", t.allocator_retries},
           {"outside_growth_bytes", t.outside_growth_bytes},
           {"output_bytes", t.output_bytes},
+          {"phase_peaks", phases},
+          {"peak_phase", peakPhase(t)},
           {"step_ms", t.step_ms},
           {"steps_completed", t.steps_completed},
           {"samples_per_second", samplesPerSecond(t)},
@@ -312,9 +333,10 @@ std::string humanReport(const ReportData& d) {
                          t.cancelled ? "cancelled" : std::string(toString(t.outcome)),
                          formatBytes(t.peak_allocated_bytes), formatBytes(t.peak_reserved_bytes),
                          formatBytes(t.peak_bytes), t.step_ms, samplesPerSecond(t),
-                         (t.outside_growth_bytes > 0
-                              ? "  outside allocator +" + formatBytes(t.outside_growth_bytes)
-                              : std::string()) +
+                         (peakPhase(t).empty() ? std::string() : "  peak in " + peakPhase(t)) +
+                             (t.outside_growth_bytes > 0
+                                  ? "  outside allocator +" + formatBytes(t.outside_growth_bytes)
+                                  : std::string()) +
                              (t.reason.empty() ? "" : "  " + t.reason.substr(0, 80)));
     }
   }

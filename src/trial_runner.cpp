@@ -330,6 +330,7 @@ struct TrialRunner::Impl {
   void enter(detail::TrialPhase phase) {
     point.phase = phase;
     detail::setTrialPoint(point);
+    if (!poisoned) backend->enterPhase(phase, point.micro_batch_index);
   }
 
   Impl(TrainingSpec given_spec, const SearchOptions& options, torch::jit::Module* given)
@@ -847,6 +848,9 @@ struct TrialRunner::Impl {
     result.peak_bytes = peaks.peak_bytes;
     result.allocator_retries = peaks.allocator_retries;
     result.outside_growth_bytes = peaks.outside_growth_bytes;
+    for (const auto& p : peaks.phase_peaks) {
+      result.phase_peaks.push_back({detail::phaseKey(p.phase), p.micro_batch_index, p.peak_bytes});
+    }
     result.step_ms =
         result.steps_completed > 0 ? total_ms / static_cast<double>(result.steps_completed) : 0.0;
     if (failure.kind == FailureKind::kOutOfMemory) {

@@ -433,6 +433,34 @@ TEST(CudaBackendTest, PoisonedDeviceGetsNoMoreCallsAndTheDestructorDoesNotThrow)
   EXPECT_EQ(d.calls_after_sticky, 1);
 }
 
+// Per-phase peaks on CUDA: the caching allocator keeps one peak, so the backend reads it at each
+// phase boundary and resets it; the trial's peak is the largest phase's. Catches a trial peak read
+// after the last reset only (it would be the optimizer step's, not the backward's).
+TEST(CudaBackendTest, PhasePeaksAreReadAtEachBoundaryAndFoldIntoTheTrialPeak) {
+  FakeDevice d;
+  auto backend = readyBackend(d, 20 * kGiB);
+  const std::int64_t model = backend->currentBytes();
+  backend->beginTrial();
+  backend->enterPhase(TrialPhase::kForward, 0);
+  d.allocate(kGiB);
+  backend->enterPhase(TrialPhase::kBackward, 0);
+  d.allocate(kGiB);
+  d.release(2 * kGiB);
+  backend->enterPhase(TrialPhase::kOptimizerStep, 0);
+  d.allocate(kGiB / 2);
+  d.release(kGiB / 2);
+  backend->enterPhase(TrialPhase::kIdle, 0);
+  const MemoryPeaks peaks = backend->endTrial();
+  ASSERT_EQ(peaks.phase_peaks.size(), 3U);
+  EXPECT_EQ(peaks.phase_peaks[0].phase, TrialPhase::kForward);
+  EXPECT_EQ(peaks.phase_peaks[0].peak_bytes, model + kGiB);
+  EXPECT_EQ(peaks.phase_peaks[1].phase, TrialPhase::kBackward);
+  EXPECT_EQ(peaks.phase_peaks[1].peak_bytes, model + 2 * kGiB);
+  EXPECT_EQ(peaks.phase_peaks[2].peak_bytes, model + kGiB / 2);
+  EXPECT_EQ(peaks.peak_allocated_bytes, model + 2 * kGiB);
+  EXPECT_GE(peaks.peak_reserved_bytes, model + 2 * kGiB);
+}
+
 // The destructor restores the fraction the process had (a launcher trains after the search).
 TEST(CudaBackendTest, FractionIsRestoredWhenTheBackendGoes) {
   FakeDevice d;

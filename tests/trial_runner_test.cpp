@@ -135,6 +135,43 @@ TEST(ClassifyExceptionTest, SyntheticExceptionsOfEachType) {
   EXPECT_EQ(classify([] { throw 42; }, {true, true}).kind, FailureKind::kRethrow);
 }
 
+// Per-phase peaks (issue 17): every phase of every micro-batch is recorded, the largest of them is
+// the trial's peak, and which phase sets it follows the model: a parameter-heavy MLP with AdamW
+// peaks in the optimizer step at a small batch (gradients + 2 moments + the step's temporaries)
+// and in the backward at a large one (activations). Catches phase peaks that are never reset (every
+// phase would read the trial's peak) or recorded against the wrong phase.
+TEST(TrialRunnerTest, PhasePeaksNameThePhaseThatSetsThePeak) {
+  auto m = mlp(512, 1024, 10);
+  TrainingSpec spec = specOf("512", LossKind::kCrossEntropy, OptimizerKind::kAdamW);
+  spec.accumulation_steps = 2;
+  TrialRunner runner(m, spec, limit(std::int64_t{1} << 30));
+  auto peak_of = [](const TrialResult& r, const std::string& phase, int micro) {
+    for (const auto& p : r.phase_peaks) {
+      if (p.phase == phase && p.micro_batch_index == micro) return p.peak_allocated_bytes;
+    }
+    return std::int64_t{-1};
+  };
+  for (const std::int64_t batch : {std::int64_t{2}, std::int64_t{4096}}) {
+    const TrialResult r = runner.run({batch, 2, {}});
+    ASSERT_EQ(r.outcome, TrialOutcome::kFits);
+    ASSERT_EQ(r.phase_peaks.size(), 9U) << "4 phases x 2 micro-batches + the optimizer step";
+    std::int64_t top = 0;
+    std::string top_phase;
+    for (const auto& p : r.phase_peaks) {
+      EXPECT_GT(p.peak_allocated_bytes, 0) << p.phase;
+      EXPECT_LE(p.peak_allocated_bytes, r.peak_allocated_bytes) << p.phase;
+      if (p.peak_allocated_bytes > top) {
+        top = p.peak_allocated_bytes;
+        top_phase = p.phase;
+      }
+    }
+    EXPECT_EQ(top, r.peak_allocated_bytes);
+    // The second micro-batch's forward runs with the first's gradients alive.
+    EXPECT_GT(peak_of(r, "forward", 1), peak_of(r, "forward", 0));
+    EXPECT_EQ(top_phase, batch == 2 ? "optimizer-step" : "backward") << "B=" << batch;
+  }
+}
+
 TEST(TrialRunnerTest, OutOfMemoryInForwardRecovers) {
   // Room for the baseline and the [64, 256] float32 input only: the first allocation after the
   // input is forward's first matmul output ([64, 2] float32 = 512 bytes).

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace autobatch {
 
@@ -41,6 +42,16 @@ enum class TrialOutcome {
 
 /// "fits", "out-of-memory" or "size-limit".
 std::string_view toString(TrialOutcome outcome);
+
+/// The peak of one phase of one micro-batch within a trial (the largest over its steps).
+struct PhasePeak {
+  /// "inputs", "forward", "loss", "backward" or "optimizer-step".
+  std::string phase;
+  /// 0-based micro-batch within the optimizer step (0 for the optimizer step).
+  int micro_batch_index = 0;
+  /// Peak bytes held by tensors while the phase ran (CUDA: the caching allocator's "allocated").
+  std::int64_t peak_allocated_bytes = 0;
+};
 
 /// The result of one trial. Byte figures are peaks over all steps of the trial.
 struct TrialResult {
@@ -72,6 +83,9 @@ struct TrialResult {
   /// forward returned; the largest over the trial's micro-batches). With TrainingSpec::keep_output
   /// they stay alive through backward and the optimizer step. 0 when no forward completed.
   std::int64_t output_bytes = 0;
+  /// The peak of each phase of each micro-batch, in the order first run; the phase holding
+  /// peak_allocated_bytes set the trial's peak. Empty for a trial that ran no phase.
+  std::vector<PhasePeak> phase_peaks;
   /// When this trial failed with an ambiguous sign of exhaustion (FailureKind::
   /// kPossibleOutOfMemory: cuDNN "unable to find an engine", cublasCreate not initialized, ...),
   /// the trial the runner ran to decide it: the cache emptied, the largest batch already seen to
