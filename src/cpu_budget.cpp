@@ -27,24 +27,6 @@ namespace {
 
 thread_local int t_untracked_depth = 0;
 
-const char* phaseName(TrialPhase phase) {
-  switch (phase) {
-    case TrialPhase::kIdle:
-      return "no step";
-    case TrialPhase::kInputs:
-      return "inputs";
-    case TrialPhase::kForward:
-      return "forward";
-    case TrialPhase::kLoss:
-      return "loss";
-    case TrialPhase::kBackward:
-      return "backward";
-    case TrialPhase::kOptimizerStep:
-      return "optimizer step";
-  }
-  return "unknown";
-}
-
 // One process-wide instance, never destroyed: tensors it allocated may outlive any runner, and
 // their deleter must still find it.
 class BudgetAllocator final : public c10::Allocator {
@@ -81,7 +63,7 @@ class BudgetAllocator final : public c10::Allocator {
         TORCH_CHECK_WITH(OutOfMemoryError, false,
                          "CPU budget allocator: out of memory: tried to allocate ", bytes,
                          " bytes with ", current_, " bytes in use (injected in ",
-                         phaseName(point_.phase), ")");
+                         phaseKey(point_.phase), ")");
       }
       if (limit_ > 0 && current_ + bytes > limit_) {
         TORCH_CHECK_WITH(OutOfMemoryError, false,
