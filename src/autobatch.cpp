@@ -32,7 +32,6 @@ RunContext contextOf(const TrialRunner& runner) {
   c.backend = runner.backendName();
   c.memory_limit_bytes = runner.memoryLimitBytes();
   c.memory_limit_source = runner.memoryLimitSource();
-  c.allocator_config = runner.allocatorConfig();
   c.allocator = runner.allocatorInfo();
   c.inputs = runner.inputs();
   c.loss = runner.loss();

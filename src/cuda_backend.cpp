@@ -185,7 +185,7 @@ class CudaBackend final : public MemoryBackend {
                         std::int64_t /*failed_request_bytes*/) const override {
     return false;
   }
-  AllocatorSetup allocatorSetup() const override { return setup_; }
+  AllocatorInfo allocatorInfo() const override { return setup_; }
   std::int64_t outsideBytes() const override { return outside_; }
   std::int64_t outsideGrowthBytes() const override { return growth_; }
   std::vector<std::string> limitWarnings() const override {
@@ -281,7 +281,7 @@ class CudaBackend final : public MemoryBackend {
   bool expandable_ = false;
   bool poisoned_ = false;
   std::string source_;
-  AllocatorSetup setup_;
+  AllocatorInfo setup_;
   std::vector<std::string> warnings_;
 };
 

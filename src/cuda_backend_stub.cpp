@@ -9,8 +9,6 @@ std::vector<CudaDeviceInfo> cudaDevices() { return {}; }
 std::string cudaRuntimeVersion() { return ""; }
 int cudaDriverVersion() { return 0; }
 int cudaCurrentDevice() { return 0; }
-double cudaMemoryFraction(int /*index*/) { return 1.0; }
-std::int64_t cudaFreeBytes() { return 0; }
 
 std::unique_ptr<CudaApi> makeCudaRuntimeApi() { return nullptr; }
 

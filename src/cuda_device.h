@@ -19,9 +19,5 @@ int cudaDriverVersion();
 /// The CUDA runtime's current device (c10::cuda::current_device()); 0 without CUDA. What an
 /// index-less "cuda" resolves to (resolveDeviceName, cuda_api.h).
 int cudaCurrentDevice();
-/// The caching allocator's memory fraction of device `index` (1.0 without CUDA).
-double cudaMemoryFraction(int index);
-/// cudaMemGetInfo's free bytes of the current device (0 without CUDA).
-std::int64_t cudaFreeBytes();
 
 }  // namespace autobatch::detail

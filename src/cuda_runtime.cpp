@@ -135,18 +135,4 @@ int cudaCurrentDevice() {
   return c10::cuda::current_device();
 }
 
-double cudaMemoryFraction(int index) {
-  return alloc::getMemoryFraction(static_cast<c10::DeviceIndex>(index));
-}
-
-std::int64_t cudaFreeBytes() {
-  std::size_t free_bytes = 0;
-  std::size_t total_bytes = 0;
-  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return static_cast<std::int64_t>(free_bytes);
-}
-
 }  // namespace autobatch::detail

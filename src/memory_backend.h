@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "autobatch/trial.h"
+
 namespace autobatch::detail {
 
 /// The part of a training step an allocation belongs to (fault injection, tests/faults_test.cpp).
@@ -72,21 +74,6 @@ struct MemoryPeaks {
   std::vector<PhasePeakBytes> phase_peaks;
 };
 
-/// How the CUDA caching allocator was configured for the trials (empty on the CPU).
-struct AllocatorSetup {
-  /// PYTORCH_ALLOC_CONF's value, else "PYTORCH_CUDA_ALLOC_CONF=<value>", else "".
-  std::string config;
-  std::optional<std::string> pytorch_alloc_conf;       ///< as read at setup; nullopt: unset
-  std::optional<std::string> pytorch_cuda_alloc_conf;  ///< as read at setup; nullopt: unset
-  /// Which variable LibTorch 2.11 took its settings from: "PYTORCH_ALLOC_CONF",
-  /// "PYTORCH_CUDA_ALLOC_CONF", "both" (generic keys from the first, backend and
-  /// per_process_memory_fraction from the second) or "" (neither set).
-  std::string config_env;
-  bool expandable_segments = false;
-  /// The memory fraction the trials ran under (1.0: no cap).
-  double fraction = 1.0;
-};
-
 class MemoryBackend {
  public:
   MemoryBackend() = default;
@@ -124,8 +111,8 @@ class MemoryBackend {
   /// headroom the limit left at start. `failed_request_bytes` is 0 when the message gives no size.
   virtual bool processLimitNear(std::int64_t peak_bytes,
                                 std::int64_t failed_request_bytes) const = 0;
-  /// The allocator's configuration as recorded at setup (empty on the CPU).
-  virtual AllocatorSetup allocatorSetup() const { return {}; }
+  /// The allocator's configuration as recorded at setup (defaults on the CPU).
+  virtual AllocatorInfo allocatorInfo() const { return {}; }
   /// Outside-allocator bytes counted in peak_bytes now (CUDA context etc.; 0 on the CPU).
   virtual std::int64_t outsideBytes() const { return 0; }
   /// Total growth of the outside part since setup, in bytes (0 on the CPU).

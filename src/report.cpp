@@ -221,7 +221,7 @@ std::string toJson(const ReportData& d) {
       {"backend", ctx ? ctx->backend : ""},
       {"memory_limit_bytes", ctx ? ctx->memory_limit_bytes : 0},
       {"memory_limit_source", ctx ? ctx->memory_limit_source : ""},
-      {"allocator_config", ctx ? ctx->allocator_config : ""},
+      {"allocator_config", ctx ? ctx->allocator.config : ""},
       {"allocator_config_env", ctx ? ctx->allocator.config_env : ""},
       {"pytorch_alloc_conf", optionalJson(ctx, &AllocatorInfo::pytorch_alloc_conf)},
       {"pytorch_cuda_alloc_conf", optionalJson(ctx, &AllocatorInfo::pytorch_cuda_alloc_conf)},

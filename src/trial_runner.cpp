@@ -944,18 +944,7 @@ std::int64_t TrialRunner::outsideBytes() const { return impl_->backend->outsideB
 std::int64_t TrialRunner::outsideGrowthBytes() const {
   return impl_->backend->outsideGrowthBytes();
 }
-std::string TrialRunner::allocatorConfig() const { return impl_->backend->allocatorSetup().config; }
-AllocatorInfo TrialRunner::allocatorInfo() const {
-  const detail::AllocatorSetup setup = impl_->backend->allocatorSetup();
-  AllocatorInfo info;
-  info.config = setup.config;
-  info.pytorch_alloc_conf = setup.pytorch_alloc_conf;
-  info.pytorch_cuda_alloc_conf = setup.pytorch_cuda_alloc_conf;
-  info.config_env = setup.config_env;
-  info.expandable_segments = setup.expandable_segments;
-  info.fraction = setup.fraction;
-  return info;
-}
+AllocatorInfo TrialRunner::allocatorInfo() const { return impl_->backend->allocatorInfo(); }
 std::string TrialRunner::device() const { return impl_->device.str(); }
 const std::vector<InputSpec>& TrialRunner::inputs() const { return impl_->inputs; }
 LossKind TrialRunner::loss() const { return impl_->loss; }

@@ -249,7 +249,7 @@ TEST(CudaBackendTest, FractionIsOfTotalGlobalMemLessTheOutsidePartAndTheReserve)
   const auto expected = static_cast<double>(limit - reserve - backend->outsideBytes());
   EXPECT_NEAR(allowed, expected, 1.0);
   EXPECT_EQ(backend->limitBytes(), limit);
-  EXPECT_EQ(backend->allocatorSetup().fraction, d.fraction);
+  EXPECT_EQ(backend->allocatorInfo().fraction, d.fraction);
 }
 
 // Fault 4: memory outside the allocator grows after setup (lazily loaded modules, handles made at
@@ -321,7 +321,7 @@ TEST(CudaBackendTest, ExpandableSegmentsKeepReservedUnderTheLimitByOnePage) {
   d.facts.pytorch_alloc_conf = "expandable_segments:True";
   const std::int64_t limit = 4 * kGiB;
   auto backend = readyBackend(d, limit);
-  EXPECT_TRUE(backend->allocatorSetup().expandable_segments);
+  EXPECT_TRUE(backend->allocatorInfo().expandable_segments);
   EXPECT_NEAR(d.fraction * static_cast<double>(d.total_global),
               static_cast<double>(limit - backend->outsideBytes() - kPage), 1.0);
   for (const std::int64_t request : {kMiB * 3, kMiB * 7, kMiB * 19, kMiB * 21}) {
@@ -393,17 +393,17 @@ TEST(CudaBackendTest, BothAllocatorVariablesAreRecordedWithTheOneLibTorchUsed) {
   FakeDevice d;
   d.facts.pytorch_cuda_alloc_conf = "max_split_size_mb:128";
   auto old_only = backendOn(d, 0);
-  EXPECT_EQ(old_only->allocatorSetup().config, "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128");
-  EXPECT_EQ(old_only->allocatorSetup().config_env, "PYTORCH_CUDA_ALLOC_CONF");
-  EXPECT_FALSE(old_only->allocatorSetup().pytorch_alloc_conf.has_value());
+  EXPECT_EQ(old_only->allocatorInfo().config, "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128");
+  EXPECT_EQ(old_only->allocatorInfo().config_env, "PYTORCH_CUDA_ALLOC_CONF");
+  EXPECT_FALSE(old_only->allocatorInfo().pytorch_alloc_conf.has_value());
 
   FakeDevice both;
   both.facts.pytorch_alloc_conf = "expandable_segments:True";
   both.facts.pytorch_cuda_alloc_conf = "max_split_size_mb:128";
   auto b = backendOn(both, 0);
-  EXPECT_EQ(b->allocatorSetup().config, "expandable_segments:True");
-  EXPECT_EQ(b->allocatorSetup().config_env, "both");
-  EXPECT_EQ(b->allocatorSetup().pytorch_cuda_alloc_conf, "max_split_size_mb:128");
+  EXPECT_EQ(b->allocatorInfo().config, "expandable_segments:True");
+  EXPECT_EQ(b->allocatorInfo().config_env, "both");
+  EXPECT_EQ(b->allocatorInfo().pytorch_cuda_alloc_conf, "max_split_size_mb:128");
   ASSERT_FALSE(b->limitWarnings().empty());
   EXPECT_NE(b->limitWarnings().front().find("keep one"), std::string::npos);
 }

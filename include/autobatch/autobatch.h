@@ -51,7 +51,6 @@ struct RunContext {
   std::string backend;                  ///< "cpu-budget" or "cuda-caching"
   std::int64_t memory_limit_bytes = 0;  ///< the limit the trials ran under (after the reserve)
   std::string memory_limit_source;      ///< e.g. "--memory-limit", "MemAvailable 123..."
-  std::string allocator_config;         ///< PYTORCH_ALLOC_CONF (CUDA), "" when unset
   AllocatorInfo allocator;              ///< the caching allocator's configuration (CUDA)
   std::vector<InputSpec> inputs;        ///< the inputs the trials used (flags, else the archive)
   LossKind loss = LossKind::kMean;      ///< the loss the trials used

@@ -128,8 +128,6 @@ class TrialRunner {
   /// Growth of the outside part since setup, in bytes (CUDA: lazily loaded kernels, handles
   /// created at first use; the memory fraction was lowered by it); 0 on the CPU.
   std::int64_t outsideGrowthBytes() const;
-  /// PYTORCH_ALLOC_CONF at setup (CUDA), else "PYTORCH_CUDA_ALLOC_CONF=<value>", "" when unset.
-  std::string allocatorConfig() const;
   /// The caching allocator's configuration as the trials ran under it (CUDA; defaults on the CPU).
   AllocatorInfo allocatorInfo() const;
   /// The device the trials run on, its index resolved: "cpu", "cuda:0", ... ("cuda" becomes
