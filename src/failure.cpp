@@ -1,5 +1,6 @@
 #include "autobatch/failure.h"
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <charconv>
@@ -32,40 +33,83 @@ std::string trimmed(std::string_view s) {
   return out;
 }
 
+// A size written at `pos` of lower-cased `text` ("2.00 gib", "4096 bytes"): its value in bytes
+// and the rounding of the figure as written (half its last digit's unit; 0 for a whole count of
+// bytes). nullopt when no number followed by a unit is there.
+struct WrittenSize {
+  double bytes = 0.0;
+  double rounding = 0.0;
+};
+std::optional<WrittenSize> sizeAt(const std::string& text, std::size_t pos) {
+  std::size_t end = pos;
+  std::size_t decimals = 0;
+  bool point = false;
+  while (end < text.size() && ((text[end] >= '0' && text[end] <= '9') || text[end] == '.')) {
+    if (text[end] == '.') {
+      point = true;
+    } else if (point) {
+      ++decimals;
+    }
+    ++end;
+  }
+  if (end == pos) return std::nullopt;
+  double value = 0.0;
+  try {
+    value = std::stod(text.substr(pos, end - pos));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  pos = end;
+  while (pos < text.size() && text[pos] == ' ') ++pos;
+  const std::string_view unit = std::string_view(text).substr(pos);
+  double scale = 0.0;
+  if (unit.starts_with("kib") || unit.starts_with("kb")) {
+    scale = 1024.0;
+  } else if (unit.starts_with("mib") || unit.starts_with("mb")) {
+    scale = 1024.0 * 1024.0;
+  } else if (unit.starts_with("gib") || unit.starts_with("gb")) {
+    scale = 1024.0 * 1024.0 * 1024.0;
+  } else if (unit.starts_with("tib") || unit.starts_with("tb")) {
+    scale = 1024.0 * 1024.0 * 1024.0 * 1024.0;
+  } else if (unit.starts_with("b")) {
+    scale = 1.0;
+  }
+  if (scale <= 0.0) return std::nullopt;
+  const double rounding = scale == 1.0 ? 0.0 : 0.5 * scale * std::pow(10.0, -static_cast<double>(decimals));
+  return WrittenSize{value * scale, rounding};
+}
+
 // "allocate 2.00 GiB" / "allocate 4096 bytes" -> bytes; 0 when absent. The first "allocate "
 // followed by a number and a unit counts ("can't allocate memory: you tried to allocate 4 bytes").
 std::int64_t parseRequestBytes(std::string_view message) {
   const std::string text = lower(message);
   for (std::size_t at = text.find("allocate "); at != std::string::npos;
        at = text.find("allocate ", at + 1)) {
-    std::size_t pos = at + 9;
-    std::size_t end = pos;
-    while (end < text.size() && ((text[end] >= '0' && text[end] <= '9') || text[end] == '.')) {
-      ++end;
+    if (const auto size = sizeAt(text, at + 9)) {
+      return static_cast<std::int64_t>(std::llround(size->bytes));
     }
-    if (end == pos) continue;
-    double value = 0.0;
-    try {
-      value = std::stod(text.substr(pos, end - pos));
-    } catch (const std::exception&) {
-      continue;
-    }
-    pos = end;
-    while (pos < text.size() && text[pos] == ' ') ++pos;
-    const std::string_view unit = std::string_view(text).substr(pos);
-    double scale = 0.0;
-    if (unit.starts_with("kib") || unit.starts_with("kb")) {
-      scale = 1024.0;
-    } else if (unit.starts_with("mib") || unit.starts_with("mb")) {
-      scale = 1024.0 * 1024.0;
-    } else if (unit.starts_with("gib") || unit.starts_with("gb")) {
-      scale = 1024.0 * 1024.0 * 1024.0;
-    } else if (unit.starts_with("tib") || unit.starts_with("tb")) {
-      scale = 1024.0 * 1024.0 * 1024.0 * 1024.0;
-    } else if (unit.starts_with("b")) {
-      scale = 1.0;
-    }
-    if (scale > 0.0) return static_cast<std::int64_t>(std::llround(value * scale));
+  }
+  return 0;
+}
+
+// Bytes held by tensors when the allocation was refused, as a lower bound; 0 when the message does
+// not tell. The CPU budget allocator's "... bytes with N bytes in use" / "with N bytes of tensors
+// in use" (exact), and c10's CUDA message "Of the allocated memory 7.50 GiB is allocated by
+// PyTorch" (CUDACachingAllocator.cpp, format_size with two decimals: less half a unit of the last
+// digit, so it stays a lower bound).
+std::int64_t parseInUseBytes(std::string_view message) {
+  const std::string text = lower(message);
+  for (const std::string_view key : {std::string_view(" bytes with "),
+                                     std::string_view("of the allocated memory ")}) {
+    const std::size_t at = text.find(key);
+    if (at == std::string::npos) continue;
+    const auto size = sizeAt(text, at + key.size());
+    if (!size) continue;
+    const bool cuda = key.starts_with("of ");
+    if (cuda && text.find(" is allocated by pytorch", at) == std::string::npos) continue;
+    if (!cuda && text.find(" in use", at) == std::string::npos) continue;
+    return std::max<std::int64_t>(
+        0, static_cast<std::int64_t>(std::floor(size->bytes - size->rounding)));
   }
   return 0;
 }
@@ -315,6 +359,7 @@ FailureClass classifyFailure(ExceptionType type, std::string_view message,
     result.kind = FailureKind::kOutOfMemory;
     if (oom_line) result.reason = trimmed(*oom_line);
     result.failed_request_bytes = parseRequestBytes(message);
+    result.failed_in_use_bytes = parseInUseBytes(message);
     return result;
   }
   if (const auto line = lineWithAny(lines, kPossibleOutOfMemory)) {

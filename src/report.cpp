@@ -42,6 +42,24 @@ std::string peakPhase(const TrialResult& t) {
                            : std::string());
 }
 
+// The failed phase of an out-of-memory trial, with the lower bound it gives on that phase's peak
+// ("failed in backward, needs >= 1.2 GiB"); else the phase that set the trial's peak.
+std::string failedPhase(const TrialResult& t) {
+  if (t.failed_phase.empty()) return "";
+  return t.failed_phase + (t.failed_micro_batch_index > 0
+                               ? " #" + std::to_string(t.failed_micro_batch_index + 1)
+                               : std::string());
+}
+std::string phaseNote(const TrialResult& t) {
+  if (t.outcome != TrialOutcome::kFits && !failedPhase(t).empty()) {
+    return "  failed in " + failedPhase(t) +
+           (t.failed_in_use_bytes > 0
+                ? ", needs >= " + formatBytes(t.failed_in_use_bytes + t.failed_request_bytes)
+                : std::string());
+  }
+  return peakPhase(t).empty() ? std::string() : "  peak in " + peakPhase(t);
+}
+
 json toJson(const TrialResult& t) {
   json phases = json::array();
   for (const auto& p : t.phase_peaks) {
@@ -58,6 +76,8 @@ json toJson(const TrialResult& t) {
           {"peak_bytes", t.peak_bytes},
           {"memory_limit_bytes", t.memory_limit_bytes},
           {"failed_request_bytes", t.failed_request_bytes},
+          {"failed_phase", failedPhase(t)},
+          {"failed_in_use_bytes", t.failed_in_use_bytes},
           {"allocator_retries", t.allocator_retries},
           {"outside_growth_bytes", t.outside_growth_bytes},
           {"output_bytes", t.output_bytes},
@@ -333,7 +353,7 @@ std::string humanReport(const ReportData& d) {
                          t.cancelled ? "cancelled" : std::string(toString(t.outcome)),
                          formatBytes(t.peak_allocated_bytes), formatBytes(t.peak_reserved_bytes),
                          formatBytes(t.peak_bytes), t.step_ms, samplesPerSecond(t),
-                         (peakPhase(t).empty() ? std::string() : "  peak in " + peakPhase(t)) +
+                         phaseNote(t) +
                              (t.outside_growth_bytes > 0
                                   ? "  outside allocator +" + formatBytes(t.outside_growth_bytes)
                                   : std::string()) +

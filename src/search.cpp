@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "autobatch/error.h"
 #include "autobatch/units.h"
@@ -27,10 +29,11 @@ std::string oneDecimal(double value) {
 constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max() / 8;
 // The fastest batch must beat the largest by this factor before a warning: step times are noisy.
 constexpr double kFasterFactor = 1.05;
-// Guided search: how far to go towards a prediction extrapolated far beyond its secant, and where
-// to retreat to when a prediction failed. Tuned with tests/bench/search_bench.cpp.
+// Guided search: how far to go towards a prediction extrapolated far beyond its secant. Tuned with
+// tests/bench/search_bench.cpp.
 constexpr double kFarJumpFraction = 0.95;
-constexpr double kRetreatFraction = 0.05;
+// "No budget": the largest peak compares below it.
+constexpr std::int64_t kNoBudget = std::numeric_limits<std::int64_t>::max();
 
 using Clock = std::chrono::steady_clock;
 
@@ -181,11 +184,71 @@ class Search {
     return nearest->step_ms / 1000.0 * samples / t_samples * steps;
   }
 
-  std::int64_t lo() const { return fits_.empty() ? 0 : fits_.rbegin()->first; }
-  std::int64_t hi() const {
-    const auto above = fails_.upper_bound(lo());
-    return std::min(above == fails_.end() ? kUnbounded : *above, cap_ + 1);
+  /// A fitting trial as the memory model sees it.
+  struct Measured {
+    std::int64_t peak = 0;   // TrialResult::peak_bytes, compared with the limit
+    std::int64_t limit = 0;  // the limit the trial ran under (0: unknown)
+    // peak less the largest phase peak: reserved but unallocated, outside the allocator.
+    std::int64_t overhead = 0;
+    // "backward#0" -> the phase's peak allocated bytes; {"" -> peak} without phase peaks.
+    std::map<std::string, std::int64_t> phases;
+  };
+
+  static std::string phaseKeyOf(const std::string& phase, int micro_batch_index) {
+    return phase + "#" + std::to_string(micro_batch_index);
   }
+
+  static Measured measure(const TrialResult& r) {
+    Measured m;
+    m.peak = r.peak_bytes;
+    m.limit = r.memory_limit_bytes;
+    std::int64_t top = 0;
+    for (const auto& p : r.phase_peaks) {
+      auto& bytes = m.phases[phaseKeyOf(p.phase, p.micro_batch_index)];
+      bytes = std::max(bytes, p.peak_allocated_bytes);
+      top = std::max(top, p.peak_allocated_bytes);
+    }
+    if (m.phases.empty() || top <= 0) {
+      m.phases = {{"", r.peak_bytes}};
+      top = r.peak_bytes;
+    }
+    m.overhead = std::max<std::int64_t>(0, r.peak_bytes - top);
+    return m;
+  }
+
+  /// The budget of the maximum search: the limit in force (no budget when unknown).
+  std::int64_t maxBudget() const { return limit_ > 0 ? limit_ : kNoBudget; }
+  /// A fit counts under `budget` when its peak is within it; for the maximum also when the limit
+  /// did not fall since it ran (a peak over the limit is a trial's own business: the allocator
+  /// let it fit), but not after a fall (a CPU allocator that lost room after a failure).
+  /// The safe batch's search is strict: only a peak within the budget counts.
+  bool counts(const Measured& m, std::int64_t budget, bool strict) const {
+    if (m.peak <= budget) return true;
+    return !strict && (m.limit <= 0 || m.limit <= limit_);
+  }
+  /// The largest fit that counts under `budget`; 0 when none.
+  std::int64_t lowUnder(std::int64_t budget, bool strict) const {
+    for (auto it = fits_.rbegin(); it != fits_.rend(); ++it) {
+      if (counts(it->second, budget, strict)) return it->first;
+    }
+    return 0;
+  }
+  /// The smallest batch above `low` known not to fit under `budget` (a failure, or a fit that
+  /// does not count), or the cap + 1.
+  std::int64_t highAbove(std::int64_t budget, bool strict, std::int64_t low) const {
+    std::int64_t high = cap_ + 1;
+    for (auto it = fits_.upper_bound(low); it != fits_.end(); ++it) {
+      if (!counts(it->second, budget, strict)) {
+        high = std::min(high, it->first);
+        break;
+      }
+    }
+    const auto fail = fails_.upper_bound(low);
+    if (fail != fails_.end()) high = std::min(high, *fail);
+    return high;
+  }
+  std::int64_t lo() const { return lowUnder(maxBudget(), false); }
+  std::int64_t hi() const { return highAbove(maxBudget(), false, lo()); }
   bool closed(std::int64_t low, std::int64_t high) const {
     if (high <= low + 1) return true;
     return options_.relative_tolerance > 0.0 && low > 0 && high < kUnbounded &&
@@ -201,7 +264,7 @@ class Search {
     if (r == nullptr) return false;
     switch (r->outcome) {
       case TrialOutcome::kFits: {
-        fits_[batch] = r->peak_bytes;
+        fits_[batch] = measure(*r);
         fails_.erase(batch);
         // A failure at or below a fit: re-try the smallest such failure once.
         if (!fails_.empty() && *fails_.begin() <= batch) retryFailure(*fails_.begin(), batch);
@@ -212,6 +275,10 @@ class Search {
           result_.min_batch_needs_at_least_bytes = r->peak_bytes + r->failed_request_bytes;
         }
         fails_.insert(batch);
+        if (!r->failed_phase.empty() && r->failed_in_use_bytes > 0) {
+          bounds_[batch] = {phaseKeyOf(r->failed_phase, r->failed_micro_batch_index),
+                            r->failed_in_use_bytes + r->failed_request_bytes};
+        }
         if (lo() >= batch) retryFailure(batch, lo());
         return false;
       }
@@ -232,8 +299,9 @@ class Search {
     const TrialResult* r = trial(failed, options_.micro_batches_per_step);
     if (r == nullptr) return;
     if (r->outcome == TrialOutcome::kFits) {
-      fits_[failed] = r->peak_bytes;
+      fits_[failed] = measure(*r);
       fails_.erase(failed);
+      bounds_.erase(failed);
       result_.warnings.push_back("batch " + std::to_string(failed) +
                                  " failed once and fit when re-tried (a transient failure)");
       return;
@@ -246,30 +314,157 @@ class Search {
         "fit");
   }
 
-  /// Secant prediction of the largest batch whose peak stays <= budget_bytes, anchored at the
-  /// largest fitting batch <= `below` with a peak, against the largest fit at or below half of it
-  /// (or else the smallest fit). 0 when there is no usable slope.
+  /// Prediction of the largest batch whose peak stays <= budget_bytes, on the max-of-phases model:
+  /// each phase (and micro-batch) is affine on its own, the peak is the largest of them plus the
+  /// anchor's overhead, so the boundary is the smallest batch at which any phase reaches the budget.
+  /// Each phase's slope is the secant from the anchor (the largest fit <= `below`) to the largest
+  /// fit at or below half of it (else the smallest fit), raised to what any point above the anchor
+  /// proves: a measured fit there, or an out-of-memory trial's lower bound on the phase that
+  /// failed (bytes in use plus the refused request). A phase below the others still gives its
+  /// slope. 0 when no phase has a usable slope.
   std::int64_t predict(std::int64_t budget_bytes, std::int64_t below) {
     far_jump_ = false;
-    if (budget_bytes <= 0) return 0;
+    window_ = 0.0;
+    if (budget_bytes <= 0 || budget_bytes == kNoBudget) return 0;
     auto anchor = fits_.upper_bound(below);
     if (anchor == fits_.begin()) return 0;
     --anchor;
-    const auto [a, peak_a] = *anchor;
-    if (peak_a <= 0) return 0;
-    auto ref = fits_.upper_bound(a / 2);
-    if (ref == fits_.begin()) {
-      ref = fits_.begin();
-      if (ref->first == a) return 0;
-    } else {
-      --ref;
+    const std::int64_t a = anchor->first;
+    const Measured& at_a = anchor->second;
+    const Measured* ref = nullptr;
+    std::int64_t b = 0;
+    auto it = fits_.upper_bound(a / 2);
+    if (it != fits_.begin()) {
+      --it;
+      if (it->first != a) std::tie(b, ref) = std::pair{it->first, &it->second};
+    } else if (fits_.begin()->first != a) {
+      std::tie(b, ref) = std::pair{fits_.begin()->first, &fits_.begin()->second};
     }
-    const auto [b, peak_b] = *ref;
-    if (peak_b <= 0 || peak_a <= peak_b) return 0;
-    const double slope = static_cast<double>(peak_a - peak_b) / static_cast<double>(a - b);
-    const double extra = std::floor(static_cast<double>(budget_bytes - peak_a) / slope);
-    far_jump_ = extra > 4.0 * static_cast<double>(a - b);
-    return std::max<std::int64_t>(1, a + static_cast<std::int64_t>(std::clamp(extra, -1e15, 1e15)));
+    // The caching allocator reserves whole 2 MiB blocks (20 MiB expandable-segment pages): when
+    // every measured peak is a multiple of one, a batch fits while its need rounded up stays
+    // under the budget rounded down, and the anchor's overhead is that rounding (less one unit,
+    // whatever lies beyond it: fragmentation, outside growth).
+    const std::int64_t unit = quantum();
+    const std::int64_t block = phaseQuantum();
+    std::int64_t overhead = at_a.overhead;
+    if (unit > 1) {
+      budget_bytes = budget_bytes / unit * unit;
+      overhead = std::max<std::int64_t>(0, overhead - unit + 1);
+    }
+    struct Slope {
+      double bytes_per_sample = -std::numeric_limits<double>::infinity();  // none yet
+      bool bounded = false;  // a point above the anchor set it
+    };
+    std::map<std::string, Slope> slopes;
+    for (const auto& [key, value] : at_a.phases) {
+      Slope& slope = slopes[key];
+      // Measured points above the anchor (fits over the budget) bracket the boundary: their
+      // secants interpolate, and the steepest is the safe one. Without them, the secant below.
+      for (auto up = std::next(anchor); up != fits_.end(); ++up) {
+        const auto there = up->second.phases.find(key);
+        if (there == up->second.phases.end()) continue;
+        const double s = static_cast<double>(there->second - value) /
+                         static_cast<double>(up->first - a);
+        if (s > slope.bytes_per_sample) slope = {s, true};
+      }
+      if (!slope.bounded && ref != nullptr) {
+        const auto there = ref->phases.find(key);
+        if (there != ref->phases.end()) {
+          double s = static_cast<double>(value - there->second) / static_cast<double>(a - b);
+          // Far beyond the secant, its error matters: each end may be off by one allocation
+          // unit, so take the steepest slope they allow (a short secant over 2 MiB blocks may
+          // read flat where the phase grows).
+          const double room = static_cast<double>(budget_bytes - overhead - value);
+          if (block > 1 && (s <= 0.0 || room / s > 4.0 * static_cast<double>(a - b))) {
+            s += static_cast<double>(2 * block) / static_cast<double>(a - b);
+          }
+          slope.bytes_per_sample = s;
+        }
+      }
+      for (auto up = bounds_.upper_bound(a); up != bounds_.end(); ++up) {
+        if (up->second.first != key) continue;
+        const double s = static_cast<double>(up->second.second - value) /
+                         static_cast<double>(up->first - a);
+        if (s > slope.bytes_per_sample) slope = {s, true};
+      }
+    }
+    // Backward starts with every activation forward saved still alive: at large batches its peak
+    // grows at least as fast as forward's. Its own secant from a small batch may not show it (at
+    // small batches backward peaks at its end, when the weight gradients are all allocated), and
+    // then it overshoots: mlp_8x2048's backward rises 24.6 KB per sample from 1 to 2, 73.5 KB
+    // from 2 to 7072, and 90.1 KB, forward's slope, near 7258.
+    for (auto& [key, slope] : slopes) {
+      if (slope.bounded || !key.starts_with("backward#")) continue;
+      const auto forward = slopes.find("forward#" + key.substr(9));
+      if (forward != slopes.end()) {
+        slope.bytes_per_sample =
+            std::max(slope.bytes_per_sample, forward->second.bytes_per_sample);
+      }
+    }
+    double best = std::numeric_limits<double>::infinity();
+    bool best_bounded = false;  // the binding phase's slope came from a point above the anchor
+    for (const auto& [key, slope] : slopes) {
+      if (slope.bytes_per_sample == -std::numeric_limits<double>::infinity()) continue;
+      const std::int64_t value = at_a.phases.at(key);
+      const double room = static_cast<double>(budget_bytes - overhead - value);
+      if (slope.bytes_per_sample <= 0.0) {
+        if (room < 0.0) best = std::min(best, static_cast<double>(a) - 1.0);
+        continue;  // flat: this phase does not bind
+      }
+      const double extra = std::floor(room / slope.bytes_per_sample);
+      if (static_cast<double>(a) + extra < best) {
+        best = static_cast<double>(a) + extra;
+        best_bounded = slope.bounded;
+        // A phase rounded to whole blocks hides up to a block of its need: that many batches.
+        window_ = static_cast<double>(block) / slope.bytes_per_sample;
+      }
+    }
+    if (best == std::numeric_limits<double>::infinity()) return 0;
+    // A slope from a point above the anchor makes the step an interpolation, never a far jump.
+    far_jump_ = !best_bounded && ref != nullptr &&
+                best - static_cast<double>(a) > 4.0 * static_cast<double>(a - b);
+    return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::clamp(best, -1e15, 1e15)));
+  }
+
+  /// The allocation unit every measured peak is a multiple of: 20 MiB (expandable-segment pages,
+  /// when two peaks differ), 2 MiB (the caching allocator's blocks), else 1 (the CPU budget
+  /// allocator counts bytes).
+  std::int64_t quantum() const {
+    for (const std::int64_t unit : {std::int64_t{20} << 20, std::int64_t{2} << 20}) {
+      std::set<std::int64_t> peaks;
+      bool all = !fits_.empty();
+      for (const auto& [batch, m] : fits_) {
+        all = all && m.peak > 0 && m.peak % unit == 0;
+        peaks.insert(m.peak);
+      }
+      if (all && (unit == (std::int64_t{2} << 20) || peaks.size() >= 2)) return unit;
+    }
+    return 1;
+  }
+
+  /// The unit every measured phase peak is a multiple of: 2 MiB when the allocator hands out
+  /// whole blocks, else 1.
+  std::int64_t phaseQuantum() const {
+    constexpr std::int64_t kBlock = std::int64_t{2} << 20;
+    bool all = !fits_.empty();
+    for (const auto& [batch, m] : fits_) {
+      for (const auto& [key, bytes] : m.phases) all = all && bytes > 0 && bytes % kBlock == 0;
+    }
+    return all ? kBlock : 1;
+  }
+
+  /// Where repeated fits at the predicted boundary push the next step: from the fifth, doubling
+  /// steps (+2, +4, ...).
+  std::int64_t gallop(std::int64_t low) const {
+    if (streak_ < 5) return low + 1;
+    return low + (std::int64_t{1} << std::min(streak_ - 4, 40));
+  }
+
+  /// The geometric midpoint of (low, high), rounded; the arithmetic one when low is 0.
+  static std::int64_t logMidpoint(std::int64_t low, std::int64_t high) {
+    if (low <= 0) return high / 2;
+    return static_cast<std::int64_t>(
+        std::llround(std::sqrt(static_cast<double>(low) * static_cast<double>(high))));
   }
 
   /// The next batch inside (low, high) for a model-guided step towards `pred` (0: no model),
@@ -277,6 +472,13 @@ class Search {
   /// not shrink fast enough.
   std::int64_t guidedNext(std::int64_t low, std::int64_t high, std::int64_t pred) {
     std::int64_t x = 0;
+    if (pred > 0 && pred <= low + 1 && window_ >= 2.0) {
+      // The model puts the boundary at the anchor, but block rounding hides up to window_
+      // batches above it: bisect what is left of that window.
+      const double width = std::min(window_, static_cast<double>(high - low - 1));
+      x = low + std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(width / 2.0)));
+      return std::clamp(x, low + 1, std::min(high, cap_ + 1) - 1);
+    }
     if (pred > low && far_jump_) {
       // Extrapolating far beyond a short secant: rounding of the small probes' peaks makes the
       // slope uncertain, so aim short; a fit there is a far anchor for an accurate next secant.
@@ -285,23 +487,21 @@ class Search {
     if (high >= kUnbounded) {
       // pred in (0, low]: the model puts the boundary at the anchor; confirm it by low + 1.
       x = pred > low ? pred : (pred > 0 ? low + 1 : low * 4);
-      if (streak_ >= 2) x = std::max(x, low + (std::int64_t{1} << std::min(streak_ - 1, 40)));
+      x = std::max(x, gallop(low));
     } else {
       const std::int64_t width = high - low;
       if (pred <= 0 || (width_before_ > 0 && width * 2 > width_before_ && stalls_ >= 2)) {
         x = low + width / 2;
         stalls_ = 0;
-      } else if (pred >= high - 1 && streak_ < 0) {
-        // The model said "fits" where a batch just failed: its slope is too low. Step back below
-        // the failure (further after each contradiction); a fit there anchors the next secant
-        // close to the boundary.
-        const auto back = static_cast<std::int64_t>(kRetreatFraction * static_cast<double>(width));
-        x = high - (std::max<std::int64_t>(1, back) << std::min(retreats_, 40));
-        ++retreats_;
+      } else if (streak_ < 0 && (pred >= high || streak_ <= -2)) {
+        // A prediction failed and the model still puts the boundary at the failure, or a second
+        // failure in a row: bisect in log space (a far-off slope is off by a factor, not by a few
+        // percent), or go to the model's batch when it is lower.
+        x = logMidpoint(low, high);
+        if (pred > low) x = std::min(x, pred);
       } else {
-        retreats_ = 0;
         x = pred;
-        if (streak_ >= 2) x = std::max(x, low + (std::int64_t{1} << std::min(streak_ - 1, 40)));
+        x = std::max(x, gallop(low));
         if (streak_ <= -2) {
           x = std::min(x, high - (std::int64_t{1} << std::min(-streak_ - 1, 40)));
         }
@@ -328,7 +528,7 @@ class Search {
     // Under peak(B) = fixed + per_sample * B with fixed >= 0, peak(k * b1) <= k * peak(b1): the
     // largest k with k * peak(b1) <= limit is the largest multiple the first probe proves safe.
     std::int64_t b2 = 2 * b1;
-    const std::int64_t p1 = fits_.begin()->second;
+    const std::int64_t p1 = fits_.begin()->second.peak;
     if (limit_ > 0 && p1 > 0 && p1 < limit_) {
       b2 = std::max(b2, b1 * (limit_ / p1));
     }
@@ -412,28 +612,12 @@ class Search {
       return;
     }
     const std::int64_t budget = result_.memory_limit_bytes - result_.margin_bytes;
-    auto safe_lo = [&] {
-      std::int64_t best = 0;
-      for (const auto& [batch, peak] : fits_) {
-        if (peak <= budget) best = batch;
-      }
-      return best;
-    };
+    auto safe_lo = [&] { return lowUnder(budget, true); };
     auto safe_hi = [&](std::int64_t low) {
-      std::int64_t high = result_.max_micro_batch + 1;
-      for (const auto& [batch, peak] : fits_) {
-        if (batch > low && peak > budget) {
-          high = std::min(high, batch);
-          break;
-        }
-      }
-      const auto fail = fails_.upper_bound(low);
-      if (fail != fails_.end()) high = std::min(high, *fail);
-      return high;
+      return std::min(highAbove(budget, true, low), result_.max_micro_batch + 1);
     };
     streak_ = 0;
     stalls_ = 0;
-    retreats_ = 0;
     width_before_ = 0;
     while (stop_ == Stop::kNone) {
       const std::int64_t low = safe_lo();
@@ -442,7 +626,9 @@ class Search {
       std::int64_t x = 0;
       switch (options_.strategy) {
         case Strategy::kGuided:
-          x = guidedNext(low, high, predict(budget, high - 1));
+          // From the model at the budget, anchored at the safe batch so far and interpolating
+          // towards the fits measured over the budget.
+          x = guidedNext(low, high, predict(budget, low));
           break;
         case Strategy::kBinsearch:
           x = low + (high - low) / 2;
@@ -456,7 +642,7 @@ class Search {
       if (x == 0) break;
       const bool fit = tryBatch(x);
       if (stop_ != Stop::kNone) break;
-      const bool safe = fit && fits_[x] <= budget;
+      const bool safe = fit && fits_.at(x).peak <= budget;
       const std::int64_t new_low = safe_lo();
       noteOutcome(safe, high - low, safe_hi(new_low) - new_low);
     }
@@ -538,10 +724,10 @@ class Search {
     double sy = 0;
     double sxx = 0;
     double sxy = 0;
-    for (const auto& [batch, peak] : fits_) {
-      if (peak <= 0) continue;
+    for (const auto& [batch, m] : fits_) {
+      if (m.peak <= 0) continue;
       const auto x = static_cast<double>(batch);
-      const auto y = static_cast<double>(peak);
+      const auto y = static_cast<double>(m.peak);
       n += 1;
       sx += x;
       sy += y;
@@ -581,7 +767,7 @@ class Search {
     result_.fit = fitAffine();
     if (result_.max_micro_batch > 0) {
       result_.predicted_peak_bytes = result_.fit.predictBytes(result_.max_micro_batch);
-      result_.measured_peak_bytes = fits_.at(result_.max_micro_batch);
+      result_.measured_peak_bytes = fits_.at(result_.max_micro_batch).peak;
     }
     // Throughput of the search's own mode; the last measurement of each size counts.
     std::map<std::int64_t, double> rate;
@@ -628,14 +814,16 @@ class Search {
   Stop stop_ = Stop::kNone;
   std::int64_t cap_ = 0;    // largest batch allowed (bounds and size limits), inclusive
   std::int64_t limit_ = 0;  // bytes, from the trials
-  std::map<std::int64_t, std::int64_t> fits_;  // batch -> peak_bytes, search mode
+  std::map<std::int64_t, Measured> fits_;  // batch -> what its trial measured, search mode
+  // Out-of-memory batch -> (phase key, lower bound on that phase's peak allocated bytes).
+  std::map<std::int64_t, std::pair<std::string, std::int64_t>> bounds_;
   std::set<std::int64_t> fails_;               // out-of-memory batches, search mode
   std::set<std::int64_t> retried_;
   int streak_ = 0;  // > 0: consecutive fits of guided steps; < 0: consecutive failures
   int stalls_ = 0;  // consecutive guided steps that did not halve the bracket
   std::int64_t width_before_ = 0;
   bool far_jump_ = false;  // the last prediction extrapolated far beyond its secant
-  int retreats_ = 0;       // consecutive retreats below a contradicted prediction
+  double window_ = 0.0;    // batches the last prediction cannot resolve (block rounding)
 };
 
 }  // namespace

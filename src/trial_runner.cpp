@@ -758,6 +758,7 @@ struct TrialRunner::Impl {
     point.trial_index = trials_run++;
 
     std::exception_ptr error;
+    detail::TrialPoint failed_point;  // where the error was thrown
     double total_ms = 0.0;
     {
       std::unique_ptr<detail::TrialOptimizer> optimizer;
@@ -799,6 +800,7 @@ struct TrialRunner::Impl {
         }
       } catch (...) {  // classified below; whatever is not OOM or a size limit is rethrown
         error = std::current_exception();
+        failed_point = point;
       }
     }  // the optimizer and its state are gone here
     enter(detail::TrialPhase::kIdle);
@@ -857,6 +859,11 @@ struct TrialRunner::Impl {
       result.outcome = TrialOutcome::kOutOfMemory;
       result.reason = failure.reason;
       result.failed_request_bytes = failure.failed_request_bytes;
+      result.failed_in_use_bytes = failure.failed_in_use_bytes;
+      if (failed_point.phase != detail::TrialPhase::kIdle) {
+        result.failed_phase = detail::phaseKey(failed_point.phase);
+        result.failed_micro_batch_index = failed_point.micro_batch_index;
+      }
       last_oom_batch = std::max(last_oom_batch, batch);
     } else if (failure.kind == FailureKind::kSizeLimit && !failure.reason.empty()) {
       result.outcome = TrialOutcome::kSizeLimit;

@@ -74,6 +74,36 @@ TEST(FailureTest, OutOfMemoryTypeIsOutOfMemoryWithRequestBytes) {
             20LL << 20);
 }
 
+// The bytes in use when the allocation was refused bound the failed phase's peak from below, and
+// the search steers by it: a parse that took the capacity or the reserved figure instead, or that
+// dropped the rounding of "7.50 GiB", would make the bound too high and the search skip a batch
+// that fits.
+TEST(FailureTest, InUseBytesAtTheRefusalAreALowerBound) {
+  const auto cuda = classifyFailure(
+      ExceptionType::kOutOfMemoryError,
+      "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.19 GiB of "
+      "which 3.25 MiB is free. Including non-PyTorch memory, this process has 79.18 GiB memory in "
+      "use. Of the allocated memory 7.50 GiB is allocated by PyTorch, and 1.25 GiB is reserved by "
+      "PyTorch but unallocated.",
+      kPlain);
+  EXPECT_EQ(cuda.failed_in_use_bytes, 8047694970);  // floor(7.50 GiB - 0.005 GiB)
+  const auto budget = classifyFailure(
+      ExceptionType::kOutOfMemoryError,
+      "CPU budget allocator: out of memory: tried to allocate 4096 bytes with 123456 bytes in use "
+      "under a limit of 125000 bytes (--memory-limit)",
+      kPlain);
+  EXPECT_EQ(budget.failed_in_use_bytes, 123456);
+  const auto guard = classifyFailure(
+      ExceptionType::kOutOfMemoryError,
+      "CPU budget allocator: out of memory: tried to allocate 4096 bytes with 77 bytes of tensors "
+      "in use, but the process would come within 64 MiB of its cgroup limit",
+      kPlain);
+  EXPECT_EQ(guard.failed_in_use_bytes, 77);
+  EXPECT_EQ(classifyFailure(ExceptionType::kOutOfMemoryError, "Tried to allocate 20.00 MiB", kPlain)
+                .failed_in_use_bytes,
+            0);
+}
+
 TEST(FailureTest, TorchScriptWrappedOutOfMemoryIsRecognised) {
   const std::string wrapped =
       "The following operation failed in the TorchScript interpreter.\n"

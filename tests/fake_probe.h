@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -106,6 +107,222 @@ inline MemoryModel randomModel(std::mt19937_64& rng, double min_threshold, doubl
   }
   m.accumulation_extra_bytes = m.fixed_bytes / 8;
   return m;
+}
+
+/// One phase of a training step, affine in the micro-batch: fixed + per_sample * B (+ the
+/// model's noise when `noisy`).
+struct FakePhase {
+  const char* name = "backward";
+  std::int64_t fixed_bytes = 0;
+  std::int64_t per_sample_bytes = 0;
+  bool noisy = false;
+};
+
+/// The real shape of a training step's memory (issue 17): each phase is affine on its own, the
+/// peak is the largest of them (a phase listed twice is the larger of its two lines). Phases run in order; a trial fails in the first phase whose need
+/// is over the limit, after allocating what fits of that phase in `chunks` equal pieces (layers),
+/// and reports the bytes in use then plus the refused piece (a lower bound on the phase's need),
+/// as the CPU budget allocator and the CUDA caching allocator do.
+struct PhasedModel {
+  std::int64_t limit_bytes = 16 * kGiB;
+  std::vector<FakePhase> phases;
+  /// Rounding of each phase's allocated peak (2 MiB: the caching allocator's large blocks); 1: none.
+  std::int64_t block_bytes = 1;
+  /// Rounding of the reserved figure (peak_bytes) only (20 MiB: expandable-segment pages); 1: none.
+  std::int64_t page_bytes = 1;
+  /// Non-negative per-sample extras of noisy phases, as in MemoryModel (monotone).
+  std::vector<std::int64_t> noise_prefix;
+  std::int64_t noise_max_step = 0;
+  /// Extra bytes of every phase of the second micro-batch but the optimizer step (gradients alive).
+  std::int64_t accumulation_extra_bytes = 0;
+  int chunks = 8;
+  /// (e) drift: every failed trial lowers the limit by a random fraction in [0, drift), and the
+  /// failed trial reports the lowered limit (the limit in force after it).
+  double drift = 0.0;
+  std::uint64_t drift_seed = 1;
+  /// (f) one non-monotone step: batches in [bump_from, bump_from + bump_width) need bump_bytes more.
+  std::int64_t bump_from = 0;
+  std::int64_t bump_width = 0;
+  std::int64_t bump_bytes = 0;
+
+  std::int64_t noise(std::int64_t batch) const {
+    if (noise_prefix.empty()) return 0;
+    const auto last = static_cast<std::int64_t>(noise_prefix.size()) - 1;
+    if (batch <= last) return noise_prefix[static_cast<std::size_t>(batch)];
+    return noise_prefix.back() + (batch - last) * noise_max_step;
+  }
+  static std::int64_t roundUp(std::int64_t bytes, std::int64_t unit) {
+    return (bytes + unit - 1) / unit * unit;
+  }
+  /// Allocated bytes of phase `p` of micro-batch `micro` at `batch`, before block rounding.
+  std::int64_t need(const FakePhase& p, std::int64_t batch, int micro) const {
+    std::int64_t bytes = p.fixed_bytes + p.per_sample_bytes * batch;
+    if (p.noisy) bytes += noise(batch);
+    if (micro >= 1 && std::string_view(p.name) != "optimizer-step") {
+      bytes += accumulation_extra_bytes;
+    }
+    if (batch >= bump_from && batch < bump_from + bump_width) bytes += bump_bytes;
+    return bytes;
+  }
+  /// What is compared with the limit for phase `p`: the reserved figure.
+  std::int64_t reserved(const FakePhase& p, std::int64_t batch, int micro) const {
+    return roundUp(roundUp(need(p, batch, micro), block_bytes), page_bytes);
+  }
+  bool fits(std::int64_t batch, std::int64_t limit, int micro_batches = 1) const {
+    for (int micro = 0; micro < micro_batches; ++micro) {
+      for (const auto& p : phases) {
+        if (reserved(p, batch, micro) > limit) return false;
+      }
+    }
+    return true;
+  }
+  /// The largest batch that fits at `limit` with every smaller one fitting too (the definition
+  /// for monotone models), by a linear scan.
+  std::int64_t threshold(std::int64_t limit) const {
+    std::int64_t b = 0;
+    while (fits(b + 1, limit)) ++b;
+    return b;
+  }
+  std::int64_t threshold() const { return threshold(limit_bytes); }
+
+  TrialResult run(const TrialRequest& request) {
+    TrialResult r;
+    r.request = request;
+    r.memory_limit_bytes = limit_bytes;
+    const std::int64_t batch = request.micro_batch_size;
+    std::int64_t top = 0;       // allocated
+    std::int64_t reserved_top = 0;
+    for (int micro = 0; micro < request.micro_batches_per_step; ++micro) {
+      for (const auto& p : phases) {
+        const bool step = std::string_view(p.name) == "optimizer-step";
+        if (step && micro + 1 < request.micro_batches_per_step) continue;
+        if (reserved(p, batch, micro) > limit_bytes) {
+          const std::int64_t whole = need(p, batch, micro);
+          const std::int64_t base = std::min(p.fixed_bytes, whole);
+          const std::int64_t piece = std::max<std::int64_t>(1, (whole - base) / chunks);
+          std::int64_t in_use = 0;
+          if (roundUp(roundUp(base, block_bytes), page_bytes) <= limit_bytes) {
+            in_use = base;
+            while (in_use + piece < whole &&
+                   roundUp(roundUp(in_use + piece, block_bytes), page_bytes) <= limit_bytes) {
+              in_use += piece;
+            }
+          }
+          r.outcome = TrialOutcome::kOutOfMemory;
+          r.reason = "CUDA out of memory (fake)";
+          r.failed_phase = p.name;
+          r.failed_micro_batch_index = step ? 0 : micro;
+          r.failed_in_use_bytes = in_use;
+          r.failed_request_bytes = in_use == 0 ? base : std::min(piece, whole - in_use);
+          r.peak_allocated_bytes = std::max(top, in_use);
+          r.peak_reserved_bytes = r.peak_bytes =
+              std::max(reserved_top, roundUp(roundUp(in_use, block_bytes), page_bytes));
+          if (drift > 0.0) {
+            std::mt19937_64 rng(drift_seed++);
+            std::uniform_real_distribution<double> unit(0.0, drift);
+            limit_bytes -= static_cast<std::int64_t>(unit(rng) * static_cast<double>(limit_bytes));
+            r.memory_limit_bytes = limit_bytes;
+          }
+          return r;
+        }
+        const std::int64_t allocated = roundUp(need(p, batch, micro), block_bytes);
+        r.phase_peaks.push_back({p.name, step ? 0 : micro, allocated});
+        top = std::max(top, allocated);
+        reserved_top = std::max(reserved_top, reserved(p, batch, micro));
+      }
+    }
+    r.steps_completed = 2;
+    r.peak_allocated_bytes = top;
+    r.peak_reserved_bytes = r.peak_bytes = reserved_top;
+    r.step_ms = 1.0 + 0.01 * static_cast<double>(batch);
+    return r;
+  }
+};
+
+/// The families of simulated curves of issue 17 (tests/bench/search_bench.cpp prints them).
+enum class CurveFamily {
+  kStepBound,        ///< (a) the optimizer step binds: activations cross it above B* (1.5-8x)
+  kActivationBound,  ///< (b) activations bind; the crossing is far below B* (B*/1024-B*/64)
+  kCrossingBelow,    ///< (c) the crossing lies between B*/8 and B*
+};
+
+/// A random phased model of `family` with a threshold log-uniform in [min_threshold,
+/// max_threshold]: forward (F_f + a_f B) below backward (F_b + a B), and the optimizer step
+/// (S + s B, s the inputs kept alive: 0.1-2% of a), per-sample noise up to noise_fraction x a
+/// on forward and backward. block_bytes / page_bytes: (d)'s rounding.
+inline PhasedModel randomPhasedModel(std::mt19937_64& rng, CurveFamily family,
+                                     double min_threshold, double max_threshold,
+                                     std::int64_t block_bytes = 1, std::int64_t page_bytes = 1,
+                                     double noise_fraction = 0.1) {
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  auto between = [&](double lo, double hi) { return lo + (hi - lo) * unit(rng); };
+  auto logBetween = [&](double lo, double hi) {
+    return std::exp(std::log(lo) + unit(rng) * (std::log(hi) - std::log(lo)));
+  };
+  PhasedModel m;
+  const double limit = between(8.0, 80.0) * static_cast<double>(kGiB);
+  m.limit_bytes = static_cast<std::int64_t>(limit);
+  const double target = logBetween(min_threshold, max_threshold);
+  double fixed_b = 0;
+  double a = 0;
+  double s = 0;
+  double fixed_s = 0;
+  if (family == CurveFamily::kStepBound) {
+    const double crossing = target * logBetween(1.5, 8.0);
+    fixed_s = limit * between(0.3, 0.8);
+    s = (limit - fixed_s) / target;
+    fixed_b = fixed_s * between(0.2, 0.9);
+    a = s + (fixed_s - fixed_b) / crossing;
+  } else {
+    const double crossing = family == CurveFamily::kActivationBound
+                                ? target / logBetween(64.0, 1024.0)
+                                : target / logBetween(1.0, 8.0);
+    fixed_b = limit * between(0.02, 0.5);
+    a = (limit - fixed_b) / target;
+    s = a * between(0.001, 0.02);
+    fixed_s = fixed_b + (a - s) * crossing;
+  }
+  const double fixed_f = fixed_b * between(0.5, 0.9);
+  const double a_f = a * between(0.3, 0.8);
+  auto bytes = [](double v) { return std::max<std::int64_t>(1, static_cast<std::int64_t>(v)); };
+  m.phases = {{"forward", bytes(fixed_f), bytes(a_f), true},
+              {"backward", bytes(fixed_b), bytes(a), true},
+              {"optimizer-step", bytes(fixed_s), bytes(s), false}};
+  m.block_bytes = block_bytes;
+  m.page_bytes = page_bytes;
+  m.noise_max_step = static_cast<std::int64_t>(noise_fraction * a);
+  const auto size = static_cast<std::size_t>(4.0 * target) + 64;
+  m.noise_prefix.assign(size, 0);
+  for (std::size_t b = 1; b < size; ++b) {
+    m.noise_prefix[b] = m.noise_prefix[b - 1] +
+                        static_cast<std::int64_t>(unit(rng) * static_cast<double>(m.noise_max_step));
+  }
+  m.accumulation_extra_bytes = bytes(fixed_b / 8);
+  return m;
+}
+
+/// mlp_8x2048 (scripts/export_models.py) with AdamW (loop), 2 steps per trial, under the CPU
+/// budget allocator at --memory-limit 1GiB: every figure below is a peak the real trials measured
+/// (2026-11-30, `autobatch --model models/mlp_8x2048.pt --memory-limit 1GiB --margin 0 --json`,
+/// batches 1, 2, 7072 and 7258), B* = 7258. Backward is the largest of two lines: at small batches
+/// it peaks at its end, when the eight weight gradients are allocated (537 MB + 24.6 KB per
+/// sample); at large ones early, when the activations dominate (419.6 MB + 90.1 KB per sample,
+/// forward's slope). The optimizer step sets the peak up to about batch 2000.
+inline PhasedModel mlp8x2048AdamWAt1GiB() {
+  PhasedModel m;
+  m.limit_bytes = kGiB;
+  m.phases = {{"inputs", 402849792, 24576, false},
+              {"forward", 402849792, 90112, false},
+              {"loss", 402849808, 73728, false},
+              {"backward", 537133064, 24576, false},
+              {"backward", 419635208, 90112, false},
+              {"optimizer-step", 570687500, 16384, false}};
+  return m;
+}
+
+/// A probe over a phased model (the model must outlive the probe; drift changes it).
+inline Probe probeFor(PhasedModel& model) {
+  return [&model](const TrialRequest& request) { return model.run(request); };
 }
 
 /// A probe over `model` (the model must outlive the probe).

@@ -65,6 +65,10 @@ struct FailureClass {
   /// Bytes of the failed allocation when the message tells ("Tried to allocate 2.00 GiB",
   /// "tried to allocate 4096 bytes"), else 0.
   std::int64_t failed_request_bytes = 0;
+  /// Bytes held by tensors when the allocation was refused, as a lower bound, when the message
+  /// tells: the CPU budget allocator's "with N bytes in use" (exact), c10's CUDA "Of the allocated
+  /// memory 7.50 GiB is allocated by PyTorch" (less half of the last digit's unit); else 0.
+  std::int64_t failed_in_use_bytes = 0;
 };
 
 /// The classification rules, in order. They look at the message's own lines only: PyTorch's

@@ -73,6 +73,15 @@ struct TrialResult {
   std::int64_t memory_limit_bytes = 0;
   /// Bytes of the allocation that failed, when known (out-of-memory only), else 0.
   std::int64_t failed_request_bytes = 0;
+  /// Out-of-memory only: the phase that asked for the refused allocation ("inputs", "forward",
+  /// "loss", "backward", "optimizer-step"; PhasePeak::phase) and its micro-batch; "" when unknown.
+  std::string failed_phase;
+  int failed_micro_batch_index = 0;
+  /// Out-of-memory only: bytes held by tensors when the refused allocation was asked (CPU budget
+  /// allocator: exact; CUDA: "... is allocated by PyTorch" from the allocator's message, less its
+  /// rounding), 0 when unknown. failed_in_use_bytes + failed_request_bytes is a lower bound on
+  /// the failed phase's peak at this batch (the search uses it, docs/search.md).
+  std::int64_t failed_in_use_bytes = 0;
   /// cudaMalloc retries by the caching allocator during the trial (0 on the CPU).
   std::int64_t allocator_retries = 0;
   /// CUDA: growth of the memory outside the caching allocator seen at the end of this trial
