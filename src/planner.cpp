@@ -95,7 +95,8 @@ AccumulationPlans planAccumulation(std::int64_t max_micro_batch, std::int64_t ta
     case PlanKind::kBalanced:
       plans.primary_kind = kind;
       break;
-    case PlanKind::kAuto: {
+    case PlanKind::kAuto:
+    case PlanKind::kFastest: {  // the search decides fastest from measured step times
       // Half of what one step could hold: below it the uniform plan wastes more than half of
       // every micro-batch's capacity (a prime target degenerates to micro-batches of 1).
       const std::int64_t capacity = per_rank < max_micro_batch ? per_rank : max_micro_batch;

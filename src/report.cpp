@@ -103,7 +103,8 @@ json toJson(const AccumulationPlan& plan) {
           {"accumulation_steps", plan.accumulation_steps},
           {"per_rank_batch", plan.per_rank_batch},
           {"world_size", plan.world_size},
-          {"effective_batch", plan.effective_batch}};
+          {"effective_batch", plan.effective_batch},
+          {"predicted_samples_per_second", plan.predicted_samples_per_second}};
 }
 
 json toJson(const MemoryBreakdown& m) {
@@ -304,7 +305,11 @@ std::string toJson(const ReportData& d) {
       doc["plans"] = {
           {"target_batch", s.plan->target_batch}, {"max_micro_batch", s.plan->max_micro_batch},
           {"verified", s.plan_verified},          {"primary", toString(s.plan->primary_kind)},
-          {"uniform", toJson(s.plan->uniform)},   {"balanced", toJson(s.plan->balanced)}};
+          {"uniform", toJson(s.plan->uniform)},   {"balanced", toJson(s.plan->balanced)},
+          {"rule", toString(d.options.plan)},
+          {"predicted_samples_per_second",
+           {{"uniform", s.plan->uniform.predicted_samples_per_second},
+            {"balanced", s.plan->balanced.predicted_samples_per_second}}}};
     }
   }
   if (d.check) {
@@ -408,11 +413,12 @@ std::string humanReport(const ReportData& d) {
       const auto& p = *s.plan;
       out << fmt::format(
           "\nplans for target batch {} (world size {}, max micro-batch {}{}; steps x "
-          "micro-batch, * primary)\n",
+          "micro-batch, * primary by rule {})\n",
           p.target_batch, p.uniform.world_size, p.max_micro_batch,
           p.primary().accumulation_steps == 1 ? ", no accumulation needed"
           : s.plan_verified                   ? ", verified with 2 micro-batches per step"
-                                              : ", NOT verified with 2 micro-batches per step");
+                                              : ", NOT verified with 2 micro-batches per step",
+          toString(d.options.plan));
       for (const AccumulationPlan* plan : {&p.uniform, &p.balanced}) {
         std::string sizes;
         for (const auto& g : plan->groups) {
@@ -421,10 +427,14 @@ std::string humanReport(const ReportData& d) {
         }
         out << fmt::format(
             "  {} {:<9} {:>3} accumulation steps: {} = {} per rank, x {} rank(s) = "
-            "{}\n",
+            "{}{}\n",
             plan->kind == p.primary_kind ? "*" : " ", toString(plan->kind),
             plan->accumulation_steps, sizes, plan->per_rank_batch, plan->world_size,
-            plan->effective_batch);
+            plan->effective_batch,
+            plan->predicted_samples_per_second > 0.0
+                ? fmt::format("  (predicted {:.1f} samples/s per rank)",
+                              plan->predicted_samples_per_second)
+                : std::string("  (no speed prediction: no trial near its micro-batch)"));
       }
     }
     const MemoryBreakdown& m = d.result->memory;

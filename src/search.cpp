@@ -92,7 +92,10 @@ class Search {
     }
     finishMax();
     if (result_.max_micro_batch > 0) runSafe();
-    if (options_.target_batch > 0 && result_.max_micro_batch > 0) runPlan();
+    if (options_.target_batch > 0 && result_.max_micro_batch > 0) {
+      runPlan();
+      predictPlanSpeeds();
+    }
     finish();
     return std::move(result_);
   }
@@ -717,6 +720,83 @@ class Search {
     }
   }
 
+  /// Samples per second measured at each micro-batch in the search's own mode (fitting,
+  /// not cancelled; the last measurement of a size counts).
+  std::map<std::int64_t, double> measuredRates() const {
+    std::map<std::int64_t, double> rate;
+    for (const auto& t : result_.trials) {
+      if (t.request.micro_batches_per_step != options_.micro_batches_per_step) continue;
+      if (samplesPerSecond(t) > 0.0) rate[t.request.micro_batch_size] = samplesPerSecond(t);
+    }
+    return rate;
+  }
+
+  /// Samples per second at micro-batch `m`: linear between the measured batches around it, the
+  /// nearest alone beyond them; 0 when no measured batch lies within 25% of m.
+  static double rateAt(const std::map<std::int64_t, double>& rate, std::int64_t m) {
+    const auto above = rate.lower_bound(m);
+    const bool has_above = above != rate.end();
+    const bool has_below = above != rate.begin();
+    const auto below = has_below ? std::prev(above) : rate.end();
+    auto near = [m](std::int64_t b) {
+      return std::abs(static_cast<double>(b - m)) <= 0.25 * static_cast<double>(m);
+    };
+    if (!(has_above && near(above->first)) && !(has_below && near(below->first))) return 0.0;
+    if (has_above && above->first == m) return above->second;
+    if (has_above && has_below) {
+      const double w = static_cast<double>(m - below->first) /
+                       static_cast<double>(above->first - below->first);
+      return below->second + w * (above->second - below->second);
+    }
+    return has_above ? above->second : below->second;
+  }
+
+  /// Predicts both plans' samples per second and, for PlanKind::kFastest, makes the faster one
+  /// primary: balanced only when it beats uniform by at least 5% (step times are noisy, and a
+  /// uniform plan suits a fixed-size data loader), else uniform.
+  /// For kFastest, a plan whose micro-batch no trial came near is measured by one trial of its
+  /// largest micro-batch (below the safe batch, so it fits) before the speeds are compared.
+  void predictPlanSpeeds() {
+    if (!result_.plan) return;
+    auto predict = [this] {
+      const auto rate = measuredRates();
+      for (AccumulationPlan* plan : {&result_.plan->uniform, &result_.plan->balanced}) {
+        double seconds = 0.0;  // one optimizer step of one rank
+        for (const auto& g : plan->groups) {
+          const double r = rateAt(rate, g.micro_batch_size);
+          if (r <= 0.0) {
+            seconds = 0.0;
+            break;
+          }
+          seconds += static_cast<double>(g.count * g.micro_batch_size) / r;
+        }
+        plan->predicted_samples_per_second =
+            seconds > 0.0 ? static_cast<double>(plan->per_rank_batch) / seconds : 0.0;
+      }
+    };
+    predict();
+    if (options_.plan != PlanKind::kFastest) return;
+    bool measured = false;
+    for (const AccumulationPlan* plan : {&result_.plan->uniform, &result_.plan->balanced}) {
+      if (plan->predicted_samples_per_second > 0.0 || plan->accumulation_steps == 1) continue;
+      tryBatch(plan->largestMicroBatch());
+      measured = true;
+    }
+    if (measured) predict();
+    const double uniform = result_.plan->uniform.predicted_samples_per_second;
+    const double balanced = result_.plan->balanced.predicted_samples_per_second;
+    if (uniform <= 0.0 || balanced <= 0.0) {
+      result_.warnings.push_back(
+          "plan fastest: no step time was measured within 25% of the " +
+          std::string(uniform <= 0.0 ? "uniform" : "balanced") +
+          " plan's micro-batch; the primary plan follows auto's rule (" +
+          std::string(toString(result_.plan->primary_kind)) + ")");
+      return;
+    }
+    result_.plan->primary_kind =
+        balanced >= kFasterFactor * uniform ? PlanKind::kBalanced : PlanKind::kUniform;
+  }
+
   AffineFit fitAffine() const {
     AffineFit fit;
     double n = 0;
@@ -770,13 +850,7 @@ class Search {
       result_.measured_peak_bytes = fits_.at(result_.max_micro_batch).peak;
     }
     // Throughput of the search's own mode; the last measurement of each size counts.
-    std::map<std::int64_t, double> rate;
-    for (const auto& t : result_.trials) {
-      if (t.request.micro_batches_per_step != options_.micro_batches_per_step) continue;
-      if (t.outcome == TrialOutcome::kFits && !t.cancelled && samplesPerSecond(t) > 0.0) {
-        rate[t.request.micro_batch_size] = samplesPerSecond(t);
-      }
-    }
+    const std::map<std::int64_t, double> rate = measuredRates();
     double best = 0.0;
     for (const auto& [batch, r] : rate) {
       if (r > best) {

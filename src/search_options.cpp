@@ -13,10 +13,11 @@ constexpr std::array<detail::NameEntry<Strategy>, 3> kStrategyNames{{
     {Strategy::kPower, "power"},
 }};
 
-constexpr std::array<detail::NameEntry<PlanKind>, 3> kPlanNames{{
+constexpr std::array<detail::NameEntry<PlanKind>, 4> kPlanNames{{
     {PlanKind::kAuto, "auto"},
     {PlanKind::kUniform, "uniform"},
     {PlanKind::kBalanced, "balanced"},
+    {PlanKind::kFastest, "fastest"},
 }};
 
 }  // namespace

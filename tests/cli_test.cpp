@@ -366,6 +366,32 @@ TEST(CliTest, EndToEndOnAnExportedRealModel) {
   EXPECT_EQ(runCli(common + " --check-batch " + std::to_string(found + 1)).exit_code, 3);
 }
 
+// Issue 17's recipe on the real model: mlp_8x2048 with AdamW at 1 GiB, where the optimizer step
+// sets the peak at small batches. The search on an affine model of the whole peak took 16 trials
+// (1, 2, 8, ..., 2048 flat, then six failures from 44362 down); the max-of-phases search takes at
+// most 5 and closes the bracket exactly (the maximum fits, the next batch ran out of memory).
+// About 45 s on 2 cores.
+TEST(CliTest, MlpWhoseOptimizerStepBindsIsFoundExactlyInFiveTrials) {
+  const std::string model = std::string(AUTOBATCH_MODELS_DIR) + "/mlp_8x2048.pt";
+  ASSERT_TRUE(fs::exists(model)) << model << " is missing: run scripts/bootstrap.sh";
+  const fs::path json_path = tmpDir() / "mlp_8x2048.json";
+  const CliRun run =
+      runCli("--model " + model + " --device cpu --optimizer adamw --memory-limit 1GiB " +
+             "--margin 0 --strategy guided -q --json " + json_path.string());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  const std::int64_t found = doc["result"]["max_micro_batch"];
+  EXPECT_GT(found, 7000);  // 7258 when measured (tests/fake_probe.h, mlp8x2048AdamWAt1GiB)
+  EXPECT_EQ(doc["result"]["capped_by"], "memory");
+  EXPECT_LE(doc["trials"].size(), 5U) << doc["trials"].dump();
+  bool next_failed = false;
+  for (const auto& t : doc["trials"]) {
+    next_failed = next_failed || (t["micro_batch_size"] == found + 1 &&
+                                  t["outcome"] == "out-of-memory" && t["failed_phase"] != "");
+  }
+  EXPECT_TRUE(next_failed) << doc["trials"].dump();
+}
+
 TEST(CliTest, ModelsThatCannotTrainAreUsageErrors) {
   const std::string common = " --device cpu --memory-limit 64MiB --input 64 -q";
   const CliRun two_inputs = runCli(

@@ -27,6 +27,9 @@ TEST(NamesTest, EveryOptimizerAndLossRoundTrips) {
   }
   EXPECT_EQ(parseStrategy("binsearch"), Strategy::kBinsearch);
   EXPECT_EQ(parsePlanKind("balanced"), PlanKind::kBalanced);
+  for (auto k : {PlanKind::kAuto, PlanKind::kUniform, PlanKind::kBalanced, PlanKind::kFastest}) {
+    EXPECT_EQ(parsePlanKind(toString(k)), k);
+  }
 }
 
 TEST(NamesTest, UnknownNameListsTheValidOnes) {

@@ -572,6 +572,66 @@ TEST(SearchTest, WarnsWhenTheLargestBatchIsNotTheFastest) {
   EXPECT_TRUE(warned);
 }
 
+// Issue 17, item 7: for target 256 with safe micro-batch 31, auto's arithmetic picks uniform
+// 16 x 16 over balanced 4 x 29 + 5 x 28 whatever the speeds. fastest predicts each plan's samples
+// per second from the measured step times (measuring the uniform size when no trial came within
+// 25% of it) and picks balanced only when it is at least 5% faster. Catches a rule that ignores
+// the measurements, one that picks balanced for any gain, and an interpolation that reads the
+// wrong neighbours.
+TEST(SearchTest, FastestPlanFollowsTheMeasuredStepTimes) {
+  MemoryModel model = modelWithThreshold(33);
+  SearchOptions options;
+  options.margin_bytes = 2 * testing::kMiB;  // safe batch 31
+  options.target_batch = 256;
+  options.plan = PlanKind::kFastest;
+  // Samples per second rise with the batch: 1000 * B / (B + 8), 16 -> 667, 29 -> 784.
+  auto probeWith = [&model](double overhead_ms) {
+    return [&model, overhead_ms](const TrialRequest& request) {
+      TrialResult r = model.run(request);
+      const auto b = static_cast<double>(request.micro_batch_size);
+      if (r.outcome == TrialOutcome::kFits) r.step_ms = b + overhead_ms;
+      return r;
+    };
+  };
+  SearchResult r = findMaxBatch(probeWith(8.0), options);
+  ASSERT_EQ(r.safe_micro_batch, 31);
+  ASSERT_TRUE(r.plan.has_value());
+  EXPECT_EQ(r.plan->uniform.largestMicroBatch(), 16);
+  EXPECT_EQ(r.plan->balanced.accumulation_steps, 9);
+  EXPECT_TRUE(seenToFit(r, 16));  // measured, since no search trial came within 25% of 16
+  EXPECT_NEAR(r.plan->uniform.predicted_samples_per_second, 1000.0 * 16 / 24, 1e-6);
+  // Balanced: 4 x 29 + 5 x 28, each size at its rate interpolated between the measured 16 and
+  // 31 (29 ran only with 2 micro-batches, to verify the plan: another mode, not counted).
+  const double rate16 = 1000.0 * 16 / 24;
+  const double rate31 = 1000.0 * 31 / 39;
+  auto rate = [&](double m) { return rate16 + (rate31 - rate16) * (m - 16.0) / 15.0; };
+  EXPECT_NEAR(r.plan->balanced.predicted_samples_per_second,
+              256.0 / (4 * 29 / rate(29) + 5 * 28 / rate(28)), 1e-6);
+  EXPECT_EQ(r.plan->primary_kind, PlanKind::kBalanced);
+
+  // A flat rate: balanced gains nothing, uniform stays primary.
+  r = findMaxBatch(probeWith(0.0), options);
+  ASSERT_TRUE(r.plan.has_value());
+  EXPECT_NEAR(r.plan->uniform.predicted_samples_per_second, 1000.0, 1e-6);
+  EXPECT_NEAR(r.plan->balanced.predicted_samples_per_second, 1000.0, 1e-6);
+  EXPECT_EQ(r.plan->primary_kind, PlanKind::kUniform);
+
+  // A gain under 5% (1000 * B / (B + 0.5): 16 -> 970, 29 -> 983, +1.4%): uniform.
+  r = findMaxBatch(probeWith(0.5), options);
+  ASSERT_TRUE(r.plan.has_value());
+  EXPECT_GT(r.plan->balanced.predicted_samples_per_second,
+            r.plan->uniform.predicted_samples_per_second);
+  EXPECT_EQ(r.plan->primary_kind, PlanKind::kUniform);
+
+  // auto keeps its arithmetic rule (uniform 16 is not below half of 31) and runs no extra trial.
+  options.plan = PlanKind::kAuto;
+  r = findMaxBatch(probeWith(8.0), options);
+  ASSERT_TRUE(r.plan.has_value());
+  EXPECT_EQ(r.plan->primary_kind, PlanKind::kUniform);
+  EXPECT_FALSE(seenToFit(r, 16));
+  EXPECT_EQ(r.plan->uniform.predicted_samples_per_second, 0.0);
+}
+
 TEST(SearchTest, InvalidOptionsThrowWithTheExpectedValue) {
   const MemoryModel model = modelWithThreshold(10);
   SearchOptions options;

@@ -107,6 +107,10 @@ void expectRecovered(const std::optional<Point>& p) {
   EXPECT_TRUE(p->smaller_fits);
   EXPECT_GT(p->result.peak_bytes, 0);
   EXPECT_LE(p->result.peak_bytes, p->limit_bytes);
+  // The bytes in use at the refusal plus the request: over the limit (that is why it was
+  // refused), and the search's lower bound on the failed phase's peak.
+  EXPECT_LE(p->result.failed_in_use_bytes, p->limit_bytes);
+  EXPECT_GT(p->result.failed_in_use_bytes + p->result.failed_request_bytes, p->limit_bytes);
 }
 
 TEST(ClassifyExceptionTest, SyntheticExceptionsOfEachType) {
@@ -182,6 +186,9 @@ TEST(TrialRunnerTest, OutOfMemoryInForwardRecovers) {
   expectRecovered(p);
   EXPECT_EQ(p->result.failed_request_bytes, 64 * 2 * 4);
   EXPECT_EQ(p->result.steps_completed, 0);
+  // Catches a runner that names the phase entered last (idle, after cleanup) or none.
+  EXPECT_EQ(p->result.failed_phase, "forward");
+  EXPECT_EQ(p->result.failed_in_use_bytes, l);  // the baseline and the input: the whole limit
 }
 
 // mlp(4, 4, 1024) at batch 16: x 256 B, hidden 256 B each, logits [16, 1024] 65536 B; the
@@ -197,6 +204,7 @@ TEST(TrialRunnerTest, OutOfMemoryInLossRecovers) {
       sweep(m, spec, 16, baselineOf(m, spec) + forward_live, 200,
             [](const TrialResult& r) { return r.failed_request_bytes == std::int64_t{16} * 8; });
   expectRecovered(p);
+  EXPECT_EQ(p->result.failed_phase, "loss");
 }
 
 TEST(TrialRunnerTest, OutOfMemoryInBackwardRecovers) {
@@ -209,6 +217,7 @@ TEST(TrialRunnerTest, OutOfMemoryInBackwardRecovers) {
                        [](const TrialResult& r) { return r.failed_request_bytes == kLogits; });
   expectRecovered(p);
   EXPECT_EQ(p->result.steps_completed, 0);
+  EXPECT_EQ(p->result.failed_phase, "backward");
 }
 
 TEST(TrialRunnerTest, OutOfMemoryInOptimizerStepRecovers) {
@@ -227,6 +236,8 @@ TEST(TrialRunnerTest, OutOfMemoryInOptimizerStepRecovers) {
     EXPECT_EQ(r.outcome, TrialOutcome::kOutOfMemory);
     EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
     EXPECT_EQ(r.steps_completed, 0);
+    EXPECT_EQ(r.failed_phase, "optimizer-step");
+    EXPECT_GT(r.failed_in_use_bytes + r.failed_request_bytes, peak_without_step);
     // The step's peak does not depend on the batch: the same runner fails identically again
     // (nothing leaked) ...
     const TrialResult again = runner.run({1, 1, {}});

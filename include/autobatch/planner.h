@@ -26,7 +26,7 @@ struct MicroBatchGroup {
 
 /// One accumulation plan for one rank. The same plan runs on every rank.
 struct AccumulationPlan {
-  /// kUniform or kBalanced (never kAuto).
+  /// kUniform or kBalanced (never kAuto or kFastest).
   PlanKind kind = PlanKind::kUniform;
   /// The micro-batches of one optimizer step, at most two groups, the larger size first; the two
   /// sizes differ by exactly one sample. A uniform plan has one group.
@@ -39,6 +39,12 @@ struct AccumulationPlan {
   int world_size = 1;
   /// Samples per optimizer step over all ranks; always equal to the requested target.
   std::int64_t effective_batch = 0;
+  /// Samples per second of one rank running this plan, predicted by the search from the trials'
+  /// measured step times: each micro-batch takes its size over the samples per second measured
+  /// at that size (linear interpolation between the two nearest measured batches, the nearest
+  /// alone beyond them). 0: no prediction (no trial within 25% of a micro-batch of the plan, or
+  /// planned without a search).
+  double predicted_samples_per_second = 0.0;
 
   /// The largest micro-batch of the plan, in samples (what memory must hold).
   std::int64_t largestMicroBatch() const;
@@ -78,7 +84,8 @@ struct AccumulationPlans {
 ///   world_size.
 /// - world_size: data-parallel ranks. Range >= 1. Default: 1.
 /// - kind: which plan is primary. kAuto: uniform, unless the uniform micro-batch is below half of
-///   min(max_micro_batch, per-rank target), then balanced. Default: kAuto.
+///   min(max_micro_batch, per-rank target), then balanced. kFastest needs measured step times,
+///   which only the search has (findMaxBatch decides it); here it is kAuto. Default: kAuto.
 ///
 /// A per-rank target at or below the maximum gives one step of the whole per-rank target in both
 /// plans. Returns: both plans (each exact), the primary one marked.

@@ -28,6 +28,11 @@ enum class PlanKind {
   kAuto,      ///< "auto": uniform unless its micro-batch is below half the maximum, then balanced
   kUniform,   ///< "uniform": equal micro-batches (the largest divisor of the per-rank target)
   kBalanced,  ///< "balanced": fewest steps, micro-batches differing by at most one sample
+  ///< "fastest": the plan with the higher samples per second predicted from the trials' measured
+  ///< step times; balanced only when it beats uniform by at least 5%, else uniform; auto's rule
+  ///< when either has no prediction (no trial within 25% of its micro-batch). Decided by the
+  ///< search (findMaxBatch); planAccumulation alone treats it as auto. The CLI's default.
+  kFastest,
 };
 
 std::string_view toString(PlanKind kind);
@@ -75,7 +80,7 @@ struct SearchOptions {
   std::int64_t target_batch = 0;
   /// Data-parallel ranks that share the target batch. Range >= 1. Default: 1.
   int world_size = 1;
-  /// Default: auto.
+  /// Default: auto (the CLI's default is fastest).
   PlanKind plan = PlanKind::kAuto;
   /// Checked between trials and passed to every trial (TrialRequest::cancel). May be empty.
   CancelHook cancel;

@@ -268,7 +268,8 @@ cxxopts::Options makeOptions() {
     ("t,target-batch", "Target effective (global) batch for the accumulation plan", text(), "N")
     ("world-size", "Data-parallel ranks sharing the target. Default: WORLD_SIZE or SLURM_NTASKS, "
                    "else 1", text(), "N")
-    ("plan", "Primary plan: auto, uniform, balanced", text()->default_value("auto"), "NAME");
+    ("plan", "Primary plan: fastest (by the step times measured), auto, uniform, balanced",
+     text()->default_value("fastest"), "NAME");
   options.add_options("Ranks (multi-rank preflight; default: torchrun's or Slurm's environment)")
     ("rank", "This rank (RANK, SLURM_PROCID); with a world size > 1 the ranks agree on the "
              "smallest micro-batch through a c10d TCPStore", text(), "N")
