@@ -59,6 +59,19 @@ MaxBatchResult findMaxBatch(const TrainingSpec& spec, const SearchOptions& optio
   return searchWith(runner, options);
 }
 
+MaxBatchResult findMaxBatch(TrialRunner& runner, const SearchOptions& options) {
+  return searchWith(runner, options);
+}
+
+MaxBatchResult runnerFacts(const TrialRunner& runner) {
+  MaxBatchResult result;
+  result.memory = breakdownOf(runner);
+  result.context = contextOf(runner);
+  return result;
+}
+
+std::string sha1Hex(const std::string& bytes) { return c10::sha1(bytes).str(); }
+
 MaxBatchResult findMaxBatch(torch::jit::Module& module, const TrainingSpec& spec,
                             const SearchOptions& options) {
   TrialRunner runner(module, spec, options);

@@ -89,6 +89,21 @@ json toJson(const TrialResult& t) {
           {"cancelled", t.cancelled}};
 }
 
+json toJson(const CacheReport& c) {
+  json fields = json::object();
+  for (const auto& [name, value] : c.key.fields) fields[name] = value;
+  return {{"dir", c.dir},
+          {"key", c.key.hash},
+          {"fields", fields},
+          {"outcome", c.outcome},
+          {"cached", c.outcome == "hit"},
+          {"trusted", c.trusted},
+          {"stored_at", c.stored_at},
+          {"cached_trials", c.cached_trials},
+          {"cached_search_s", c.cached_search_s},
+          {"store_error", c.store_error}};
+}
+
 json toJson(const AccumulationPlan& plan) {
   json groups = json::array();
   for (const auto& g : plan.groups) {
@@ -222,6 +237,50 @@ std::int64_t modelNeedsBytes(const MemoryBreakdown& m) {
 
 }  // namespace
 
+CacheKey cacheKeyFields(const ReportData& d) {
+  CacheKey key;
+  if (!d.result) return key;
+  const RunContext& c = d.result->context;
+  const MemoryBreakdown& m = d.result->memory;
+  const TrainingSpec& s = d.spec;
+  const SearchOptions& o = d.options;
+  auto add = [&key](std::string name, std::string value) {
+    key.fields.emplace_back(std::move(name), std::move(value));
+  };
+  add("model_sha1", d.model_sha1);
+  add("model_file_bytes", std::to_string(d.model_file_bytes));
+  std::string inputs;
+  for (const auto& spec : c.inputs) inputs += (inputs.empty() ? "" : ",") + toString(spec);
+  add("inputs", inputs);
+  add("loss", std::string(toString(c.loss)));
+  add("optimizer", std::string(toString(s.optimizer)));
+  add("optimizer_impl", m.optimizer_impl);
+  add("zero_grad", std::string(toString(s.zero_grad)));
+  add("keep_output", s.keep_output ? "yes" : "no");
+  add("precision", std::string(toString(s.precision)));
+  add("steps_per_trial", std::to_string(s.steps_per_trial));
+  add("micro_batches_per_step", std::to_string(c.micro_batches_per_trial));
+  add("cudnn_benchmark", s.cudnn_benchmark ? "yes" : "no");
+  add("optimize_graph", s.optimize_graph ? "yes" : "no");
+  add("memory_limit_bytes", std::to_string(c.memory_limit_bytes));
+  add("reserve_bytes", std::to_string(o.reserve_bytes));
+  add("margin", o.margin_bytes >= 0 ? std::to_string(o.margin_bytes) + " bytes"
+                                    : fmt::format("{} of the limit", o.margin_fraction));
+  add("strategy", std::string(toString(o.strategy)));
+  add("relative_tolerance", fmt::format("{}", o.relative_tolerance));
+  add("min_batch", std::to_string(o.min_batch));
+  add("max_batch", std::to_string(o.max_batch));
+  add("dataset_size", std::to_string(o.dataset_size));
+  add("ddp_bucket_bytes", std::to_string(m.ddp_bucket_bytes));
+  add("device_name", gpuName(d.build, c.device));
+  add("device_total_bytes", std::to_string(gpuBytes(d.build, c.device)));
+  add("cuda_driver_version", std::to_string(d.build.cuda_driver_version));
+  add("libtorch_version", d.build.libtorch_version);
+  add("autobatch_version", d.build.autobatch_version);
+  add("allocator_config", c.allocator.config);
+  return key;
+}
+
 std::string toJson(const ReportData& d) {
   json doc;
   doc["schema_version"] = kReportSchemaVersion;
@@ -322,6 +381,7 @@ std::string toJson(const ReportData& d) {
   doc["trials"] = trials;
   doc["warnings"] = warnings;
   doc["ranks"] = ranksJson(d);
+  doc["cache"] = d.cache ? toJson(*d.cache) : json(nullptr);
   // Paths, flag values and model messages are not always UTF-8: an invalid byte becomes U+FFFD
   // instead of an exception (the report is written on every exit, errors included).
   return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
@@ -369,6 +429,23 @@ std::string humanReport(const ReportData& d) {
     const SearchResult& s = d.result->search;
     out << fmt::format("\nresult ({}, {} trials, {:.1f} s)\n", toString(s.status), s.trials.size(),
                        s.elapsed_s);
+    if (d.cache) {
+      const CacheReport& c = *d.cache;
+      if (c.outcome == "hit") {
+        out << fmt::format(
+            "  cached            from {} ({} trials, {:.1f} s then; {}; key {})\n", c.stored_at,
+            c.cached_trials, c.cached_search_s,
+            c.trusted ? "trusted without a trial (--cache-trust)" : "confirmed by the trial above",
+            c.key.hash.substr(0, 12));
+      } else {
+        out << fmt::format("  cache             {}{}; key {}\n",
+                           c.outcome == "miss" ? "miss, searched and stored"
+                                               : "the entry's confirming trial failed: dropped, "
+                                                 "searched and stored again",
+                           c.store_error.empty() ? "" : " (not stored: " + c.store_error + ")",
+                           c.key.hash.substr(0, 12));
+      }
+    }
     out << fmt::format("  max micro-batch   {}\n", s.max_micro_batch);
     if (s.max_micro_batch > 0 && s.capped_by != "memory") {
       out << fmt::format("  capped by         {}{}\n", s.capped_by,

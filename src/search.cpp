@@ -776,13 +776,11 @@ class Search {
     };
     predict();
     if (options_.plan != PlanKind::kFastest) return;
-    bool measured = false;
     for (const AccumulationPlan* plan : {&result_.plan->uniform, &result_.plan->balanced}) {
       if (plan->predicted_samples_per_second > 0.0 || plan->accumulation_steps == 1) continue;
       tryBatch(plan->largestMicroBatch());
-      measured = true;
+      predict();  // the other plan may share the size just measured
     }
-    if (measured) predict();
     const double uniform = result_.plan->uniform.predicted_samples_per_second;
     const double balanced = result_.plan->balanced.predicted_samples_per_second;
     if (uniform <= 0.0 || balanced <= 0.0) {

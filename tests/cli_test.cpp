@@ -643,3 +643,164 @@ TEST(CliTest, SecondSignalExitsAtOnceWithoutWriting) {
 }
 
 }  // namespace
+
+namespace {
+
+// A result cache in the test's own folder (AUTOBATCH_CACHE_DIR, inherited by the CLI).
+class CacheCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = tmpDir() / "results";
+    fs::remove_all(dir_);
+    ::setenv("AUTOBATCH_CACHE_DIR", dir_.c_str(), 1);
+  }
+  void TearDown() override { ::unsetenv("AUTOBATCH_CACHE_DIR"); }
+
+  // Runs the CLI with `args` and --json; returns the exit code and the report.
+  std::pair<int, nlohmann::json> run(const std::string& args, const std::string& tag) {
+    const fs::path json_path = tmpDir() / (tag + ".json");
+    const CliRun r = autobatch::testing::runCliIn(tmpDir(), tag,
+                                                  args + " -q --json " + json_path.string());
+    return {r.exit_code, nlohmann::json::parse(readFile(json_path))};
+  }
+
+  fs::path entry(const nlohmann::json& doc) const {
+    return dir_ / (doc["cache"]["key"].get<std::string>() + ".json");
+  }
+
+  fs::path dir_;
+};
+
+const std::string kCacheArgs = " --device cpu --memory-limit 64MiB --cache";
+
+}  // namespace
+
+// Issue 18: a repeat preflight answers from the entry after ONE confirming trial (none with
+// --cache-trust), with the same answer. Catches a cache that re-searches on every run, one that
+// answers without a trial, and one whose key moves between identical runs.
+TEST_F(CacheCliTest, HitAfterMissAnswersWithOneConfirmingTrial) {
+  const std::string args = "--model " + mlpModel() + kCacheArgs + " --target-batch 1000";
+  const auto [miss_code, miss] = run(args, "miss");
+  ASSERT_EQ(miss_code, 0) << miss.dump();
+  EXPECT_EQ(miss["cache"]["outcome"], "miss");
+  EXPECT_FALSE(miss["cache"]["cached"].get<bool>());
+  ASSERT_TRUE(fs::exists(entry(miss)));
+  EXPECT_GT(miss["trials"].size(), 3U);
+  EXPECT_EQ(miss["cache"]["fields"]["inputs"], "float32:64");
+  EXPECT_EQ(miss["cache"]["fields"]["memory_limit_bytes"], std::to_string(64 << 20));
+
+  const auto [hit_code, hit] = run(args, "hit");
+  ASSERT_EQ(hit_code, 0) << hit.dump();
+  EXPECT_EQ(hit["cache"]["outcome"], "hit");
+  EXPECT_TRUE(hit["cache"]["cached"].get<bool>());
+  EXPECT_EQ(hit["cache"]["key"], miss["cache"]["key"]);
+  EXPECT_FALSE(hit["cache"]["stored_at"].get<std::string>().empty());
+  EXPECT_EQ(hit["cache"]["cached_trials"], miss["trials"].size());
+  ASSERT_EQ(hit["trials"].size(), 1U);
+  EXPECT_EQ(hit["trials"][0]["outcome"], "fits");
+  EXPECT_EQ(hit["result"]["max_micro_batch"], miss["result"]["max_micro_batch"]);
+  EXPECT_EQ(hit["result"]["safe_micro_batch"], miss["result"]["safe_micro_batch"]);
+  EXPECT_EQ(hit["plans"]["uniform"]["effective_batch"], 1000);
+
+  const auto [trust_code, trusted] = run(args + " --cache-trust", "trusted");
+  ASSERT_EQ(trust_code, 0);
+  EXPECT_EQ(trusted["cache"]["outcome"], "hit");
+  EXPECT_TRUE(trusted["cache"]["trusted"].get<bool>());
+  EXPECT_EQ(trusted["trials"].size(), 0U);
+  EXPECT_EQ(trusted["result"]["safe_micro_batch"], miss["result"]["safe_micro_batch"]);
+}
+
+// The public failure to avoid: a size found for 64-token inputs reused at 512 tokens. Another
+// input length, optimizer or memory limit is another key. Catches a key of the flags as given
+// (or of the model path) instead of what the trials ran.
+TEST_F(CacheCliTest, StaleInputsNeverMatch) {
+  const std::string model =
+      customModel("AnyLength", "def forward(self, x):\n  return torch.matmul(x.reshape(-1, 64), self.w)\n");
+  const auto [c64, short_inputs] = run("--model " + model + " --input 64" + kCacheArgs, "l64");
+  ASSERT_EQ(c64, 0);
+  const auto [c512, long_inputs] = run("--model " + model + " --input 512" + kCacheArgs, "l512");
+  ASSERT_EQ(c512, 0);
+  EXPECT_EQ(long_inputs["cache"]["outcome"], "miss");
+  EXPECT_NE(long_inputs["cache"]["key"], short_inputs["cache"]["key"]);
+  EXPECT_LT(long_inputs["result"]["max_micro_batch"], short_inputs["result"]["max_micro_batch"]);
+  const auto [csgd, sgd] =
+      run("--model " + model + " --input 64 --optimizer sgd" + kCacheArgs, "sgd");
+  ASSERT_EQ(csgd, 0);
+  EXPECT_EQ(sgd["cache"]["outcome"], "miss");
+  const auto [again_code, again] = run("--model " + model + " --input 64" + kCacheArgs, "again");
+  ASSERT_EQ(again_code, 0);
+  EXPECT_EQ(again["cache"]["outcome"], "hit");
+}
+
+// An entry whose confirming trial does not fit (here: edited to a batch far over the limit, as
+// after a driver or library change the key did not see) is dropped, and the search runs again
+// and stores the right answer. Catches a cache that trusts a failed confirmation.
+TEST_F(CacheCliTest, FailedConfirmationDropsTheEntryAndSearchesAgain) {
+  const std::string args = "--model " + mlpModel() + kCacheArgs;
+  const auto [code, first] = run(args, "first");
+  ASSERT_EQ(code, 0);
+  const fs::path path = entry(first);
+  auto stored = nlohmann::json::parse(readFile(path));
+  stored["max_micro_batch"] = 1000000;
+  stored["safe_micro_batch"] = 1000000;
+  std::ofstream(path) << stored.dump();
+  const auto [again_code, again] = run(args, "again");
+  ASSERT_EQ(again_code, 0) << again.dump();
+  EXPECT_EQ(again["cache"]["outcome"], "confirm-failed");
+  EXPECT_EQ(again["trials"][0]["micro_batch_size"], 1000000);
+  EXPECT_NE(again["trials"][0]["outcome"], "fits");
+  EXPECT_EQ(again["result"]["max_micro_batch"], first["result"]["max_micro_batch"]);
+  EXPECT_EQ(nlohmann::json::parse(readFile(path))["safe_micro_batch"],
+            first["result"]["safe_micro_batch"]);
+}
+
+// A corrupt or truncated entry is a miss with a warning, never a crash, and is replaced.
+TEST_F(CacheCliTest, CorruptEntryIsIgnoredWithAWarning) {
+  const std::string args = "--model " + mlpModel() + kCacheArgs;
+  const auto [code, first] = run(args, "first");
+  ASSERT_EQ(code, 0);
+  std::ofstream(entry(first)) << "{\"key\": \"trunc";
+  const auto [again_code, again] = run(args, "again");
+  ASSERT_EQ(again_code, 0) << again.dump();
+  EXPECT_EQ(again["cache"]["outcome"], "miss");
+  EXPECT_NE(again["warnings"].dump().find("ignoring the unreadable entry"), std::string::npos)
+      << again["warnings"].dump();
+  EXPECT_EQ(nlohmann::json::parse(readFile(entry(first)))["safe_micro_batch"],
+            first["result"]["safe_micro_batch"]);
+}
+
+// Several ranks of one node storing the same key at once: each writes a temporary file of its
+// own and renames it, so the entry is whole, both stores succeed and no temporary file is left.
+// Catches a temporary name shared by the writers (the second rename finds no file: a store
+// error) and temporary files left behind.
+TEST_F(CacheCliTest, TwoWritersAtOnceLeaveOneWholeEntry) {
+  const std::string args = "--model " + mlpModel() + kCacheArgs + " -q";
+  const std::string cli = std::string(AUTOBATCH_CLI) + " " + args;
+  const fs::path a = tmpDir() / "a.json";
+  const fs::path b = tmpDir() / "b.json";
+  const std::string both = "(" + cli + " --json " + a.string() + " >/dev/null 2>&1 & " + cli +
+                           " --json " + b.string() + " >/dev/null 2>&1 & wait)";
+  ASSERT_EQ(std::system(both.c_str()), 0);
+  const auto ra = nlohmann::json::parse(readFile(a));
+  const auto rb = nlohmann::json::parse(readFile(b));
+  EXPECT_EQ(ra["exit_code"], 0);
+  EXPECT_EQ(rb["exit_code"], 0);
+  EXPECT_EQ(ra["cache"]["key"], rb["cache"]["key"]);
+  EXPECT_EQ(ra["cache"]["store_error"], "");
+  EXPECT_EQ(rb["cache"]["store_error"], "");
+  const auto stored = nlohmann::json::parse(readFile(entry(ra)));
+  EXPECT_EQ(stored["safe_micro_batch"], ra["result"]["safe_micro_batch"]);
+  int files = 0;
+  for (const auto& f : fs::directory_iterator(dir_)) {
+    ++files;
+    EXPECT_EQ(f.path().extension(), ".json") << f.path();
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST_F(CacheCliTest, CacheTrustWithoutCacheIsAUsageError) {
+  const auto [code, doc] = run("--model " + mlpModel() + " --device cpu --cache-trust", "usage");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(doc["error"].get<std::string>().find("--cache-trust: expected --cache"),
+            std::string::npos);
+}

@@ -29,6 +29,8 @@ struct Module;
 
 namespace autobatch {
 
+class TrialRunner;
+
 /// What the model itself holds, exact (counted from its tensors), in bytes unless named.
 struct MemoryBreakdown {
   std::int64_t parameter_count = 0;        ///< elements of the trained parameters
@@ -83,6 +85,14 @@ MaxBatchResult findMaxBatch(const TrainingSpec& spec, const SearchOptions& optio
 MaxBatchResult findMaxBatch(torch::jit::Module& module, const TrainingSpec& spec,
                             const SearchOptions& options);
 
+/// As above on a runner the caller set up (autobatch/trial_runner.h): the CLI reads the runner's
+/// facts first (runnerFacts) to look up the result cache, then searches on the same runner.
+/// options.micro_batches_per_step is replaced by the runner's (min(accumulation_steps, 2)).
+MaxBatchResult findMaxBatch(TrialRunner& runner, const SearchOptions& options);
+
+/// The memory breakdown and run context of a set-up runner, with an empty search (no trial run).
+MaxBatchResult runnerFacts(const TrialRunner& runner);
+
 /// The result of checkBatch().
 struct CheckResult {
   TrialResult trial;              ///< the trial at the checked micro-batch
@@ -98,6 +108,9 @@ struct CheckResult {
 /// Throws: as findMaxBatch; autobatch::Error for micro_batch_size < 1.
 CheckResult checkBatch(const TrainingSpec& spec, const SearchOptions& options,
                        std::int64_t micro_batch_size);
+
+/// SHA-1 of `bytes`, 40 hex digits (c10::sha1): the result cache's key hash.
+std::string sha1Hex(const std::string& bytes);
 
 /// SHA-1 of a file's bytes, 40 hex digits (c10::sha1), for the report's fingerprint.
 /// Throws: autobatch::Error when the file cannot be read.

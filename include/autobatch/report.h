@@ -17,6 +17,7 @@
 
 #include "autobatch/autobatch.h"
 #include "autobatch/ranks.h"
+#include "autobatch/result_cache.h"
 #include "autobatch/search_options.h"
 #include "autobatch/training_spec.h"
 #include "autobatch/version.h"
@@ -25,6 +26,22 @@ namespace autobatch {
 
 /// The JSON report's schema version (see the file comment).
 inline constexpr int kReportSchemaVersion = 1;
+
+/// What the result cache (--cache) did in this run.
+struct CacheReport {
+  std::string dir;  ///< the results folder
+  CacheKey key;     ///< the key of this run (hash and fields)
+  /// "hit" (answered from the entry), "miss" (searched and stored), "confirm-failed" (the
+  /// entry's confirming trial did not fit under the margin: dropped, searched and stored again).
+  std::string outcome;
+  bool trusted = false;   ///< --cache-trust: a hit answered without the confirming trial
+  std::string stored_at;  ///< the entry's time (UTC, ISO 8601) on a hit, else ""
+  /// The cached search's own trials and wall time (what the hit saved); 0 on a miss.
+  int cached_trials = 0;
+  double cached_search_s = 0.0;
+  /// Why the entry could not be stored, or "" (a failed store is a warning, not an error).
+  std::string store_error;
+};
 
 /// Everything one run of the CLI knows, at any point of its life (errors included).
 struct ReportData {
@@ -50,7 +67,16 @@ struct ReportData {
   std::optional<RankInfo> rank;
   /// Multi-rank preflight: what the ranks agreed on (result.search is already lowered to it).
   std::optional<Agreement> agreement;
+  /// --cache: what the result cache did; nullopt without --cache.
+  std::optional<CacheReport> cache;
 };
+
+/// The result cache's key fields for this run (CacheKey::fields; the hash is left empty for the
+/// caller, which hashes canonicalText() with SHA-1): everything the answer depends on, resolved
+/// (the inputs and loss the runner used, the optimizer implementation that ran, the memory limit
+/// in bytes after the reserve, the device's name and total memory, not its index or the model's
+/// path or the rank). Needs data.result (its memory and context; the search may be empty).
+CacheKey cacheKeyFields(const ReportData& data);
 
 /// The JSON document (pretty-printed, 2 spaces, trailing newline).
 std::string toJson(const ReportData& data);

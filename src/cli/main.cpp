@@ -8,6 +8,8 @@
 #include <unistd.h>
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <ctime>
 #include <csignal>
 #include <cxxopts.hpp>
 #include <exception>
@@ -25,6 +27,8 @@
 #include "autobatch/rank_group.h"
 #include "autobatch/ranks.h"
 #include "autobatch/report.h"
+#include "autobatch/result_cache.h"
+#include "autobatch/trial_runner.h"
 #include "autobatch/units.h"
 #include "autobatch/version.h"
 
@@ -67,6 +71,9 @@ struct Cli {
   /// The trial in progress, to name the batch in an error raised in the training step.
   std::optional<autobatch::TrialRequest> running;
   std::optional<std::int64_t> check_batch;
+  bool cache = false;
+  bool cache_trust = false;
+  std::string cache_dir;
   std::string json_path;
   bool env = false;
   autobatch::RankGroupOptions rank_options;
@@ -200,6 +207,17 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   if (args.count("check-batch") != 0U) {
     cli.check_batch = parseInteger(flag(args, "check-batch"), "--check-batch", 1, kMaxBatch);
   }
+  cli.cache = args.count("cache") != 0U;
+  cli.cache_trust = args.count("cache-trust") != 0U;
+  if (cli.cache_trust && !cli.cache) {
+    throw Error("--cache-trust: expected --cache as well (it changes how a cache hit is answered)");
+  }
+  if (cli.cache && cli.check_batch) {
+    throw Error(
+        "--cache: expected a search, but got --check-batch (a check is one trial; there is "
+        "nothing to reuse)");
+  }
+  if (cli.cache) cli.cache_dir = autobatch::defaultCacheDir(autobatch::processEnvironment());
   o.cancel = [] { return g_signal.load() != 0; };
   o.before_trial = [&cli](const autobatch::TrialRequest& r) { cli.running = r; };
   o.on_trial = [&cli](const autobatch::TrialResult& t) {
@@ -263,7 +281,11 @@ cxxopts::Options makeOptions() {
     ("max-trials", "Trial budget (0: none)", text()->default_value("0"), "N")
     ("time-limit", "Wall-clock budget in seconds (0: none)", text()->default_value("0"), "S")
     ("check-batch", "Preflight: only check that micro-batch N fits (exit 0) or not (exit 3)", text(),
-     "N");
+     "N")
+    ("cache", "Reuse a past search's answer for the same model, inputs, options, device and "
+              "versions, confirmed by one trial (folder: AUTOBATCH_CACHE_DIR, else "
+              "XDG_CACHE_HOME/autobatch/results, else ~/.cache/autobatch/results)")
+    ("cache-trust", "With --cache: answer a hit without the confirming trial");
   options.add_options("Plan")
     ("t,target-batch", "Target effective (global) batch for the accumulation plan", text(), "N")
     ("world-size", "Data-parallel ranks sharing the target. Default: WORLD_SIZE or SLURM_NTASKS, "
@@ -353,6 +375,80 @@ void agreeAcrossRanks(Cli& cli) {
   }
 }
 
+std::string utcNow() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+// --cache: set the runner up, key the run by what the answer depends on, answer a hit with one
+// confirming trial (none with --cache-trust), else search on the same runner and store.
+void searchWithCache(Cli& cli) {
+  const auto start = std::chrono::steady_clock::now();
+  const autobatch::SearchOptions& options = cli.report.options;
+  autobatch::TrialRunner runner(cli.report.spec, options);
+  cli.report.result = autobatch::runnerFacts(runner);
+  autobatch::CacheReport cache;
+  cache.dir = cli.cache_dir;
+  cache.key = autobatch::cacheKeyFields(cli.report);
+  cache.key.hash = autobatch::sha1Hex(cache.key.canonicalText());
+  std::vector<std::string> warnings;
+  std::optional<autobatch::TrialResult> failed_confirm;
+  if (auto entry = autobatch::loadCachedResult(cache.dir, cache.key, warnings)) {
+    autobatch::SearchOptions o = options;
+    o.micro_batches_per_step = runner.microBatchesPerTrial();
+    std::optional<autobatch::TrialResult> confirm;
+    if (!cli.cache_trust) {
+      const autobatch::TrialRequest request =
+          autobatch::confirmRequest(*entry, o, runner.microBatchesPerTrial());
+      if (o.before_trial) o.before_trial(request);
+      confirm = runner.run(request);
+      if (o.on_trial) o.on_trial(*confirm);
+    }
+    if (cli.cache_trust || autobatch::confirms(*entry, *confirm)) {
+      cache.outcome = "hit";
+      cache.trusted = cli.cache_trust;
+      cache.stored_at = entry->stored_at;
+      cache.cached_trials = entry->trials;
+      cache.cached_search_s = entry->search_s;
+      autobatch::MaxBatchResult result = autobatch::runnerFacts(runner);
+      result.search = autobatch::searchResultFromCache(*entry, o, confirm);
+      result.search.elapsed_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      result.search.warnings = warnings;
+      cli.report.result = std::move(result);
+      cli.report.cache = std::move(cache);
+      return;
+    }
+    autobatch::dropCachedResult(cache.dir, cache.key);
+    warnings.push_back("result cache: the entry of " + entry->stored_at + " did not confirm (batch " +
+                       std::to_string(confirm->request.micro_batch_size) + " x " +
+                       std::to_string(confirm->request.micro_batches_per_step) + ": " +
+                       std::string(autobatch::toString(confirm->outcome)) +
+                       "); dropped it and searched again");
+    cache.outcome = "confirm-failed";
+    failed_confirm = confirm;
+  } else {
+    cache.outcome = "miss";
+  }
+  autobatch::MaxBatchResult result = autobatch::findMaxBatch(runner, options);
+  if (failed_confirm) result.search.trials.insert(result.search.trials.begin(), *failed_confirm);
+  result.search.warnings.insert(result.search.warnings.begin(), warnings.begin(), warnings.end());
+  if (g_signal.load() == 0) {
+    if (auto stored = autobatch::cachedResultOf(result.search, utcNow())) {
+      cache.store_error = autobatch::storeCachedResult(cache.dir, cache.key, *stored);
+      if (!cache.store_error.empty()) {
+        result.search.warnings.push_back("result cache: not stored: " + cache.store_error);
+      }
+    }
+  }
+  cli.report.result = std::move(result);
+  cli.report.cache = std::move(cache);
+}
+
 // The --json path from the raw arguments (the last one given, as cxxopts takes it), so that a
 // command line cxxopts cannot parse (an unknown or misspelled flag, a flag missing its value)
 // still gets its JSON report: docs/errors.md promises one on every exit.
@@ -411,6 +507,8 @@ int run(int argc, char** argv, Cli& cli) {
   }
   if (cli.check_batch) {
     cli.report.check = autobatch::checkBatch(spec, cli.report.options, *cli.check_batch);
+  } else if (cli.cache) {
+    searchWithCache(cli);
   } else {
     cli.report.result = autobatch::findMaxBatch(spec, cli.report.options);
   }
