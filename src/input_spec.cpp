@@ -1,11 +1,14 @@
 #include "autobatch/input_spec.h"
 
+#include <algorithm>
 #include <array>
 #include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "autobatch/error.h"
+#include "autobatch/units.h"
 #include "name_table.h"
 
 namespace autobatch {
@@ -250,6 +253,77 @@ std::int64_t sampleElements(const InputSpec& spec) {
   std::int64_t n = 1;
   for (const auto d : spec.sample_shape) n *= d;
   return n;
+}
+
+namespace {
+
+// Splits `text` at every `sep`, keeping empty fields.
+std::vector<std::string_view> split(std::string_view text, char sep) {
+  std::vector<std::string_view> parts;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t at = text.find(sep, start);
+    parts.push_back(text.substr(start, at == std::string_view::npos ? at : at - start));
+    if (at == std::string_view::npos) return parts;
+    start = at + 1;
+  }
+}
+
+constexpr std::int64_t kMaxLength = std::int64_t{1} << 20;
+
+}  // namespace
+
+bool hasLengthPlaceholder(std::string_view text) {
+  for (const auto field : split(text, ':')) {
+    for (const auto dim : split(field, 'x')) {
+      if (dim == "L") return true;
+    }
+  }
+  return false;
+}
+
+std::string withLength(std::string_view text, std::int64_t length) {
+  std::string out;
+  bool first_field = true;
+  for (const auto field : split(text, ':')) {
+    if (!first_field) out += ':';
+    first_field = false;
+    bool first_dim = true;
+    for (const auto dim : split(field, 'x')) {
+      if (!first_dim) out += 'x';
+      first_dim = false;
+      out += dim == "L" ? std::to_string(length) : std::string(dim);
+    }
+  }
+  return out;
+}
+
+std::vector<std::int64_t> parseLengths(std::string_view text) {
+  const std::string bound = "--lengths (a length in [1, " + std::to_string(kMaxLength) + "])";
+  std::vector<std::int64_t> lengths;
+  if (const auto dots = text.find(".."); dots != std::string_view::npos) {
+    const std::int64_t a = parseInteger(text.substr(0, dots), bound, 1, kMaxLength);
+    const std::int64_t b = parseInteger(text.substr(dots + 2), bound, 1, kMaxLength);
+    if (b < a) {
+      throw Error("--lengths: expected a range A..B with A <= B, but got '" + std::string(text) +
+                  "'");
+    }
+    lengths = {a, b};
+    for (std::int64_t p = 1; p <= b; p *= 2) {
+      if (p > a) lengths.push_back(p);
+    }
+  } else {
+    for (const auto item : split(text, ',')) {
+      if (item.empty()) {
+        throw Error("--lengths: expected a list like 128,512,1536 or a range like 128..2048, but "
+                    "got '" + std::string(text) + "'");
+      }
+      lengths.push_back(parseInteger(item, bound, 1, kMaxLength));
+    }
+  }
+  std::sort(lengths.begin(), lengths.end(), std::greater<>());
+  lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+  return lengths;
 }
 
 }  // namespace autobatch

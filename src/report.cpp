@@ -29,8 +29,8 @@ json optionalJson(const RunContext* ctx, std::optional<std::string> AllocatorInf
   return *(ctx->allocator.*field);
 }
 
-// The phase whose peak is the trial's ("backward", "optimizer-step", "forward #2" for the second
-// micro-batch); "" when none was recorded.
+}  // namespace
+
 std::string peakPhase(const TrialResult& t) {
   const PhasePeak* top = nullptr;
   for (const auto& p : t.phase_peaks) {
@@ -41,6 +41,8 @@ std::string peakPhase(const TrialResult& t) {
                            ? " #" + std::to_string(top->micro_batch_index + 1)
                            : std::string());
 }
+
+namespace {
 
 // The failed phase of an out-of-memory trial, with the lower bound it gives on that phase's peak
 // ("failed in backward, needs >= 1.2 GiB"); else the phase that set the trial's peak.
@@ -87,6 +89,35 @@ json toJson(const TrialResult& t) {
           {"steps_completed", t.steps_completed},
           {"samples_per_second", samplesPerSecond(t)},
           {"cancelled", t.cancelled}};
+}
+
+json toJson(const SweepReport& sweep) {
+  json rows = json::array();
+  for (const auto& r : sweep.rows) {
+    json plan = nullptr;
+    if (r.plan) {
+      const AccumulationPlan& p = r.plan->primary();
+      plan = {{"kind", toString(p.kind)},
+              {"micro_batch_size", p.largestMicroBatch()},
+              {"micro_batches", p.microBatchSizes()},
+              {"accumulation_steps", p.accumulation_steps},
+              {"effective_batch", p.effective_batch}};
+    }
+    rows.push_back({{"length", r.length},
+                    {"status", r.status},
+                    {"max_micro_batch", r.max_micro_batch},
+                    {"safe_micro_batch", r.safe_micro_batch},
+                    {"tokens_per_micro_batch", r.tokens_per_micro_batch},
+                    {"binding_phase", r.binding_phase},
+                    {"trials", r.trials},
+                    {"elapsed_s", r.elapsed_s},
+                    {"target_batch", r.target_batch},
+                    {"plan", plan},
+                    {"min_batch_needs_at_least_bytes", r.min_batch_needs_at_least_bytes}});
+  }
+  return {{"rows", rows},
+          {"longest_trainable_length", sweep.longest_trainable_length},
+          {"target_tokens", sweep.target_tokens}};
 }
 
 json toJson(const CacheReport& c) {
@@ -382,6 +413,7 @@ std::string toJson(const ReportData& d) {
   doc["warnings"] = warnings;
   doc["ranks"] = ranksJson(d);
   doc["cache"] = d.cache ? toJson(*d.cache) : json(nullptr);
+  doc["sweep"] = d.sweep ? toJson(*d.sweep) : json(nullptr);
   // Paths, flag values and model messages are not always UTF-8: an invalid byte becomes U+FFFD
   // instead of an exception (the report is written on every exit, errors included).
   return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
@@ -558,6 +590,41 @@ std::string humanReport(const ReportData& d) {
     for (const auto& w : ctx->warnings) out << "warning: " << w << "\n";
     for (const auto& w : s.warnings) out << "warning: " << w << "\n";
   }
+  if (d.sweep) {
+    const SweepReport& sw = *d.sweep;
+    out << fmt::format("\nlength sweep ({} lengths{})\n", sw.rows.size(),
+                       sw.target_tokens > 0
+                           ? fmt::format(", target {} tokens per optimizer step", sw.target_tokens)
+                           : std::string());
+    out << fmt::format("  {:>7} {:>9} {:>9} {:>12}  {:<16} {:>6} {:>8}  {}\n", "length", "max",
+                       "safe", "tokens/micro", "peak phase", "trials", "time", "plan");
+    for (const auto& r : sw.rows) {
+      std::string plan;
+      if (r.safe_micro_batch <= 0) {
+        plan = r.min_batch_needs_at_least_bytes > 0
+                   ? "nothing fits: batch 1 needs at least " +
+                         formatBytes(r.min_batch_needs_at_least_bytes)
+                   : "nothing fits (" + r.status + ")";
+      } else if (r.plan) {
+        const AccumulationPlan& p = r.plan->primary();
+        plan = fmt::format("{} steps x {} = {} sequences ({})", p.accumulation_steps,
+                           p.largestMicroBatch(), p.effective_batch, toString(p.kind));
+      } else if (sw.target_tokens > 0 && r.target_batch == 0) {
+        plan = "target below one sequence per rank";
+      } else if (r.target_batch > 0) {
+        plan = fmt::format("no plan for {} sequences: none fits with 2 micro-batches per step",
+                           r.target_batch);
+      }
+      out << fmt::format("  {:>7} {:>9} {:>9} {:>12}  {:<16} {:>6} {:>7.1f}s  {}\n", r.length,
+                         r.max_micro_batch, r.safe_micro_batch, r.tokens_per_micro_batch,
+                         r.binding_phase.empty() ? "-" : r.binding_phase, r.trials, r.elapsed_s,
+                         plan);
+    }
+    out << (sw.longest_trainable_length > 0
+                ? fmt::format("  longest trainable length: {} (the result above is for it)\n",
+                              sw.longest_trainable_length)
+                : std::string("  no length fits\n"));
+  }
   if (d.check) {
     const CheckResult& c = *d.check;
     out << fmt::format("\ncheck micro-batch {}: {} raw, {} with the margin ({})\n",
@@ -621,6 +688,15 @@ std::string envLines(const ReportData& d) {
   out += fmt::format("AUTOBATCH_MAX_MICRO_BATCH={}\n", max_micro);
   out += fmt::format("AUTOBATCH_SAFE_MICRO_BATCH={}\n", safe_micro);
   out += fmt::format("AUTOBATCH_CAPPED_BY={}\n", capped_by);
+  if (d.sweep) {
+    std::string buckets;
+    for (const auto& r : d.sweep->rows) {
+      if (r.safe_micro_batch <= 0) continue;
+      buckets += fmt::format("{}{}:{}", buckets.empty() ? "" : " ", r.length, r.safe_micro_batch);
+    }
+    out += fmt::format("AUTOBATCH_LENGTH={}\n", d.sweep->longest_trainable_length);
+    out += fmt::format("AUTOBATCH_BUCKETS='{}'\n", buckets);
+  }
   return out;
 }
 

@@ -526,6 +526,17 @@ class Search {
 
   void runGuided() {
     const std::int64_t b1 = options_.min_batch;
+    if (!options_.seed_batches.empty()) {
+      for (const std::int64_t seed : options_.seed_batches) {
+        const std::int64_t x = std::clamp(seed, b1, cap_);
+        if (fits_.contains(x) || fails_.contains(x) || x <= lo() || x >= hi()) continue;
+        tryBatch(x);
+        if (stop_ != Stop::kNone) return;
+      }
+      if (fits_.empty() && !tryBatch(b1)) return;
+      runGuidedSteps();
+      return;
+    }
     if (!tryBatch(b1)) return;
     if (b1 >= cap_) return;
     // Under peak(B) = fixed + per_sample * B with fixed >= 0, peak(k * b1) <= k * peak(b1): the
@@ -537,6 +548,11 @@ class Search {
     }
     b2 = std::min(b2, cap_);
     if (!tryBatch(b2) && stop_ != Stop::kNone) return;
+    runGuidedSteps();
+  }
+
+  /// The model-guided steps, once there is at least one fit.
+  void runGuidedSteps() {
     while (stop_ == Stop::kNone && !closed(lo(), hi())) {
       const std::int64_t low = lo();
       const std::int64_t high = hi();

@@ -804,3 +804,78 @@ TEST_F(CacheCliTest, CacheTrustWithoutCacheIsAUsageError) {
   EXPECT_NE(doc["error"].get<std::string>().find("--cache-trust: expected --cache"),
             std::string::npos);
 }
+
+// Issue 18: a length sweep over decoder_lm_small (context 128) on the CPU budget allocator. The
+// batch falls as the length grows, each length's plan is exact in sequences (floor(4096 / length)
+// with --target-tokens), the result and env lines are the longest length's, and AUTOBATCH_BUCKETS
+// lists every length. Catches one search reused for every length, targets not scaled by length,
+// and a sweep that stops at the first length where nothing fits.
+TEST(CliTest, LengthSweepGivesABatchPerLengthAndExactPlans) {
+  const std::string model = std::string(AUTOBATCH_MODELS_DIR) + "/decoder_lm_small.pt";
+  ASSERT_TRUE(fs::exists(model)) << model << " is missing: run scripts/bootstrap.sh";
+  const std::string common = "--model " + model + " --input 'int64:L:<8000' --lengths 32..128 " +
+                             "--device cpu -q --json ";
+  const fs::path json_path = tmpDir() / "sweep.json";
+  const CliRun run = runCli(common + json_path.string() +
+                            " --memory-limit 128MiB --target-tokens 4096 --env");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  const auto& rows = doc["sweep"]["rows"];
+  ASSERT_EQ(rows.size(), 3U);
+  std::vector<std::int64_t> safe;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::int64_t length = rows[i]["length"];
+    EXPECT_EQ(length, std::int64_t{128} >> i);
+    EXPECT_EQ(rows[i]["status"], "found");
+    EXPECT_EQ(rows[i]["target_batch"], 4096 / length);
+    EXPECT_EQ(rows[i]["tokens_per_micro_batch"], rows[i]["safe_micro_batch"].get<std::int64_t>() * length);
+    ASSERT_FALSE(rows[i]["plan"].is_null()) << rows[i].dump();
+    EXPECT_EQ(rows[i]["plan"]["effective_batch"], 4096 / length);
+    std::int64_t sum = 0;
+    for (const auto& b : rows[i]["plan"]["micro_batches"]) sum += b.get<std::int64_t>();
+    EXPECT_EQ(sum, 4096 / length);
+    safe.push_back(rows[i]["safe_micro_batch"]);
+  }
+  EXPECT_LE(safe[0], safe[1]);
+  EXPECT_LE(safe[1], safe[2]);
+  EXPECT_LT(safe[0], safe[2]);  // the batch falls as the length grows
+  EXPECT_EQ(doc["sweep"]["longest_trainable_length"], 128);
+  EXPECT_EQ(doc["result"]["safe_micro_batch"], safe[0]);
+  EXPECT_EQ(doc["fingerprint"]["inputs"][0], "int64:128:<8000");
+  EXPECT_NE(run.out.find("AUTOBATCH_LENGTH=128\n"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("AUTOBATCH_BUCKETS='128:" + std::to_string(safe[0]) + " 64:" +
+                         std::to_string(safe[1]) + " 32:" + std::to_string(safe[2]) + "'"),
+            std::string::npos)
+      << run.out;
+
+  // At 99 MiB with no margin nothing fits at 128: a row that says so, and the sweep goes on.
+  const fs::path tight_path = tmpDir() / "tight.json";
+  const CliRun tight = runCli(common + tight_path.string() + " --memory-limit 99MiB --margin 0");
+  ASSERT_EQ(tight.exit_code, 0) << tight.err;
+  const auto t = nlohmann::json::parse(readFile(tight_path));
+  EXPECT_EQ(t["sweep"]["rows"][0]["status"], "nothing-fits");
+  EXPECT_GT(t["sweep"]["rows"][0]["min_batch_needs_at_least_bytes"], 99LL << 20);
+  EXPECT_GT(t["sweep"]["rows"][1]["safe_micro_batch"], 0);
+  EXPECT_EQ(t["sweep"]["longest_trainable_length"], 64);
+
+  // Nothing fits at any length: exit 3.
+  EXPECT_EQ(runCli(common + (tmpDir() / "none.json").string() + " --memory-limit 90MiB").exit_code,
+            3);
+}
+
+TEST(CliTest, LengthPlaceholderAndSweepFlagsAreCheckedBeforeAnyTrial) {
+  const std::string model = mlpModel();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--input 'int64:L:<100'", "the length placeholder L needs --lengths"},
+      {"--input 64 --lengths 128", "--lengths: expected an --input with the length placeholder L"},
+      {"--input 'Lx64' --lengths 0", "--lengths"},
+      {"--input 'Lx64' --lengths 64..8", "A <= B"},
+      {"--input 64 --target-tokens 100", "--target-tokens: expected --lengths"},
+      {"--input 'Lx64' --lengths 1,2 --target-tokens 100 --target-batch 8", "but got both"},
+      {"--input 'Lx64' --lengths 1,2 --check-batch 4", "--lengths: expected a search"}};
+  for (const auto& [args, expected] : cases) {
+    const CliRun run = runCli("--model " + model + " --device cpu " + args);
+    EXPECT_EQ(run.exit_code, 2) << args;
+    EXPECT_NE(run.err.find(expected), std::string::npos) << args << ": " << run.err;
+  }
+}

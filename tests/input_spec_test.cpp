@@ -208,3 +208,36 @@ TEST(ModelMetadataTest, NoInputsFromEitherSourceNamesBothWays) {
 
 }  // namespace
 }  // namespace autobatch
+
+// Issue 18: "L" is the length placeholder of a sweep. Catches a substitution that also touches
+// dtype aliases ("long") or ranges, and a range that misses an end or a power of two.
+TEST(LengthSweepTest, PlaceholderIsAWholeDimension) {
+  EXPECT_TRUE(autobatch::hasLengthPlaceholder("int64:L:<32000"));
+  EXPECT_TRUE(autobatch::hasLengthPlaceholder("Lx64"));
+  EXPECT_TRUE(autobatch::hasLengthPlaceholder("bool:L"));
+  EXPECT_FALSE(autobatch::hasLengthPlaceholder("long:512:<32000"));
+  EXPECT_FALSE(autobatch::hasLengthPlaceholder("3x224x224"));
+  EXPECT_EQ(autobatch::withLength("int64:L:<32000", 512), "int64:512:<32000");
+  EXPECT_EQ(autobatch::withLength("Lx64", 128), "128x64");
+  EXPECT_EQ(autobatch::withLength("long:L:-5..<5", 7), "long:7:-5..<5");
+  EXPECT_EQ(autobatch::withLength("3x224x224", 9), "3x224x224");
+  EXPECT_EQ(autobatch::parseInputSpec(autobatch::withLength("int64:L:<8000", 256)).sample_shape,
+            std::vector<std::int64_t>{256});
+}
+
+TEST(LengthSweepTest, LengthsFromAListOrARange) {
+  using V = std::vector<std::int64_t>;
+  EXPECT_EQ(autobatch::parseLengths("128,512,1536"), (V{1536, 512, 128}));
+  EXPECT_EQ(autobatch::parseLengths("512,128,512"), (V{512, 128}));
+  EXPECT_EQ(autobatch::parseLengths("128..2048"), (V{2048, 1024, 512, 256, 128}));
+  EXPECT_EQ(autobatch::parseLengths("100..1000"), (V{1000, 512, 256, 128, 100}));
+  EXPECT_EQ(autobatch::parseLengths("64..64"), (V{64}));
+  for (const char* bad : {"", "0", "128,,512", "2048..128", "12a", "1..2097152", "-5"}) {
+    try {
+      autobatch::parseLengths(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const autobatch::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--lengths"), std::string::npos) << e.what();
+    }
+  }
+}

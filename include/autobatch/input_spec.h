@@ -75,6 +75,21 @@ std::vector<InputSpec> parseInputSpecs(std::string_view text);
 /// "float32:3x224x224", "int32:scalar:-5..<5".
 std::string toString(const InputSpec& spec);
 
+/// The sequence-length placeholder of a length sweep (docs/sweeps.md): a shape dimension written
+/// "L" ("int64:L:<32000", "Lx64", "bool:L"). True when some ':'-field of `text` has a dimension
+/// that is exactly "L". Thread safety: pure function.
+bool hasLengthPlaceholder(std::string_view text);
+
+/// `text` with every "L" dimension replaced by `length`, e.g. ("int64:L:<32000", 512) ->
+/// "int64:512:<32000". Other text is unchanged. Thread safety: pure function.
+std::string withLength(std::string_view text, std::int64_t length);
+
+/// Parses the CLI's --lengths: a list "128,512,1536" (each a whole number in [1, 2^20]) or a
+/// range "A..B" (1 <= A <= B <= 2^20) meaning the powers of two in [A, B] plus A and B.
+/// Returns: the lengths from longest to shortest, without repeats.
+/// Throws: autobatch::Error "--lengths: expected ..., but got ..." otherwise.
+std::vector<std::int64_t> parseLengths(std::string_view text);
+
 /// Elements of one sample (product of sample_shape; 1 for a scalar sample).
 std::int64_t sampleElements(const InputSpec& spec);
 

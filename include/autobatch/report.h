@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "autobatch/autobatch.h"
 #include "autobatch/ranks.h"
@@ -43,6 +44,39 @@ struct CacheReport {
   std::string store_error;
 };
 
+/// One sequence length of a sweep (--lengths, docs/sweeps.md).
+struct SweepRow {
+  std::int64_t length = 0;  ///< the value of L in the input specs, in tokens
+  /// The search's status ("found", "nothing-fits", a budget's ...).
+  std::string status;
+  std::int64_t max_micro_batch = 0;   ///< sequences; 0 when nothing fits
+  std::int64_t safe_micro_batch = 0;  ///< sequences, under the margin; 0 when none
+  /// safe_micro_batch x length: tokens of one micro-batch.
+  std::int64_t tokens_per_micro_batch = 0;
+  /// The phase that set the peak of the safe batch's trial ("backward", ...); "" when unknown.
+  std::string binding_phase;
+  int trials = 0;
+  double elapsed_s = 0.0;
+  /// The target in sequences for this length (--target-batch, or floor(--target-tokens /
+  /// length) rounded down to a multiple of the world size); 0: no plan.
+  std::int64_t target_batch = 0;
+  /// The plan for target_batch on this length's safe batch; nullopt without one.
+  std::optional<AccumulationPlans> plan;
+  /// Nothing fits: what micro-batch 1 needs at least, in bytes (0 when unknown).
+  std::int64_t min_batch_needs_at_least_bytes = 0;
+  /// With --cache: this length's CacheReport::outcome ("hit", "miss", ...); else "".
+  std::string cache_outcome;
+};
+
+/// A length sweep: the rows from the longest length to the shortest.
+struct SweepReport {
+  std::vector<SweepRow> rows;
+  /// The longest length at which a micro-batch fits under the margin; 0 when none.
+  std::int64_t longest_trainable_length = 0;
+  /// --target-tokens (tokens per optimizer step over all ranks); 0 when not given.
+  std::int64_t target_tokens = 0;
+};
+
 /// Everything one run of the CLI knows, at any point of its life (errors included).
 struct ReportData {
   /// "found", "nothing-fits", "trial-budget", "time-budget", "cancelled" (search statuses),
@@ -69,6 +103,9 @@ struct ReportData {
   std::optional<Agreement> agreement;
   /// --cache: what the result cache did; nullopt without --cache.
   std::optional<CacheReport> cache;
+  /// --lengths: the sweep's rows; `result` is then the search of the longest length that fits
+  /// (or of the last length tried when none does). nullopt without --lengths.
+  std::optional<SweepReport> sweep;
 };
 
 /// The result cache's key fields for this run (CacheKey::fields; the hash is left empty for the
@@ -77,6 +114,10 @@ struct ReportData {
 /// in bytes after the reserve, the device's name and total memory, not its index or the model's
 /// path or the rank). Needs data.result (its memory and context; the search may be empty).
 CacheKey cacheKeyFields(const ReportData& data);
+
+/// The phase whose peak is the trial's ("backward", "optimizer-step", "forward #2" for the second
+/// micro-batch; TrialResult::phase_peaks); "" when none was recorded.
+std::string peakPhase(const TrialResult& trial);
 
 /// The JSON document (pretty-printed, 2 spaces, trailing newline).
 std::string toJson(const ReportData& data);
@@ -87,7 +128,9 @@ std::string humanReport(const ReportData& data);
 /// Shell lines for `eval`: AUTOBATCH_MICRO_BATCH, AUTOBATCH_ACCUM_STEPS,
 /// AUTOBATCH_EFFECTIVE_BATCH, AUTOBATCH_PLAN, AUTOBATCH_MICRO_BATCHES (space-separated sizes of one
 /// optimizer step, larger first; loss weight of each = its share of the samples),
-/// AUTOBATCH_MAX_MICRO_BATCH, AUTOBATCH_SAFE_MICRO_BATCH, AUTOBATCH_WORLD_SIZE, AUTOBATCH_STATUS.
+/// AUTOBATCH_MAX_MICRO_BATCH, AUTOBATCH_SAFE_MICRO_BATCH, AUTOBATCH_WORLD_SIZE, AUTOBATCH_STATUS;
+/// with a sweep also AUTOBATCH_LENGTH (the length those are for: the longest that fits) and
+/// AUTOBATCH_BUCKETS="2048:6 1024:14 ..." (length:safe micro-batch of every length that fits).
 /// Without a target batch the plan is one step of the safe micro-batch. With nothing verified only
 /// AUTOBATCH_STATUS (and zeros) is written.
 std::string envLines(const ReportData& data);

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "autobatch/trial.h"
 
@@ -70,6 +72,12 @@ struct SearchOptions {
   /// 1, or 2 when the job accumulates gradients (TrainingSpec::accumulation_steps >= 2), so that
   /// the peak of the second forward, with gradients alive, is what is measured. Default: 1.
   int micro_batches_per_step = 1;
+  /// Guided only: micro-batches to try first, in order, before min_batch and the model's probes:
+  /// sizes a related search makes likely (a length sweep seeds each shorter length with the
+  /// longer length's maximum, which fits since memory grows with the length, and with that
+  /// maximum scaled to the same tokens per micro-batch). Each is still a trial: a size is reported
+  /// only when seen to fit. Clamped into [min_batch, bounds]. Empty: start at min_batch.
+  std::vector<std::int64_t> seed_batches;
   /// Stop when hi <= lo * (1 + relative_tolerance); 0 is exact (lo + 1 == hi). Default: 0.
   double relative_tolerance = 0.0;
   /// Most trials to run; 0 means no budget. Default: 0.

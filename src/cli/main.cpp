@@ -74,6 +74,11 @@ struct Cli {
   bool cache = false;
   bool cache_trust = false;
   std::string cache_dir;
+  /// --input texts as given (a sweep substitutes L in them per length).
+  std::vector<std::string> input_texts;
+  /// --lengths, longest first; empty without a sweep.
+  std::vector<std::int64_t> lengths;
+  std::int64_t target_tokens = 0;
   std::string json_path;
   bool env = false;
   autobatch::RankGroupOptions rank_options;
@@ -118,14 +123,31 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
     throw Error(
         "--model: expected the path of a TorchScript archive (torch.jit.save), but got none");
   }
+  if (args.count("lengths") != 0U) cli.lengths = autobatch::parseLengths(flag(args, "lengths"));
+  bool placeholder = false;
   if (args.count("input") != 0U) {
     for (const auto& text : args["input"].as<std::vector<std::string>>()) {
+      cli.input_texts.push_back(text);
+      placeholder = placeholder || autobatch::hasLengthPlaceholder(text);
+      if (autobatch::hasLengthPlaceholder(text) && cli.lengths.empty()) {
+        throw Error("--input '" + text +
+                    "': the length placeholder L needs --lengths (a list like 128,512,1536 or a "
+                    "range like 128..2048), or write the length itself");
+      }
       try {
-        for (auto& s : autobatch::parseInputSpecs(text)) spec.inputs.push_back(std::move(s));
+        // With a sweep, checked at length 1 here and parsed per length later.
+        for (auto& s : autobatch::parseInputSpecs(autobatch::withLength(text, 1))) {
+          spec.inputs.push_back(std::move(s));
+        }
       } catch (const Error& e) {
         throw Error(std::string("--input: ") + e.what());
       }
     }
+  }
+  if (!cli.lengths.empty() && !placeholder) {
+    throw Error(
+        "--lengths: expected an --input with the length placeholder L (e.g. --input "
+        "'int64:L:<32000'), but no --input names L");
   }
   if (args.count("loss") != 0U) spec.loss = autobatch::parseLossKind(flag(args, "loss"));
   spec.optimizer = autobatch::parseOptimizerKind(flag(args, "optimizer"));
@@ -198,6 +220,18 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   if (args.count("target-batch") != 0U) {
     o.target_batch = parseInteger(flag(args, "target-batch"), "--target-batch", 1, kMaxBatch);
   }
+  if (args.count("target-tokens") != 0U) {
+    cli.target_tokens =
+        parseInteger(flag(args, "target-tokens"), "--target-tokens", 1, kMaxBatch * 1024);
+    if (cli.lengths.empty()) {
+      throw Error(
+          "--target-tokens: expected --lengths as well (tokens per step become sequences per "
+          "length); without a sweep give --target-batch in sequences");
+    }
+    if (o.target_batch > 0) {
+      throw Error("--target-tokens: expected either it or --target-batch, but got both");
+    }
+  }
   o.world_size = rank.world_size;
   o.plan = autobatch::parsePlanKind(flag(args, "plan"));
   if (o.target_batch > 0) {
@@ -211,6 +245,10 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   cli.cache_trust = args.count("cache-trust") != 0U;
   if (cli.cache_trust && !cli.cache) {
     throw Error("--cache-trust: expected --cache as well (it changes how a cache hit is answered)");
+  }
+  if (!cli.lengths.empty() && cli.check_batch) {
+    throw Error("--lengths: expected a search, but got --check-batch (check one length with "
+                "--input and --check-batch)");
   }
   if (cli.cache && cli.check_batch) {
     throw Error(
@@ -285,7 +323,11 @@ cxxopts::Options makeOptions() {
     ("cache", "Reuse a past search's answer for the same model, inputs, options, device and "
               "versions, confirmed by one trial (folder: AUTOBATCH_CACHE_DIR, else "
               "XDG_CACHE_HOME/autobatch/results, else ~/.cache/autobatch/results)")
-    ("cache-trust", "With --cache: answer a hit without the confirming trial");
+    ("cache-trust", "With --cache: answer a hit without the confirming trial")
+    ("lengths", "Sequence-length sweep: the values of L in --input, a list 128,512,1536 or a "
+                "range 128..2048 (powers of two in it plus both ends)", text(), "LIST")
+    ("target-tokens", "With --lengths: tokens per optimizer step; each length's target is "
+                      "floor(N / length) sequences, a multiple of the world size", text(), "N");
   options.add_options("Plan")
     ("t,target-batch", "Target effective (global) batch for the accumulation plan", text(), "N")
     ("world-size", "Data-parallel ranks sharing the target. Default: WORLD_SIZE or SLURM_NTASKS, "
@@ -386,14 +428,14 @@ std::string utcNow() {
 
 // --cache: set the runner up, key the run by what the answer depends on, answer a hit with one
 // confirming trial (none with --cache-trust), else search on the same runner and store.
-void searchWithCache(Cli& cli) {
+void searchWithCache(const Cli& cli, autobatch::ReportData& report) {
   const auto start = std::chrono::steady_clock::now();
-  const autobatch::SearchOptions& options = cli.report.options;
-  autobatch::TrialRunner runner(cli.report.spec, options);
-  cli.report.result = autobatch::runnerFacts(runner);
+  const autobatch::SearchOptions& options = report.options;
+  autobatch::TrialRunner runner(report.spec, options);
+  report.result = autobatch::runnerFacts(runner);
   autobatch::CacheReport cache;
   cache.dir = cli.cache_dir;
-  cache.key = autobatch::cacheKeyFields(cli.report);
+  cache.key = autobatch::cacheKeyFields(report);
   cache.key.hash = autobatch::sha1Hex(cache.key.canonicalText());
   std::vector<std::string> warnings;
   std::optional<autobatch::TrialResult> failed_confirm;
@@ -419,8 +461,8 @@ void searchWithCache(Cli& cli) {
       result.search.elapsed_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       result.search.warnings = warnings;
-      cli.report.result = std::move(result);
-      cli.report.cache = std::move(cache);
+      report.result = std::move(result);
+      report.cache = std::move(cache);
       return;
     }
     autobatch::dropCachedResult(cache.dir, cache.key);
@@ -445,8 +487,80 @@ void searchWithCache(Cli& cli) {
       }
     }
   }
-  cli.report.result = std::move(result);
-  cli.report.cache = std::move(cache);
+  report.result = std::move(result);
+  report.cache = std::move(cache);
+}
+
+// --lengths: one search per length, longest first, each seeded by the longer length's maximum
+// (it fits: memory grows with the length) and that maximum at the same tokens per micro-batch.
+// The report's result is the longest length that fits (else the last one tried).
+void runSweep(Cli& cli) {
+  autobatch::SweepReport sweep;
+  sweep.target_tokens = cli.target_tokens;
+  std::optional<autobatch::ReportData> chosen;
+  std::optional<autobatch::ReportData> last;
+  std::int64_t prev_length = 0;
+  std::int64_t prev_max = 0;
+  const int world = cli.report.options.world_size;
+  for (const std::int64_t length : cli.lengths) {
+    if (g_signal.load() != 0) break;
+    autobatch::ReportData row_report = cli.report;
+    row_report.spec.inputs.clear();
+    for (const auto& text : cli.input_texts) {
+      for (auto& spec : autobatch::parseInputSpecs(autobatch::withLength(text, length))) {
+        row_report.spec.inputs.push_back(std::move(spec));
+      }
+    }
+    autobatch::SearchOptions& o = row_report.options;
+    if (cli.target_tokens > 0) o.target_batch = cli.target_tokens / length / world * world;
+    if (prev_max > 0) o.seed_batches = {prev_max, prev_max * prev_length / length};
+    spdlog::info("length {}: searching{}", length,
+                 prev_max > 0 ? fmt::format(" from batch {} (fits at length {})", prev_max,
+                                            prev_length)
+                              : std::string());
+    if (cli.cache) {
+      searchWithCache(cli, row_report);
+    } else {
+      row_report.result = autobatch::findMaxBatch(row_report.spec, o);
+    }
+    const autobatch::SearchResult& r = row_report.result->search;
+    autobatch::SweepRow row;
+    row.length = length;
+    row.status = std::string(autobatch::toString(r.status));
+    row.max_micro_batch = r.max_micro_batch;
+    row.safe_micro_batch = r.safe_micro_batch;
+    row.tokens_per_micro_batch = r.safe_micro_batch * length;
+    for (const auto& t : r.trials) {
+      if (t.request.micro_batch_size == r.safe_micro_batch &&
+          t.outcome == autobatch::TrialOutcome::kFits && !t.cancelled) {
+        row.binding_phase = autobatch::peakPhase(t);
+      }
+    }
+    row.trials = static_cast<int>(r.trials.size());
+    row.elapsed_s = r.elapsed_s;
+    row.target_batch = o.target_batch;
+    row.plan = r.plan;
+    row.min_batch_needs_at_least_bytes = r.min_batch_needs_at_least_bytes;
+    if (row_report.cache) row.cache_outcome = row_report.cache->outcome;
+    sweep.rows.push_back(row);
+    if (r.max_micro_batch > 0) {
+      prev_length = length;
+      prev_max = r.max_micro_batch;
+    }
+    if (r.safe_micro_batch > 0 && !chosen) {
+      sweep.longest_trainable_length = length;
+      chosen = row_report;
+    }
+    last = std::move(row_report);
+  }
+  if (chosen || last) {
+    const autobatch::ReportData& pick = chosen ? *chosen : *last;
+    cli.report.spec = pick.spec;
+    cli.report.options = pick.options;
+    cli.report.result = pick.result;
+    cli.report.cache = pick.cache;
+  }
+  cli.report.sweep = std::move(sweep);
 }
 
 // The --json path from the raw arguments (the last one given, as cxxopts takes it), so that a
@@ -507,8 +621,10 @@ int run(int argc, char** argv, Cli& cli) {
   }
   if (cli.check_batch) {
     cli.report.check = autobatch::checkBatch(spec, cli.report.options, *cli.check_batch);
+  } else if (!cli.lengths.empty()) {
+    runSweep(cli);
   } else if (cli.cache) {
-    searchWithCache(cli);
+    searchWithCache(cli, cli.report);
   } else {
     cli.report.result = autobatch::findMaxBatch(spec, cli.report.options);
   }
