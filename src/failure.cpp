@@ -75,7 +75,8 @@ std::optional<WrittenSize> sizeAt(const std::string& text, std::size_t pos) {
     scale = 1.0;
   }
   if (scale <= 0.0) return std::nullopt;
-  const double rounding = scale == 1.0 ? 0.0 : 0.5 * scale * std::pow(10.0, -static_cast<double>(decimals));
+  const double rounding =
+      scale == 1.0 ? 0.0 : 0.5 * scale * std::pow(10.0, -static_cast<double>(decimals));
   return WrittenSize{value * scale, rounding};
 }
 
@@ -99,8 +100,8 @@ std::int64_t parseRequestBytes(std::string_view message) {
 // digit, so it stays a lower bound).
 std::int64_t parseInUseBytes(std::string_view message) {
   const std::string text = lower(message);
-  for (const std::string_view key : {std::string_view(" bytes with "),
-                                     std::string_view("of the allocated memory ")}) {
+  for (const std::string_view key :
+       {std::string_view(" bytes with "), std::string_view("of the allocated memory ")}) {
     const std::size_t at = text.find(key);
     if (at == std::string::npos) continue;
     const auto size = sizeAt(text, at + key.size());

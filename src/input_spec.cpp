@@ -315,8 +315,10 @@ std::vector<std::int64_t> parseLengths(std::string_view text) {
   } else {
     for (const auto item : split(text, ',')) {
       if (item.empty()) {
-        throw Error("--lengths: expected a list like 128,512,1536 or a range like 128..2048, but "
-                    "got '" + std::string(text) + "'");
+        throw Error(
+            "--lengths: expected a list like 128,512,1536 or a range like 128..2048, but "
+            "got '" +
+            std::string(text) + "'");
       }
       lengths.push_back(parseInteger(item, bound, 1, kMaxLength));
     }

@@ -392,14 +392,16 @@ std::string toJson(const ReportData& d) {
                   {"predicted_peak_bytes", s.predicted_peak_bytes},
                   {"measured_peak_bytes", s.measured_peak_bytes}};
     if (s.plan) {
-      doc["plans"] = {
-          {"target_batch", s.plan->target_batch}, {"max_micro_batch", s.plan->max_micro_batch},
-          {"verified", s.plan_verified},          {"primary", toString(s.plan->primary_kind)},
-          {"uniform", toJson(s.plan->uniform)},   {"balanced", toJson(s.plan->balanced)},
-          {"rule", toString(d.options.plan)},
-          {"predicted_samples_per_second",
-           {{"uniform", s.plan->uniform.predicted_samples_per_second},
-            {"balanced", s.plan->balanced.predicted_samples_per_second}}}};
+      doc["plans"] = {{"target_batch", s.plan->target_batch},
+                      {"max_micro_batch", s.plan->max_micro_batch},
+                      {"verified", s.plan_verified},
+                      {"primary", toString(s.plan->primary_kind)},
+                      {"uniform", toJson(s.plan->uniform)},
+                      {"balanced", toJson(s.plan->balanced)},
+                      {"rule", toString(d.options.plan)},
+                      {"predicted_samples_per_second",
+                       {{"uniform", s.plan->uniform.predicted_samples_per_second},
+                        {"balanced", s.plan->balanced.predicted_samples_per_second}}}};
     }
   }
   if (d.check) {

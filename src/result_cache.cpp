@@ -104,10 +104,10 @@ std::string storeCachedResult(const std::string& dir, const CacheKey& key,
   // Unique within the folder: the pid, and a random suffix for several stores in one process.
   static std::atomic<unsigned> counter{0};
   std::random_device random;
-  const std::string tmp = (fs::path(dir) / ("." + key.hash + "." + std::to_string(::getpid()) +
-                                            "." + std::to_string(random()) + "." +
-                                            std::to_string(counter++) + ".tmp"))
-                              .string();
+  const std::string tmp =
+      (fs::path(dir) / ("." + key.hash + "." + std::to_string(::getpid()) + "." +
+                        std::to_string(random()) + "." + std::to_string(counter++) + ".tmp"))
+          .string();
   {
     std::ofstream out(tmp);
     out << toJson(key, result).dump(2) << "\n";
@@ -139,8 +139,7 @@ std::optional<CachedResult> cachedResultOf(const SearchResult& search,
   r.trials = static_cast<int>(search.trials.size());
   r.search_s = search.elapsed_s;
   for (const auto& t : search.trials) {
-    if (t.request.micro_batches_per_step == 2 && t.outcome == TrialOutcome::kFits &&
-        !t.cancelled &&
+    if (t.request.micro_batches_per_step == 2 && t.outcome == TrialOutcome::kFits && !t.cancelled &&
         (search.memory_limit_bytes <= 0 ||
          t.peak_bytes <= search.memory_limit_bytes - search.margin_bytes)) {
       r.accumulation_max_micro_batch =
@@ -203,11 +202,11 @@ SearchResult searchResultFromCache(const CachedResult& entry, const SearchOption
   if (r.plan) {
     r.plan_max_micro_batch = r.plan->max_micro_batch;
     const std::int64_t largest = largestOf(*r.plan);
-    r.plan_verified =
-        r.plan->primary().accumulation_steps == 1 || options.micro_batches_per_step == 2 ||
-        largest <= entry.accumulation_max_micro_batch ||
-        (confirm && confirm->request.micro_batches_per_step == 2 &&
-         confirm->request.micro_batch_size >= largest && confirms(entry, *confirm));
+    r.plan_verified = r.plan->primary().accumulation_steps == 1 ||
+                      options.micro_batches_per_step == 2 ||
+                      largest <= entry.accumulation_max_micro_batch ||
+                      (confirm && confirm->request.micro_batches_per_step == 2 &&
+                       confirm->request.micro_batch_size >= largest && confirms(entry, *confirm));
   }
   return r;
 }

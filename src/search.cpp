@@ -231,10 +231,10 @@ class Search {
   }
   /// The largest fit that counts under `budget`; 0 when none.
   std::int64_t lowUnder(std::int64_t budget, bool strict) const {
-    for (auto it = fits_.rbegin(); it != fits_.rend(); ++it) {
-      if (counts(it->second, budget, strict)) return it->first;
-    }
-    return 0;
+    const auto it = std::find_if(fits_.rbegin(), fits_.rend(), [&](const auto& entry) {
+      return counts(entry.second, budget, strict);
+    });
+    return it == fits_.rend() ? 0 : it->first;
   }
   /// The smallest batch above `low` known not to fit under `budget` (a failure, or a fit that
   /// does not count), or the cap + 1.
@@ -319,10 +319,10 @@ class Search {
 
   /// Prediction of the largest batch whose peak stays <= budget_bytes, on the max-of-phases model:
   /// each phase (and micro-batch) is affine on its own, the peak is the largest of them plus the
-  /// anchor's overhead, so the boundary is the smallest batch at which any phase reaches the budget.
-  /// Each phase's slope is the secant from the anchor (the largest fit <= `below`) to the largest
-  /// fit at or below half of it (else the smallest fit), raised to what any point above the anchor
-  /// proves: a measured fit there, or an out-of-memory trial's lower bound on the phase that
+  /// anchor's overhead, so the boundary is the smallest batch at which any phase reaches the
+  /// budget. Each phase's slope is the secant from the anchor (the largest fit <= `below`) to the
+  /// largest fit at or below half of it (else the smallest fit), raised to what any point above the
+  /// anchor proves: a measured fit there, or an out-of-memory trial's lower bound on the phase that
   /// failed (bytes in use plus the refused request). A phase below the others still gives its
   /// slope. 0 when no phase has a usable slope.
   std::int64_t predict(std::int64_t budget_bytes, std::int64_t below) {
@@ -366,8 +366,8 @@ class Search {
       for (auto up = std::next(anchor); up != fits_.end(); ++up) {
         const auto there = up->second.phases.find(key);
         if (there == up->second.phases.end()) continue;
-        const double s = static_cast<double>(there->second - value) /
-                         static_cast<double>(up->first - a);
+        const double s =
+            static_cast<double>(there->second - value) / static_cast<double>(up->first - a);
         if (s > slope.bytes_per_sample) slope = {s, true};
       }
       if (!slope.bounded && ref != nullptr) {
@@ -377,7 +377,7 @@ class Search {
           // Far beyond the secant, its error matters: each end may be off by one allocation
           // unit, so take the steepest slope they allow (a short secant over 2 MiB blocks may
           // read flat where the phase grows).
-          const double room = static_cast<double>(budget_bytes - overhead - value);
+          const auto room = static_cast<double>(budget_bytes - overhead - value);
           if (block > 1 && (s <= 0.0 || room / s > 4.0 * static_cast<double>(a - b))) {
             s += static_cast<double>(2 * block) / static_cast<double>(a - b);
           }
@@ -386,8 +386,8 @@ class Search {
       }
       for (auto up = bounds_.upper_bound(a); up != bounds_.end(); ++up) {
         if (up->second.first != key) continue;
-        const double s = static_cast<double>(up->second.second - value) /
-                         static_cast<double>(up->first - a);
+        const double s =
+            static_cast<double>(up->second.second - value) / static_cast<double>(up->first - a);
         if (s > slope.bytes_per_sample) slope = {s, true};
       }
     }
@@ -400,8 +400,7 @@ class Search {
       if (slope.bounded || !key.starts_with("backward#")) continue;
       const auto forward = slopes.find("forward#" + key.substr(9));
       if (forward != slopes.end()) {
-        slope.bytes_per_sample =
-            std::max(slope.bytes_per_sample, forward->second.bytes_per_sample);
+        slope.bytes_per_sample = std::max(slope.bytes_per_sample, forward->second.bytes_per_sample);
       }
     }
     double best = std::numeric_limits<double>::infinity();
@@ -409,7 +408,7 @@ class Search {
     for (const auto& [key, slope] : slopes) {
       if (slope.bytes_per_sample == -std::numeric_limits<double>::infinity()) continue;
       const std::int64_t value = at_a.phases.at(key);
-      const double room = static_cast<double>(budget_bytes - overhead - value);
+      const auto room = static_cast<double>(budget_bytes - overhead - value);
       if (slope.bytes_per_sample <= 0.0) {
         if (room < 0.0) best = std::min(best, static_cast<double>(a) - 1.0);
         continue;  // flat: this phase does not bind
@@ -496,8 +495,9 @@ class Search {
       if (pred <= 0 || (width_before_ > 0 && width * 2 > width_before_ && stalls_ >= 2)) {
         x = low + width / 2;
         stalls_ = 0;
-      } else if (streak_ < 0 && (pred >= high || streak_ <= -2)) {
-        // A prediction failed and the model still puts the boundary at the failure, or a second
+      } else if (pred >= high || (streak_ < 0 && streak_ <= -2)) {
+        // The model puts the boundary at or above a batch that failed (contradicted: its limit
+        // or slopes are wrong, e.g. under a real allocator's limit it cannot see), or a second
         // failure in a row: bisect in log space (a far-off slope is off by a factor, not by a few
         // percent), or go to the model's batch when it is lower.
         x = logMidpoint(low, high);
@@ -760,8 +760,8 @@ class Search {
     if (!(has_above && near(above->first)) && !(has_below && near(below->first))) return 0.0;
     if (has_above && above->first == m) return above->second;
     if (has_above && has_below) {
-      const double w = static_cast<double>(m - below->first) /
-                       static_cast<double>(above->first - below->first);
+      const double w =
+          static_cast<double>(m - below->first) / static_cast<double>(above->first - below->first);
       return below->second + w * (above->second - below->second);
     }
     return has_above ? above->second : below->second;
@@ -800,11 +800,10 @@ class Search {
     const double uniform = result_.plan->uniform.predicted_samples_per_second;
     const double balanced = result_.plan->balanced.predicted_samples_per_second;
     if (uniform <= 0.0 || balanced <= 0.0) {
-      result_.warnings.push_back(
-          "plan fastest: no step time was measured within 25% of the " +
-          std::string(uniform <= 0.0 ? "uniform" : "balanced") +
-          " plan's micro-batch; the primary plan follows auto's rule (" +
-          std::string(toString(result_.plan->primary_kind)) + ")");
+      result_.warnings.push_back("plan fastest: no step time was measured within 25% of the " +
+                                 std::string(uniform <= 0.0 ? "uniform" : "balanced") +
+                                 " plan's micro-batch; the primary plan follows auto's rule (" +
+                                 std::string(toString(result_.plan->primary_kind)) + ")");
       return;
     }
     result_.plan->primary_kind =
@@ -905,7 +904,7 @@ class Search {
   std::map<std::int64_t, Measured> fits_;  // batch -> what its trial measured, search mode
   // Out-of-memory batch -> (phase key, lower bound on that phase's peak allocated bytes).
   std::map<std::int64_t, std::pair<std::string, std::int64_t>> bounds_;
-  std::set<std::int64_t> fails_;               // out-of-memory batches, search mode
+  std::set<std::int64_t> fails_;  // out-of-memory batches, search mode
   std::set<std::int64_t> retried_;
   int streak_ = 0;  // > 0: consecutive fits of guided steps; < 0: consecutive failures
   int stalls_ = 0;  // consecutive guided steps that did not halve the bracket

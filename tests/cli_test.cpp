@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -650,8 +651,10 @@ namespace {
 class CacheCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = tmpDir() / "results";
-    fs::remove_all(dir_);
+    // A fresh folder per run (not fs::remove_all: in this binary it binds to libtorch.so's
+    // copy of std::filesystem, which crashes on a folder with files).
+    dir_ = tmpDir() / ("results-" +
+                       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
     ::setenv("AUTOBATCH_CACHE_DIR", dir_.c_str(), 1);
   }
   void TearDown() override { ::unsetenv("AUTOBATCH_CACHE_DIR"); }
@@ -659,8 +662,8 @@ class CacheCliTest : public ::testing::Test {
   // Runs the CLI with `args` and --json; returns the exit code and the report.
   std::pair<int, nlohmann::json> run(const std::string& args, const std::string& tag) {
     const fs::path json_path = tmpDir() / (tag + ".json");
-    const CliRun r = autobatch::testing::runCliIn(tmpDir(), tag,
-                                                  args + " -q --json " + json_path.string());
+    const CliRun r =
+        autobatch::testing::runCliIn(tmpDir(), tag, args + " -q --json " + json_path.string());
     return {r.exit_code, nlohmann::json::parse(readFile(json_path))};
   }
 
@@ -714,8 +717,8 @@ TEST_F(CacheCliTest, HitAfterMissAnswersWithOneConfirmingTrial) {
 // input length, optimizer or memory limit is another key. Catches a key of the flags as given
 // (or of the model path) instead of what the trials ran.
 TEST_F(CacheCliTest, StaleInputsNeverMatch) {
-  const std::string model =
-      customModel("AnyLength", "def forward(self, x):\n  return torch.matmul(x.reshape(-1, 64), self.w)\n");
+  const std::string model = customModel(
+      "AnyLength", "def forward(self, x):\n  return torch.matmul(x.reshape(-1, 64), self.w)\n");
   const auto [c64, short_inputs] = run("--model " + model + " --input 64" + kCacheArgs, "l64");
   ASSERT_EQ(c64, 0);
   const auto [c512, long_inputs] = run("--model " + model + " --input 512" + kCacheArgs, "l512");
@@ -816,8 +819,8 @@ TEST(CliTest, LengthSweepGivesABatchPerLengthAndExactPlans) {
   const std::string common = "--model " + model + " --input 'int64:L:<8000' --lengths 32..128 " +
                              "--device cpu -q --json ";
   const fs::path json_path = tmpDir() / "sweep.json";
-  const CliRun run = runCli(common + json_path.string() +
-                            " --memory-limit 128MiB --target-tokens 4096 --env");
+  const CliRun run =
+      runCli(common + json_path.string() + " --memory-limit 128MiB --target-tokens 4096 --env");
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const auto doc = nlohmann::json::parse(readFile(json_path));
   const auto& rows = doc["sweep"]["rows"];
@@ -828,7 +831,8 @@ TEST(CliTest, LengthSweepGivesABatchPerLengthAndExactPlans) {
     EXPECT_EQ(length, std::int64_t{128} >> i);
     EXPECT_EQ(rows[i]["status"], "found");
     EXPECT_EQ(rows[i]["target_batch"], 4096 / length);
-    EXPECT_EQ(rows[i]["tokens_per_micro_batch"], rows[i]["safe_micro_batch"].get<std::int64_t>() * length);
+    EXPECT_EQ(rows[i]["tokens_per_micro_batch"],
+              rows[i]["safe_micro_batch"].get<std::int64_t>() * length);
     ASSERT_FALSE(rows[i]["plan"].is_null()) << rows[i].dump();
     EXPECT_EQ(rows[i]["plan"]["effective_batch"], 4096 / length);
     std::int64_t sum = 0;
@@ -843,8 +847,8 @@ TEST(CliTest, LengthSweepGivesABatchPerLengthAndExactPlans) {
   EXPECT_EQ(doc["result"]["safe_micro_batch"], safe[0]);
   EXPECT_EQ(doc["fingerprint"]["inputs"][0], "int64:128:<8000");
   EXPECT_NE(run.out.find("AUTOBATCH_LENGTH=128\n"), std::string::npos) << run.out;
-  EXPECT_NE(run.out.find("AUTOBATCH_BUCKETS='128:" + std::to_string(safe[0]) + " 64:" +
-                         std::to_string(safe[1]) + " 32:" + std::to_string(safe[2]) + "'"),
+  EXPECT_NE(run.out.find("AUTOBATCH_BUCKETS='128:" + std::to_string(safe[0]) +
+                         " 64:" + std::to_string(safe[1]) + " 32:" + std::to_string(safe[2]) + "'"),
             std::string::npos)
       << run.out;
 

@@ -119,14 +119,16 @@ struct FakePhase {
 };
 
 /// The real shape of a training step's memory (issue 17): each phase is affine on its own, the
-/// peak is the largest of them (a phase listed twice is the larger of its two lines). Phases run in order; a trial fails in the first phase whose need
-/// is over the limit, after allocating what fits of that phase in `chunks` equal pieces (layers),
-/// and reports the bytes in use then plus the refused piece (a lower bound on the phase's need),
-/// as the CPU budget allocator and the CUDA caching allocator do.
+/// peak is the largest of them (a phase listed twice is the larger of its two lines). Phases run in
+/// order; a trial fails in the first phase whose need is over the limit, after allocating what fits
+/// of that phase in `chunks` equal pieces (layers), and reports the bytes in use then plus the
+/// refused piece (a lower bound on the phase's need), as the CPU budget allocator and the CUDA
+/// caching allocator do.
 struct PhasedModel {
   std::int64_t limit_bytes = 16 * kGiB;
   std::vector<FakePhase> phases;
-  /// Rounding of each phase's allocated peak (2 MiB: the caching allocator's large blocks); 1: none.
+  /// Rounding of each phase's allocated peak (2 MiB: the caching allocator's large blocks); 1:
+  /// none.
   std::int64_t block_bytes = 1;
   /// Rounding of the reserved figure (peak_bytes) only (20 MiB: expandable-segment pages); 1: none.
   std::int64_t page_bytes = 1;
@@ -140,7 +142,8 @@ struct PhasedModel {
   /// failed trial reports the lowered limit (the limit in force after it).
   double drift = 0.0;
   std::uint64_t drift_seed = 1;
-  /// (f) one non-monotone step: batches in [bump_from, bump_from + bump_width) need bump_bytes more.
+  /// (f) one non-monotone step: batches in [bump_from, bump_from + bump_width) need bump_bytes
+  /// more.
   std::int64_t bump_from = 0;
   std::int64_t bump_width = 0;
   std::int64_t bump_bytes = 0;
@@ -190,7 +193,7 @@ struct PhasedModel {
     r.request = request;
     r.memory_limit_bytes = limit_bytes;
     const std::int64_t batch = request.micro_batch_size;
-    std::int64_t top = 0;       // allocated
+    std::int64_t top = 0;  // allocated
     std::int64_t reserved_top = 0;
     for (int micro = 0; micro < request.micro_batches_per_step; ++micro) {
       for (const auto& p : phases) {
@@ -250,10 +253,9 @@ enum class CurveFamily {
 /// max_threshold]: forward (F_f + a_f B) below backward (F_b + a B), and the optimizer step
 /// (S + s B, s the inputs kept alive: 0.1-2% of a), per-sample noise up to noise_fraction x a
 /// on forward and backward. block_bytes / page_bytes: (d)'s rounding.
-inline PhasedModel randomPhasedModel(std::mt19937_64& rng, CurveFamily family,
-                                     double min_threshold, double max_threshold,
-                                     std::int64_t block_bytes = 1, std::int64_t page_bytes = 1,
-                                     double noise_fraction = 0.1) {
+inline PhasedModel randomPhasedModel(std::mt19937_64& rng, CurveFamily family, double min_threshold,
+                                     double max_threshold, std::int64_t block_bytes = 1,
+                                     std::int64_t page_bytes = 1, double noise_fraction = 0.1) {
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   auto between = [&](double lo, double hi) { return lo + (hi - lo) * unit(rng); };
   auto logBetween = [&](double lo, double hi) {
@@ -294,8 +296,9 @@ inline PhasedModel randomPhasedModel(std::mt19937_64& rng, CurveFamily family,
   const auto size = static_cast<std::size_t>(4.0 * target) + 64;
   m.noise_prefix.assign(size, 0);
   for (std::size_t b = 1; b < size; ++b) {
-    m.noise_prefix[b] = m.noise_prefix[b - 1] +
-                        static_cast<std::int64_t>(unit(rng) * static_cast<double>(m.noise_max_step));
+    m.noise_prefix[b] =
+        m.noise_prefix[b - 1] +
+        static_cast<std::int64_t>(unit(rng) * static_cast<double>(m.noise_max_step));
   }
   m.accumulation_extra_bytes = bytes(fixed_b / 8);
   return m;
@@ -311,12 +314,9 @@ inline PhasedModel randomPhasedModel(std::mt19937_64& rng, CurveFamily family,
 inline PhasedModel mlp8x2048AdamWAt1GiB() {
   PhasedModel m;
   m.limit_bytes = kGiB;
-  m.phases = {{"inputs", 402849792, 24576, false},
-              {"forward", 402849792, 90112, false},
-              {"loss", 402849808, 73728, false},
-              {"backward", 537133064, 24576, false},
-              {"backward", 419635208, 90112, false},
-              {"optimizer-step", 570687500, 16384, false}};
+  m.phases = {{"inputs", 402849792, 24576, false},   {"forward", 402849792, 90112, false},
+              {"loss", 402849808, 73728, false},     {"backward", 537133064, 24576, false},
+              {"backward", 419635208, 90112, false}, {"optimizer-step", 570687500, 16384, false}};
   return m;
 }
 

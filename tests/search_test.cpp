@@ -117,8 +117,7 @@ Tally guidedOnPhasedModels(testing::CurveFamily family, std::int64_t block, std:
   Tally tally;
   std::size_t total = 0;
   for (int i = 0; i < models; ++i) {
-    testing::PhasedModel model =
-        testing::randomPhasedModel(rng, family, 16.0, 8192.0, block, page);
+    testing::PhasedModel model = testing::randomPhasedModel(rng, family, 16.0, 8192.0, block, page);
     const std::int64_t threshold = model.threshold();
     const SearchResult r = findMaxBatch(testing::probeFor(model), optionsFor(Strategy::kGuided));
     EXPECT_EQ(r.max_micro_batch, threshold) << "model " << i;
@@ -141,8 +140,7 @@ TEST(SearchTest, MaxOfPhasesCurvesTakeFewTrialsWithExactAnswers) {
   using testing::CurveFamily;
   for (const CurveFamily family :
        {CurveFamily::kStepBound, CurveFamily::kActivationBound, CurveFamily::kCrossingBelow}) {
-    for (const auto& [block, page] :
-         std::array<std::pair<std::int64_t, std::int64_t>, 3>{
+    for (const auto& [block, page] : std::array<std::pair<std::int64_t, std::int64_t>, 3>{
              {{1, 1}, {2 * testing::kMiB, 1}, {1, 20 * testing::kMiB}}}) {
       const Tally t = guidedOnPhasedModels(family, block, page, 150, 5);
       SCOPED_TRACE("family " + std::to_string(static_cast<int>(family)) + ", block " +
@@ -215,8 +213,8 @@ TEST(SearchTest, FallingLimitGivesTheAnswerAtTheFinalLimit) {
 TEST(SearchTest, NonMonotoneStepAnswersABatchSeenToFit) {
   std::mt19937_64 rng(9);
   for (int i = 0; i < 100; ++i) {
-    testing::PhasedModel model = testing::randomPhasedModel(
-        rng, testing::CurveFamily::kCrossingBelow, 64.0, 4096.0);
+    testing::PhasedModel model =
+        testing::randomPhasedModel(rng, testing::CurveFamily::kCrossingBelow, 64.0, 4096.0);
     const std::int64_t t = model.threshold();
     model.bump_from = t / 2;
     model.bump_width = std::max<std::int64_t>(1, t / 20);

@@ -42,19 +42,19 @@ struct CacheKey {
 /// One stored search result: what a repeat preflight needs to answer, in the units of
 /// autobatch/search.h (micro-batch sizes in samples, bytes).
 struct CachedResult {
-  std::string key;                          ///< CacheKey::hash it was stored under
-  std::string stored_at;                    ///< UTC, ISO 8601 ("2026-11-30T20:15:03Z")
-  std::string status;                       ///< the search's status ("found", ...)
-  std::int64_t max_micro_batch = 0;         ///< largest micro-batch seen to fit
-  std::int64_t safe_micro_batch = 0;        ///< largest under the limit less the margin
-  std::int64_t memory_limit_bytes = 0;      ///< the limit the trials ran under
-  std::int64_t margin_bytes = 0;            ///< the headroom, in bytes
-  std::string capped_by;                    ///< SearchResult::capped_by
+  std::string key;                      ///< CacheKey::hash it was stored under
+  std::string stored_at;                ///< UTC, ISO 8601 ("2026-11-30T20:15:03Z")
+  std::string status;                   ///< the search's status ("found", ...)
+  std::int64_t max_micro_batch = 0;     ///< largest micro-batch seen to fit
+  std::int64_t safe_micro_batch = 0;    ///< largest under the limit less the margin
+  std::int64_t memory_limit_bytes = 0;  ///< the limit the trials ran under
+  std::int64_t margin_bytes = 0;        ///< the headroom, in bytes
+  std::string capped_by;                ///< SearchResult::capped_by
   /// The largest micro-batch seen to fit under the margin with 2 micro-batches per step (the
   /// plan's check); 0 when none ran.
   std::int64_t accumulation_max_micro_batch = 0;
-  int trials = 0;          ///< trials the search ran
-  double search_s = 0.0;   ///< the search's wall time, in seconds
+  int trials = 0;         ///< trials the search ran
+  double search_s = 0.0;  ///< the search's wall time, in seconds
 };
 
 /// The results folder: $AUTOBATCH_CACHE_DIR, else $XDG_CACHE_HOME/autobatch/results, else
@@ -82,12 +82,14 @@ std::string cacheEntryPath(const std::string& dir, const CacheKey& key);
 /// (status "found"); a budget, cancellation or nothing fitting is not an answer to reuse.
 /// accumulation_max_micro_batch: the largest batch of its 2-micro-batch trials that fit under the
 /// margin. `stored_at`: UTC, ISO 8601.
-std::optional<CachedResult> cachedResultOf(const SearchResult& search, const std::string& stored_at);
+std::optional<CachedResult> cachedResultOf(const SearchResult& search,
+                                           const std::string& stored_at);
 
 /// The plan a hit answers with, for options.target_batch (nullopt without a target): planned on
 /// the cached safe batch, or on accumulation_max_micro_batch when the plan accumulates and that
 /// is known and smaller (the plan's check stepped down).
-std::optional<AccumulationPlans> cachedPlan(const CachedResult& entry, const SearchOptions& options);
+std::optional<AccumulationPlans> cachedPlan(const CachedResult& entry,
+                                            const SearchOptions& options);
 
 /// The one trial that confirms a hit: the cached safe batch with `micro_batches_per_trial`
 /// micro-batches per step; when the plan accumulates (and the search ran 1 per step), the plan's

@@ -7,10 +7,11 @@
 #include <c10/util/Exception.h>
 #include <unistd.h>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
-#include <ctime>
 #include <csignal>
+#include <ctime>
 #include <cxxopts.hpp>
 #include <exception>
 #include <filesystem>
@@ -247,8 +248,9 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
     throw Error("--cache-trust: expected --cache as well (it changes how a cache hit is answered)");
   }
   if (!cli.lengths.empty() && cli.check_batch) {
-    throw Error("--lengths: expected a search, but got --check-batch (check one length with "
-                "--input and --check-batch)");
+    throw Error(
+        "--lengths: expected a search, but got --check-batch (check one length with "
+        "--input and --check-batch)");
   }
   if (cli.cache && cli.check_batch) {
     throw Error(
@@ -421,9 +423,9 @@ std::string utcNow() {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
   gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
+  std::array<char, 32> text{};
+  std::strftime(text.data(), text.size(), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text.data();
 }
 
 // --cache: set the runner up, key the run by what the answer depends on, answer a hit with one
@@ -466,11 +468,11 @@ void searchWithCache(const Cli& cli, autobatch::ReportData& report) {
       return;
     }
     autobatch::dropCachedResult(cache.dir, cache.key);
-    warnings.push_back("result cache: the entry of " + entry->stored_at + " did not confirm (batch " +
-                       std::to_string(confirm->request.micro_batch_size) + " x " +
-                       std::to_string(confirm->request.micro_batches_per_step) + ": " +
-                       std::string(autobatch::toString(confirm->outcome)) +
-                       "); dropped it and searched again");
+    warnings.push_back(
+        "result cache: the entry of " + entry->stored_at + " did not confirm (batch " +
+        std::to_string(confirm->request.micro_batch_size) + " x " +
+        std::to_string(confirm->request.micro_batches_per_step) + ": " +
+        std::string(autobatch::toString(confirm->outcome)) + "); dropped it and searched again");
     cache.outcome = "confirm-failed";
     failed_confirm = confirm;
   } else {
@@ -515,9 +517,9 @@ void runSweep(Cli& cli) {
     if (cli.target_tokens > 0) o.target_batch = cli.target_tokens / length / world * world;
     if (prev_max > 0) o.seed_batches = {prev_max, prev_max * prev_length / length};
     spdlog::info("length {}: searching{}", length,
-                 prev_max > 0 ? fmt::format(" from batch {} (fits at length {})", prev_max,
-                                            prev_length)
-                              : std::string());
+                 prev_max > 0
+                     ? fmt::format(" from batch {} (fits at length {})", prev_max, prev_length)
+                     : std::string());
     if (cli.cache) {
       searchWithCache(cli, row_report);
     } else {

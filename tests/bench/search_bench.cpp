@@ -98,20 +98,20 @@ std::vector<Family> families() {
     }
   }
   out.push_back({"(e) drift 0-2%, (c), 2 MiB", [](std::mt19937_64& rng) {
-                   auto m = autobatch::testing::randomPhasedModel(
-                       rng, CurveFamily::kCrossingBelow, 16.0, 8192.0, 2 * kMiB, 1);
+                   auto m = autobatch::testing::randomPhasedModel(rng, CurveFamily::kCrossingBelow,
+                                                                  16.0, 8192.0, 2 * kMiB, 1);
                    m.drift = 0.02;
                    m.drift_seed = rng();
                    return m;
                  }});
   out.push_back({"(f) non-monotone step, (c)",
                  [](std::mt19937_64& rng) {
-                   auto m = autobatch::testing::randomPhasedModel(
-                       rng, CurveFamily::kCrossingBelow, 16.0, 8192.0);
+                   auto m = autobatch::testing::randomPhasedModel(rng, CurveFamily::kCrossingBelow,
+                                                                  16.0, 8192.0);
                    const std::int64_t t = m.threshold();
                    std::uniform_real_distribution<double> unit(0.2, 0.9);
-                   m.bump_from = std::max<std::int64_t>(2, static_cast<std::int64_t>(
-                                                               unit(rng) * static_cast<double>(t)));
+                   m.bump_from = std::max<std::int64_t>(
+                       2, static_cast<std::int64_t>(unit(rng) * static_cast<double>(t)));
                    m.bump_width = std::max<std::int64_t>(1, t / 20);
                    m.bump_bytes = m.limit_bytes;
                    return m;
@@ -165,8 +165,8 @@ int main(int argc, char** argv) {
           }
           bool wrong = r.max_micro_batch != expected;
           if (family.monotone && kStrategies[s] != Strategy::kPower && margin_fraction > 0) {
-            wrong = wrong ||
-                    r.safe_micro_batch != model.threshold(model.limit_bytes - r.margin_bytes);
+            wrong =
+                wrong || r.safe_micro_batch != model.threshold(model.limit_bytes - r.margin_bytes);
           }
           const auto n = static_cast<long long>(r.trials.size());
           tally[s].total += n;
