@@ -89,7 +89,9 @@ std::vector<Family> families() {
       {{"", {1, 1}}, {", 2 MiB blocks", {2 * kMiB, 1}}, {", 20 MiB pages", {1, 20 * kMiB}}}};
   for (const auto& [rounding_name, rounding] : roundings) {
     for (const auto& [kind_name, kind] : kinds) {
-      const auto [block, page] = rounding;
+      // Plain copies: clang 14 (the sanitizer job) cannot capture structured bindings.
+      const std::int64_t block = rounding.first;
+      const std::int64_t page = rounding.second;
       const CurveFamily family = kind;
       out.push_back({std::string(kind_name) + rounding_name, [=](std::mt19937_64& rng) {
                        return autobatch::testing::randomPhasedModel(rng, family, 16.0, 8192.0,
