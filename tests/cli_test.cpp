@@ -387,8 +387,9 @@ TEST(CliTest, MlpWhoseOptimizerStepBindsIsFoundExactlyInFiveTrials) {
   EXPECT_LE(doc["trials"].size(), 5U) << doc["trials"].dump();
   bool next_failed = false;
   for (const auto& t : doc["trials"]) {
-    next_failed = next_failed || (t["micro_batch_size"] == found + 1 &&
-                                  t["outcome"] == "out-of-memory" && t["failed_phase"] != "");
+    next_failed =
+        next_failed || (t["micro_batch_size"] == found + 1 && t["outcome"] == "out-of-memory" &&
+                        !t["failed_phase"].get<std::string>().empty());
   }
   EXPECT_TRUE(next_failed) << doc["trials"].dump();
 }
@@ -653,14 +654,15 @@ class CacheCliTest : public ::testing::Test {
   void SetUp() override {
     // A fresh folder per run (not fs::remove_all: in this binary it binds to libtorch.so's
     // copy of std::filesystem, which crashes on a folder with files).
-    dir_ = tmpDir() / ("results-" +
-                       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
-    ::setenv("AUTOBATCH_CACHE_DIR", dir_.c_str(), 1);
+    results_dir =
+        tmpDir() /
+        ("results-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+    ::setenv("AUTOBATCH_CACHE_DIR", results_dir.c_str(), 1);
   }
   void TearDown() override { ::unsetenv("AUTOBATCH_CACHE_DIR"); }
 
   // Runs the CLI with `args` and --json; returns the exit code and the report.
-  std::pair<int, nlohmann::json> run(const std::string& args, const std::string& tag) {
+  static std::pair<int, nlohmann::json> run(const std::string& args, const std::string& tag) {
     const fs::path json_path = tmpDir() / (tag + ".json");
     const CliRun r =
         autobatch::testing::runCliIn(tmpDir(), tag, args + " -q --json " + json_path.string());
@@ -668,10 +670,10 @@ class CacheCliTest : public ::testing::Test {
   }
 
   fs::path entry(const nlohmann::json& doc) const {
-    return dir_ / (doc["cache"]["key"].get<std::string>() + ".json");
+    return results_dir / (doc["cache"]["key"].get<std::string>() + ".json");
   }
 
-  fs::path dir_;
+  fs::path results_dir;
 };
 
 const std::string kCacheArgs = " --device cpu --memory-limit 64MiB --cache";
@@ -762,7 +764,7 @@ TEST_F(CacheCliTest, CorruptEntryIsIgnoredWithAWarning) {
   const std::string args = "--model " + mlpModel() + kCacheArgs;
   const auto [code, first] = run(args, "first");
   ASSERT_EQ(code, 0);
-  std::ofstream(entry(first)) << "{\"key\": \"trunc";
+  std::ofstream(entry(first)) << R"({"key": "trunc)";
   const auto [again_code, again] = run(args, "again");
   ASSERT_EQ(again_code, 0) << again.dump();
   EXPECT_EQ(again["cache"]["outcome"], "miss");
@@ -794,7 +796,7 @@ TEST_F(CacheCliTest, TwoWritersAtOnceLeaveOneWholeEntry) {
   const auto stored = nlohmann::json::parse(readFile(entry(ra)));
   EXPECT_EQ(stored["safe_micro_batch"], ra["result"]["safe_micro_batch"]);
   int files = 0;
-  for (const auto& f : fs::directory_iterator(dir_)) {
+  for (const auto& f : fs::directory_iterator(results_dir)) {
     ++files;
     EXPECT_EQ(f.path().extension(), ".json") << f.path();
   }

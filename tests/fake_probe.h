@@ -258,27 +258,27 @@ inline PhasedModel randomPhasedModel(std::mt19937_64& rng, CurveFamily family, d
                                      std::int64_t page_bytes = 1, double noise_fraction = 0.1) {
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   auto between = [&](double lo, double hi) { return lo + (hi - lo) * unit(rng); };
-  auto logBetween = [&](double lo, double hi) {
+  auto log_between = [&](double lo, double hi) {
     return std::exp(std::log(lo) + unit(rng) * (std::log(hi) - std::log(lo)));
   };
   PhasedModel m;
   const double limit = between(8.0, 80.0) * static_cast<double>(kGiB);
   m.limit_bytes = static_cast<std::int64_t>(limit);
-  const double target = logBetween(min_threshold, max_threshold);
+  const double target = log_between(min_threshold, max_threshold);
   double fixed_b = 0;
   double a = 0;
   double s = 0;
   double fixed_s = 0;
   if (family == CurveFamily::kStepBound) {
-    const double crossing = target * logBetween(1.5, 8.0);
+    const double crossing = target * log_between(1.5, 8.0);
     fixed_s = limit * between(0.3, 0.8);
     s = (limit - fixed_s) / target;
     fixed_b = fixed_s * between(0.2, 0.9);
     a = s + (fixed_s - fixed_b) / crossing;
   } else {
     const double crossing = family == CurveFamily::kActivationBound
-                                ? target / logBetween(64.0, 1024.0)
-                                : target / logBetween(1.0, 8.0);
+                                ? target / log_between(64.0, 1024.0)
+                                : target / log_between(1.0, 8.0);
     fixed_b = limit * between(0.02, 0.5);
     a = (limit - fixed_b) / target;
     s = a * between(0.001, 0.02);

@@ -175,7 +175,7 @@ TEST(SearchTest, CurveBendingUpwardsGivesNoLongRunOfFailures) {
   model.limit_bytes = 3 * testing::kGiB;
   model.phases = {{"forward", 600 * testing::kMiB, 4 * testing::kMiB, true},
                   {"backward", 900 * testing::kMiB, 6 * testing::kMiB, true},
-                  {"optimizer-step", 1000 * testing::kMiB, 64 * 1024, false}};
+                  {"optimizer-step", 1000 * testing::kMiB, std::int64_t{64} * 1024, false}};
   // Above batch 100 each sample costs 6 MiB more (scratch that grows with the batch).
   model.noise_prefix.assign(400, 0);
   for (std::size_t b = 101; b < model.noise_prefix.size(); ++b) {
@@ -583,7 +583,7 @@ TEST(SearchTest, FastestPlanFollowsTheMeasuredStepTimes) {
   options.target_batch = 256;
   options.plan = PlanKind::kFastest;
   // Samples per second rise with the batch: 1000 * B / (B + 8), 16 -> 667, 29 -> 784.
-  auto probeWith = [&model](double overhead_ms) {
+  auto probe_with = [&model](double overhead_ms) {
     return [&model, overhead_ms](const TrialRequest& request) {
       TrialResult r = model.run(request);
       const auto b = static_cast<double>(request.micro_batch_size);
@@ -591,7 +591,7 @@ TEST(SearchTest, FastestPlanFollowsTheMeasuredStepTimes) {
       return r;
     };
   };
-  SearchResult r = findMaxBatch(probeWith(8.0), options);
+  SearchResult r = findMaxBatch(probe_with(8.0), options);
   ASSERT_EQ(r.safe_micro_batch, 31);
   ASSERT_TRUE(r.plan.has_value());
   EXPECT_EQ(r.plan->uniform.largestMicroBatch(), 16);
@@ -608,14 +608,14 @@ TEST(SearchTest, FastestPlanFollowsTheMeasuredStepTimes) {
   EXPECT_EQ(r.plan->primary_kind, PlanKind::kBalanced);
 
   // A flat rate: balanced gains nothing, uniform stays primary.
-  r = findMaxBatch(probeWith(0.0), options);
+  r = findMaxBatch(probe_with(0.0), options);
   ASSERT_TRUE(r.plan.has_value());
   EXPECT_NEAR(r.plan->uniform.predicted_samples_per_second, 1000.0, 1e-6);
   EXPECT_NEAR(r.plan->balanced.predicted_samples_per_second, 1000.0, 1e-6);
   EXPECT_EQ(r.plan->primary_kind, PlanKind::kUniform);
 
   // A gain under 5% (1000 * B / (B + 0.5): 16 -> 970, 29 -> 983, +1.4%): uniform.
-  r = findMaxBatch(probeWith(0.5), options);
+  r = findMaxBatch(probe_with(0.5), options);
   ASSERT_TRUE(r.plan.has_value());
   EXPECT_GT(r.plan->balanced.predicted_samples_per_second,
             r.plan->uniform.predicted_samples_per_second);
@@ -623,7 +623,7 @@ TEST(SearchTest, FastestPlanFollowsTheMeasuredStepTimes) {
 
   // auto keeps its arithmetic rule (uniform 16 is not below half of 31) and runs no extra trial.
   options.plan = PlanKind::kAuto;
-  r = findMaxBatch(probeWith(8.0), options);
+  r = findMaxBatch(probe_with(8.0), options);
   ASSERT_TRUE(r.plan.has_value());
   EXPECT_EQ(r.plan->primary_kind, PlanKind::kUniform);
   EXPECT_FALSE(seenToFit(r, 16));
