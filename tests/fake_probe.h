@@ -16,6 +16,16 @@ namespace autobatch::testing {
 constexpr std::int64_t kMiB = std::int64_t{1} << 20;
 constexpr std::int64_t kGiB = std::int64_t{1} << 30;
 
+/// noise(B) of a running-sum noise table: prefix[B], and beyond its end the last value plus
+/// max_step per sample (the models below share it).
+inline std::int64_t noiseAt(const std::vector<std::int64_t>& prefix, std::int64_t max_step,
+                            std::int64_t batch) {
+  if (prefix.empty()) return 0;
+  const auto last = static_cast<std::int64_t>(prefix.size()) - 1;
+  if (batch <= last) return prefix[static_cast<std::size_t>(batch)];
+  return prefix.back() + (batch - last) * max_step;
+}
+
 /// peak(B) = round_up(fixed + per_sample * B + noise(B), rounding), monotone in B: noise(B) is a
 /// running sum of non-negative per-sample extras. A trial fits when peak(B) <= limit.
 struct MemoryModel {
@@ -31,10 +41,7 @@ struct MemoryModel {
   std::int64_t accumulation_extra_bytes = 0;
 
   std::int64_t noise(std::int64_t batch) const {
-    if (noise_prefix.empty()) return 0;
-    const auto last = static_cast<std::int64_t>(noise_prefix.size()) - 1;
-    if (batch <= last) return noise_prefix[static_cast<std::size_t>(batch)];
-    return noise_prefix.back() + (batch - last) * noise_max_step;
+    return noiseAt(noise_prefix, noise_max_step, batch);
   }
 
   std::int64_t peak(std::int64_t batch, int micro_batches_per_step = 1) const {
@@ -149,10 +156,7 @@ struct PhasedModel {
   std::int64_t bump_bytes = 0;
 
   std::int64_t noise(std::int64_t batch) const {
-    if (noise_prefix.empty()) return 0;
-    const auto last = static_cast<std::int64_t>(noise_prefix.size()) - 1;
-    if (batch <= last) return noise_prefix[static_cast<std::size_t>(batch)];
-    return noise_prefix.back() + (batch - last) * noise_max_step;
+    return noiseAt(noise_prefix, noise_max_step, batch);
   }
   static std::int64_t roundUp(std::int64_t bytes, std::int64_t unit) {
     return (bytes + unit - 1) / unit * unit;
