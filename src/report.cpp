@@ -113,11 +113,35 @@ json toJson(const SweepReport& sweep) {
                     {"elapsed_s", r.elapsed_s},
                     {"target_batch", r.target_batch},
                     {"plan", plan},
-                    {"min_batch_needs_at_least_bytes", r.min_batch_needs_at_least_bytes}});
+                    {"min_batch_needs_at_least_bytes", r.min_batch_needs_at_least_bytes},
+                    {"lowered_from", r.lowered_from}});
+  }
+  json mixed = nullptr;
+  if (sweep.mixed) {
+    const MixVerification& v = *sweep.mixed;
+    json trials = json::array();
+    for (const auto& t : v.trials) {
+      json steps = json::array();
+      for (const auto& b : t.steps) steps.push_back({b.length, b.micro_batch_size});
+      trials.push_back({{"steps", steps},
+                        {"outcome", toString(t.result.outcome)},
+                        {"failed_length", t.failed_length},
+                        {"failed_step_index", t.result.failed_step_index},
+                        {"reason", t.result.reason},
+                        {"peak_bytes", t.result.peak_bytes},
+                        {"memory_limit_bytes", t.result.memory_limit_bytes},
+                        {"micro_batches_per_step", t.result.request.micro_batches_per_step}});
+    }
+    json lowered = json::array();
+    for (const auto& l : v.lowered) {
+      lowered.push_back({{"length", l.length}, {"from", l.from}, {"to", l.to}});
+    }
+    mixed = {{"status", v.status}, {"trials", trials}, {"lowered", lowered}};
   }
   return {{"rows", rows},
           {"longest_trainable_length", sweep.longest_trainable_length},
-          {"target_tokens", sweep.target_tokens}};
+          {"target_tokens", sweep.target_tokens},
+          {"mixed_verification", mixed}};
 }
 
 json toJson(const CacheReport& c) {
@@ -626,6 +650,26 @@ std::string humanReport(const ReportData& d) {
                 ? fmt::format("  longest trainable length: {} (the result above is for it)\n",
                               sw.longest_trainable_length)
                 : std::string("  no length fits\n"));
+    if (sw.mixed && sw.mixed->status != "skipped") {
+      const MixVerification& v = *sw.mixed;
+      std::string what;
+      for (const auto& l : v.lowered) {
+        what += fmt::format("; length {} lowered {} -> {}", l.length, l.from, l.to);
+      }
+      std::int64_t peak = 0;
+      std::int64_t limit = 0;
+      if (!v.trials.empty()) {
+        peak = v.trials.back().result.peak_bytes;
+        limit = v.trials.back().result.memory_limit_bytes;
+      }
+      out << fmt::format(
+          "  mixed verification (the buckets in one trial, the longest after each other one, "
+          "the allocator's cache kept): {} in {} trial{}{}{}\n",
+          v.status, v.trials.size(), v.trials.size() == 1 ? "" : "s",
+          limit > 0 ? fmt::format(", last peak {} of {}", formatBytes(peak), formatBytes(limit))
+                    : std::string(),
+          what);
+    }
   }
   if (d.check) {
     const CheckResult& c = *d.check;

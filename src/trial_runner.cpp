@@ -617,11 +617,12 @@ struct TrialRunner::Impl {
   }
 
   // One forward/loss/backward of `batch` samples; every tensor of it dies with this frame.
-  void microStep(std::int64_t batch, at::Generator& gen) {
+  void microStep(std::int64_t batch, const std::vector<InputSpec>& step_inputs,
+                 at::Generator& gen) {
     enter(detail::TrialPhase::kInputs);
     std::vector<c10::IValue> args;
-    args.reserve(inputs.size());
-    for (const auto& input : inputs) args.emplace_back(makeInput(input, batch, gen));
+    args.reserve(step_inputs.size());
+    for (const auto& input : step_inputs) args.emplace_back(makeInput(input, batch, gen));
     held_inputs = args;  // a loop's `x` holds them until the next micro-batch's are made
     at::Tensor loss_value;
     {
@@ -676,6 +677,41 @@ struct TrialRunner::Impl {
                   " had a fatal error in an earlier trial; start a new process");
     }
     return runOnce(request);
+  }
+
+  TrialResult runMixed(const std::vector<MixedStep>& steps, int micro_batches_per_step,
+                       const CancelHook& cancel) {
+    if (steps.empty() || micro_batches_per_step < 1) {
+      throw Error(
+          "mixed trial: expected at least one step and micro_batches_per_step >= 1, but got " +
+          std::to_string(steps.size()) + " steps and " + std::to_string(micro_batches_per_step));
+    }
+    std::vector<PlannedStep> plan;
+    TrialRequest request;
+    request.micro_batches_per_step = micro_batches_per_step;
+    request.cancel = cancel;
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const MixedStep& step = steps[i];
+      bool same_kinds = step.inputs.size() == inputs.size();
+      for (std::size_t k = 0; same_kinds && k < inputs.size(); ++k) {
+        same_kinds = step.inputs[k].dtype == inputs[k].dtype;
+      }
+      if (step.micro_batch_size < 1 || !same_kinds) {
+        throw Error(
+            "mixed trial step " + std::to_string(i) +
+            ": expected micro_batch_size >= 1 and inputs of the runner's count and dtypes (" +
+            std::to_string(inputs.size()) + "), but got micro-batch " +
+            std::to_string(step.micro_batch_size) + " and " + std::to_string(step.inputs.size()) +
+            " inputs");
+      }
+      plan.push_back({step.micro_batch_size, &step.inputs});
+      request.micro_batch_size = std::max(request.micro_batch_size, step.micro_batch_size);
+    }
+    if (poisoned) {
+      throw Error("trial: expected a usable device, but " + device.str() +
+                  " had a fatal error in an earlier trial; start a new process");
+    }
+    return runSteps(request, plan, true);
   }
 
   // Frees what a trial left: weights back, caches emptied. Skipped once the device is poisoned;
@@ -739,7 +775,23 @@ struct TrialRunner::Impl {
     error = nullptr;
   }
 
+  // One optimizer step of a trial: its micro-batch and the inputs it is made of.
+  struct PlannedStep {
+    std::int64_t batch = 1;
+    const std::vector<InputSpec>* inputs = nullptr;
+  };
+
   TrialResult runOnce(const TrialRequest& request) {
+    const std::vector<PlannedStep> plan(static_cast<std::size_t>(spec.steps_per_trial),
+                                        PlannedStep{request.micro_batch_size, &inputs});
+    return runSteps(request, plan, false);
+  }
+
+  // Runs `plan` as one trial: the optimizer and its state live across its steps, and the
+  // allocator's cache is emptied only after the last one. A mixed trial (runMixed) leaves the
+  // bookkeeping of single-batch trials (largest fit, last OOM) as it was.
+  TrialResult runSteps(const TrialRequest& request, const std::vector<PlannedStep>& plan,
+                       bool mixed) {
     TrialResult result;
     result.request = request;
     result.memory_limit_bytes = backend->limitBytes() - reserve_bytes;
@@ -773,18 +825,21 @@ struct TrialRunner::Impl {
           ddp_buckets = at::empty({ddp_bucket_bytes}, at::TensorOptions(at::kByte).device(device));
         }
         optimizer = makeOptimizer();
-        StepProgress progress(batch, request.micro_batches_per_step, spec.steps_per_trial);
-        for (int step = 0; step < spec.steps_per_trial; ++step) {
+        const int steps = static_cast<int>(plan.size());
+        StepProgress progress(batch, request.micro_batches_per_step, steps);
+        for (int step = 0; step < steps; ++step) {
           if (request.cancel && request.cancel()) {
             result.cancelled = true;
             break;
           }
           progress.beginStep(step);
           const auto start = std::chrono::steady_clock::now();
+          const PlannedStep& planned = plan[static_cast<std::size_t>(step)];
+          point.micro_batch_size = planned.batch;
           for (int micro = 0; micro < request.micro_batches_per_step; ++micro) {
             point.step = step;
             point.micro_batch_index = micro;
-            microStep(batch, gen);
+            microStep(planned.batch, *planned.inputs, gen);
           }
           enter(detail::TrialPhase::kOptimizerStep);
           if (optimizer) optimizer->step();
@@ -827,7 +882,7 @@ struct TrialRunner::Impl {
       FailureContext context;
       context.process_limit_near =
           backend->processLimitNear(peaks.peak_bytes, loose.failed_request_bytes);
-      context.after_larger_oom = last_oom_batch > batch;
+      context.after_larger_oom = !mixed && last_oom_batch > batch;
       failure = classifyException(error, context);
       if (failure.kind == FailureKind::kOutOfMemory || failure.kind == FailureKind::kSizeLimit) {
         error = nullptr;  // free it before cleanup
@@ -841,7 +896,7 @@ struct TrialRunner::Impl {
       classifyByEvidence(request, failure, error, result);
     }
     if (error) {
-      last_oom_batch = 0;
+      if (!mixed) last_oom_batch = 0;
       std::rethrow_exception(error);
     }
 
@@ -863,16 +918,17 @@ struct TrialRunner::Impl {
       if (failed_point.phase != detail::TrialPhase::kIdle) {
         result.failed_phase = detail::phaseKey(failed_point.phase);
         result.failed_micro_batch_index = failed_point.micro_batch_index;
+        result.failed_step_index = failed_point.step;
       }
-      last_oom_batch = std::max(last_oom_batch, batch);
+      if (!mixed) last_oom_batch = std::max(last_oom_batch, batch);
     } else if (failure.kind == FailureKind::kSizeLimit && !failure.reason.empty()) {
       result.outcome = TrialOutcome::kSizeLimit;
       result.reason = failure.reason;
     } else {
-      last_oom_batch = 0;
+      if (!mixed) last_oom_batch = 0;
       if (result.cancelled) {
         result.reason = "cancelled";
-      } else if (batch >= largest_fit_batch) {
+      } else if (!mixed && batch >= largest_fit_batch) {
         largest_fit_batch = batch;
         largest_fit_micro_batches = request.micro_batches_per_step;
       }
@@ -898,6 +954,10 @@ TrialRunner::TrialRunner(torch::jit::Module& module, const TrainingSpec& spec,
 TrialRunner::~TrialRunner() = default;
 
 TrialResult TrialRunner::run(const TrialRequest& request) { return impl_->run(request); }
+TrialResult TrialRunner::runMixed(const std::vector<MixedStep>& steps, int micro_batches_per_step,
+                                  const CancelHook& cancel) {
+  return impl_->runMixed(steps, micro_batches_per_step, cancel);
+}
 
 Probe TrialRunner::probe() {
   return [this](const TrialRequest& request) { return run(request); };

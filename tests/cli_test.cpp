@@ -847,6 +847,25 @@ TEST(CliTest, LengthSweepGivesABatchPerLengthAndExactPlans) {
   EXPECT_LT(safe[0], safe[2]);  // the batch falls as the length grows
   EXPECT_EQ(doc["sweep"]["longest_trainable_length"], 128);
   EXPECT_EQ(doc["result"]["safe_micro_batch"], safe[0]);
+  // The buckets ran mixed in one trial: the longest after each other length, each at its plan's
+  // micro-batch, 2 micro-batches per step (the plans accumulate). The CPU budget allocator keeps no
+  // cache, so the mix fits as the lengths did alone, give or take the previous step's held logits.
+  // Catches a sweep that never runs the mix, or runs it at the safe batch with 1 micro-batch.
+  const auto& mixed = doc["sweep"]["mixed_verification"];
+  ASSERT_TRUE(mixed.is_object()) << doc["sweep"].dump();
+  EXPECT_EQ(mixed["status"], "verified") << mixed.dump();
+  ASSERT_EQ(mixed["trials"].size(), 1U);
+  const auto& steps = mixed["trials"][0]["steps"];
+  ASSERT_EQ(steps.size(), 5U);
+  const std::vector<std::int64_t> order = {128, 32, 128, 64, 128};
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i][0], order[i]);
+    const std::size_t row = order[i] == 128 ? 0 : order[i] == 64 ? 1 : 2;
+    EXPECT_GE(steps[i][1], rows[row]["plan"]["micro_batch_size"]);
+    EXPECT_LE(steps[i][1], rows[row]["safe_micro_batch"]);
+  }
+  EXPECT_EQ(mixed["trials"][0]["micro_batches_per_step"], 2);
+  EXPECT_EQ(mixed["trials"][0]["outcome"], "fits");
   EXPECT_EQ(doc["fingerprint"]["inputs"][0], "int64:128:<8000");
   EXPECT_NE(run.out.find("AUTOBATCH_LENGTH=128\n"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("AUTOBATCH_BUCKETS='128:" + std::to_string(safe[0]) +

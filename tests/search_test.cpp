@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <map>
 #include <random>
 #include <stdexcept>
 #include <thread>
 
+#include "autobatch/bucket_mix.h"
 #include "autobatch/error.h"
 #include "fake_probe.h"
 
@@ -674,6 +676,128 @@ TEST(SearchTest, MarginBytesFromFractionOrBytes) {
   EXPECT_EQ(marginBytes(options, 1005), 100);  // rounded down
   options.margin_bytes = 7;
   EXPECT_EQ(marginBytes(options, 1000), 7);
+}
+
+// ---- Mixed verification of a sweep's buckets (autobatch/bucket_mix.h, issue 18) ----
+
+// A fake mixed trial: bucket `length` fails when its micro-batch is above cap[length] (the
+// fragmentation a mix leaves), at its first step over the cap; otherwise the trial fits.
+MixedProbe cappedMix(std::map<std::int64_t, std::int64_t> cap, int& calls) {
+  return [cap = std::move(cap), &calls](const std::vector<Bucket>& steps) {
+    ++calls;
+    TrialResult r;
+    r.request.micro_batch_size = 0;
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      r.request.micro_batch_size = std::max(r.request.micro_batch_size, steps[i].micro_batch_size);
+      if (steps[i].micro_batch_size > cap.at(steps[i].length)) {
+        r.outcome = TrialOutcome::kOutOfMemory;
+        r.failed_step_index = static_cast<int>(i);
+        return r;
+      }
+    }
+    return r;
+  };
+}
+
+TEST(BucketMixTest, OrderAlternatesTheLongestWithTheOthersFromTheShortestUp) {
+  // Catches an order that never runs the longest bucket right after the shortest (the mix that
+  // leaves the cache carved for the other shape) or leaves a bucket out.
+  EXPECT_EQ(mixedOrder(0), std::vector<std::size_t>{});
+  EXPECT_EQ(mixedOrder(1), (std::vector<std::size_t>{0}));
+  EXPECT_EQ(mixedOrder(2), (std::vector<std::size_t>{0, 1, 0}));
+  EXPECT_EQ(mixedOrder(3), (std::vector<std::size_t>{0, 2, 0, 1, 0}));
+  EXPECT_EQ(mixedOrder(4), (std::vector<std::size_t>{0, 3, 0, 2, 0, 1, 0}));
+}
+
+TEST(BucketMixTest, AFailedFirstMixLowersTheFailingBucketAndVerifiesAgain) {
+  // The longest bucket fits alone at 6 but not after the shortest in the mix (cap 5): the first
+  // trial fails at step 2 (the longest again, after 32:40). Catches lowering the bucket whose
+  // index is the step's (step 2 is bucket 0 in the order, not bucket 2), lowering every bucket, or
+  // answering without a second, passing trial.
+  int calls = 0;
+  const std::vector<Bucket> buckets = {{128, 6}, {64, 14}, {32, 40}};
+  const MixVerification v =
+      verifyBucketMix(buckets, cappedMix({{128, 5}, {64, 14}, {32, 40}}, calls));
+  EXPECT_EQ(v.status, "lowered");
+  ASSERT_EQ(v.trials.size(), 2U);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(v.trials[0].steps,
+            (std::vector<Bucket>{{128, 6}, {32, 40}, {128, 6}, {64, 14}, {128, 6}}));
+  EXPECT_EQ(v.trials[0].failed_length, 128);
+  EXPECT_EQ(v.trials[1].result.outcome, TrialOutcome::kFits);
+  EXPECT_EQ(v.trials[1].failed_length, 0);
+  EXPECT_EQ(v.buckets, (std::vector<Bucket>{{128, 5}, {64, 14}, {32, 40}}));
+  ASSERT_EQ(v.lowered.size(), 1U);
+  EXPECT_EQ(v.lowered[0].length, 128);
+  EXPECT_EQ(v.lowered[0].from, 6);
+  EXPECT_EQ(v.lowered[0].to, 5);
+
+  // A mix that fits at once is "verified", one trial, nothing lowered.
+  calls = 0;
+  const MixVerification ok =
+      verifyBucketMix(buckets, cappedMix({{128, 6}, {64, 14}, {32, 40}}, calls));
+  EXPECT_EQ(ok.status, "verified");
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(ok.buckets, buckets);
+  EXPECT_TRUE(ok.lowered.empty());
+}
+
+TEST(BucketMixTest, LowersStepByStepUntilTheMixFitsAndDropsABucketThatNeverDoes) {
+  // 64:100 must come down to <= 80: 100 -> 90 -> 81 -> 73 (10% steps, at least 1). Catches a
+  // lowering that jumps (halving would give 50) or that stops after one round.
+  EXPECT_EQ(lowerBucketBatch(100), 90);
+  EXPECT_EQ(lowerBucketBatch(9), 8);
+  EXPECT_EQ(lowerBucketBatch(1), 0);
+  int calls = 0;
+  const MixVerification v =
+      verifyBucketMix({{128, 30}, {64, 100}}, cappedMix({{128, 30}, {64, 80}}, calls));
+  EXPECT_EQ(v.status, "lowered");
+  EXPECT_EQ(calls, 4);
+  EXPECT_EQ(v.buckets, (std::vector<Bucket>{{128, 30}, {64, 73}}));
+  ASSERT_EQ(v.lowered.size(), 1U);
+  EXPECT_EQ(v.lowered[0].from, 100);
+  EXPECT_EQ(v.lowered[0].to, 73);
+
+  // A bucket that fails in every mix down to 1 leaves it (micro-batch 0); what is left is one
+  // bucket, searched alone: "lowered", no further trial. Catches a loop that mixes a bucket at 0.
+  calls = 0;
+  const MixVerification drop =
+      verifyBucketMix({{128, 2}, {64, 4}}, cappedMix({{128, 0}, {64, 4}}, calls), 10);
+  EXPECT_EQ(drop.status, "lowered");
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(drop.buckets, (std::vector<Bucket>{{128, 0}, {64, 4}}));
+  EXPECT_EQ(drop.lowered[0].to, 0);
+
+  // Out of rounds: "unverified", the buckets as last tried.
+  calls = 0;
+  const MixVerification out =
+      verifyBucketMix({{128, 30}, {64, 100}}, cappedMix({{128, 30}, {64, 10}}, calls), 3);
+  EXPECT_EQ(out.status, "unverified");
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(out.buckets[1].micro_batch_size, 73);
+}
+
+TEST(BucketMixTest, NothingToMixAndBadProbesAreSaidSo) {
+  // One bucket (or one left after zeros): "skipped", no trial. Catches a verification that runs a
+  // one-shape "mix" and calls it verified.
+  int calls = 0;
+  EXPECT_EQ(verifyBucketMix({{128, 3}}, cappedMix({{128, 3}}, calls)).status, "skipped");
+  EXPECT_EQ(verifyBucketMix({{128, 0}, {64, 3}}, cappedMix({{128, 0}, {64, 3}}, calls)).status,
+            "skipped");
+  EXPECT_EQ(calls, 0);
+  EXPECT_THROW(verifyBucketMix({{128, 3}, {64, 5}}, cappedMix({{128, 3}, {64, 5}}, calls), 0),
+               Error);
+  const MixedProbe lost = [](const std::vector<Bucket>&) {
+    TrialResult r;
+    r.outcome = TrialOutcome::kOutOfMemory;
+    r.failed_step_index = 7;
+    return r;
+  };
+  EXPECT_THROW(verifyBucketMix({{128, 3}, {64, 5}}, lost), Error);
+  const MixVerification cancelled =
+      verifyBucketMix({{128, 3}, {64, 5}}, lost, 6, [] { return true; });
+  EXPECT_EQ(cancelled.status, "cancelled");
+  EXPECT_TRUE(cancelled.trials.empty());
 }
 
 }  // namespace

@@ -352,6 +352,56 @@ TEST(TrialRunnerTest, AmpBf16LowersThePeak) {
   EXPECT_LT(bf16, fp32 * 9 / 10) << "fp32 " << fp32 << " amp-bf16 " << bf16;
 }
 
+TEST(TrialRunnerTest, MixedTrialRunsEachStepAtItsOwnShapeAndNamesTheStepThatFails) {
+  // A length sweep's buckets in one trial (issue 18): 8 x 16 tokens, 2 x 128 tokens. On the CPU
+  // budget allocator there is no cache, so the mix peaks where its largest bucket does alone
+  // (plus what a loop still holds from the step before: its inputs and kept logits). Catches a
+  // runner that runs every step at the runner's own inputs (the mix would peak like 8 x 128) or
+  // only the first step's shape.
+  auto m = tinyTransformer(256, 32);
+  const auto spec = specOf("int64:128:<256", LossKind::kCrossEntropy, OptimizerKind::kAdamW);
+  const std::vector<MixedStep> mix = {{2, parseInputSpecs("int64:128:<256")},
+                                      {8, parseInputSpecs("int64:16:<256")},
+                                      {2, parseInputSpecs("int64:128:<256")}};
+  const std::int64_t held = 8 * 16 * 256 * 4 + 8 * 16 * 8 * 2;  // 8x16 logits, ids and targets
+  std::int64_t long_alone = 0;
+  std::int64_t short_alone = 0;
+  {
+    TrialRunner runner(m, spec, limit(kUnlimited));
+    long_alone = runner.run({2, 1, {}}).peak_bytes;
+    const std::int64_t big_alone = runner.run({8, 1, {}}).peak_bytes;  // what a wrong mix is
+    short_alone = runner.runMixed({mix[1]}, 1).peak_bytes;
+    const TrialResult mixed = runner.runMixed(mix, 1);
+    ASSERT_EQ(mixed.outcome, TrialOutcome::kFits) << mixed.reason;
+    EXPECT_EQ(mixed.steps_completed, 3);
+    EXPECT_EQ(mixed.request.micro_batch_size, 8);
+    EXPECT_GE(mixed.peak_bytes, long_alone);
+    EXPECT_LE(mixed.peak_bytes, long_alone + held) << "alone " << long_alone;
+    EXPECT_LT(mixed.peak_bytes, big_alone);
+    EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+  }
+
+  // Under a limit between the 8 x 16 step's peak and the 2 x 128 one's, the mix fails at step 0;
+  // with the short step first it fails at step 1, after one completed step.
+  ASSERT_LT(short_alone + held, long_alone);
+  TrialRunner tight(m, spec, limit(short_alone + held));
+  const TrialResult first = tight.runMixed(mix, 1);
+  EXPECT_EQ(first.outcome, TrialOutcome::kOutOfMemory);
+  EXPECT_EQ(first.failed_step_index, 0);
+  const TrialResult second = tight.runMixed({mix[1], mix[0]}, 1);
+  EXPECT_EQ(second.outcome, TrialOutcome::kOutOfMemory);
+  EXPECT_EQ(second.failed_step_index, 1);
+  EXPECT_EQ(second.steps_completed, 1);
+  EXPECT_EQ(tight.currentBytes(), tight.baselineBytes());
+
+  // Bad steps: no steps, a zero micro-batch, inputs of another count or dtype.
+  EXPECT_THROW(tight.runMixed({}, 1), Error);
+  EXPECT_THROW(tight.runMixed({{0, parseInputSpecs("int64:16:<256")}}, 1), Error);
+  EXPECT_THROW(tight.runMixed({{1, parseInputSpecs("16")}}, 1), Error);
+  EXPECT_THROW(tight.runMixed({{1, parseInputSpecs("int64:16:<256,int64:16:<256")}}, 1), Error);
+  EXPECT_THROW(tight.runMixed(mix, 0), Error);
+}
+
 TEST(TrialRunnerTest, TwoMicroBatchesRaiseThePeakFourDoNot) {
   auto m = convNet();
   auto spec = specOf("3x16x16", LossKind::kCrossEntropy, OptimizerKind::kAdamW);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "autobatch/autobatch.h"
+#include "autobatch/bucket_mix.h"
 #include "autobatch/ranks.h"
 #include "autobatch/result_cache.h"
 #include "autobatch/search_options.h"
@@ -66,6 +67,10 @@ struct SweepRow {
   std::int64_t min_batch_needs_at_least_bytes = 0;
   /// With --cache: this length's CacheReport::outcome ("hit", "miss", ...); else "".
   std::string cache_outcome;
+  /// The safe micro-batch this length's search found alone, when the mixed verification lowered
+  /// it (safe_micro_batch, tokens and plan are then the lowered ones; status "fails-mixed" when it
+  /// left the mix at 0); 0 when not lowered.
+  std::int64_t lowered_from = 0;
 };
 
 /// A length sweep: the rows from the longest length to the shortest.
@@ -75,6 +80,9 @@ struct SweepReport {
   std::int64_t longest_trainable_length = 0;
   /// --target-tokens (tokens per optimizer step over all ranks); 0 when not given.
   std::int64_t target_tokens = 0;
+  /// The buckets run mixed in one trial (autobatch/bucket_mix.h); nullopt when it did not run
+  /// (interrupted before it).
+  std::optional<MixVerification> mixed;
 };
 
 /// Everything one run of the CLI knows, at any point of its life (errors included).

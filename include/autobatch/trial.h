@@ -77,6 +77,9 @@ struct TrialResult {
   /// "loss", "backward", "optimizer-step"; PhasePeak::phase) and its micro-batch; "" when unknown.
   std::string failed_phase;
   int failed_micro_batch_index = 0;
+  /// Out-of-memory only: the 0-based optimizer step of the trial that asked for the refused
+  /// allocation (TrialRunner::runMixed names its bucket by it); 0 when unknown.
+  int failed_step_index = 0;
   /// Out-of-memory only: bytes held by tensors when the refused allocation was asked (CPU budget
   /// allocator: exact; CUDA: "... is allocated by PyTorch" from the allocator's message, less its
   /// rounding), 0 when unknown. failed_in_use_bytes + failed_request_bytes is a lower bound on

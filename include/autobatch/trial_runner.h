@@ -32,6 +32,17 @@ struct Module;
 
 namespace autobatch {
 
+/// One optimizer step of a mixed trial (TrialRunner::runMixed): a micro-batch of
+/// `micro_batch_size` samples of `inputs` (e.g. one bucket of a length sweep: the runner's input
+/// specs with another length).
+struct MixedStep {
+  /// Samples per micro-batch. Range >= 1.
+  std::int64_t micro_batch_size = 1;
+  /// The step's input specs: as many as the runner's inputs(), with the same dtypes; the sample
+  /// shapes may differ.
+  std::vector<InputSpec> inputs;
+};
+
 class TrialRunner {
  public:
   /// Loads `spec.model_path` with torch::jit::load onto `spec.device` and prepares the trials.
@@ -81,6 +92,18 @@ class TrialRunner {
   /// made any more, by run() or the destructor, and the weights are not restored.
   /// Side effects: runs real training steps on the device; allocates and frees device memory.
   TrialResult run(const TrialRequest& request);
+
+  /// Runs one trial made of `steps`, in order, `micro_batches_per_step` micro-batches each, from
+  /// the same weights and a fresh optimizer whose state lives across the steps, and with no
+  /// release of the allocator's cache between them (it is emptied after the trial, as after
+  /// run()): a shuffled bucketed run's mix of shapes (issue 18, docs/sweeps.md "Mixed
+  /// verification"). spec.steps_per_trial is not used. Returns: as run(); request.micro_batch_size
+  /// is the largest step's; on out of memory, failed_step_index names the step. It does not
+  /// change what run() knows of earlier trials (the batch re-run to classify an ambiguous failure).
+  /// Throws: autobatch::Error for no steps, micro_batches_per_step < 1, a step with
+  /// micro_batch_size < 1 or inputs of another count or dtypes than inputs(); otherwise as run().
+  TrialResult runMixed(const std::vector<MixedStep>& steps, int micro_batches_per_step,
+                       const CancelHook& cancel = {});
 
   /// A Probe for the search that calls run(); valid while the runner lives.
   Probe probe();

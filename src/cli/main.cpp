@@ -493,26 +493,95 @@ void searchWithCache(const Cli& cli, autobatch::ReportData& report) {
   report.cache = std::move(cache);
 }
 
+std::vector<autobatch::InputSpec> inputsAtLength(const Cli& cli, std::int64_t length) {
+  std::vector<autobatch::InputSpec> inputs;
+  for (const auto& text : cli.input_texts) {
+    for (auto& spec : autobatch::parseInputSpecs(autobatch::withLength(text, length))) {
+      inputs.push_back(std::move(spec));
+    }
+  }
+  return inputs;
+}
+
+// The buckets of a sweep run mixed in one trial (autobatch/bucket_mix.h), on a runner made for
+// the longest length (`longest`'s spec and options).
+// Micro-batches per step: 2 when a bucket's plan accumulates (as the job will run it), else the
+// runner's.
+autobatch::MixVerification verifyMix(const Cli& cli, const std::vector<autobatch::Bucket>& buckets,
+                                     const autobatch::ReportData& longest, bool accumulates) {
+  autobatch::TrialRunner runner(longest.spec, longest.options);
+  const int micro_batches = accumulates ? 2 : runner.microBatchesPerTrial();
+  const autobatch::CancelHook cancel = [] { return g_signal.load() != 0; };
+  const autobatch::MixedProbe probe = [&](const std::vector<autobatch::Bucket>& steps) {
+    std::vector<autobatch::MixedStep> mixed;
+    std::string order;
+    for (const auto& b : steps) {
+      mixed.push_back({b.micro_batch_size, inputsAtLength(cli, b.length)});
+      order += fmt::format("{}{}:{}", order.empty() ? "" : " ", b.length, b.micro_batch_size);
+    }
+    spdlog::info(
+        "mixed verification: one trial of {} steps (length:micro-batch {}), {} "
+        "micro-batch{} per step",
+        steps.size(), order, micro_batches, micro_batches == 1 ? "" : "es");
+    autobatch::TrialResult r = runner.runMixed(mixed, micro_batches, cancel);
+    if (r.outcome != autobatch::TrialOutcome::kFits) {
+      spdlog::warn("mixed verification: step {} (length {}) failed: {}", r.failed_step_index,
+                   steps.at(static_cast<std::size_t>(r.failed_step_index)).length, r.reason);
+    }
+    return r;
+  };
+  return autobatch::verifyBucketMix(buckets, probe, 6, cancel);
+}
+
+// The micro-batch a length's bucket trains with: its plan's bound when it has a plan, else its
+// safe micro-batch.
+std::int64_t bucketBatch(const autobatch::SearchResult& search) {
+  return search.plan ? search.plan_max_micro_batch : search.safe_micro_batch;
+}
+
+// A row (and its search) whose bucket the mixed verification lowered from `from` to `to`: the safe
+// batch, the tokens and the plan are at most `to`.
+void lowerRow(autobatch::SweepRow& row, autobatch::SearchResult& search, std::int64_t from,
+              std::int64_t to, const autobatch::SearchOptions& o) {
+  row.lowered_from = from;
+  search.warnings.push_back(
+      fmt::format("length {}: the mixed verification lowered micro-batch {} -> {} (it fit alone, "
+                  "not mixed with the other lengths)",
+                  row.length, from, to));
+  const std::int64_t safe = std::min(row.safe_micro_batch, to);
+  row.safe_micro_batch = safe;
+  row.tokens_per_micro_batch = safe * row.length;
+  search.safe_micro_batch = safe;
+  if (safe <= 0) {
+    row.status = "fails-mixed";
+    row.plan.reset();
+    search.plan.reset();
+    search.plan_max_micro_batch = 0;
+    return;
+  }
+  if (o.target_batch > 0 && search.plan) {
+    search.plan_max_micro_batch = std::min(search.plan_max_micro_batch, to);
+    search.plan = autobatch::planAccumulation(search.plan_max_micro_batch, o.target_batch,
+                                              o.world_size, o.plan);
+    row.plan = search.plan;
+  }
+}
+
 // --lengths: one search per length, longest first, each seeded by the longer length's maximum
-// (it fits: memory grows with the length) and that maximum at the same tokens per micro-batch.
-// The report's result is the longest length that fits (else the last one tried).
+// (it fits: memory grows with the length) and that maximum at the same tokens per micro-batch;
+// then the buckets mixed in one trial (lowered where the mix fails). The report's result is the
+// longest length that fits (else the last one tried).
 void runSweep(Cli& cli) {
   autobatch::SweepReport sweep;
   sweep.target_tokens = cli.target_tokens;
-  std::optional<autobatch::ReportData> chosen;
-  std::optional<autobatch::ReportData> last;
+  std::vector<autobatch::ReportData> reports;
   std::int64_t prev_length = 0;
   std::int64_t prev_max = 0;
   const int world = cli.report.options.world_size;
   for (const std::int64_t length : cli.lengths) {
     if (g_signal.load() != 0) break;
     autobatch::ReportData row_report = cli.report;
-    row_report.spec.inputs.clear();
-    for (const auto& text : cli.input_texts) {
-      for (auto& spec : autobatch::parseInputSpecs(autobatch::withLength(text, length))) {
-        row_report.spec.inputs.push_back(std::move(spec));
-      }
-    }
+    row_report.spec.inputs = inputsAtLength(cli, length);
     autobatch::SearchOptions& o = row_report.options;
     if (cli.target_tokens > 0) o.target_batch = cli.target_tokens / length / world * world;
     if (prev_max > 0) o.seed_batches = {prev_max, prev_max * prev_length / length};
@@ -549,18 +618,46 @@ void runSweep(Cli& cli) {
       prev_length = length;
       prev_max = r.max_micro_batch;
     }
-    if (r.safe_micro_batch > 0 && !chosen) {
-      sweep.longest_trainable_length = length;
-      chosen = row_report;
-    }
-    last = std::move(row_report);
+    reports.push_back(std::move(row_report));
   }
-  if (chosen || last) {
-    const autobatch::ReportData& pick = chosen ? *chosen : *last;
-    cli.report.spec = pick.spec;
-    cli.report.options = pick.options;
-    cli.report.result = pick.result;
-    cli.report.cache = pick.cache;
+
+  std::vector<autobatch::Bucket> buckets;
+  std::vector<std::size_t> bucket_rows;
+  bool accumulates = false;
+  for (std::size_t i = 0; i < sweep.rows.size(); ++i) {
+    const autobatch::SearchResult& search = reports[i].result->search;
+    if (sweep.rows[i].safe_micro_batch > 0 && bucketBatch(search) > 0) {
+      buckets.push_back({sweep.rows[i].length, bucketBatch(search)});
+      bucket_rows.push_back(i);
+      accumulates = accumulates || (search.plan && search.plan->primary().accumulation_steps > 1);
+    }
+  }
+  if (g_signal.load() == 0 && !buckets.empty()) {
+    sweep.mixed = buckets.size() >= 2
+                      ? verifyMix(cli, buckets, reports[bucket_rows.front()], accumulates)
+                      : autobatch::MixVerification{};
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      const std::int64_t from = buckets[k].micro_batch_size;
+      const std::int64_t to =
+          sweep.mixed->buckets.empty() ? from : sweep.mixed->buckets[k].micro_batch_size;
+      if (to == from) continue;
+      const std::size_t i = bucket_rows[k];
+      lowerRow(sweep.rows[i], reports[i].result->search, from, to, reports[i].options);
+    }
+  }
+  const autobatch::ReportData* pick = reports.empty() ? nullptr : &reports.back();
+  for (std::size_t i = 0; i < sweep.rows.size(); ++i) {
+    if (sweep.rows[i].safe_micro_batch > 0) {
+      sweep.longest_trainable_length = sweep.rows[i].length;
+      pick = &reports[i];
+      break;
+    }
+  }
+  if (pick != nullptr) {
+    cli.report.spec = pick->spec;
+    cli.report.options = pick->options;
+    cli.report.result = pick->result;
+    cli.report.cache = pick->cache;
   }
   cli.report.sweep = std::move(sweep);
 }
