@@ -97,18 +97,186 @@ def export(model: torch.nn.Module, path: str, example_inputs: Sequence[torch.Ten
     return meta
 
 
+# ---- The pt2 format: torch.export + AOTInductor (issue 19, docs/formats.md) ----
+
+PT2_WEIGHTS = "data/autobatch/weights.pt"   # inside the package's archive folder
+PT2_METADATA_KEY = "autobatch"               # aot_inductor.metadata key holding our JSON
+
+
+class _WithLoss(torch.nn.Module):
+    """The model and its loss as one module: forward(*inputs, *targets) returns (loss,)."""
+
+    def __init__(self, model: torch.nn.Module, loss: str, n_inputs: int):
+        super().__init__()
+        self.model = model
+        self.loss = loss
+        self.n_inputs = n_inputs
+
+    def forward(self, *args):
+        out = self.model(*args[: self.n_inputs])
+        targets = args[self.n_inputs:]
+        if self.loss == "model":
+            if isinstance(out, dict):
+                return (out["loss"],)
+            if isinstance(out, (tuple, list)):
+                return (out[0],)
+            return (out,)
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        if self.loss == "cross-entropy":
+            classes = out.shape[-1]
+            return (torch.nn.functional.cross_entropy(out.reshape(-1, classes),
+                                                      targets[0].reshape(-1)),)
+        if self.loss == "mse":
+            return (torch.nn.functional.mse_loss(out, targets[0]),)
+        return (out.mean(),)
+
+
+def _example_targets(model: torch.nn.Module, example_inputs, loss: str):
+    """The loss's targets for the example batch (package inputs after the model's) and their specs."""
+    if loss in ("mean", "model"):
+        return (), []
+    with torch.no_grad():
+        out = model(*example_inputs)
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    batch = example_inputs[0].shape[0]
+    if loss == "cross-entropy":
+        classes = int(out.shape[-1])
+        y = torch.randint(0, classes, tuple(out.shape[:-1]))
+        return (y,), [input_spec(y, classes)]
+    y = torch.randn(tuple(out.shape))
+    del batch
+    return (y,), [input_spec(y)]
+
+
+def untie_parameters(model: torch.nn.Module):
+    """Gives every parameter its own storage: a parameter registered under several names (a tied
+    embedding and output head, GPT-2 style) gets an independent copy under each later name.
+
+    Returns the tied groups, e.g. [["emb.weight", "head.weight"]] (first name: the original).
+    torch.export's joint graph refuses a parameter that receives no gradient, which is what a
+    second name of a shared parameter is. The runner gives every name of a group the same tensor
+    and sums their gradients, so training is unchanged and the bytes are counted once.
+    """
+    seen: Dict[int, str] = {}
+    groups: Dict[str, list] = {}
+    for name, param in list(model.named_parameters(remove_duplicate=False)):
+        first = seen.get(id(param))
+        if first is None:
+            seen[id(param)] = name
+            continue
+        groups.setdefault(first, [first]).append(name)
+        owner = model
+        *path, leaf = name.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        setattr(owner, leaf, torch.nn.Parameter(param.detach().clone(),
+                                                requires_grad=param.requires_grad))
+    return list(groups.values())
+
+
+def export_joint(wrapped: torch.nn.Module, args, dynamic_shapes):
+    """torch.export of the model with its loss, then the joint forward-backward graph.
+
+    The one place that calls the private API (torch 2.11:
+    torch.export.experimental._export_forward_backward); tests/pt2_export_test.py checks the
+    call, the output kinds and the gradients, so an API change fails loudly there.
+    Returns (joint ExportedProgram, gradient order: parameter names in output order).
+    """
+    import torch.export.experimental  # noqa: F401  (not imported by torch.export itself)
+    from torch.export.graph_signature import OutputKind
+
+    ep = torch.export.export(wrapped, tuple(args), dynamic_shapes=dynamic_shapes)
+    joint = torch.export.experimental._export_forward_backward(ep, joint_loss_index=0)
+    kinds = [spec.kind for spec in joint.graph_signature.output_specs]
+    if kinds.count(OutputKind.LOSS_OUTPUT) != 1:
+        raise RuntimeError(f"joint graph: expected one LOSS_OUTPUT, got output kinds {kinds}")
+    gradients = [spec.target for spec in joint.graph_signature.output_specs
+                 if spec.kind == OutputKind.GRADIENT_TO_PARAMETER]
+    return joint, gradients
+
+
+def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch.Tensor],
+               loss: str = "mean", int_high: Optional[Dict[int, int]] = None) -> str:
+    """Exports ``model`` with its loss as an AOTInductor package of one training step.
+
+    The package's call takes the inputs then the loss's targets, with one batch dimension
+    ``Dim("B", min=1)`` shared by all, and returns the loss then the gradients (metadata
+    "gradients" names them in order). The weights are not compiled in
+    (``package_constants_in_so=False``): they are stored in the archive at ``PT2_WEIGHTS``
+    and the runner supplies them. CPU and fp32 only here. Returns the metadata JSON.
+    Raises ValueError when the model does not export (with the reason) or on bad arguments.
+    """
+    import zipfile
+
+    import torch._inductor
+    from torch.export import Dim
+
+    example_inputs = tuple(example_inputs)
+    base = json.loads(metadata(example_inputs, loss, int_high))
+    model = model.train()
+    tied = untie_parameters(model)
+    targets, target_specs = _example_targets(model, example_inputs, loss)
+    args = example_inputs + tuple(targets)
+    batch = Dim("B", min=1)
+    dynamic = (tuple({0: batch} for _ in args),)  # forward(*args): one entry holding all
+    wrapped = _WithLoss(model, loss, len(example_inputs)).train()
+    try:
+        joint, gradients = export_joint(wrapped, args, dynamic)
+    except Exception as error:  # torch.export raises many kinds; all mean "does not export"
+        raise ValueError(
+            f"the model does not export with torch.export ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}); export it in the TorchScript "
+            f"format instead (--format torchscript)") from error
+    state = {k: v.detach().clone() for k, v in wrapped.state_dict(keep_vars=False).items()}
+    meta = dict(base)
+    meta.update({
+        "format": "pt2",
+        "targets": target_specs,
+        "gradients": gradients,
+        "parameters": [n for n, _ in wrapped.named_parameters()],
+        "buffers": [n for n, _ in wrapped.named_buffers()],
+        "tied": [["model." + n for n in group] for group in tied],
+        "torch": torch.__version__.split("+")[0],
+        "precision": "fp32",
+    })
+    text = json.dumps(meta)
+    package = torch._inductor.aoti_compile_and_package(
+        joint, package_path=path,
+        inductor_configs={"aot_inductor.metadata": {PT2_METADATA_KEY: text},
+                          "aot_inductor.package_constants_in_so": False,
+                          # else a parameter of <= 8 elements (a bias) is baked into a kernel
+                          # as its export-time value, where the runner cannot supply it
+                          "always_keep_tensor_constants": True})
+    with zipfile.ZipFile(package) as archive:
+        folder = archive.namelist()[0].split("/")[0]
+    import io
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    with zipfile.ZipFile(package, "a") as archive:
+        archive.writestr(f"{folder}/{PT2_WEIGHTS}", buffer.getvalue())
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Export a torchvision model for autobatch.")
     parser.add_argument("model", help="torchvision.models name, e.g. resnet18")
     parser.add_argument("out", help="output .pt path")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--loss", default="cross-entropy", choices=LOSSES)
+    parser.add_argument("--format", default="torchscript", choices=("torchscript", "pt2"),
+                        help="torchscript: a TorchScript archive (.pt); pt2: a torch.export + "
+                             "AOTInductor package of one training step (.pt2, CPU, fp32)")
     args = parser.parse_args()
     import torchvision
 
     net = getattr(torchvision.models, args.model)(weights=None)
     example = torch.randn(2, 3, args.image_size, args.image_size)
-    print(export(net, args.out, (example,), loss=args.loss))
+    if args.format == "pt2":
+        print(export_pt2(net, args.out, (example,), loss=args.loss))
+    else:
+        print(export(net, args.out, (example,), loss=args.loss))
 
 
 if __name__ == "__main__":
