@@ -8,6 +8,7 @@
 
 #include "autobatch/error.h"
 #include "autobatch/trial_runner.h"
+#include "pt2_package.h"
 
 namespace autobatch {
 namespace {
@@ -23,6 +24,7 @@ MemoryBreakdown breakdownOf(const TrialRunner& runner) {
   m.outside_growth_bytes = runner.outsideGrowthBytes();
   m.ddp_bucket_bytes = runner.ddpBucketBytes();
   m.optimizer_impl = runner.optimizerImpl();
+  m.model_format = runner.modelFormat();
   return m;
 }
 
@@ -68,6 +70,10 @@ MaxBatchResult runnerFacts(const TrialRunner& runner) {
   result.memory = breakdownOf(runner);
   result.context = contextOf(runner);
   return result;
+}
+
+std::string modelFormatOf(const std::string& path) {
+  return detail::isAotiPackage(path) ? "pt2" : "torchscript";
 }
 
 std::string sha1Hex(const std::string& bytes) { return c10::sha1(bytes).str(); }

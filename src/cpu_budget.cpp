@@ -60,23 +60,20 @@ class BudgetAllocator final : public c10::Allocator {
         TORCH_CHECK(message.empty(), message);
       }
       if (fault_ && fault_(point_, bytes)) {
-        TORCH_CHECK_WITH(OutOfMemoryError, false,
-                         "CPU budget allocator: out of memory: tried to allocate ", bytes,
-                         " bytes with ", current_, " bytes in use (injected in ",
-                         phaseKey(point_.phase), ")");
+        refuse(c10::str("CPU budget allocator: out of memory: tried to allocate ", bytes,
+                        " bytes with ", current_, " bytes in use (injected in ",
+                        phaseKey(point_.phase), ")"));
       }
       if (limit_ > 0 && current_ + bytes > limit_) {
-        TORCH_CHECK_WITH(OutOfMemoryError, false,
-                         "CPU budget allocator: out of memory: tried to allocate ", bytes,
-                         " bytes with ", current_, " bytes in use under a limit of ", limit_,
-                         " bytes (", source_, ")");
+        refuse(c10::str("CPU budget allocator: out of memory: tried to allocate ", bytes,
+                        " bytes with ", current_, " bytes in use under a limit of ", limit_,
+                        " bytes (", source_, ")"));
       }
       if (guard_ != nullptr && bytes >= ProcessMemoryGuard::kCheckFromBytes &&
           !guard_->admits(bytes)) {
-        TORCH_CHECK_WITH(OutOfMemoryError, false,
-                         "CPU budget allocator: out of memory: tried to allocate ", bytes,
-                         " bytes with ", current_, " bytes of tensors in use, but ",
-                         guard_->refusalMessage());
+        refuse(c10::str("CPU budget allocator: out of memory: tried to allocate ", bytes,
+                        " bytes with ", current_, " bytes of tensors in use, but ",
+                        guard_->refusalMessage()));
       }
       current_ += bytes;  // claimed before the real allocation, so threads cannot overshoot
     }
@@ -96,6 +93,13 @@ class BudgetAllocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &deleteTracked; }
+
+  // Refusals so far and the last one's message: code that swallows the OutOfMemoryError (an
+  // AOTInductor package's call returns a plain error) is still known to have run out.
+  std::pair<std::uint64_t, std::string> refusals() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {refusals_, last_refusal_};
+  }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
@@ -185,7 +189,16 @@ class BudgetAllocator final : public c10::Allocator {
  private:
   BudgetAllocator() = default;
 
+  // Called with mutex_ held.
+  [[noreturn]] void refuse(const std::string& message) {
+    ++refusals_;
+    last_refusal_ = message;
+    TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+  }
+
   std::mutex mutex_;
+  std::uint64_t refusals_ = 0;
+  std::string last_refusal_;
   std::unordered_map<void*, std::size_t> sizes_;
   std::int64_t current_ = 0;
   std::int64_t peak_ = 0;
@@ -422,6 +435,10 @@ UntrackedCpuScope::UntrackedCpuScope() { ++t_untracked_depth; }
 UntrackedCpuScope::~UntrackedCpuScope() { --t_untracked_depth; }
 
 bool isBudgetTracked(const void* data) { return BudgetAllocator::instance().tracked(data); }
+
+std::pair<std::uint64_t, std::string> budgetRefusals() {
+  return BudgetAllocator::instance().refusals();
+}
 
 void setTrialPoint(const TrialPoint& point) { BudgetAllocator::instance().setPoint(point); }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autobatch/trial.h"
@@ -16,9 +17,19 @@
 namespace autobatch::detail {
 
 /// The part of a training step an allocation belongs to (fault injection, tests/faults_test.cpp).
-enum class TrialPhase { kIdle, kInputs, kForward, kLoss, kBackward, kOptimizerStep };
+/// kForwardBackward: an AOTInductor package's one call (forward, loss and backward together).
+enum class TrialPhase {
+  kIdle,
+  kInputs,
+  kForward,
+  kLoss,
+  kBackward,
+  kOptimizerStep,
+  kForwardBackward
+};
 
-/// "inputs", "forward", "loss", "backward", "optimizer-step" ("idle" between steps): the JSON's
+/// "inputs", "forward", "loss", "backward", "optimizer-step", "forward-backward" (a package's
+/// call), "idle" between steps: the JSON's
 /// trials[].phase_peaks[].phase.
 inline const char* phaseKey(TrialPhase phase) {
   switch (phase) {
@@ -34,6 +45,8 @@ inline const char* phaseKey(TrialPhase phase) {
       return "backward";
     case TrialPhase::kOptimizerStep:
       return "optimizer-step";
+    case TrialPhase::kForwardBackward:
+      return "forward-backward";
   }
   return "unknown";
 }
@@ -167,6 +180,12 @@ class UntrackedCpuScope {
 
 /// True when `data` was allocated (and is counted) by the budget allocator.
 bool isBudgetTracked(const void* data);
+
+/// How many allocations the budget allocator has refused in this process (limit, process guard
+/// or injected fault) and the last refusal's message (the c10::OutOfMemoryError's text). Code that
+/// turns the OutOfMemoryError into a plain error (an AOTInductor package's call) is out of memory
+/// when the count moved across it.
+std::pair<std::uint64_t, std::string> budgetRefusals();
 
 /// Where the CPU trial in progress is; set by the trial runner, read by fault injection.
 struct TrialPoint {

@@ -378,7 +378,10 @@ std::string toJson(const ReportData& d) {
                         {"loss", ctx ? json(toString(ctx->loss)) : json(nullptr)},
                         {"options", doc["options"]}};
   doc["model"] = memoryOf(d) ? toJson(*memoryOf(d)) : json(nullptr);
-  if (memoryOf(d) != nullptr) doc["model"]["optimizer_impl"] = memoryOf(d)->optimizer_impl;
+  if (memoryOf(d) != nullptr) {
+    doc["model"]["optimizer_impl"] = memoryOf(d)->optimizer_impl;
+    doc["model"]["format"] = memoryOf(d)->model_format;
+  }
   json trials = json::array();
   json warnings = json::array();
   if (ctx) {
@@ -452,9 +455,11 @@ std::string humanReport(const ReportData& d) {
     out << fmt::format("device {} ({}), limit {} ({})\n", ctx->device, ctx->backend,
                        formatBytes(ctx->memory_limit_bytes), ctx->memory_limit_source);
     out << fmt::format(
-        "model {}: inputs {}, loss {}, optimizer {}{}, zero_grad {}, output {}, {}, {} steps per "
-        "trial, {} micro-batch(es) per step\n",
-        d.spec.model_path, inputsText(ctx->inputs), toString(ctx->loss), toString(d.spec.optimizer),
+        "model {}{}: inputs {}, loss {}, optimizer {}{}, zero_grad {}, output {}, {}, {} steps "
+        "per trial, {} micro-batch(es) per step\n",
+        d.spec.model_path,
+        memoryOf(d) != nullptr && memoryOf(d)->model_format == "pt2" ? " (pt2 package)" : "",
+        inputsText(ctx->inputs), toString(ctx->loss), toString(d.spec.optimizer),
         memoryOf(d) != nullptr && !memoryOf(d)->optimizer_impl.empty()
             ? " (" + memoryOf(d)->optimizer_impl + ")"
             : std::string(),

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <unordered_set>
@@ -25,6 +26,7 @@
 #include "cuda_device.h"
 #include "memory_backend.h"
 #include "optimizers.h"
+#include "pt2_package.h"
 
 namespace autobatch {
 namespace {
@@ -167,6 +169,12 @@ class StepProgress {
   bool started_ = false;
 };
 
+std::string formatInputSpecs(const std::vector<InputSpec>& specs) {
+  std::string out;
+  for (const auto& spec : specs) out += (out.empty() ? "" : ",") + toString(spec);
+  return "'" + out + "'";
+}
+
 at::ScalarType toScalarType(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
@@ -295,8 +303,11 @@ struct TrialRunner::Impl {
   bool saved_cudnn_benchmark = false;
   // Destroyed after the module and the snapshot (declared first).
   std::unique_ptr<detail::MemoryBackend> backend;
-  torch::jit::Module module;  // a handle: owned (loaded) or the caller's
+  torch::jit::Module module;  // a handle: owned (loaded) or the caller's; unused for a package
   bool borrowed = false;
+  // The pt2 format (pt2_package.h): set instead of `module` when the model file is a package.
+  std::unique_ptr<detail::Pt2Package> package;
+  std::vector<InputSpec> package_targets;  // the package's loss targets (inputs after the model's)
   bool was_training = true;
   struct Saved {
     at::Tensor live;  // the module's tensor (same TensorImpl)
@@ -357,6 +368,15 @@ struct TrialRunner::Impl {
     }
     reserve_bytes = options.reserve_bytes;
     device = parseDevice(spec.device);
+    const bool is_package = given == nullptr && !spec.model_path.empty() &&
+                            std::filesystem::is_regular_file(spec.model_path) &&
+                            detail::isAotiPackage(spec.model_path);
+    if (is_package && !device.is_cpu()) {
+      throw Error("model package '" + spec.model_path + "': expected --device cpu, but got " +
+                  spec.device +
+                  "; pt2 packages run on the CPU only until a GPU has run one (export the "
+                  "TorchScript format for CUDA)");
+    }
     optimizer_impl = detail::resolveOptimizerImpl(spec.optimizer_impl, device.is_cuda());
     if (device.is_cuda()) {
       backend = detail::makeCudaBackend(device.has_index() ? device.index() : 0,
@@ -378,12 +398,21 @@ struct TrialRunner::Impl {
     at::globalContext().setBenchmarkCuDNN(spec.cudnn_benchmark);
 
     std::optional<ModelMetadata> metadata;
-    if (given != nullptr) {
+    if (is_package) {
+      loadPackage();
+    } else if (given != nullptr) {
       module = *given;
       borrowed = true;
     } else {
       torch::jit::ExtraFilesMap extra{{std::string(kModelMetadataFile), ""}};
       checkModelFile(spec.model_path);
+      if (detail::isExportProgram(spec.model_path)) {
+        throw Error("model file '" + spec.model_path +
+                    "': expected a TorchScript archive or a compiled training-step package, but "
+                    "it is a torch.export program (torch.export.save), which holds no code to "
+                    "run; export the model with scripts/autobatch_export.py --format pt2 (a "
+                    "compiled package of one training step) or as TorchScript");
+      }
       try {
         // Loaded outside the budget, then counted as baseline by finishSetup(): a model larger
         // than the limit is then a search that finds nothing fits (exit 3, with the need), not
@@ -410,12 +439,14 @@ struct TrialRunner::Impl {
       const std::string& text = extra[std::string(kModelMetadataFile)];
       if (!text.empty()) metadata = parseModelMetadata(text, spec.model_path);
     }
-    auto resolved = resolveInputs(spec.inputs, spec.loss, metadata,
-                                  spec.model_path.empty() ? "<module>" : spec.model_path);
-    inputs = std::move(resolved.first);
-    loss = resolved.second;
-    was_training = module.is_training();
-    checkForwardArity();
+    if (!package) {
+      auto resolved = resolveInputs(spec.inputs, spec.loss, metadata,
+                                    spec.model_path.empty() ? "<module>" : spec.model_path);
+      inputs = std::move(resolved.first);
+      loss = resolved.second;
+      was_training = module.is_training();
+      checkForwardArity();
+    }
 
     // Host-side snapshot of every parameter and buffer (deduplicated), not counted by the budget.
     std::unordered_set<const c10::TensorImpl*> seen;
@@ -424,8 +455,8 @@ struct TrialRunner::Impl {
       const detail::UntrackedCpuScope untracked;
       saved.push_back({t, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true)});
     };
-    for (const auto& p : module.parameters(/*recurse=*/true)) remember(p);
-    for (const auto& b : module.buffers(/*recurse=*/true)) remember(b);
+    for (const auto& p : modelParameters()) remember(p);
+    for (const auto& b : modelBuffers()) remember(b);
     for (const auto& s : saved) {
       if (s.live.device() != device) {
         throw Error("model: expected its tensors on " + device.str() + ", but got one on " +
@@ -436,7 +467,7 @@ struct TrialRunner::Impl {
     if (spec.precision == Precision::kBf16) module.to(at::kBFloat16);
 
     std::unordered_set<const c10::TensorImpl*> counted;
-    for (const auto& p : module.parameters(/*recurse=*/true)) {
+    for (const auto& p : modelParameters()) {
       if (!counted.insert(p.unsafeGetTensorImpl()).second) continue;
       parameter_bytes += bytesOf(p);
       if (p.requires_grad()) trained.push_back(p);
@@ -461,8 +492,8 @@ struct TrialRunner::Impl {
         }
         untracked_bytes += static_cast<std::int64_t>(t.storage().nbytes());
       };
-      for (const auto& p : module.parameters(true)) add(p);
-      for (const auto& b : module.buffers(true)) add(b);
+      for (const auto& p : modelParameters()) add(p);
+      for (const auto& b : modelBuffers()) add(b);
     }
     if (backend->needsWarmUp()) warmUp(std::max<std::int64_t>(options.min_batch, 1));
     backend->finishSetup(untracked_bytes);
@@ -490,12 +521,55 @@ struct TrialRunner::Impl {
           "read or written any more",
           device.str());
     }
-    module.train(was_training);
+    if (!package) module.train(was_training);
     at::globalContext().setBenchmarkCuDNN(saved_cudnn_benchmark);
     FLAGS_torch_jit_enable_rethrow_caught_exception = saved_rethrow;
   }
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
+
+  std::vector<at::Tensor> modelParameters() const {
+    if (package) return package->parameters();
+    std::vector<at::Tensor> out;
+    for (const auto& p : module.parameters(/*recurse=*/true)) out.push_back(p);
+    return out;
+  }
+  std::vector<at::Tensor> modelBuffers() const {
+    if (package) return package->buffers();
+    std::vector<at::Tensor> out;
+    for (const auto& b : module.buffers(/*recurse=*/true)) out.push_back(b);
+    return out;
+  }
+
+  // A pt2 package (pt2_package.h): inputs, loss and precision are fixed at export; flags that
+  // contradict them are usage errors naming the package's value. Loaded outside the budget and
+  // counted as baseline, as a TorchScript model is.
+  void loadPackage() {
+    {
+      const detail::UntrackedCpuScope untracked;
+      package = std::make_unique<detail::Pt2Package>(spec.model_path);
+    }
+    const detail::Pt2Metadata& m = package->metadata();
+    const std::string where = "model package '" + spec.model_path + "': ";
+    if (!spec.inputs.empty() && spec.inputs != m.inputs) {
+      throw Error(where + "its inputs are fixed at export to " + formatInputSpecs(m.inputs) +
+                  ", but --input gave " + formatInputSpecs(spec.inputs) +
+                  "; leave --input out (or export again with the new inputs)");
+    }
+    if (spec.loss && *spec.loss != m.loss) {
+      throw Error(where + "its loss is fixed at export to " + std::string(toString(m.loss)) +
+                  ", but --loss gave " + std::string(toString(*spec.loss)) +
+                  "; leave --loss out (or export again)");
+    }
+    if (spec.precision != Precision::kFp32) {
+      throw Error(where + "its precision is fixed at export to fp32, but --precision gave " +
+                  std::string(toString(spec.precision)) + "; packages are fp32 only for now");
+    }
+    inputs = m.inputs;
+    package_targets = m.targets;
+    loss = m.loss;
+    was_training = true;
+  }
 
   // A forward that takes another number of inputs than were given is a usage error (exit 2),
   // told from its schema before any step runs; the interpreter's own message would name neither.
@@ -619,6 +693,10 @@ struct TrialRunner::Impl {
   // One forward/loss/backward of `batch` samples; every tensor of it dies with this frame.
   void microStep(std::int64_t batch, const std::vector<InputSpec>& step_inputs,
                  at::Generator& gen) {
+    if (package) {
+      packageMicroStep(batch, step_inputs, gen);
+      return;
+    }
     enter(detail::TrialPhase::kInputs);
     std::vector<c10::IValue> args;
     args.reserve(step_inputs.size());
@@ -646,6 +724,55 @@ struct TrialRunner::Impl {
     }
     enter(detail::TrialPhase::kBackward);
     loss_value.backward();
+  }
+
+  // One micro-batch of a package: its inputs and targets, then one call that returns the loss and
+  // the gradients. The first micro-batch's gradients become the parameters' (no copy, as
+  // autograd's first accumulation); later ones, and a tied copy's, are added in and freed at once.
+  // An allocation refused inside the call comes back as a plain error from the loader: the budget
+  // allocator's count of refusals tells it was out of memory, and its message is rethrown as the
+  // OutOfMemoryError it was.
+  void packageMicroStep(std::int64_t batch, const std::vector<InputSpec>& step_inputs,
+                        at::Generator& gen) {
+    enter(detail::TrialPhase::kInputs);
+    std::vector<at::Tensor> args;
+    args.reserve(step_inputs.size() + package_targets.size());
+    for (const auto& input : step_inputs) args.push_back(makeInput(input, batch, gen));
+    for (const auto& target : package_targets) args.push_back(makeInput(target, batch, gen));
+    held_inputs.assign(args.begin(), args.end());  // a loop's `x, y`
+    enter(detail::TrialPhase::kForwardBackward);
+    std::vector<at::Tensor> outputs;
+    const std::uint64_t refusals_before = detail::budgetRefusals().first;
+    try {
+      outputs = package->run(args);
+    } catch (const c10::OutOfMemoryError&) {
+      throw;
+    } catch (const std::exception& e) {
+      const auto [refusals, message] = detail::budgetRefusals();
+      if (refusals != refusals_before) {
+        spdlog::debug("package call failed after a refused allocation: {}", e.what());
+        TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+      }
+      throw;
+    }
+    args.clear();
+    const auto& owners = package->gradientOwners();
+    if (outputs.size() != owners.size() + 1) {
+      throw Error("model package '" + spec.model_path + "': expected the loss and " +
+                  std::to_string(owners.size()) + " gradients from its call, but got " +
+                  std::to_string(outputs.size()) + " outputs");
+    }
+    const at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < owners.size(); ++i) {
+      at::Tensor& grad = package->parameters()[owners[i]].mutable_grad();
+      at::Tensor& produced = outputs[i + 1];
+      if (!grad.defined()) {
+        grad = produced;
+      } else {
+        grad.add_(produced);
+      }
+      produced = at::Tensor();
+    }
   }
 
   // One warm-up step at the search's smallest micro-batch before the backend reads its baseline
@@ -802,7 +929,7 @@ struct TrialRunner::Impl {
     torch::jit::setGraphExecutorOptimize(spec.optimize_graph);
     std::optional<RngStateGuard> rng_guard;
     rng_guard.emplace(device);
-    module.train(true);
+    if (!package) module.train(true);
     backend->beginTrial();
     point = {};
     output_bytes = 0;
@@ -889,7 +1016,7 @@ struct TrialRunner::Impl {
       }
     }
     cleanUpAfterTrial(error);
-    module.train(was_training);
+    if (!package) module.train(was_training);
     rng_guard.reset();
     torch::jit::setGraphExecutorOptimize(saved_optimize);
     if (error && !poisoned && failure.kind == FailureKind::kPossibleOutOfMemory) {
@@ -1005,6 +1132,7 @@ std::vector<std::string> TrialRunner::memoryLimitWarnings() const {
   return impl_->backend->limitWarnings();
 }
 std::string TrialRunner::backendName() const { return impl_->backend->name(); }
+std::string TrialRunner::modelFormat() const { return impl_->package ? "pt2" : "torchscript"; }
 std::int64_t TrialRunner::baselineBytes() const { return impl_->baseline_bytes; }
 std::int64_t TrialRunner::currentBytes() const { return impl_->backend->currentBytes(); }
 std::int64_t TrialRunner::outsideBytes() const { return impl_->backend->outsideBytes(); }

@@ -119,27 +119,28 @@ TEST_P(PhaseFaultTest, OutOfMemoryInThePhaseIsAResultAndTheSearchFindsTheBoundar
   expectVerified(runner, s.result.max_micro_batch);
 }
 
-INSTANTIATE_TEST_SUITE_P(EachPhase, PhaseFaultTest,
-                         ::testing::Values(TrialPhase::kInputs, TrialPhase::kForward,
-                                           TrialPhase::kLoss, TrialPhase::kBackward,
-                                           TrialPhase::kOptimizerStep),
-                         [](const ::testing::TestParamInfo<TrialPhase>& param) {
-                           switch (param.param) {
-                             case TrialPhase::kInputs:
-                               return std::string("Inputs");
-                             case TrialPhase::kForward:
-                               return std::string("Forward");
-                             case TrialPhase::kLoss:
-                               return std::string("Loss");
-                             case TrialPhase::kBackward:
-                               return std::string("Backward");
-                             case TrialPhase::kOptimizerStep:
-                               return std::string("OptimizerStep");
-                             case TrialPhase::kIdle:
-                               break;
-                           }
-                           return std::string("Idle");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    EachPhase, PhaseFaultTest,
+    ::testing::Values(TrialPhase::kInputs, TrialPhase::kForward, TrialPhase::kLoss,
+                      TrialPhase::kBackward, TrialPhase::kOptimizerStep),
+    [](const ::testing::TestParamInfo<TrialPhase>& param) {
+      switch (param.param) {
+        case TrialPhase::kInputs:
+          return std::string("Inputs");
+        case TrialPhase::kForward:
+          return std::string("Forward");
+        case TrialPhase::kLoss:
+          return std::string("Loss");
+        case TrialPhase::kBackward:
+          return std::string("Backward");
+        case TrialPhase::kOptimizerStep:
+          return std::string("OptimizerStep");
+        case TrialPhase::kIdle:
+        case TrialPhase::kForwardBackward:  // packages: not a TorchScript phase
+          break;
+      }
+      return std::string("Idle");
+    });
 
 TEST(FaultTest, OutOfMemoryInTheSecondAccumulationMicroBatch) {
   auto m = testing::mlp(16, 32, 8);

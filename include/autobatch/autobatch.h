@@ -45,6 +45,9 @@ struct MemoryBreakdown {
   /// The optimizer implementation that ran: "loop", "foreach" or "fused" (TrainingSpec::
   /// optimizer_impl with auto resolved for the device); "" for optimizer none.
   std::string optimizer_impl;
+  /// The model file's format: "torchscript" (torch.jit.save archive) or "pt2" (a torch.export +
+  /// AOTInductor training-step package, docs/formats.md).
+  std::string model_format = "torchscript";
 };
 
 /// Where and how the trials ran.
@@ -69,7 +72,14 @@ struct MaxBatchResult {
   RunContext context;
 };
 
-/// Finds the largest micro-batch of the TorchScript model at `spec.model_path` on `spec.device`.
+/// The format of the model file at `path`: "pt2" for an AOTInductor package (a zip archive with a
+/// data/aotinductor/ entry; docs/formats.md), else "torchscript" (what the runner tries to load
+/// otherwise, and whose loader explains a file that is neither). Reads the archive's directory
+/// only. Never throws.
+std::string modelFormatOf(const std::string& path);
+
+/// Finds the largest micro-batch of the model at `spec.model_path` (a TorchScript archive or a
+/// pt2 package, see modelFormatOf) on `spec.device`.
 /// Runs `spec.steps_per_trial` real optimizer steps per trial, with min(accumulation_steps, 2)
 /// micro-batches per step. Returns: see MaxBatchResult (a budget, cancellation or nothing fitting
 /// is search.status, not an exception).

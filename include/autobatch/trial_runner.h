@@ -142,6 +142,9 @@ class TrialRunner {
   std::vector<std::string> memoryLimitWarnings() const;
   /// "cpu-budget" or "cuda-caching".
   std::string backendName() const;
+  /// "torchscript", or "pt2" for a torch.export + AOTInductor training-step package written by
+  /// scripts/autobatch_export.py --format pt2 (docs/formats.md).
+  std::string modelFormat() const;
   /// Bytes held by tensors before every trial (the model, its snapshot excluded), in bytes.
   std::int64_t baselineBytes() const;
   /// Bytes held by tensors now (CPU budget allocator; CUDA caching allocator "allocated").

@@ -168,6 +168,22 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
                 "optimizer step; no: it drops it before backward)");
   }
   spec.keep_output = keep == "yes";
+  if (std::filesystem::is_regular_file(spec.model_path) &&
+      autobatch::modelFormatOf(spec.model_path) == "pt2") {
+    // A package returns only the loss and the gradients: its output is never held.
+    if (args.count("keep-output") != 0U && spec.keep_output) {
+      throw Error(
+          "--keep-output yes: a pt2 package returns only the loss and the gradients, so "
+          "its output is never held; leave --keep-output out for '" +
+          spec.model_path + "'");
+    }
+    spec.keep_output = false;
+    if (!cli.lengths.empty()) {
+      throw Error("--lengths: expected a TorchScript model, but '" + spec.model_path +
+                  "' is a pt2 package, whose input shapes are fixed at export (length sweeps on "
+                  "packages are not supported yet)");
+    }
+  }
   spec.learning_rate = autobatch::parseDecimal(flag(args, "lr"), "--lr", 0.0, 1e6);
   spec.precision = autobatch::parsePrecision(flag(args, "precision"));
   spec.steps_per_trial =
@@ -766,7 +782,18 @@ int fail(Cli& cli, const std::string& status, int code, const std::string& raw_m
 
 int main(int argc, char** argv) {
   // Thread-safe: the trial runner logs a long step's progress from a thread of its own.
-  spdlog::set_default_logger(spdlog::stderr_color_mt("autobatch"));
+  // The log writes to a copy of descriptor 2, so that its lines reach the terminal while a pt2
+  // package's call sends descriptor 2 itself to the debug log (src/pt2_package.cpp).
+  const int log_fd = dup(STDERR_FILENO);
+  std::FILE* log_file = log_fd >= 0 ? fdopen(log_fd, "w") : nullptr;
+  if (log_file != nullptr) {
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+        "autobatch",
+        std::make_shared<spdlog::sinks::ansicolor_sink<spdlog::details::console_mutex>>(
+            log_file, spdlog::color_mode::automatic)));
+  } else {
+    spdlog::set_default_logger(spdlog::stderr_color_mt("autobatch"));
+  }
   spdlog::set_pattern("[%H:%M:%S] %^%l%$: %v");
   Cli cli;
   try {

@@ -1,0 +1,159 @@
+"""Builds the pt2 packages (torch.export + AOTInductor, issue 19) that the pt2 tests and benchmarks
+use, on demand, into a cache under the environment root.
+
+    python scripts/pt2_packages.py [--root DIR] NAME [NAME ...]
+
+prints one line per name: ``NAME PATH`` (the package, or the TorchScript archive for a name ending
+in ``.ts``). The cache folder is ``$AUTOBATCH_ENV_ROOT/pt2/<key>`` (default root
+``~/.cache/autobatch``), where the key hashes this script, autobatch_export.py and export_models.py,
+the torch version and the CPU instruction set Inductor compiles for: a package is built once per
+key and reused (about 15-80 s each on 2 cores cold). Not run by bootstrap or the demo.
+
+Names:
+  mlp_tiny            Linear(8,16)-tanh-Linear(16,4), cross-entropy (the API test's model)
+  convbn_tiny         conv-BN-ReLU-conv-ReLU-pool-fc at 3x16x16, cross-entropy (BatchNorm buffers)
+  tied_lm_tiny        embedding 64x16 tied to the output head, T=8, cross-entropy
+  resnet18_64         torchvision ResNet-18 at 3x64x64, cross-entropy
+  mobilenet_v3_large_64, mlp_8x2048, decoder_lm_small   as in export_models.py (the LM untied)
+  <name>.ts           the same model and inputs as a TorchScript archive (side-by-side checks)
+  program_only        a torch.export program (torch.export.save), not a compiled package
+  inference_package   an AOTInductor package of the forward only, without autobatch metadata
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import autobatch_export as ab  # noqa: E402
+import export_models as em  # noqa: E402
+
+
+class MlpTiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(8, 16)
+        self.l2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.l2(torch.tanh(self.l1(x)))
+
+
+class ConvBnTiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.c1(x)))
+        x = torch.relu(self.c2(x))
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+class TiedLmTiny(nn.Module):
+    def __init__(self, vocab=64, width=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, width)
+        self.mix = nn.Linear(width, width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.relu(self.mix(self.emb(ids))))
+
+
+def _vision64(name):
+    def make():
+        import torchvision
+
+        return (getattr(torchvision.models, name)(weights=None), (torch.randn(2, 3, 64, 64),),
+                "cross-entropy", None)
+    return make
+
+
+MODELS = {
+    "mlp_tiny": lambda: (MlpTiny(), (torch.randn(3, 8),), "cross-entropy", None),
+    "convbn_tiny": lambda: (ConvBnTiny(), (torch.randn(2, 3, 16, 16),), "cross-entropy", None),
+    "tied_lm_tiny": lambda: (TiedLmTiny(), (torch.randint(0, 64, (2, 8)),), "cross-entropy",
+                             {0: 64}),
+    "resnet18_64": _vision64("resnet18"),
+    "mobilenet_v3_large_64": _vision64("mobilenet_v3_large"),
+    "mlp_8x2048": em.MODELS["mlp_8x2048"],
+    "decoder_lm_small": em.MODELS["decoder_lm_small"],
+}
+
+
+def cache_key() -> str:
+    digest = hashlib.sha256()
+    for name in ("pt2_packages.py", "autobatch_export.py", "export_models.py"):
+        with open(os.path.join(HERE, name), "rb") as f:
+            digest.update(f.read())
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    isa = str(pick_vec_isa()).replace(" ", "_") or "none"
+    return f"{digest.hexdigest()[:12]}-torch{torch.__version__.split('+')[0]}-{isa}"
+
+
+def build(name: str, path: str) -> None:
+    import torch._inductor  # noqa: F401  (torch.export and aoti_compile_and_package need it loaded)
+
+    torch.manual_seed(0)
+    if name == "program_only":
+        model = MlpTiny()
+        ep = torch.export.export(model, (torch.randn(3, 8),))
+        torch.export.save(ep, path)
+        return
+    if name == "inference_package":
+        model = MlpTiny().eval()
+        ep = torch.export.export(model, (torch.randn(3, 8),))
+        torch._inductor.aoti_compile_and_package(ep, package_path=path)
+        return
+    torchscript = name.endswith(".ts")
+    model, example, loss, int_high = MODELS[name[:-3] if torchscript else name]()
+    if torchscript:
+        # The pt2 export unties shared weights; the TorchScript archive keeps the model as it is.
+        ab.export(model, path, example, loss=loss, int_high=int_high,
+                  method="trace" if name.startswith("decoder") else "script")
+    else:
+        ab.export_pt2(model, path, example, loss=loss, int_high=int_high)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default=os.environ.get(
+        "AUTOBATCH_ENV_ROOT", os.path.join(os.path.expanduser("~"), ".cache", "autobatch")))
+    parser.add_argument("names", nargs="+")
+    args = parser.parse_args()
+    folder = os.path.join(args.root, "pt2", cache_key())
+    os.makedirs(folder, exist_ok=True)
+    for name in args.names:
+        base = name[:-3] if name.endswith(".ts") else name
+        if base not in MODELS and name not in ("program_only", "inference_package"):
+            print(f"pt2_packages: unknown name '{name}': expected one of "
+                  f"{', '.join(sorted(MODELS))}, program_only, inference_package (or NAME.ts)",
+                  file=sys.stderr)
+            return 2
+        path = os.path.join(folder, name + (".pt" if name.endswith(".ts") else ".pt2"))
+        if not os.path.exists(path):
+            start = time.time()
+            partial = path + f".partial-{os.getpid()}" + (".pt" if name.endswith(".ts") else ".pt2")
+            build(name, partial)
+            os.replace(partial, path)  # concurrent builders: the last rename wins, both whole
+            print(f"pt2_packages: built {name} in {time.time() - start:.1f} s", file=sys.stderr)
+        print(f"{name} {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+// The pt2 model format (pt2_package.h, docs/formats.md).
+#include "pt2_package.h"
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/version.h>
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "autobatch/error.h"
+
+namespace autobatch::detail {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kMetadataKey = "autobatch";
+constexpr const char* kWeightsRecord = "data/autobatch/weights.pt";
+constexpr const char* kAdvice =
+    "export the model with scripts/autobatch_export.py --format pt2 (or use the TorchScript "
+    "format)";
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw Error("model package '" + path + "': " + what);
+}
+
+std::vector<std::string> stringList(const std::string& path, const json& doc, const char* key) {
+  const auto it = doc.find(key);
+  if (it == doc.end() || !it->is_array()) {
+    fail(path, std::string("expected metadata \"") + key + "\" as a list of strings");
+  }
+  std::vector<std::string> out;
+  for (const auto& item : *it) {
+    if (!item.is_string()) {
+      fail(path, std::string("expected metadata \"") + key + "\" as a list of strings");
+    }
+    out.push_back(item.get<std::string>());
+  }
+  return out;
+}
+
+std::string stringField(const json& doc, const char* key) {
+  const auto it = doc.find(key);
+  return it != doc.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// What this CPU lacks of the instruction sets a package was compiled for ("" when nothing).
+std::string missingIsa(const std::string& isa) {
+  std::string missing;
+  const auto need = [&](const char* token, bool have) {
+    if (isa.find(token) != std::string::npos && !have)
+      missing += std::string(missing.empty() ? "" : ", ") + token;
+  };
+#if defined(__x86_64__)
+  need("AVX512", __builtin_cpu_supports("avx512f") != 0);
+  need("AVX2", __builtin_cpu_supports("avx2") != 0);
+#endif
+  return missing;
+}
+
+// Sends what the process writes to file descriptor 2 into a temporary file while it lives: the
+// package's wrapper prints a failed call's text and c10 logs its exception there ("Exception in
+// aoti_torch: ...", "Error: ... API call failed at ..."), which an out-of-memory trial, an expected
+// outcome, must not put on the user's terminal. The CLI's own log writes to a copy of descriptor
+// 2 taken at start, so its lines still reach the terminal.
+class StderrCapture {
+ public:
+  StderrCapture() {
+    std::cerr.flush();
+    std::fflush(stderr);
+    file_ = std::tmpfile();
+    if (file_ == nullptr) return;
+    saved_ = dup(2);
+    if (saved_ < 0 || dup2(fileno(file_), 2) < 0) {
+      if (saved_ >= 0) close(saved_);
+      std::fclose(file_);
+      file_ = nullptr;
+    }
+  }
+  ~StderrCapture() { (void)finish(); }
+  StderrCapture(const StderrCapture&) = delete;
+  StderrCapture& operator=(const StderrCapture&) = delete;
+
+  // Restores descriptor 2; returns what was written meanwhile.
+  std::string finish() {
+    if (file_ == nullptr) return {};
+    std::cerr.flush();
+    std::fflush(stderr);
+    dup2(saved_, 2);
+    close(saved_);
+    std::string text;
+    std::rewind(file_);
+    std::array<char, 4096> chunk{};
+    std::size_t n = 0;
+    while ((n = std::fread(chunk.data(), 1, chunk.size(), file_)) > 0) text.append(chunk.data(), n);
+    std::fclose(file_);
+    file_ = nullptr;
+    return text;
+  }
+
+ private:
+  std::FILE* file_ = nullptr;
+  int saved_ = -1;
+};
+
+std::string torchVersion() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+}  // namespace
+
+bool isAotiPackage(const std::string& path) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    for (const auto& name : reader.getAllRecords()) {
+      if (name.rfind("data/aotinductor/", 0) == 0) return true;
+    }
+  } catch (const std::exception&) {
+  }
+  return false;
+}
+
+bool isExportProgram(const std::string& path) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    bool program = false;
+    for (const auto& name : reader.getAllRecords()) {
+      if (name.rfind("data/aotinductor/", 0) == 0) return false;
+      program = program || name.rfind("models/", 0) == 0;
+    }
+    return program;
+  } catch (const std::exception&) {
+  }
+  return false;
+}
+
+Pt2Metadata readPt2Metadata(const std::string& path) {
+  std::unordered_map<std::string, std::string> raw;
+  try {
+    raw = torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(path, "model");
+  } catch (const std::exception& e) {
+    fail(path, std::string("expected an AOTInductor package with a model named \"model\", but its "
+                           "metadata could not be read (") +
+                   e.what() + "); " + kAdvice);
+  }
+  const auto it = raw.find(kMetadataKey);
+  if (it == raw.end()) {
+    fail(path, std::string("expected a training-step package written by autobatch_export.py "
+                           "--format pt2, but it has no \"autobatch\" metadata (an inference "
+                           "package from aoti_compile_and_package has none); ") +
+                   kAdvice);
+  }
+  const json doc = json::parse(it->second, nullptr, false);
+  if (!doc.is_object() || stringField(doc, "format") != "pt2") {
+    fail(path,
+         std::string("expected the \"autobatch\" metadata as a JSON object with format pt2; ") +
+             kAdvice);
+  }
+  Pt2Metadata m;
+  for (const auto& text : stringList(path, doc, "inputs")) {
+    for (auto& spec : parseInputSpecs(text)) m.inputs.push_back(std::move(spec));
+  }
+  for (const auto& text : stringList(path, doc, "targets")) {
+    for (auto& spec : parseInputSpecs(text)) m.targets.push_back(std::move(spec));
+  }
+  if (m.inputs.empty()) fail(path, "expected at least one input in the metadata");
+  m.loss = parseLossKind(stringField(doc, "loss").empty() ? "mean" : stringField(doc, "loss"));
+  m.gradients = stringList(path, doc, "gradients");
+  m.parameters = stringList(path, doc, "parameters");
+  m.buffers = stringList(path, doc, "buffers");
+  const auto tied = doc.find("tied");
+  if (tied != doc.end() && tied->is_array()) {
+    for (const auto& group : *tied) {
+      std::vector<std::string> names;
+      for (const auto& name : group) {
+        if (name.is_string()) names.push_back(name.get<std::string>());
+      }
+      if (names.size() >= 2) m.tied.push_back(std::move(names));
+    }
+  }
+  m.torch_version = stringField(doc, "torch");
+  m.precision = stringField(doc, "precision");
+  const auto isa = raw.find("AOTI_CPU_ISA");
+  if (isa != raw.end()) m.cpu_isa = isa->second;
+  if (m.torch_version != torchVersion()) {
+    fail(path, "expected a package built with torch " + torchVersion() +
+                   " (this LibTorch), but it "
+                   "was built with torch " +
+                   (m.torch_version.empty() ? "<unknown>" : m.torch_version) +
+                   "; export it again with this torch version");
+  }
+  if (m.precision != "fp32") {
+    fail(path, "expected precision fp32 (the only one packages support yet), but got \"" +
+                   m.precision + "\"");
+  }
+  const auto device = raw.find("AOTI_DEVICE_KEY");
+  if (device != raw.end() && device->second != "cpu") {
+    fail(path, "expected a CPU package, but it was compiled for \"" + device->second +
+                   "\"; packages run on the CPU only for now");
+  }
+  const std::string missing = missingIsa(m.cpu_isa);
+  if (!missing.empty()) {
+    fail(path, "expected a package this CPU can run, but it was compiled for " + m.cpu_isa +
+                   " and this CPU lacks " + missing + "; export it again on this machine");
+  }
+  return m;
+}
+
+Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path)) {
+  loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, "model");
+  // The stored weights: a dict name -> tensor written by torch.save.
+  std::map<std::string, at::Tensor> stored;
+  {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    if (!reader.hasRecord(kWeightsRecord)) {
+      fail(path, std::string("expected the weights at ") + kWeightsRecord +
+                     ", but there are none; " + kAdvice);
+    }
+    auto [data, size] = reader.getRecord(kWeightsRecord);
+    const auto* bytes = static_cast<const char*>(data.get());
+    const std::vector<char> buffer(bytes, bytes + size);
+    const c10::IValue value = torch::jit::pickle_load(buffer);
+    if (!value.isGenericDict()) fail(path, "expected the stored weights as a dict of tensors");
+    for (const auto& entry : value.toGenericDict()) {
+      if (!entry.key().isString() || !entry.value().isTensor()) {
+        fail(path, "expected the stored weights as a dict of name -> tensor");
+      }
+      stored[entry.key().toStringRef()] = entry.value().toTensor();
+    }
+  }
+  // Tied copies read the stored tensor of their group's first name.
+  std::map<std::string, std::string> owner_name;
+  for (const auto& group : metadata_.tied) {
+    for (std::size_t i = 1; i < group.size(); ++i) owner_name[group[i]] = group[0];
+  }
+  const auto storedName = [&](const std::string& name) {
+    const auto it = owner_name.find(name);
+    return it == owner_name.end() ? name : it->second;
+  };
+  std::unordered_map<std::string, at::Tensor> constants;
+  for (const auto& name : loader_->get_constant_fqns()) {
+    const auto it = stored.find(storedName(name));
+    if (it == stored.end()) {
+      fail(path, "expected a stored tensor for the package's constant \"" + name +
+                     "\", but there is none; " + kAdvice);
+    }
+    constants[name] = it->second;
+  }
+  std::map<std::string, std::size_t> index;
+  for (const auto& name : metadata_.parameters) {
+    const std::string owner = storedName(name);
+    if (index.contains(owner)) continue;
+    const auto it = stored.find(owner);
+    if (it == stored.end()) fail(path, "expected a stored tensor for parameter \"" + owner + "\"");
+    it->second.set_requires_grad(true);
+    index[owner] = parameters_.size();
+    parameters_.push_back(it->second);
+  }
+  for (const auto& name : metadata_.buffers) {
+    const auto it = stored.find(name);
+    if (it != stored.end()) buffers_.push_back(it->second);
+  }
+  for (const auto& name : metadata_.gradients) {
+    const auto it = index.find(storedName(name));
+    if (it == index.end()) fail(path, "expected gradient \"" + name + "\" to name a parameter");
+    gradient_owners_.push_back(it->second);
+  }
+  loader_->load_constants(constants, /*use_inactive=*/false, /*check_full_update=*/true,
+                          /*user_managed=*/true);
+}
+
+Pt2Package::~Pt2Package() = default;
+
+std::vector<at::Tensor> Pt2Package::run(const std::vector<at::Tensor>& inputs) {
+  StderrCapture capture;
+  std::vector<at::Tensor> outputs;
+  try {
+    outputs = loader_->run(inputs);
+  } catch (...) {
+    const std::string text = capture.finish();
+    if (!text.empty()) spdlog::debug("package call wrote to stderr:\n{}", text);
+    throw;
+  }
+  const std::string text = capture.finish();
+  if (!text.empty()) spdlog::debug("package call wrote to stderr:\n{}", text);
+  return outputs;
+}
+
+}  // namespace autobatch::detail

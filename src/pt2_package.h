@@ -1,0 +1,93 @@
+// pt2_package.h (internal) — the second model format: an AOTInductor package of one training step
+// written by scripts/autobatch_export.py --format pt2 (issue 19, docs/formats.md).
+//
+// The package's call takes the inputs then the loss's targets (one batch dimension shared by all)
+// and returns the loss then one gradient per parameter name in metadata "gradients". Its weights
+// are not compiled in: they are stored in the archive (data/autobatch/weights.pt) and supplied
+// here with load_constants(..., user_managed=true), so the package computes with the runner's own
+// tensors (held once; an optimizer step and a restore act on what the package reads).
+// Thread safety: one thread at a time.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autobatch/input_spec.h"
+#include "autobatch/training_spec.h"
+
+namespace torch::inductor {
+class AOTIModelPackageLoader;
+}  // namespace torch::inductor
+
+namespace autobatch::detail {
+
+/// What scripts/autobatch_export.py wrote into the package's "autobatch" metadata (JSON).
+struct Pt2Metadata {
+  std::vector<InputSpec> inputs;   ///< one per model input, batch dimension left out
+  std::vector<InputSpec> targets;  ///< the loss's targets, package inputs after the model's
+  LossKind loss = LossKind::kMean;
+  std::vector<std::string>
+      gradients;  ///< parameter names, in the call's output order (after the loss)
+  std::vector<std::string> parameters;  ///< every parameter name (tied copies included)
+  std::vector<std::string> buffers;
+  /// Names of one parameter in the original model; the first is the stored one.
+  std::vector<std::vector<std::string>> tied;
+  std::string torch_version;  ///< e.g. "2.11.0"
+  std::string precision;      ///< "fp32"
+  std::string cpu_isa;        ///< AOTInductor's AOTI_CPU_ISA, e.g. "AVX512 AVX512_VNNI"; "" unknown
+};
+
+/// True when `path` is a zip archive with a data/aotinductor/ entry (an AOTInductor package),
+/// whoever wrote it. False for anything else (a TorchScript archive, a plain torch.export
+/// program, not a zip). Never throws.
+bool isAotiPackage(const std::string& path);
+
+/// True when `path` is a torch.export program archive (torch.export.save: models/*.json, no
+/// compiled code): neither format autobatch runs. Never throws.
+bool isExportProgram(const std::string& path);
+
+/// Reads and checks the package's metadata without loading its code. Throws autobatch::Error
+/// naming the cause: not written by autobatch_export.py --format pt2 (an inference-only package,
+/// no "autobatch" metadata), a bad metadata field, another torch version than this LibTorch's, an
+/// instruction set this CPU lacks, a precision other than fp32.
+Pt2Metadata readPt2Metadata(const std::string& path);
+
+/// A loaded package with its weights. Construct under detail::UntrackedCpuScope when its weights
+/// should not be counted (the runner counts them as baseline afterwards).
+class Pt2Package {
+ public:
+  /// Loads `path` (checked by readPt2Metadata) on the CPU. Throws autobatch::Error for a package
+  /// whose stored weights do not match what its code asks for; c10::Error from LibTorch's loader.
+  explicit Pt2Package(const std::string& path);
+  ~Pt2Package();
+  Pt2Package(const Pt2Package&) = delete;
+  Pt2Package& operator=(const Pt2Package&) = delete;
+
+  const Pt2Metadata& metadata() const { return metadata_; }
+  /// The distinct parameters (one per tied group), requires_grad set; what the optimizer trains.
+  const std::vector<at::Tensor>& parameters() const { return parameters_; }
+  /// The buffers (BatchNorm running stats, updated in place by the call).
+  const std::vector<at::Tensor>& buffers() const { return buffers_; }
+  /// For output i + 1 of run() (the gradient of metadata().gradients[i]): its index in
+  /// parameters(); tied copies map to their group's stored parameter.
+  const std::vector<std::size_t>& gradientOwners() const { return gradient_owners_; }
+
+  /// One forward-backward: `inputs` are the model's inputs then the targets, all with the same
+  /// leading batch size. Returns the loss then the gradients (new tensors). Throws c10::Error as
+  /// LibTorch's loader does (an allocation refused inside the call is a plain error there).
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
+
+ private:
+  Pt2Metadata metadata_;
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
+  std::vector<at::Tensor> parameters_;
+  std::vector<at::Tensor> buffers_;
+  std::vector<std::size_t> gradient_owners_;
+};
+
+}  // namespace autobatch::detail
