@@ -243,13 +243,13 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
   for (const auto& group : metadata_.tied) {
     for (std::size_t i = 1; i < group.size(); ++i) owner_name[group[i]] = group[0];
   }
-  const auto storedName = [&](const std::string& name) {
+  const auto stored_name = [&](const std::string& name) {
     const auto it = owner_name.find(name);
     return it == owner_name.end() ? name : it->second;
   };
   std::unordered_map<std::string, at::Tensor> constants;
   for (const auto& name : loader_->get_constant_fqns()) {
-    const auto it = stored.find(storedName(name));
+    const auto it = stored.find(stored_name(name));
     if (it == stored.end()) {
       fail(path, "expected a stored tensor for the package's constant \"" + name +
                      "\", but there is none; " + kAdvice);
@@ -258,7 +258,7 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
   }
   std::map<std::string, std::size_t> index;
   for (const auto& name : metadata_.parameters) {
-    const std::string owner = storedName(name);
+    const std::string owner = stored_name(name);
     if (index.contains(owner)) continue;
     const auto it = stored.find(owner);
     if (it == stored.end()) fail(path, "expected a stored tensor for parameter \"" + owner + "\"");
@@ -271,7 +271,7 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
     if (it != stored.end()) buffers_.push_back(it->second);
   }
   for (const auto& name : metadata_.gradients) {
-    const auto it = index.find(storedName(name));
+    const auto it = index.find(stored_name(name));
     if (it == index.end()) fail(path, "expected gradient \"" + name + "\" to name a parameter");
     gradient_owners_.push_back(it->second);
   }

@@ -1,0 +1,192 @@
+// The pt2 model format in the trial runner and the CLI (issue 19, docs/formats.md). The packages
+// are built on demand by the ctest fixture Pt2Packages.Build (scripts/pt2_packages.py, cached under
+// the environment root) and listed in AUTOBATCH_PT2_LIST as "name path" lines.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "autobatch/autobatch.h"
+#include "autobatch/error.h"
+#include "autobatch/trial_runner.h"
+#include "cli_run.h"
+
+namespace autobatch {
+namespace {
+
+using testing::CliRun;
+using testing::readFile;
+
+std::string package(const std::string& name) {
+  static const std::map<std::string, std::string> paths = [] {
+    std::map<std::string, std::string> out;
+    std::ifstream in(AUTOBATCH_PT2_LIST);
+    std::string key;
+    std::string path;
+    while (in >> key >> path) out[key] = path;
+    return out;
+  }();
+  const auto it = paths.find(name);
+  if (it == paths.end()) {
+    ADD_FAILURE() << name << " is not in " << AUTOBATCH_PT2_LIST
+                  << ": run ctest with the fixture Pt2Packages.Build (scripts/pt2_packages.py)";
+    return "";
+  }
+  return it->second;
+}
+
+TrainingSpec specFor(const std::string& path) {
+  TrainingSpec spec;
+  spec.model_path = path;
+  spec.keep_output = false;
+  return spec;
+}
+
+SearchOptions limit(std::int64_t bytes) {
+  SearchOptions o;
+  o.memory_limit_bytes = bytes;
+  return o;
+}
+
+constexpr std::int64_t kUnlimited = std::int64_t{1} << 40;
+
+const PhasePeak* phase(const TrialResult& r, const std::string& name) {
+  const auto it = std::find_if(r.phase_peaks.begin(), r.phase_peaks.end(),
+                               [&](const PhasePeak& p) { return p.phase == name; });
+  return it == r.phase_peaks.end() ? nullptr : &*it;
+}
+
+TEST(Pt2RunnerTest, APackageTrainsAtAnyBatchFromItsOwnMetadata) {
+  // convbn_tiny: conv-BN-ReLU-conv-ReLU-pool-fc, 3x16x16, cross-entropy, exported at batch 2.
+  // Catches a batch dimension frozen at export (batch 1 and 32 would fail), inputs or loss not
+  // taken from the package, and a trial that leaves tensors behind.
+  TrialRunner runner(specFor(package("convbn_tiny")), limit(kUnlimited));
+  EXPECT_EQ(runner.modelFormat(), "pt2");
+  ASSERT_EQ(runner.inputs().size(), 1U);
+  EXPECT_EQ(toString(runner.inputs()[0]), "float32:3x16x16");
+  EXPECT_EQ(runner.loss(), LossKind::kCrossEntropy);
+  // conv 16x3x3x3+16, BN 16+16, conv 16x16x3x3+16, fc 10x16+10 parameters, fp32.
+  EXPECT_EQ(runner.parameterBytes(), (432 + 16 + 32 + 2304 + 16 + 160 + 10) * 4);
+  std::int64_t previous = 0;
+  for (const std::int64_t batch : {1, 4, 32}) {
+    const TrialResult r = runner.run({batch, 1, {}});
+    ASSERT_EQ(r.outcome, TrialOutcome::kFits) << batch << ": " << r.reason;
+    EXPECT_EQ(r.steps_completed, 2);
+    EXPECT_GT(r.peak_bytes, previous);
+    previous = r.peak_bytes;
+    ASSERT_NE(phase(r, "forward-backward"), nullptr);
+    ASSERT_NE(phase(r, "optimizer-step"), nullptr);
+    EXPECT_EQ(phase(r, "forward"), nullptr);  // a package has no separate forward
+    EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+  }
+  // Same trial twice: same peak (weights and running stats restored in between).
+  EXPECT_EQ(runner.run({4, 1, {}}).peak_bytes, runner.run({4, 1, {}}).peak_bytes);
+}
+
+TEST(Pt2RunnerTest, OutOfMemoryInsideThePackageIsOutOfMemoryAndRecovers) {
+  // The loader turns the budget allocator's OutOfMemoryError into a plain "API call failed"
+  // error. Catches a runner that lets that error leave (a model error, exit 1) or classifies it
+  // without the refused request's size.
+  std::int64_t peak32 = 0;
+  {
+    TrialRunner runner(specFor(package("convbn_tiny")), limit(kUnlimited));
+    peak32 = runner.run({32, 1, {}}).peak_bytes;
+  }
+  TrialRunner runner(specFor(package("convbn_tiny")), limit(peak32 / 2));
+  const TrialResult r = runner.run({32, 1, {}});
+  ASSERT_EQ(r.outcome, TrialOutcome::kOutOfMemory) << r.reason;
+  EXPECT_EQ(r.failed_phase, "forward-backward");
+  EXPECT_GT(r.failed_request_bytes, 0);
+  EXPECT_LE(r.failed_in_use_bytes, r.memory_limit_bytes);
+  EXPECT_GT(r.failed_in_use_bytes + r.failed_request_bytes, r.memory_limit_bytes);
+  EXPECT_NE(r.reason.find("CPU budget allocator: out of memory"), std::string::npos) << r.reason;
+  EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+  EXPECT_EQ(runner.run({1, 1, {}}).outcome, TrialOutcome::kFits);
+}
+
+TEST(Pt2RunnerTest, TiedWeightsAreHeldOnceAndCountedOnce) {
+  // tied_lm_tiny: embedding 64x16 shared with the output head, untied for export. Catches a
+  // runner that holds (and counts) the head's copy as a parameter of its own: +4096 bytes, and an
+  // optimizer state for it.
+  TrialRunner runner(specFor(package("tied_lm_tiny")), limit(kUnlimited));
+  EXPECT_EQ(runner.parameterBytes(), (64 * 16 + 16 * 16 + 16) * 4);
+  EXPECT_EQ(runner.optimizerStateBytes(), 2 * runner.parameterBytes());
+  const TrialResult one = runner.run({8, 1, {}});
+  const TrialResult two = runner.run({8, 2, {}});
+  ASSERT_EQ(one.outcome, TrialOutcome::kFits) << one.reason;
+  ASSERT_EQ(two.outcome, TrialOutcome::kFits) << two.reason;
+  EXPECT_NE(phase(two, "forward-backward"), nullptr);
+  EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+}
+
+TEST(Pt2RunnerTest, GradientsOfTwoMicroBatchesAccumulate) {
+  // With 2 micro-batches the second call's gradients are added into the first's and freed: the
+  // peak rises by at most one set of gradients over 1 micro-batch (what is alive at the end of
+  // the second call). Catches gradients kept per micro-batch (+1 set per micro-batch) and a
+  // second call that overwrites instead of adding (no rise from the held first set at all is
+  // allowed only when the gradients are below the call's own temporaries).
+  TrialRunner runner(specFor(package("mlp_tiny")), limit(kUnlimited));
+  const std::int64_t grads = runner.gradientBytes();
+  EXPECT_EQ(grads, (8 * 16 + 16 + 16 * 4 + 4) * 4);
+  const TrialResult one = runner.run({64, 1, {}});
+  const TrialResult two = runner.run({64, 2, {}});
+  const TrialResult four = runner.run({64, 4, {}});
+  ASSERT_EQ(two.outcome, TrialOutcome::kFits);
+  EXPECT_LE(two.peak_bytes, one.peak_bytes + grads + 1024);
+  EXPECT_EQ(four.peak_bytes, two.peak_bytes);  // N >= 2 peaks like 2
+}
+
+// ---- The CLI ----
+
+CliRun runCli(const std::string& tag, const std::string& args) {
+  return testing::runCliIn(testing::testDir("pt2"), tag, args);
+}
+
+TEST(Pt2CliTest, WhatThePackageFixesIsAUsageErrorNamingItsValue) {
+  const std::string model = "--model " + package("mlp_tiny") + " --device cpu ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--input 16", "fixed at export to 'float32:8'"},
+      {"--loss mse", "its loss is fixed at export to cross-entropy"},
+      {"--precision bf16", "fixed at export to fp32"},
+      {"--keep-output yes", "its output is never held"},
+      {"--input 'int64:L:<5' --lengths 8,16", "is a pt2 package"},
+  };
+  int i = 0;
+  for (const auto& [flags, expected] : cases) {
+    const CliRun run = runCli("case" + std::to_string(i++), model + flags + " --check-batch 2");
+    EXPECT_EQ(run.exit_code, 2) << flags << ": " << run.err;
+    EXPECT_NE(run.err.find(expected), std::string::npos) << flags << ": " << run.err;
+  }
+  const CliRun program = runCli("program", "--model " + package("program_only") + " --device cpu");
+  EXPECT_EQ(program.exit_code, 2);
+  EXPECT_NE(program.err.find("it is a torch.export program"), std::string::npos) << program.err;
+  const CliRun inference =
+      runCli("inference", "--model " + package("inference_package") + " --device cpu");
+  EXPECT_EQ(inference.exit_code, 2);
+  EXPECT_NE(inference.err.find("no \"autobatch\" metadata"), std::string::npos) << inference.err;
+}
+
+TEST(Pt2CliTest, ASearchOnAPackageReportsItsFormatAndKeepsTheWrapperQuiet) {
+  // A search with out-of-memory trials inside the package: the loader's own lines ("Exception in
+  // aoti_torch", "API call failed") go to the debug log, not the user's terminal.
+  const std::filesystem::path json = testing::testDir("pt2") / "search.json";
+  const CliRun run =
+      runCli("search", "--model " + package("convbn_tiny") +
+                           " --device cpu --memory-limit 3MiB --json " + json.string());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto doc = nlohmann::json::parse(readFile(json));
+  EXPECT_EQ(doc["model"]["format"], "pt2");
+  EXPECT_EQ(doc["options"]["keep_output"], false) << doc["options"].dump();
+  bool oom = false;
+  for (const auto& t : doc["trials"]) oom = oom || t["outcome"] == "out-of-memory";
+  EXPECT_TRUE(oom) << "expected the search to cross the limit at least once";
+  EXPECT_EQ(run.err.find("API call failed"), std::string::npos) << run.err;
+  EXPECT_EQ(run.err.find("Exception in aoti_torch"), std::string::npos) << run.err;
+  EXPECT_NE(run.out.find("(pt2 package)"), std::string::npos) << run.out;
+}
+
+}  // namespace
+}  // namespace autobatch
