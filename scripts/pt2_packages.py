@@ -18,6 +18,7 @@ Names:
   <name>.ts           the same model and inputs as a TorchScript archive (side-by-side checks)
   program_only        a torch.export program (torch.export.save), not a compiled package
   inference_package   an AOTInductor package of the forward only, without autobatch metadata
+  @tests              the set tests/pt2_test.cpp uses (TEST_SET)
 """
 
 from __future__ import annotations
@@ -94,6 +95,12 @@ MODELS = {
 }
 
 
+# What tests/pt2_test.cpp needs: built by the ctest fixture Pt2Packages.Build and, timed, by
+# scripts/test.sh before ctest.
+TEST_SET = ["mlp_tiny", "convbn_tiny", "convbn_tiny.ts", "tied_lm_tiny", "program_only",
+            "inference_package"]
+
+
 def cache_key() -> str:
     digest = hashlib.sha256()
     for name in ("pt2_packages.py", "autobatch_export.py", "export_models.py"):
@@ -123,8 +130,7 @@ def build(name: str, path: str) -> None:
     model, example, loss, int_high = MODELS[name[:-3] if torchscript else name]()
     if torchscript:
         # The pt2 export unties shared weights; the TorchScript archive keeps the model as it is.
-        ab.export(model, path, example, loss=loss, int_high=int_high,
-                  method="trace" if name.startswith("decoder") else "script")
+        ab.export(model, path, example, loss=loss, int_high=int_high)
     else:
         ab.export_pt2(model, path, example, loss=loss, int_high=int_high)
 
@@ -137,7 +143,10 @@ def main() -> int:
     args = parser.parse_args()
     folder = os.path.join(args.root, "pt2", cache_key())
     os.makedirs(folder, exist_ok=True)
+    names = []
     for name in args.names:
+        names += TEST_SET if name == "@tests" else [name]
+    for name in names:
         base = name[:-3] if name.endswith(".ts") else name
         if base not in MODELS and name not in ("program_only", "inference_package"):
             print(f"pt2_packages: unknown name '{name}': expected one of "

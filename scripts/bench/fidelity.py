@@ -14,6 +14,11 @@ never below the eager peak by more than 0.5% (an under-count is an OOM in the jo
 
   fidelity.py --set test  --check          # the ctest subset (tests/CMakeLists.txt), about a minute
   fidelity.py --set full  --md docs/fidelity.md   # the table of docs/fidelity.md
+  fidelity.py --set pt2   --md docs/fidelity-pt2.md  # packages (docs/formats.md) against eager
+
+With --set pt2 the autobatch column runs the model's torch.export + AOTInductor package
+(scripts/pt2_packages.py builds it, cached) and a second column the TorchScript archive, both
+against the same eager loop (fp32, AdamW, loop implementation, output dropped).
 
 The eager models are the nn.Modules of scripts/export_models.py (the same code the archives were
 exported from); the archives are read from --models.
@@ -74,6 +79,8 @@ class Case:
     zero_grad: str = "none"  # none, zeros
     precision: str = "fp32"  # fp32, amp-bf16
     input: str | None = None  # --input for the vision models (e.g. 3x64x64)
+    package: str | None = None  # a scripts/pt2_packages.py name: run that pt2 package instead
+    micro_batches: int = 1  # --accumulation-steps (2: the eager loop accumulates 2 micro-batches)
 
     def label(self) -> str:
         parts = [self.model, f"B={self.batch}", self.optimizer, self.impl,
@@ -84,6 +91,8 @@ class Case:
             parts.append(self.precision)
         if self.input:
             parts.append(self.input)
+        if self.micro_batches > 1:
+            parts.append(f"{self.micro_batches} micro-batches")
         return ", ".join(parts)
 
 
@@ -115,8 +124,9 @@ def eager_peak(case: Case, steps: int = 2) -> int:
     amp = case.precision == "amp-bf16"
     x = y = out = None  # the loop's variables: alive until rebound, as in a user's script
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        for _ in range(steps):
-            opt.zero_grad(set_to_none=case.zero_grad == "none")
+        for _ in range(steps * case.micro_batches):
+            if _ % case.micro_batches == 0:
+                opt.zero_grad(set_to_none=case.zero_grad == "none")
             if high is not None:
                 x = torch.randint(0, high, (case.batch, *sample))
             else:
@@ -136,7 +146,8 @@ def eager_peak(case: Case, steps: int = 2) -> int:
                 del logits
             loss.backward()
             del loss
-            opt.step()
+            if _ % case.micro_batches == case.micro_batches - 1:
+                opt.step()
     del x, y, out
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
               and str(e.device_type()).endswith("CPU")]
@@ -148,10 +159,20 @@ def eager_peak(case: Case, steps: int = 2) -> int:
     return before + peak
 
 
-def autobatch_peak(case: Case, cli: str, models: str, workdir: str) -> tuple[int, dict]:
+def pt2_path(name: str) -> str:
+    """The package (or, for NAME.ts, the TorchScript archive) scripts/pt2_packages.py built."""
+    run = subprocess.run([sys.executable, os.path.join(HERE, "..", "pt2_packages.py"), name],
+                         capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        raise RuntimeError(f"pt2_packages.py {name}: exit {run.returncode}\n{run.stderr[-2000:]}")
+    return run.stdout.split()[-1]
+
+
+def autobatch_peak(case: Case, cli: str, models: str, workdir: str,
+                   archive_override: str | None = None) -> tuple[int, dict]:
     os.makedirs(workdir, exist_ok=True)
     report = os.path.join(workdir, "fidelity.json")
-    archive = os.path.join(models, f"{case.model}.pt")
+    archive = archive_override or os.path.join(models, f"{case.model}.pt")
     if case.model in EXTRA_MODELS:
         archive = os.path.join(workdir, f"{case.model}.pt")
         if not os.path.exists(archive):
@@ -162,7 +183,8 @@ def autobatch_peak(case: Case, cli: str, models: str, workdir: str) -> tuple[int
            "--memory-limit", "4GiB", "--check-batch", str(case.batch), "-q",
            "--optimizer", case.optimizer, "--optimizer-impl", case.impl,
            "--keep-output", "yes" if case.keep_output else "no", "--zero-grad", case.zero_grad,
-           "--precision", case.precision, "--json", report]
+           "--precision", case.precision, "--json", report,
+           "--accumulation-steps", str(case.micro_batches)]
     if case.input:
         cmd += ["--input", case.input]
     run = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -188,6 +210,21 @@ def test_cases() -> list[Case]:
     return cases
 
 
+def pt2_cases() -> list[Case]:
+    """Packages against eager (issue 19): fp32, AdamW, loop, output dropped."""
+    cases = []
+    for b in (16, 64):
+        cases.append(Case("resnet18", b, input="3x64x64", package="resnet18_64"))
+        cases.append(Case("mobilenet_v3_large", b, input="3x64x64",
+                          package="mobilenet_v3_large_64"))
+        cases.append(Case("mlp_8x2048", b, package="mlp_8x2048"))
+    for b in (4, 16):
+        cases.append(Case("decoder_lm_small", b, package="decoder_lm_small"))
+    cases.append(Case("resnet18", 16, input="3x64x64", package="resnet18_64", micro_batches=2))
+    cases.append(Case("mlp_8x2048", 16, package="mlp_8x2048", micro_batches=2))
+    return cases
+
+
 def full_cases() -> list[Case]:
     cases = []
     for opt in ("sgd", "adamw"):
@@ -208,7 +245,7 @@ def full_cases() -> list[Case]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--set", choices=("test", "full"), default="test")
+    parser.add_argument("--set", choices=("test", "full", "pt2"), default="test")
     parser.add_argument("--autobatch", default=os.path.join(HERE, "..", "..", "build", "bin",
                                                             "autobatch"))
     parser.add_argument("--models", default=os.path.join(HERE, "..", "..", "models"))
@@ -219,7 +256,9 @@ def main() -> int:
                              f"is below eager by more than {UNDER_PCT}%")
     args = parser.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    cases = test_cases() if args.set == "test" else full_cases()
+    cases = {"test": test_cases, "full": full_cases, "pt2": pt2_cases}[args.set]()
+    if args.set == "pt2":
+        return pt2_main(cases, args)
     rows = []
     failed = 0
     t0 = time.time()
@@ -241,6 +280,40 @@ def main() -> int:
     if args.md:
         with open(args.md, "w") as f:
             f.write(md_table(rows, elapsed, args))
+    return 1 if args.check and failed else 0
+
+
+def pt2_main(cases: list[Case], args) -> int:
+    """Eager against the package and the TorchScript archive of the same model and inputs."""
+    rows = []
+    failed = 0
+    t0 = time.time()
+    for case in cases:
+        t = time.time()
+        eager = eager_peak(case)
+        package, _ = autobatch_peak(case, args.autobatch, args.models, args.workdir,
+                                    pt2_path(case.package))
+        script, _ = autobatch_peak(case, args.autobatch, args.models, args.workdir,
+                                   pt2_path(case.package + ".ts"))
+        diff = 100.0 * (package - eager) / eager
+        diff_ts = 100.0 * (script - eager) / eager
+        ok = abs(diff) <= TOLERANCE_PCT and diff >= -UNDER_PCT
+        failed += 0 if ok else 1
+        rows.append((case, eager, package, diff, script, diff_ts, ok))
+        print(f"{'ok  ' if ok else 'off '} {case.label():<60} eager {eager:>13,} pt2 {package:>13,} "
+              f"{diff:+7.3f}%  torchscript {script:>13,} {diff_ts:+7.3f}%  {time.time() - t:.1f} s",
+              flush=True)
+    elapsed = time.time() - t0
+    print(f"fidelity pt2: {len(rows) - failed} within {TOLERANCE_PCT}%, {failed} not ({elapsed:.0f} s)")
+    if args.md:
+        lines = ["| case | eager peak (bytes) | pt2 package | vs eager | TorchScript | vs eager |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for case, eager, package, diff, script, diff_ts, _ok in rows:
+            lines.append(f"| {case.label()} | {eager:,} | {package:,} | {diff:+.3f}% | "
+                         f"{script:,} | {diff_ts:+.3f}% |")
+        with open(args.md, "w") as f:
+            f.write(f"<!-- written by scripts/bench/fidelity.py --set pt2 in {elapsed:.0f} s -->\n"
+                    + "\n".join(lines) + "\n")
     return 1 if args.check and failed else 0
 
 
