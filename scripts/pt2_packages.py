@@ -18,6 +18,8 @@ Names:
   <name>.ts           the same model and inputs as a TorchScript archive (side-by-side checks)
   program_only        a torch.export program (torch.export.save), not a compiled package
   inference_package   an AOTInductor package of the forward only, without autobatch metadata
+  other_torch, other_isa, other_machine   mlp_tiny with its metadata saying torch 2.10.0, the
+                      NEON instruction set, an aarch64 machine (what a package from elsewhere says)
   @tests              the set tests/pt2_test.cpp uses (TEST_SET)
 """
 
@@ -98,7 +100,34 @@ MODELS = {
 # What tests/pt2_test.cpp needs: built by the ctest fixture Pt2Packages.Build and, timed, by
 # scripts/test.sh before ctest.
 TEST_SET = ["mlp_tiny", "convbn_tiny", "convbn_tiny.ts", "tied_lm_tiny", "program_only",
-            "inference_package"]
+            "inference_package", "other_torch", "other_isa", "other_machine"]
+
+# mlp_tiny with one metadata field changed: (AOTInductor key or "autobatch.<field>", value).
+REWRITES = {
+    "other_torch": ("autobatch.torch", "2.10.0"),
+    "other_isa": ("AOTI_CPU_ISA", "NEON"),
+    "other_machine": ("AOTI_MACHINE", "aarch64"),
+}
+
+
+def rewrite_metadata(src: str, dst: str, key: str, value: str) -> None:
+    """Copies the package at src to dst with one field of its metadata JSON changed."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(dst, "w") as b:
+        for info in a.infolist():
+            data = a.read(info.filename)
+            if info.filename.endswith("_metadata.json"):
+                meta = json.loads(data)
+                if key.startswith("autobatch."):
+                    inner = json.loads(meta[ab.PT2_METADATA_KEY])
+                    inner[key.split(".", 1)[1]] = value
+                    meta[ab.PT2_METADATA_KEY] = json.dumps(inner)
+                else:
+                    meta[key] = value
+                data = json.dumps(meta).encode()
+            b.writestr(info, data)
 
 
 def cache_key() -> str:
@@ -116,6 +145,12 @@ def build(name: str, path: str) -> None:
     import torch._inductor  # noqa: F401  (torch.export and aoti_compile_and_package need it loaded)
 
     torch.manual_seed(0)
+    if name in REWRITES:
+        source = os.path.join(os.path.dirname(path), "mlp_tiny.pt2")
+        if not os.path.exists(source):
+            build("mlp_tiny", source)
+        rewrite_metadata(source, path, *REWRITES[name])
+        return
     if name == "program_only":
         model = MlpTiny()
         ep = torch.export.export(model, (torch.randn(3, 8),))
@@ -148,7 +183,7 @@ def main() -> int:
         names += TEST_SET if name == "@tests" else [name]
     for name in names:
         base = name[:-3] if name.endswith(".ts") else name
-        if base not in MODELS and name not in ("program_only", "inference_package"):
+        if base not in MODELS and name not in ("program_only", "inference_package", *REWRITES):
             print(f"pt2_packages: unknown name '{name}': expected one of "
                   f"{', '.join(sorted(MODELS))}, program_only, inference_package (or NAME.ts)",
                   file=sys.stderr)

@@ -7,6 +7,7 @@
 #include <torch/version.h>
 
 #include <spdlog/spdlog.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <array>
@@ -63,6 +64,7 @@ std::string missingIsa(const std::string& isa) {
 #if defined(__x86_64__)
   need("AVX512", __builtin_cpu_supports("avx512f") != 0);
   need("AVX2", __builtin_cpu_supports("avx2") != 0);
+  for (const char* other : {"NEON", "SVE", "VSX", "ZVECTOR"}) need(other, false);  // other CPUs
 #endif
   return missing;
 }
@@ -207,6 +209,12 @@ Pt2Metadata readPt2Metadata(const std::string& path) {
   if (device != raw.end() && device->second != "cpu") {
     fail(path, "expected a CPU package, but it was compiled for \"" + device->second +
                    "\"; packages run on the CPU only for now");
+  }
+  const auto machine = raw.find("AOTI_MACHINE");
+  struct utsname host {};
+  if (machine != raw.end() && uname(&host) == 0 && machine->second != host.machine) {
+    fail(path, "expected a package for this machine (" + std::string(host.machine) +
+                   "), but it was compiled for " + machine->second + "; export it again here");
   }
   const std::string missing = missingIsa(m.cpu_isa);
   if (!missing.empty()) {

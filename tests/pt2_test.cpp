@@ -160,6 +160,16 @@ TEST(Pt2CliTest, WhatThePackageFixesIsAUsageErrorNamingItsValue) {
     EXPECT_EQ(run.exit_code, 2) << flags << ": " << run.err;
     EXPECT_NE(run.err.find(expected), std::string::npos) << flags << ": " << run.err;
   }
+  // A package from another torch, CPU or machine: exit 2 before its code is loaded.
+  const std::vector<std::pair<std::string, std::string>> foreign = {
+      {"other_torch", "built with torch 2.10.0"},
+      {"other_isa", "this CPU lacks NEON"},
+      {"other_machine", "compiled for aarch64"}};
+  for (const auto& [name, expected] : foreign) {
+    const CliRun run = runCli(name, "--model " + package(name) + " --device cpu --check-batch 2");
+    EXPECT_EQ(run.exit_code, 2) << name << ": " << run.err;
+    EXPECT_NE(run.err.find(expected), std::string::npos) << name << ": " << run.err;
+  }
   const CliRun program = runCli("program", "--model " + package("program_only") + " --device cpu");
   EXPECT_EQ(program.exit_code, 2);
   EXPECT_NE(program.err.find("it is a torch.export program"), std::string::npos) << program.err;
