@@ -197,6 +197,58 @@ def export_joint(wrapped: torch.nn.Module, args, dynamic_shapes):
     return joint, gradients
 
 
+def _unguarded_acc_helper():
+    """A patch for Inductor's C++ codegen (torch 2.11, torch/_inductor/codegen/cpp.py,
+    CppKernel.need_use_acc_helper): for a float sum whose size depends on the batch it takes the
+    exact accumulation helper instead of comparing the size with 4096 at the example's batch. The
+    comparison adds a guard on the batch (s <= 4096 / k, or s > 4096 / k), and two of them can
+    narrow the batch's range to the example's alone: mlp_8x2048 exported at batch 2 compiled a
+    package that runs only at batch 2 ("mat1 and mat2 shapes cannot be multiplied (2048x2 and
+    16x2048)" at batch 16). The helper is what Inductor itself uses when the size is unknown.
+    Returns a context manager (a no-op when the method is not there any more)."""
+    import contextlib
+    import functools
+    import operator
+    from unittest import mock
+
+    try:
+        from torch._inductor.codegen.cpp import CppKernel
+    except ImportError:
+        return contextlib.nullcontext()
+    original = getattr(CppKernel, "need_use_acc_helper", None)
+    if original is None:
+        return contextlib.nullcontext()
+
+    def need_use_acc_helper(self, reduction_type, dtype, use_scalar):
+        if reduction_type == "sum" and dtype == torch.float and self.call_ranges is not None:
+            size = functools.reduce(operator.mul, self.call_ranges[self.reduction_depth:], 1)
+            if getattr(size, "free_symbols", None):
+                return True
+        return original(self, reduction_type, dtype, use_scalar)
+
+    return mock.patch.object(CppKernel, "need_use_acc_helper", need_use_acc_helper)
+
+
+def batch_range(package_path: str):
+    """The batch sizes the compiled package accepts: (low, high or None), read from the input
+    checks AOTInductor writes into its wrapper ("dim value is too small at 0, expected it to be >=
+    N"): what Inductor's guards left of Dim("B", min=1)."""
+    import re
+    import zipfile
+
+    low, high = 1, None
+    with zipfile.ZipFile(package_path) as archive:
+        for name in archive.namelist():
+            if not name.endswith(".wrapper.cpp"):
+                continue
+            text = archive.read(name).decode("utf-8", "replace")
+            for m in re.finditer(r"arg\d+_1_size\[0\] < (\d+)\)", text):
+                low = max(low, int(m.group(1)))
+            for m in re.finditer(r"arg\d+_1_size\[0\] > (\d+)\)", text):
+                high = int(m.group(1)) if high is None else min(high, int(m.group(1)))
+    return low, high
+
+
 def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch.Tensor],
                loss: str = "mean", int_high: Optional[Dict[int, int]] = None) -> str:
     """Exports ``model`` with its loss as an AOTInductor package of one training step.
@@ -242,13 +294,27 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
         "precision": "fp32",
     })
     text = json.dumps(meta)
-    package = torch._inductor.aoti_compile_and_package(
-        joint, package_path=path,
-        inductor_configs={"aot_inductor.metadata": {PT2_METADATA_KEY: text},
-                          "aot_inductor.package_constants_in_so": False,
-                          # else a parameter of <= 8 elements (a bias) is baked into a kernel
-                          # as its export-time value, where the runner cannot supply it
-                          "always_keep_tensor_constants": True})
+    with _unguarded_acc_helper():
+        package = torch._inductor.aoti_compile_and_package(
+            joint, package_path=path,
+            inductor_configs={"aot_inductor.metadata": {PT2_METADATA_KEY: text},
+                              "aot_inductor.package_constants_in_so": False,
+                              # else a parameter of <= 8 elements (a bias) is baked into a kernel
+                              # as its export-time value, where the runner cannot supply it
+                              "always_keep_tensor_constants": True,
+                              # the patch above changes the generated code: no cached artifact
+                              # compiled without it may be reused
+                              "fx_graph_cache": False})
+    # A low bound of 2 is torch.export's own: its batch symbol starts at [2, inf) (sizes 0 and 1
+    # are special to it) even under Dim("B", min=1); the code stays symbolic and runs batch 1
+    # (tests/python/pt2_export_test.py compares its gradients with eager at batch 1).
+    low, high = batch_range(package)
+    if low > 2 or high is not None:
+        raise ValueError(
+            f"the compiled package accepts batch sizes {low} to {high if high else 'any'} only "
+            f"(Inductor specialised the batch dimension, exported at {example_inputs[0].shape[0]});"
+            f" export with another example batch, or in the TorchScript format "
+            f"(--format torchscript)")
     with zipfile.ZipFile(package) as archive:
         folder = archive.namelist()[0].split("/")[0]
     import io

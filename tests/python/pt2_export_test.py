@@ -154,6 +154,37 @@ def test_tied(workdir: str) -> None:
     check(torch.equal(state["model.emb.weight"], reference.emb.weight.detach()), "tied: weights stored once, as given")
 
 
+def test_wide_mean_stays_dynamic(workdir: str) -> None:
+    """Two Linear(2048, 2048) layers with the mean loss, exported at batch 2. Inductor's C++ codegen
+    compared the loss's reduction size (batch x 2048) with 4096 at the example batch and guarded
+    the batch to exactly 2: the package failed at any other batch ("mat1 and mat2 shapes cannot be
+    multiplied (2048x2 and 16x2048)"). Catches an export without autobatch_export's patch, or a
+    torch whose codegen guards elsewhere (batch_range then names the range)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+                                torch.nn.Linear(2048, 2048))
+    reference = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+                                    torch.nn.Linear(2048, 2048))
+    reference.load_state_dict(model.state_dict())
+    path = os.path.join(workdir, "wide.pt2")
+    meta = json.loads(ab.export_pt2(model, path, (torch.randn(2, 2048),), loss="mean"))
+    low, high = ab.batch_range(path)
+    check(low <= 2 and high is None, f"wide mean: batch range {low}..{high or 'any'}")
+    compiled, _, _ = load(path)
+    for batch in (1, 5, 16):
+        x = torch.randn(batch, 2048)
+        try:
+            outputs = compiled.run([x])
+        except Exception as error:  # noqa: BLE001
+            check(False, f"wide mean: B={batch} runs ({str(error).splitlines()[0][:120]})")
+            continue
+        loss, grads = eager_grads(reference, (x,), "mean", ())
+        worst = max((g - grads[n[len("model."):]]).abs().max().item()
+                    for n, g in zip(meta["gradients"], outputs[1:]))
+        check(torch.allclose(outputs[0], loss, atol=1e-6) and worst <= 1e-5,
+              f"wide mean: B={batch} loss and gradients vs eager, max abs diff {worst:.2e}")
+
+
 def test_does_not_export(workdir: str) -> None:
     try:
         ab.export_pt2(DataDependent(), os.path.join(workdir, "bad.pt2"), (torch.randn(2, 4),))
@@ -171,6 +202,7 @@ def main() -> int:
     os.makedirs(workdir, exist_ok=True)
     test_mlp(workdir)
     test_tied(workdir)
+    test_wide_mean_stays_dynamic(workdir)
     test_does_not_export(workdir)
     print(f"{len(FAILURES)} failure(s)")
     return 1 if FAILURES else 0
