@@ -20,6 +20,8 @@ Names:
   inference_package   an AOTInductor package of the forward only, without autobatch metadata
   other_torch, other_isa, other_machine   mlp_tiny with its metadata saying torch 2.10.0, the
                       NEON instruction set, an aarch64 machine (what a package from elsewhere says)
+  narrow_range        mlp_tiny saying its compiled batch range is 2 to 8 (as Inductor's guards
+                      leave some packages: ResNet-18 exported at batch 2 runs 2 to 4)
   @tests              the set tests/pt2_test.cpp uses (TEST_SET)
 """
 
@@ -100,13 +102,14 @@ MODELS = {
 # What tests/pt2_test.cpp needs: built by the ctest fixture Pt2Packages.Build and, timed, by
 # scripts/test.sh before ctest.
 TEST_SET = ["mlp_tiny", "convbn_tiny", "convbn_tiny.ts", "tied_lm_tiny", "program_only",
-            "inference_package", "other_torch", "other_isa", "other_machine"]
+            "inference_package", "other_torch", "other_isa", "other_machine", "narrow_range"]
 
 # mlp_tiny with one metadata field changed: (AOTInductor key or "autobatch.<field>", value).
 REWRITES = {
     "other_torch": ("autobatch.torch", "2.10.0"),
     "other_isa": ("AOTI_CPU_ISA", "NEON"),
     "other_machine": ("AOTI_MACHINE", "aarch64"),
+    "narrow_range": ("batch_range", '{"low": 2, "high": 8}'),
 }
 
 
@@ -118,7 +121,10 @@ def rewrite_metadata(src: str, dst: str, key: str, value: str) -> None:
     with zipfile.ZipFile(src) as a, zipfile.ZipFile(dst, "w") as b:
         for info in a.infolist():
             data = a.read(info.filename)
-            if info.filename.endswith("_metadata.json"):
+            if key == "batch_range":
+                if info.filename.endswith(ab.PT2_BATCH_RANGE):
+                    data = value.encode()
+            elif info.filename.endswith("_metadata.json"):
                 meta = json.loads(data)
                 if key.startswith("autobatch."):
                     inner = json.loads(meta[ab.PT2_METADATA_KEY])

@@ -26,6 +26,7 @@ using nlohmann::json;
 
 constexpr const char* kMetadataKey = "autobatch";
 constexpr const char* kWeightsRecord = "data/autobatch/weights.pt";
+constexpr const char* kBatchRangeRecord = "data/autobatch/batch_range.json";
 constexpr const char* kAdvice =
     "export the model with scripts/autobatch_export.py --format pt2 (or use the TorchScript "
     "format)";
@@ -234,6 +235,22 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
       fail(path, std::string("expected the weights at ") + kWeightsRecord +
                      ", but there are none; " + kAdvice);
     }
+    if (reader.hasRecord(kBatchRangeRecord)) {
+      auto [range_data, range_size] = reader.getRecord(kBatchRangeRecord);
+      const auto* text = static_cast<const char*>(range_data.get());
+      const json range = json::parse(text, text + range_size, nullptr, false);
+      if (!range.is_object() || !range.contains("low") || !range["low"].is_number_integer() ||
+          range["low"].get<std::int64_t>() < 1 ||
+          (range.contains("high") && !range["high"].is_null() &&
+           !range["high"].is_number_integer())) {
+        fail(path, std::string("expected ") + kBatchRangeRecord +
+                       " as {\"low\": N, \"high\": M or null}; " + kAdvice);
+      }
+      metadata_.batch_low = range["low"].get<std::int64_t>();
+      if (range.contains("high") && range["high"].is_number_integer()) {
+        metadata_.batch_high = range["high"].get<std::int64_t>();
+      }
+    }
     auto [data, size] = reader.getRecord(kWeightsRecord);
     const auto* bytes = static_cast<const char*>(data.get());
     const std::vector<char> buffer(bytes, bytes + size);
@@ -288,6 +305,17 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
 }
 
 Pt2Package::~Pt2Package() = default;
+
+std::string Pt2Package::batchOutOfRange(std::int64_t batch) const {
+  const std::int64_t low = metadata_.batch_low <= 2 ? 1 : metadata_.batch_low;
+  const std::int64_t high = metadata_.batch_high;
+  if (batch >= low && (high == 0 || batch <= high)) return "";
+  return "the package was compiled for micro-batches " + std::to_string(low) + " to " +
+         (high == 0 ? std::string("any") : std::to_string(high)) +
+         " (Inductor's guards on the batch at export; it computes wrong values outside them), "
+         "not " +
+         std::to_string(batch) + "; export at an example batch near the sizes to search";
+}
 
 std::vector<at::Tensor> Pt2Package::run(const std::vector<at::Tensor>& inputs) {
   StderrCapture capture;

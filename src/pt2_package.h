@@ -40,6 +40,11 @@ struct Pt2Metadata {
   std::string torch_version;  ///< e.g. "2.11.0"
   std::string precision;      ///< "fp32"
   std::string cpu_isa;        ///< AOTInductor's AOTI_CPU_ISA, e.g. "AVX512 AVX512_VNNI"; "" unknown
+  /// The batch sizes the compiled code is valid for (data/autobatch/batch_range.json: what
+  /// Inductor's guards left of Dim("B"); the package computes wrong values outside it). A low of 2
+  /// is torch.export's own bound and batch 1 runs; batch_high 0: no upper bound.
+  std::int64_t batch_low = 1;
+  std::int64_t batch_high = 0;
 };
 
 /// True when `path` is a zip archive with a data/aotinductor/ entry (an AOTInductor package),
@@ -76,6 +81,8 @@ class Pt2Package {
   /// For output i + 1 of run() (the gradient of metadata().gradients[i]): its index in
   /// parameters(); tied copies map to their group's stored parameter.
   const std::vector<std::size_t>& gradientOwners() const { return gradient_owners_; }
+  /// Why the package cannot run `batch` (outside metadata().batch_low..batch_high), else "".
+  std::string batchOutOfRange(std::int64_t batch) const;
 
   /// One forward-backward: `inputs` are the model's inputs then the targets, all with the same
   /// leading batch size. Returns the loss then the gradients (new tensors). Throws c10::Error as

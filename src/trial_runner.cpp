@@ -803,6 +803,18 @@ struct TrialRunner::Impl {
       throw Error("trial: expected a usable device, but " + device.str() +
                   " had a fatal error in an earlier trial; start a new process");
     }
+    if (package) {
+      // Outside the compiled batch range: a hard limit of the package, like a kernel's.
+      std::string why = package->batchOutOfRange(request.micro_batch_size);
+      if (!why.empty()) {
+        TrialResult result;
+        result.request = request;
+        result.memory_limit_bytes = backend->limitBytes() - reserve_bytes;
+        result.outcome = TrialOutcome::kSizeLimit;
+        result.reason = std::move(why);
+        return result;
+      }
+    }
     return runOnce(request);
   }
 

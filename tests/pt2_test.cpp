@@ -60,8 +60,9 @@ const PhasePeak* phase(const TrialResult& r, const std::string& name) {
 }
 
 TEST(Pt2RunnerTest, APackageTrainsAtAnyBatchFromItsOwnMetadata) {
-  // convbn_tiny: conv-BN-ReLU-conv-ReLU-pool-fc, 3x16x16, cross-entropy, exported at batch 2.
-  // Catches a batch dimension frozen at export (batch 1 and 32 would fail), inputs or loss not
+  // convbn_tiny: conv-BN-ReLU-conv-ReLU-pool-fc, 3x16x16, cross-entropy, exported at batch 2
+  // (compiled range 2..15: Inductor guards the batch against 16 when it picks a conv backend).
+  // Catches a batch dimension frozen at export (batch 1 and 12 would fail), inputs or loss not
   // taken from the package, and a trial that leaves tensors behind.
   TrialRunner runner(specFor(package("convbn_tiny")), limit(kUnlimited));
   EXPECT_EQ(runner.modelFormat(), "pt2");
@@ -71,7 +72,7 @@ TEST(Pt2RunnerTest, APackageTrainsAtAnyBatchFromItsOwnMetadata) {
   // conv 16x3x3x3+16, BN 16+16, conv 16x16x3x3+16, fc 10x16+10 parameters, fp32.
   EXPECT_EQ(runner.parameterBytes(), (432 + 16 + 32 + 2304 + 16 + 160 + 10) * 4);
   std::int64_t previous = 0;
-  for (const std::int64_t batch : {1, 4, 32}) {
+  for (const std::int64_t batch : {1, 4, 12}) {
     const TrialResult r = runner.run({batch, 1, {}});
     ASSERT_EQ(r.outcome, TrialOutcome::kFits) << batch << ": " << r.reason;
     EXPECT_EQ(r.steps_completed, 2);
@@ -90,13 +91,13 @@ TEST(Pt2RunnerTest, OutOfMemoryInsideThePackageIsOutOfMemoryAndRecovers) {
   // The loader turns the budget allocator's OutOfMemoryError into a plain "API call failed"
   // error. Catches a runner that lets that error leave (a model error, exit 1) or classifies it
   // without the refused request's size.
-  std::int64_t peak32 = 0;
+  std::int64_t peak12 = 0;
   {
     TrialRunner runner(specFor(package("convbn_tiny")), limit(kUnlimited));
-    peak32 = runner.run({32, 1, {}}).peak_bytes;
+    peak12 = runner.run({12, 1, {}}).peak_bytes;
   }
-  TrialRunner runner(specFor(package("convbn_tiny")), limit(peak32 / 2));
-  const TrialResult r = runner.run({32, 1, {}});
+  TrialRunner runner(specFor(package("convbn_tiny")), limit(peak12 * 3 / 4));
+  const TrialResult r = runner.run({12, 1, {}});
   ASSERT_EQ(r.outcome, TrialOutcome::kOutOfMemory) << r.reason;
   EXPECT_EQ(r.failed_phase, "forward-backward");
   EXPECT_GT(r.failed_request_bytes, 0);
@@ -137,6 +138,23 @@ TEST(Pt2RunnerTest, GradientsOfTwoMicroBatchesAccumulate) {
   ASSERT_EQ(two.outcome, TrialOutcome::kFits);
   EXPECT_LE(two.peak_bytes, one.peak_bytes + grads + 1024);
   EXPECT_EQ(four.peak_bytes, two.peak_bytes);  // N >= 2 peaks like 2
+}
+
+TEST(Pt2RunnerTest, BatchesOutsideTheCompiledRangeAreASizeLimit) {
+  // narrow_range: mlp_tiny whose batch_range.json says 2..8. Inductor's guards leave such ranges
+  // (ResNet-18 exported at batch 2: 2..4), and outside them the package computes wrong values
+  // (7% off in ResNet-18's gradients at 32). Catches a runner that runs such a batch anyway.
+  TrialRunner runner(specFor(package("narrow_range")), limit(kUnlimited));
+  EXPECT_EQ(runner.run({1, 1, {}}).outcome, TrialOutcome::kFits);  // torch.export's own low of 2
+  EXPECT_EQ(runner.run({8, 1, {}}).outcome, TrialOutcome::kFits);
+  const TrialResult nine = runner.run({9, 1, {}});
+  EXPECT_EQ(nine.outcome, TrialOutcome::kSizeLimit);
+  EXPECT_NE(nine.reason.find("compiled for micro-batches 1 to 8"), std::string::npos)
+      << nine.reason;
+  EXPECT_EQ(nine.steps_completed, 0);
+  const MaxBatchResult search = findMaxBatch(runner, SearchOptions{});
+  EXPECT_EQ(search.search.max_micro_batch, 8);
+  EXPECT_EQ(search.search.capped_by, "size-limit");
 }
 
 // ---- The CLI ----
@@ -185,7 +203,7 @@ TEST(Pt2CliTest, ASearchOnAPackageReportsItsFormatAndKeepsTheWrapperQuiet) {
   const std::filesystem::path json = testing::testDir("pt2") / "search.json";
   const CliRun run =
       runCli("search", "--model " + package("convbn_tiny") +
-                           " --device cpu --memory-limit 3MiB --json " + json.string());
+                           " --device cpu --memory-limit 1MiB --json " + json.string());
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const auto doc = nlohmann::json::parse(readFile(json));
   EXPECT_EQ(doc["model"]["format"], "pt2");
