@@ -244,7 +244,7 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
           (range.contains("high") && !range["high"].is_null() &&
            !range["high"].is_number_integer())) {
         fail(path, std::string("expected ") + kBatchRangeRecord +
-                       " as {\"low\": N, \"high\": M or null}; " + kAdvice);
+                       R"( as {"low": N, "high": M or null}; )" + kAdvice);
       }
       metadata_.batch_low = range["low"].get<std::int64_t>();
       if (range.contains("high") && range["high"].is_number_integer()) {
