@@ -875,8 +875,8 @@ struct TrialRunner::Impl {
   // to fit. It fits: the failure was out of memory. The error persists there: it is the model's or
   // the install's, and `error` leaves unchanged (exit 1). Nothing fitted yet: out of memory (the
   // failing batch is then the smallest tried; "nothing fits" names the message).
-  void classifyByEvidence(const TrialRequest& request, FailureClass& failure,
-                          std::exception_ptr& error, TrialResult& result) {
+  void classifyByEvidence(const TrialRequest& request, bool process_limit_near,
+                          FailureClass& failure, std::exception_ptr& error, TrialResult& result) {
     if (largest_fit_batch == 0 || classifying) {
       if (classifying) return;  // the outer trial decides; `error` leaves the re-run unchanged
       failure.kind = FailureKind::kOutOfMemory;
@@ -891,14 +891,30 @@ struct TrialRunner::Impl {
     classifying = true;
     TrialResult rerun;
     bool persisted = false;
+    bool inconclusive = false;
     try {
       rerun = runOnce(again);
       persisted =
           rerun.outcome != TrialOutcome::kFits && rerun.outcome != TrialOutcome::kOutOfMemory;
     } catch (const std::exception&) {
-      persisted = true;
+      // Near a process limit (RLIMIT_DATA, a cgroup), a re-run that fails with a sign of
+      // exhaustion again (oneDNN "could not create a primitive" after the process's heap grew
+      // past where the batch fit before) says memory is tight, not that the model is broken:
+      // that batch fit before. Without a process limit near, it persists: the model's error.
+      const FailureClass again_class = classifyException(std::current_exception(), {true, true});
+      inconclusive = process_limit_near && (again_class.kind == FailureKind::kOutOfMemory ||
+                                            again_class.kind == FailureKind::kPossibleOutOfMemory);
+      persisted = !inconclusive;
     }
     classifying = false;
+    if (inconclusive) {
+      failure.kind = FailureKind::kOutOfMemory;
+      failure.reason += " (taken as out of memory: the re-run at batch " +
+                        std::to_string(largest_fit_batch) +
+                        ", which fit before, failed the same way; memory is tight)";
+      error = nullptr;
+      return;
+    }
     if (persisted) {
       spdlog::warn(
           "batch {} failed with \"{}\", and the re-run at batch {}, which fit before, failed "
@@ -1016,11 +1032,13 @@ struct TrialRunner::Impl {
       }
     }
     FailureClass failure;
+    bool near_process_limit = false;
     if (error && !poisoned) {
       const FailureClass loose = classifyException(error, {true, true});
       FailureContext context;
       context.process_limit_near =
           backend->processLimitNear(peaks.peak_bytes, loose.failed_request_bytes);
+      near_process_limit = context.process_limit_near;
       context.after_larger_oom = !mixed && last_oom_batch > batch;
       failure = classifyException(error, context);
       if (failure.kind == FailureKind::kOutOfMemory || failure.kind == FailureKind::kSizeLimit) {
@@ -1032,7 +1050,7 @@ struct TrialRunner::Impl {
     rng_guard.reset();
     torch::jit::setGraphExecutorOptimize(saved_optimize);
     if (error && !poisoned && failure.kind == FailureKind::kPossibleOutOfMemory) {
-      classifyByEvidence(request, failure, error, result);
+      classifyByEvidence(request, near_process_limit, failure, error, result);
     }
     if (error) {
       if (!mixed) last_oom_batch = 0;
