@@ -900,10 +900,14 @@ struct TrialRunner::Impl {
       // Near a process limit (RLIMIT_DATA, a cgroup), a re-run that fails with a sign of
       // exhaustion again (oneDNN "could not create a primitive" after the process's heap grew
       // past where the batch fit before) says memory is tight, not that the model is broken:
-      // that batch fit before. Without a process limit near, it persists: the model's error.
+      // that batch fit before. "Near": this trial came near the limit, or a process limit is set
+      // and this runner has already run out of memory (the search is at the boundary). Otherwise
+      // it persists: the model's error.
       const FailureClass again_class = classifyException(std::current_exception(), {true, true});
-      inconclusive = process_limit_near && (again_class.kind == FailureKind::kOutOfMemory ||
-                                            again_class.kind == FailureKind::kPossibleOutOfMemory);
+      const bool at_the_boundary =
+          process_limit_near || (last_oom_batch > 0 && backend->processLimitNear(0, 1));
+      inconclusive = at_the_boundary && (again_class.kind == FailureKind::kOutOfMemory ||
+                                         again_class.kind == FailureKind::kPossibleOutOfMemory);
       persisted = !inconclusive;
     }
     classifying = false;

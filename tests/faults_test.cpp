@@ -4,6 +4,7 @@
 // Every search here must end with memory back to its baseline and a result that re-checks.
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -362,6 +363,10 @@ TEST(FaultTest, CallersModuleIsUnchangedAfterFindMaxBatch) {
 TEST(FaultChildTest, SearchUnderRlimitDataWithOneDnn) {
   if (std::getenv("AUTOBATCH_FAULT_CHILD") == nullptr) GTEST_SKIP() << "run by the parent test";
   ASSERT_TRUE(at::globalContext().userEnabledMkldnn());
+  // One malloc arena: each thread's arena reserves up to 64 MiB of address space that RLIMIT_DATA
+  // counts, and how many threads made one depends on scheduling (under ctest -j2 the search then
+  // failed to check 3/4 of its own maximum, and even half of it, after the search).
+  ASSERT_EQ(mallopt(M_ARENA_MAX, 1), 1);
   ASSERT_TRUE(testing::capDataSegment(std::int64_t{384} << 20));
   auto m = testing::plainConvNet(32);
   TrainingSpec spec;
