@@ -34,8 +34,10 @@ inline bool capDataSegment(std::int64_t headroom_bytes) {
 /// In the parent: runs this test binary again with `env_name`=`env_value` and only test
 /// `test_name`, and expects that one test to run and pass (a filter that matches nothing would
 /// also exit 0) and the child to exit by itself (not killed, e.g. by a cgroup's OOM killer).
+/// `output`, when given, receives what the child printed.
 inline void expectChildPasses(const std::string& env_name, const std::string& test_name,
-                              const std::string& env_value = "1") {
+                              const std::string& env_value = "1",
+                              std::string* output_out = nullptr) {
   std::array<char, 4096> self{};
   const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
   ASSERT_GT(n, 0);
@@ -50,6 +52,7 @@ inline void expectChildPasses(const std::string& env_name, const std::string& te
   }
   const int status = pclose(pipe);
   std::cout << output;
+  if (output_out != nullptr) *output_out = output;
   ASSERT_TRUE(WIFEXITED(status)) << command << ": killed by signal "
                                  << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   EXPECT_EQ(WEXITSTATUS(status), 0)
