@@ -230,6 +230,40 @@ def _unguarded_acc_helper():
     return mock.patch.object(CppKernel, "need_use_acc_helper", need_use_acc_helper)
 
 
+def _hinted_conv_backend():
+    """A patch for the fake convolution of torch 2.11 (torch/_subclasses/fake_impls.py, conv): it
+    asks ATen which convolution backend a real call would take (torch._C._select_conv_backend) to
+    give the fake output that backend's memory format, and ATen's choice compares the batch with
+    16 (ATen/native/Convolution.cpp, ConvParams::use_nnpack and use_mkldnn: "input.size(0) >=
+    16"). On a symbolic batch that comparison is a guard ("s0 < 16" in TORCH_LOGS=dynamic), and
+    the compiled ResNet-18 ran batches 2 to 15 only. Here the question is asked of a
+    tensor with the example's sizes instead: the answer (the memory format) is the same at every
+    batch for the contiguous fp32 CPU inputs this format supports, and no guard is added.
+    Returns a context manager (a no-op when the function is not there any more)."""
+    import contextlib
+    from unittest import mock
+
+    original = getattr(torch._C, "_select_conv_backend", None)
+    if original is None:
+        return contextlib.nullcontext()
+
+    def concrete(value):
+        if not isinstance(value, torch.Tensor) or not any(
+                isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride())):
+            return value
+        from torch.fx.experimental.symbolic_shapes import size_hint
+        return torch.empty_strided([size_hint(s) for s in value.shape],
+                                   [size_hint(s) for s in value.stride()],
+                                   dtype=value.dtype, device=value.device)
+
+    def select_conv_backend(*args, **kwargs):
+        args = tuple(concrete(a) for a in args)
+        kwargs = {k: concrete(v) for k, v in kwargs.items()}
+        return original(*args, **kwargs)
+
+    return mock.patch.object(torch._C, "_select_conv_backend", select_conv_backend)
+
+
 def batch_range(package_path: str):
     """The batch sizes the compiled package accepts: (low, high or None), read from the input
     checks AOTInductor writes into its wrapper ("dim value is too small at 0, expected it to be >=
@@ -276,7 +310,8 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
     dynamic = (tuple({0: batch} for _ in args),)  # forward(*args): one entry holding all
     wrapped = _WithLoss(model, loss, len(example_inputs)).train()
     try:
-        joint, gradients = export_joint(wrapped, args, dynamic)
+        with _hinted_conv_backend():
+            joint, gradients = export_joint(wrapped, args, dynamic)
     except Exception as error:  # torch.export raises many kinds; all mean "does not export"
         raise ValueError(
             f"the model does not export with torch.export ({type(error).__name__}: "
@@ -295,7 +330,7 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
         "precision": "fp32",
     })
     text = json.dumps(meta)
-    with _unguarded_acc_helper():
+    with _unguarded_acc_helper(), _hinted_conv_backend():
         package = torch._inductor.aoti_compile_and_package(
             joint, package_path=path,
             inductor_configs={"aot_inductor.metadata": {PT2_METADATA_KEY: text},

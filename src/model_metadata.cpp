@@ -187,7 +187,9 @@ std::pair<std::vector<InputSpec>, LossKind> resolveInputs(
 void checkModelFile(const std::string& path) {
   namespace fs = std::filesystem;
   const std::string what =
-      "model file '" + path + "': expected a TorchScript archive (torch.jit.save)";
+      "model file '" + path +
+      "': expected a TorchScript archive (torch.jit.save) or a pt2 training-step package "
+      "(scripts/autobatch_export.py --format pt2)";
   std::error_code ec;
   const auto status = fs::status(path, ec);
   if (ec || !fs::exists(status)) throw Error(what + ", but it does not exist");
@@ -202,8 +204,10 @@ void checkModelFile(const std::string& path) {
   const auto got = in.gcount();
   if (got == 0) throw Error(what + ", but it is empty (0 bytes)");
   if (got < 4 || magic != std::array<char, 4>{'P', 'K', '\3', '\4'}) {
-    throw Error(what + ", but it is not a zip archive (a TorchScript archive starts with 'PK'); " +
-                std::string(kExportAdvice));
+    throw Error(
+        what +
+        ", but it is not a zip archive (both formats are zip archives, starting with 'PK'); " +
+        std::string(kExportAdvice));
   }
 }
 

@@ -62,16 +62,15 @@ std::pair<std::vector<InputSpec>, LossKind> resolveInputs(
 
 /// How to turn a PyTorch model into what autobatch loads; appended to model-file errors.
 inline constexpr std::string_view kExportAdvice =
-    "autobatch needs a TorchScript archive: export it with torch.jit.script(model).save(path) (or "
-    "torch.jit.trace(model, example_inputs).save(path)), or with scripts/autobatch_export.py, "
-    "which "
-    "also stores the input specs; a torch.save(model) or torch.save(model.state_dict()) file is "
-    "not TorchScript";
+    "autobatch reads a TorchScript archive or a pt2 training-step package: export with "
+    "torch.jit.script(model).save(path) (or torch.jit.trace(model, example_inputs).save(path)), "
+    "or with scripts/autobatch_export.py, which also stores the input specs (--format pt2 for a "
+    "package); a torch.save(model) or torch.save(model.state_dict()) file is neither";
 
-/// Checks that `path` can be a TorchScript archive before LibTorch reads it: it exists, is a
-/// regular file, is readable, is not empty, and starts with a zip signature ("PK\3\4"), as every
-/// torch.jit.save archive does. Throws: autobatch::Error naming the path, what was expected, what
-/// was found and how to export a model (kExportAdvice where it applies).
+/// Checks that `path` can be a model file before LibTorch reads it: it exists, is a regular file,
+/// is readable, is not empty, and starts with a zip signature ("PK\3\4"), as every torch.jit.save
+/// archive and every pt2 package does. Throws: autobatch::Error naming the path, what was expected,
+/// what was found and how to export a model (kExportAdvice where it applies).
 void checkModelFile(const std::string& path);
 
 }  // namespace autobatch

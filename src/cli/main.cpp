@@ -122,7 +122,8 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   spec.model_path = args.count("model") != 0U ? flag(args, "model") : "";
   if (spec.model_path.empty()) {
     throw Error(
-        "--model: expected the path of a TorchScript archive (torch.jit.save), but got none");
+        "--model: expected the path of a TorchScript archive (torch.jit.save) or a pt2 package "
+        "(scripts/autobatch_export.py --format pt2), but got none");
   }
   if (args.count("lengths") != 0U) cli.lengths = autobatch::parseLengths(flag(args, "lengths"));
   bool placeholder = false;
@@ -289,13 +290,15 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
 cxxopts::Options makeOptions() {
   cxxopts::Options options(
       "autobatch",
-      "Finds the largest micro-batch a TorchScript model can train with on this device, by "
+      "Finds the largest micro-batch a model (TorchScript archive or pt2 training-step package) "
+      "can train with on this device, by "
       "running real training steps, and plans gradient accumulation for a target batch.\n"
       "Example: autobatch --model net.pt --target-batch 512");
   auto text = [] { return cxxopts::value<std::string>(); };
   // clang-format off
   options.add_options("Model")
-    ("m,model", "TorchScript archive (torch.jit.save; see scripts/autobatch_export.py)", text(), "PATH")
+    ("m,model", "TorchScript archive (torch.jit.save) or pt2 package (--format pt2); see "
+                "scripts/autobatch_export.py and docs/formats.md", text(), "PATH")
     ("i,input", "One sample of a forward argument, e.g. 3x224x224 or int64:256:<32000 (repeat or "
                 "comma-separate, one per argument; see docs/inputs.md). Default: the archive's",
      cxxopts::value<std::vector<std::string>>(), "SPEC")

@@ -185,6 +185,49 @@ def test_wide_mean_stays_dynamic(workdir: str) -> None:
               f"wide mean: B={batch} loss and gradients vs eager, max abs diff {worst:.2e}")
 
 
+class ConvBn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.c2 = torch.nn.Conv2d(8, 8, 1)  # 1x1, stride 1: where ATen's backend choice reads the batch
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.c1(x)))
+        return self.fc(torch.relu(self.c2(x)).mean(dim=(2, 3)))
+
+
+def test_conv_stays_dynamic(workdir: str) -> None:
+    """A conv net with BatchNorm exported at batch 2, run at 1, 2 and 20. The fake convolution of
+    torch 2.11 asks ATen for the conv backend, which compares the batch with 16: without
+    autobatch_export's patch the package accepted batches 2..15 only (ResNet-18 likewise).
+    Catches that guard coming back (the range check) and a patch that changes what the
+    convolutions compute (the gradients above 16, against eager in float64)."""
+    torch.manual_seed(0)
+    model = ConvBn()
+    reference = ConvBn().double()
+    reference.load_state_dict(model.state_dict())
+    path = os.path.join(workdir, "convbn.pt2")
+    meta = json.loads(ab.export_pt2(model, path, (torch.randn(2, 3, 8, 8),), loss="cross-entropy"))
+    low, high = ab.batch_range(path)
+    check(low <= 2 and high is None, f"conv: batch range {low}..{high or 'any'}")
+    compiled, _, _ = load(path)
+    for batch in (1, 2, 20):
+        x = torch.randn(batch, 3, 8, 8)
+        y = torch.randint(0, 4, (batch,))
+        outputs = compiled.run([x, y])
+        loss, grads = eager_grads(reference, (x.double(),), "cross-entropy", (y,))
+        # Relative to each gradient's largest element, floored at 1e-3 of the largest of all:
+        # c1's bias feeds BatchNorm, so its true gradient is 0 and fp32 leaves rounding noise.
+        floor = 1e-3 * max(g.abs().max().item() for g in grads.values())
+        worst = max(((g.double() - grads[n[len("model."):]]).abs().max().item() /
+                     max(grads[n[len("model."):]].abs().max().item(), floor))
+                    for n, g in zip(meta["gradients"], outputs[1:]))
+        check(abs(outputs[0].item() - loss.item()) <= 1e-5 and worst <= 1e-4,
+              f"conv: B={batch} loss and gradients vs eager float64, worst relative diff {worst:.2e}")
+
+
 def test_does_not_export(workdir: str) -> None:
     try:
         ab.export_pt2(DataDependent(), os.path.join(workdir, "bad.pt2"), (torch.randn(2, 4),))
@@ -203,6 +246,7 @@ def main() -> int:
     test_mlp(workdir)
     test_tied(workdir)
     test_wide_mean_stays_dynamic(workdir)
+    test_conv_stays_dynamic(workdir)
     test_does_not_export(workdir)
     print(f"{len(FAILURES)} failure(s)")
     return 1 if FAILURES else 0
