@@ -1,6 +1,7 @@
 // The pt2 model format (pt2_package.h, docs/formats.md).
 #include "pt2_package.h"
 
+#include <ATen/ops/empty.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -10,11 +11,13 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string_view>
 #include <unordered_map>
 
 #include "autobatch/error.h"
@@ -27,6 +30,9 @@ using nlohmann::json;
 constexpr const char* kMetadataKey = "autobatch";
 constexpr const char* kWeightsRecord = "data/autobatch/weights.pt";
 constexpr const char* kBatchRangeRecord = "data/autobatch/batch_range.json";
+// The accumulating model's gradient buffers: this prefix, then the stored parameter's name
+// (scripts/autobatch_export.py, PT2_GRAD_PREFIX).
+constexpr std::string_view kGradPrefix = "autobatch_grad.";
 constexpr const char* kAdvice =
     "export the model with scripts/autobatch_export.py --format pt2 (or use the TorchScript "
     "format)";
@@ -193,6 +199,7 @@ Pt2Metadata readPt2Metadata(const std::string& path) {
   }
   m.torch_version = stringField(doc, "torch");
   m.precision = stringField(doc, "precision");
+  m.accumulate_model = stringField(doc, "accumulate_model");
   const auto isa = raw.find("AOTI_CPU_ISA");
   if (isa != raw.end()) m.cpu_isa = isa->second;
   if (m.torch_version != torchVersion()) {
@@ -302,6 +309,86 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
   }
   loader_->load_constants(constants, /*use_inactive=*/false, /*check_full_update=*/true,
                           /*user_managed=*/true);
+  if (metadata_.accumulate_model.empty()) return;
+  // The same step, adding each gradient into a buffer: the weights now, the buffers (the
+  // parameters' .grad tensors) at every call.
+  accumulate_loader_ =
+      std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, metadata_.accumulate_model);
+  std::unordered_map<std::string, at::Tensor> weights;
+  for (const auto& name : accumulate_loader_->get_constant_fqns()) {
+    if (name.starts_with(kGradPrefix)) {
+      const auto it = index.find(name.substr(kGradPrefix.size()));
+      if (it == index.end()) {
+        fail(path, "expected the accumulating model's buffer \"" + name +
+                       "\" to name a stored parameter; " + kAdvice);
+      }
+      // A slot: a tensor laid out as the parameter whose storage owns nothing; each call points
+      // it at the parameter's .grad and loads it again. LibTorch 2.11's AOTI runtime keeps an
+      // alias of every user-managed tensor it is given and never frees it
+      // (aoti_runtime/utils.h, MaybeOwningAtenTensorHandle), and reads a constant's data pointer
+      // when it is loaded (ConstantHandle): given the .grad tensors themselves, their memory
+      // would stay held after every trial. Given a slot, what stays is the alias of the slot
+      // (one at::Tensor of 8 bytes per parameter and call, outside the budget).
+      const at::Tensor& parameter = parameters_[it->second];
+      c10::Storage storage(c10::Storage::use_byte_size_t(), parameter.nbytes(),
+                           c10::DataPtr(parameter.data_ptr(), parameter.device()),
+                           /*allocator=*/nullptr, /*resizable=*/false);
+      at::Tensor slot = at::empty({0}, parameter.options().requires_grad(false))
+                            .set_(storage, 0, parameter.sizes(), parameter.strides());
+      weights[name] = slot;
+      accumulate_into_.push_back({name, it->second, storage, slot});
+      continue;
+    }
+    const auto it = stored.find(stored_name(name));
+    if (it == stored.end()) {
+      fail(path, "expected a stored tensor for the accumulating model's constant \"" + name +
+                     "\", but there is none; " + kAdvice);
+    }
+    weights[name] = it->second;
+  }
+  if (accumulate_into_.size() != parameters_.size()) {
+    fail(path, "expected one gradient buffer per parameter in the accumulating model (" +
+                   std::to_string(parameters_.size()) + "), but it has " +
+                   std::to_string(accumulate_into_.size()) + "; " + kAdvice);
+  }
+  accumulate_loader_->load_constants(weights, /*use_inactive=*/false,
+                                     /*check_full_update=*/true, /*user_managed=*/true);
+  for (auto& slot : accumulate_into_) pointSlot(slot.storage, nullptr);
+}
+
+bool Pt2Package::canAccumulate() const {
+  if (!accumulate_loader_) return false;
+  // The compiled code writes the buffer as laid out at export: the parameter's layout.
+  return std::ranges::all_of(parameters_, [](const at::Tensor& parameter) {
+    const at::Tensor& grad = parameter.grad();
+    return grad.defined() && grad.sizes() == parameter.sizes() &&
+           grad.strides() == parameter.strides() && grad.scalar_type() == parameter.scalar_type() &&
+           grad.device() == parameter.device();
+  });
+}
+
+at::Tensor Pt2Package::runAccumulating(const std::vector<at::Tensor>& inputs) {
+  std::unordered_map<std::string, at::Tensor> pointed;
+  for (auto& slot : accumulate_into_) {
+    pointSlot(slot.storage, parameters_[slot.parameter].grad().data_ptr());
+    pointed[slot.name] = slot.tensor;
+  }
+  // Pointed back at nothing however the call ends: a slot left on a freed .grad would be written
+  // by a later call that forgot to point it.
+  const std::unique_ptr<std::vector<Slot>, void (*)(std::vector<Slot>*)> unpoint(
+      &accumulate_into_, [](std::vector<Slot>* slots) {
+        for (auto& slot : *slots) pointSlot(slot.storage, nullptr);
+      });
+  accumulate_loader_->load_constants(pointed, /*use_inactive=*/false,
+                                     /*check_full_update=*/false, /*user_managed=*/true);
+  std::vector<at::Tensor> outputs = call(*accumulate_loader_, inputs);
+  if (outputs.size() != 1) {
+    throw Error(
+        "model package: expected the loss alone from the accumulating model's call, but "
+        "got " +
+        std::to_string(outputs.size()) + " outputs");
+  }
+  return outputs[0];
 }
 
 Pt2Package::~Pt2Package() = default;
@@ -317,11 +404,20 @@ std::string Pt2Package::batchOutOfRange(std::int64_t batch) const {
          std::to_string(batch) + "; export at an example batch near the sizes to search";
 }
 
+void Pt2Package::pointSlot(c10::Storage& storage, void* data) {
+  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(data, storage.device()));
+}
+
 std::vector<at::Tensor> Pt2Package::run(const std::vector<at::Tensor>& inputs) {
+  return call(*loader_, inputs);
+}
+
+std::vector<at::Tensor> Pt2Package::call(torch::inductor::AOTIModelPackageLoader& loader,
+                                         const std::vector<at::Tensor>& inputs) {
   StderrCapture capture;
   std::vector<at::Tensor> outputs;
   try {
-    outputs = loader_->run(inputs);
+    outputs = loader.run(inputs);
   } catch (...) {
     const std::string text = capture.finish();
     if (!text.empty()) spdlog::debug("package call wrote to stderr:\n{}", text);

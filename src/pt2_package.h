@@ -10,6 +10,7 @@
 #pragma once
 
 #include <ATen/Tensor.h>
+#include <c10/core/Storage.h>
 
 #include <cstdint>
 #include <memory>
@@ -40,6 +41,9 @@ struct Pt2Metadata {
   std::string torch_version;  ///< e.g. "2.11.0"
   std::string precision;      ///< "fp32"
   std::string cpu_isa;        ///< AOTInductor's AOTI_CPU_ISA, e.g. "AVX512 AVX512_VNNI"; "" unknown
+  /// The package's second model, the same step adding each gradient into a buffer
+  /// ("autobatch_grad.<parameter>") instead of returning it; "" in packages without one.
+  std::string accumulate_model;
   /// The batch sizes the compiled code is valid for (data/autobatch/batch_range.json: what
   /// Inductor's guards left of Dim("B"); the package computes wrong values outside it). A low of 2
   /// is torch.export's own bound and batch 1 runs; batch_high 0: no upper bound.
@@ -89,9 +93,33 @@ class Pt2Package {
   /// LibTorch's loader does (an allocation refused inside the call is a plain error there).
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
 
+  /// True when the package has an accumulating model and every parameter's gradient is defined
+  /// with the parameter's sizes, strides, dtype and device (the layout the compiled code writes).
+  bool canAccumulate() const;
+  /// One forward-backward that adds each gradient into its parameter's .grad inside the call, as
+  /// an eager backward does (no second set of gradients held at the end of the call). Requires
+  /// canAccumulate(). Returns the loss. Side effects: the .grad tensors and the BatchNorm buffers
+  /// are updated in place. Throws as run() does.
+  at::Tensor runAccumulating(const std::vector<at::Tensor>& inputs);
+
  private:
+  static std::vector<at::Tensor> call(torch::inductor::AOTIModelPackageLoader& loader,
+                                      const std::vector<at::Tensor>& inputs);
+
   Pt2Metadata metadata_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> accumulate_loader_;
+  /// The accumulating model's gradient buffers: the constant's name, the parameter (index in
+  /// parameters_), and the tensor given for it, whose storage points at that parameter's .grad
+  /// during a call only.
+  struct Slot {
+    std::string name;
+    std::size_t parameter = 0;
+    c10::Storage storage;
+    at::Tensor tensor;
+  };
+  std::vector<Slot> accumulate_into_;
+  static void pointSlot(c10::Storage& storage, void* data);
   std::vector<at::Tensor> parameters_;
   std::vector<at::Tensor> buffers_;
   std::vector<std::size_t> gradient_owners_;

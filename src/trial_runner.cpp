@@ -726,9 +726,11 @@ struct TrialRunner::Impl {
     loss_value.backward();
   }
 
-  // One micro-batch of a package: its inputs and targets, then one call that returns the loss and
-  // the gradients. The first micro-batch's gradients become the parameters' (no copy, as
-  // autograd's first accumulation); later ones, and a tied copy's, are added in and freed at once.
+  // One micro-batch of a package: its inputs and targets, then one call. Without gradients yet, the
+  // call returns the loss and the gradients, which become the parameters' (no copy, as autograd's
+  // first accumulation; a tied copy's is added in and freed at once). With gradients there, the
+  // package's accumulating model adds into them inside the call (a package without one: the
+  // returned gradients are added in and freed at once).
   // An allocation refused inside the call comes back as a plain error from the loader: the budget
   // allocator's count of refusals tells it was out of memory, and its message is rethrown as the
   // OutOfMemoryError it was.
@@ -743,8 +745,15 @@ struct TrialRunner::Impl {
     enter(detail::TrialPhase::kForwardBackward);
     std::vector<at::Tensor> outputs;
     const std::uint64_t refusals_before = detail::budgetRefusals().first;
+    // Gradients already there (a later micro-batch, or zero_grad to zeros): the accumulating
+    // model adds into them inside the call, as an eager backward does.
+    const bool accumulate = package->canAccumulate();
     try {
-      outputs = package->run(args);
+      if (accumulate) {
+        package->runAccumulating(args);
+      } else {
+        outputs = package->run(args);
+      }
     } catch (const c10::OutOfMemoryError&) {
       throw;
     } catch (const std::exception& e) {
@@ -756,6 +765,7 @@ struct TrialRunner::Impl {
       throw;
     }
     args.clear();
+    if (accumulate) return;
     const auto& owners = package->gradientOwners();
     if (outputs.size() != owners.size() + 1) {
       throw Error("model package '" + spec.model_path + "': expected the loss and " +

@@ -3,6 +3,8 @@
 // the environment root) and listed in AUTOBATCH_PT2_LIST as "name path" lines.
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <fstream>
 #include <map>
@@ -13,6 +15,7 @@
 #include "autobatch/error.h"
 #include "autobatch/trial_runner.h"
 #include "cli_run.h"
+#include "pt2_package.h"
 
 namespace autobatch {
 namespace {
@@ -61,9 +64,10 @@ const PhasePeak* phase(const TrialResult& r, const std::string& name) {
 
 TEST(Pt2RunnerTest, APackageTrainsAtAnyBatchFromItsOwnMetadata) {
   // convbn_tiny: conv-BN-ReLU-conv-ReLU-pool-fc, 3x16x16, cross-entropy, exported at batch 2
-  // (compiled range 2..15: Inductor guards the batch against 16 when it picks a conv backend).
-  // Catches a batch dimension frozen at export (batch 1 and 12 would fail), inputs or loss not
-  // taken from the package, and a trial that leaves tensors behind.
+  // (compiled for every batch: without autobatch_export's _hinted_conv_backend it ran 2..15).
+  // Catches a batch dimension frozen at export (batch 1, 12 and 40 would fail; 40 also a range
+  // narrowed by the conv guard), inputs or loss not taken from the package, and a trial that
+  // leaves tensors behind.
   TrialRunner runner(specFor(package("convbn_tiny")), limit(kUnlimited));
   EXPECT_EQ(runner.modelFormat(), "pt2");
   ASSERT_EQ(runner.inputs().size(), 1U);
@@ -72,7 +76,7 @@ TEST(Pt2RunnerTest, APackageTrainsAtAnyBatchFromItsOwnMetadata) {
   // conv 16x3x3x3+16, BN 16+16, conv 16x16x3x3+16, fc 10x16+10 parameters, fp32.
   EXPECT_EQ(runner.parameterBytes(), (432 + 16 + 32 + 2304 + 16 + 160 + 10) * 4);
   std::int64_t previous = 0;
-  for (const std::int64_t batch : {1, 4, 12}) {
+  for (const std::int64_t batch : {1, 4, 12, 40}) {
     const TrialResult r = runner.run({batch, 1, {}});
     ASSERT_EQ(r.outcome, TrialOutcome::kFits) << batch << ": " << r.reason;
     EXPECT_EQ(r.steps_completed, 2);
@@ -85,6 +89,60 @@ TEST(Pt2RunnerTest, APackageTrainsAtAnyBatchFromItsOwnMetadata) {
   }
   // Same trial twice: same peak (weights and running stats restored in between).
   EXPECT_EQ(runner.run({4, 1, {}}).peak_bytes, runner.run({4, 1, {}}).peak_bytes);
+}
+
+// The gradients each parameter of `p` gets from one plain call (tied copies summed).
+std::vector<at::Tensor> plainGradients(detail::Pt2Package& p, const std::vector<at::Tensor>& in) {
+  std::vector<at::Tensor> outputs = p.run(in);
+  std::vector<at::Tensor> grads(p.parameters().size());
+  for (std::size_t i = 0; i < p.gradientOwners().size(); ++i) {
+    at::Tensor& g = grads[p.gradientOwners()[i]];
+    g = g.defined() ? g + outputs[i + 1] : outputs[i + 1];
+  }
+  return grads;
+}
+
+TEST(Pt2PackageTest, TheAccumulatingModelAddsIntoTheGradientsAndHoldsNoneOfThem) {
+  // The package's second model adds each gradient into the parameter's .grad inside the call (an
+  // eager backward's accumulation). Catches: a call that writes the gradients elsewhere or
+  // overwrites instead of adding (the sums differ), a tied group's second copy lost (tied_lm_tiny),
+  // the slots left pointing at the .grad tensors or the tensors given to LibTorch's loader
+  // directly (their storage is then held by the loader: use_count above 1), and accumulation
+  // tried without gradients to add into.
+  for (const std::string name : {"mlp_tiny", "tied_lm_tiny"}) {
+    SCOPED_TRACE(name);
+    detail::Pt2Package p(package(name));
+    ASSERT_FALSE(p.metadata().accumulate_model.empty());
+    EXPECT_FALSE(p.canAccumulate());  // no gradients yet
+    at::manual_seed(0);
+    const auto inputs = [&](std::int64_t batch) {
+      std::vector<at::Tensor> in;
+      if (name == "mlp_tiny") {
+        in = {at::randn({batch, 8}), at::randint(0, 4, {batch}, at::kLong)};
+      } else {
+        in = {at::randint(0, 64, {batch, 8}, at::kLong), at::randint(0, 64, {batch, 8}, at::kLong)};
+      }
+      return in;
+    };
+    const std::vector<at::Tensor> first = inputs(3);
+    const std::vector<at::Tensor> second = inputs(5);
+    const std::vector<at::Tensor> g1 = plainGradients(p, first);
+    const std::vector<at::Tensor> g2 = plainGradients(p, second);
+    for (std::size_t i = 0; i < g1.size(); ++i) p.parameters()[i].mutable_grad() = g1[i].clone();
+    ASSERT_TRUE(p.canAccumulate());
+    const at::Tensor loss = p.runAccumulating(second);
+    EXPECT_EQ(loss.numel(), 1);
+    for (std::size_t i = 0; i < g1.size(); ++i) {
+      const at::Tensor& grad = p.parameters()[i].grad();
+      EXPECT_TRUE(at::allclose(grad, g1[i] + g2[i], 1e-5, 1e-6)) << "parameter " << i;
+      EXPECT_EQ(grad.use_count(), 1) << "parameter " << i;
+      EXPECT_EQ(grad.storage().use_count(), 1) << "parameter " << i;
+    }
+    // A gradient not laid out as its parameter is never written by the compiled code.
+    p.parameters()[0].mutable_grad() = g1[0].t().contiguous().t();
+    EXPECT_EQ(p.canAccumulate(), g1[0].dim() < 2);
+    for (const auto& parameter : p.parameters()) parameter.mutable_grad() = at::Tensor();
+  }
 }
 
 TEST(Pt2RunnerTest, OutOfMemoryInsideThePackageIsOutOfMemoryAndRecovers) {
@@ -135,9 +193,26 @@ TEST(Pt2RunnerTest, GradientsOfTwoMicroBatchesAccumulate) {
   const TrialResult one = runner.run({64, 1, {}});
   const TrialResult two = runner.run({64, 2, {}});
   const TrialResult four = runner.run({64, 4, {}});
+
   ASSERT_EQ(two.outcome, TrialOutcome::kFits);
   EXPECT_LE(two.peak_bytes, one.peak_bytes + grads + 1024);
   EXPECT_EQ(four.peak_bytes, two.peak_bytes);  // N >= 2 peaks like 2
+  // The second micro-batch runs the package's accumulating model, which adds each gradient into
+  // .grad as it is made: its call rises over the first's by less than a set of gradients. The
+  // plain call returns a whole second set at its end, while the first is held: measured +848
+  // bytes (= grads) at batch 1, against +512 accumulating. Catches the runner not taking the
+  // accumulating model.
+  const TrialResult small = runner.run({1, 2, {}});
+  const auto call_peak = [&](int micro_batch) {
+    for (const auto& p : small.phase_peaks) {
+      if (p.phase == "forward-backward" && p.micro_batch_index == micro_batch) {
+        return p.peak_allocated_bytes;
+      }
+    }
+    ADD_FAILURE() << "no forward-backward peak for micro-batch " << micro_batch;
+    return std::int64_t{0};
+  };
+  EXPECT_LT(call_peak(1) - call_peak(0), grads);
 }
 
 TEST(Pt2RunnerTest, BatchesOutsideTheCompiledRangeAreASizeLimit) {

@@ -10,7 +10,8 @@ head) and a model that does not export. Run by ctest (label cpu) with the projec
 Wrong implementations it catches: a package whose gradients are listed in another order than the
 metadata says (the comparison is by name), a batch dimension frozen at export (batch 1 would fail
 or be wrong), tied weights left shared (the export fails), a joint graph that lost its loss
-output, and an export error that does not name the TorchScript format.
+output, an accumulating model that does not add into the buffers it is given (or loses a tied
+copy's part), and an export error that does not name the TorchScript format.
 """
 
 from __future__ import annotations
@@ -96,6 +97,44 @@ def load(path: str):
     return compiled.loader, meta, state
 
 
+def load_accumulate(path: str, grads_into: dict):
+    """The package's accumulating model with its weights and, as its gradient buffers, the
+    tensors of ``grads_into`` (stored parameter name -> tensor; the call adds into them)."""
+    from torch._inductor.package import load_package
+
+    with zipfile.ZipFile(path) as archive:
+        folder = archive.namelist()[0].split("/")[0]
+        state = torch.load(io.BytesIO(archive.read(f"{folder}/{ab.PT2_WEIGHTS}")))
+    compiled = load_package(path, ab.PT2_ACCUMULATE_MODEL)
+    meta = json.loads(compiled.get_metadata()[ab.PT2_METADATA_KEY])
+    constants = dict(state)
+    for group in meta["tied"]:
+        for name in group[1:]:
+            constants[name] = state[group[0]]
+    for name, tensor in grads_into.items():
+        constants[ab.PT2_GRAD_PREFIX + name] = tensor
+    wanted = set(compiled.get_constant_fqns())
+    check(wanted <= set(constants), f"accumulate: every constant supplied: missing {sorted(wanted - set(constants))}")
+    compiled.load_constants({k: v for k, v in constants.items() if k in wanted},
+                            check_full_update=True, user_managed=True)
+    return compiled.loader
+
+
+def check_accumulates(path: str, reference, x, y, loss: str, what: str) -> None:
+    """Runs the accumulating model once into buffers that start at 0.5 and compares what it added
+    with eager's gradients. Catches a package whose second model returns the gradients instead of
+    adding them (the buffers stay 0.5), adds them twice, or loses one of a tied group's two."""
+    start = {"model." + n: torch.full_like(p, 0.5) for n, p in reference.named_parameters()}
+    buffers = {n: t.clone() for n, t in start.items()}
+    loader = load_accumulate(path, buffers)
+    outputs = loader.run([x, y] if y is not None else [x])
+    eager_loss, grads = eager_grads(reference, (x,), loss, (y,) if y is not None else ())
+    check(len(outputs) == 1 and torch.allclose(outputs[0], eager_loss, atol=1e-6),
+          f"{what}: the accumulating call returns the loss only ({len(outputs)} outputs)")
+    worst = max((buffers[n] - start[n] - grads[n[len("model."):]]).abs().max().item() for n in start)
+    check(worst <= 1e-5, f"{what}: the accumulating call added eager's gradients, max abs diff {worst:.2e}")
+
+
 def eager_grads(model, inputs, loss, targets):
     model.zero_grad(set_to_none=True)
     out = model(*inputs)
@@ -131,6 +170,8 @@ def test_mlp(workdir: str) -> None:
         for name, grad in zip(meta["gradients"], outputs[1:]):
             worst = max(worst, (grad - grads[name[len('model.'):]]).abs().max().item())
         check(worst <= 1e-5, f"B={batch}: gradients vs eager, max abs diff {worst:.2e}")
+    check(meta["accumulate_model"] == ab.PT2_ACCUMULATE_MODEL, "metadata names the accumulating model")
+    check_accumulates(path, reference, torch.randn(3, 8), torch.randint(0, 4, (3,)), "cross-entropy", "mlp")
 
 
 def test_tied(workdir: str) -> None:
@@ -152,6 +193,14 @@ def test_tied(workdir: str) -> None:
     diff = (summed - eager["emb.weight"]).abs().max().item()
     check(diff <= 1e-5, f"tied: summed gradients of the group vs eager's shared one, max abs diff {diff:.2e}")
     check(torch.equal(state["model.emb.weight"], reference.emb.weight.detach()), "tied: weights stored once, as given")
+    # One buffer for the group (its first name): two on one tensor would each add to the old value.
+    start = torch.full_like(reference.emb.weight, 0.5)
+    buffer = start.clone()
+    loader = load_accumulate(path, {"model.emb.weight": buffer, "model.mix.weight": torch.zeros_like(reference.mix.weight),
+                                    "model.mix.bias": torch.zeros_like(reference.mix.bias)})
+    loader.run([ids, y])
+    diff = (buffer - start - eager["emb.weight"]).abs().max().item()
+    check(diff <= 1e-5, f"tied: the accumulating call added the group's summed gradient into one buffer, max abs diff {diff:.2e}")
 
 
 def test_wide_mean_stays_dynamic(workdir: str) -> None:
