@@ -389,6 +389,13 @@ def batch_range(package_path: str):
     return low, high
 
 
+# c10::toString(ScalarType) of the dtypes a stored tensor may have ("" for others: unchecked).
+_C10_DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+                    torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
+                    torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+                    torch.bool: "Bool"}
+
+
 def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch.Tensor],
                loss: str = "mean", int_high: Optional[Dict[int, int]] = None) -> str:
     """Exports ``model`` with its loss as an AOTInductor package of one training step.
@@ -422,7 +429,9 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
             f"the model does not export with torch.export ({type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''}); export it in the TorchScript "
             f"format instead (--format torchscript)") from error
-    state = {k: v.detach().clone() for k, v in wrapped.state_dict(keep_vars=False).items()}
+    # Contiguous: the compiled code reads each constant in the layout it had at export.
+    state = {k: v.detach().contiguous().clone()
+             for k, v in wrapped.state_dict(keep_vars=False).items()}
     meta = dict(base)
     meta.update({
         "format": "pt2",
@@ -435,6 +444,10 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
         "precision": "fp32",
         # the second model: the same step, adding each gradient into a buffer the runner gives
         "accumulate_model": PT2_ACCUMULATE_MODEL,
+        # what the compiled code reads for each stored tensor: the runner checks weights.pt
+        # against it (a tensor of another shape would be read out of bounds)
+        "tensors": {k: {"shape": list(v.shape), "dtype": _C10_DTYPE_NAMES.get(v.dtype, "")}
+                    for k, v in state.items()},
     })
     text = json.dumps(meta)
     tied_names = [["model." + n for n in group] for group in tied]

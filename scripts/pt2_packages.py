@@ -11,6 +11,7 @@ key and reused (about 15-80 s each on 2 cores cold). Not run by bootstrap or the
 
 Names:
   mlp_tiny            Linear(8,16)-tanh-Linear(16,4), cross-entropy (the API test's model)
+  frozen_tiny         mlp_tiny with l1.weight frozen (requires_grad off: no gradient)
   convbn_tiny         conv-BN-ReLU-conv-ReLU-pool-fc at 3x16x16, cross-entropy (BatchNorm buffers)
   tied_lm_tiny        embedding 64x16 tied to the output head, T=8, cross-entropy
   resnet18_64         torchvision ResNet-18 at 3x64x64, cross-entropy
@@ -21,7 +22,9 @@ Names:
   other_torch, other_isa, other_machine   mlp_tiny with its metadata saying torch 2.10.0, the
                       NEON instruction set, an aarch64 machine (what a package from elsewhere says)
   narrow_range        mlp_tiny saying its compiled batch range is 2 to 8 (as Inductor's guards
-                      leave some packages: ResNet-18 exported at batch 2 runs 2 to 4)
+                      could leave a package; ResNet-18 ran 2 to 15 before _hinted_conv_backend)
+  wrong_weights       mlp_tiny whose weights.pt holds l1.weight as 32x8 (compiled for 16x8)
+  inverted_range      mlp_tiny saying its compiled batch range is 10 to 3
   @tests              the set tests/pt2_test.cpp uses (TEST_SET)
 """
 
@@ -50,6 +53,12 @@ class MlpTiny(nn.Module):
 
     def forward(self, x):
         return self.l2(torch.tanh(self.l1(x)))
+
+
+def _frozen_tiny():
+    model = MlpTiny()
+    model.l1.weight.requires_grad_(False)  # fine-tuning style: a frozen layer gets no gradient
+    return model
 
 
 class ConvBnTiny(nn.Module):
@@ -89,6 +98,7 @@ def _vision64(name):
 
 MODELS = {
     "mlp_tiny": lambda: (MlpTiny(), (torch.randn(3, 8),), "cross-entropy", None),
+    "frozen_tiny": lambda: (_frozen_tiny(), (torch.randn(3, 8),), "cross-entropy", None),
     "convbn_tiny": lambda: (ConvBnTiny(), (torch.randn(2, 3, 16, 16),), "cross-entropy", None),
     "tied_lm_tiny": lambda: (TiedLmTiny(), (torch.randint(0, 64, (2, 8)),), "cross-entropy",
                              {0: 64}),
@@ -101,8 +111,9 @@ MODELS = {
 
 # What tests/pt2_test.cpp needs: built by the ctest fixture Pt2Packages.Build and, timed, by
 # scripts/test.sh before ctest.
-TEST_SET = ["mlp_tiny", "convbn_tiny", "convbn_tiny.ts", "tied_lm_tiny", "program_only",
-            "inference_package", "other_torch", "other_isa", "other_machine", "narrow_range"]
+TEST_SET = ["mlp_tiny", "frozen_tiny", "convbn_tiny", "convbn_tiny.ts", "tied_lm_tiny", "program_only",
+            "inference_package", "other_torch", "other_isa", "other_machine", "narrow_range",
+            "wrong_weights", "inverted_range"]
 
 # mlp_tiny with one metadata field changed: (AOTInductor key or "autobatch.<field>", value).
 REWRITES = {
@@ -110,6 +121,9 @@ REWRITES = {
     "other_isa": ("AOTI_CPU_ISA", "NEON"),
     "other_machine": ("AOTI_MACHINE", "aarch64"),
     "narrow_range": ("batch_range", '{"low": 2, "high": 8}'),
+    "inverted_range": ("batch_range", '{"low": 10, "high": 3}'),
+    # weights.pt holding l1.weight at twice its rows: the compiled code would read the first half
+    "wrong_weights": ("weights.model.l1.weight", "32x8"),
 }
 
 
@@ -124,6 +138,14 @@ def rewrite_metadata(src: str, dst: str, key: str, value: str) -> None:
             if key == "batch_range":
                 if info.filename.endswith(ab.PT2_BATCH_RANGE):
                     data = value.encode()
+            elif key.startswith("weights."):
+                if info.filename.endswith(ab.PT2_WEIGHTS):
+                    import io
+                    state = torch.load(io.BytesIO(data))
+                    state[key.split(".", 1)[1]] = torch.zeros([int(d) for d in value.split("x")])
+                    buffer = io.BytesIO()
+                    torch.save(state, buffer)
+                    data = buffer.getvalue()
             elif info.filename.endswith("_metadata.json"):
                 meta = json.loads(data)
                 if key.startswith("autobatch."):

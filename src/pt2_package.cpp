@@ -56,6 +56,14 @@ std::vector<std::string> stringList(const std::string& path, const json& doc, co
   return out;
 }
 
+std::string shapeText(const std::vector<std::int64_t>& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
 std::string stringField(const json& doc, const char* key) {
   const auto it = doc.find(key);
   return it != doc.end() && it->is_string() ? it->get<std::string>() : std::string();
@@ -200,6 +208,26 @@ Pt2Metadata readPt2Metadata(const std::string& path) {
   m.torch_version = stringField(doc, "torch");
   m.precision = stringField(doc, "precision");
   m.accumulate_model = stringField(doc, "accumulate_model");
+  const auto tensors = doc.find("tensors");
+  if (tensors != doc.end()) {
+    if (!tensors->is_object()) fail(path, R"(expected metadata "tensors" as an object)");
+    for (const auto& [name, entry] : tensors->items()) {
+      const auto shape = entry.is_object() ? entry.find("shape") : entry.end();
+      if (!entry.is_object() || shape == entry.end() || !shape->is_array()) {
+        fail(path, R"(expected metadata "tensors" entry ")" + name +
+                       R"(" as {"shape": [...], "dtype": "..."})");
+      }
+      std::vector<std::int64_t> dims;
+      for (const auto& d : *shape) {
+        if (!d.is_number_integer() || d.get<std::int64_t>() < 0) {
+          fail(path, R"(expected metadata "tensors" entry ")" + name +
+                         R"(" to have a shape of sizes >= 0)");
+        }
+        dims.push_back(d.get<std::int64_t>());
+      }
+      m.tensors[name] = {std::move(dims), stringField(entry, "dtype")};
+    }
+  }
   const auto isa = raw.find("AOTI_CPU_ISA");
   if (isa != raw.end()) m.cpu_isa = isa->second;
   if (m.torch_version != torchVersion()) {
@@ -256,6 +284,11 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
       metadata_.batch_low = range["low"].get<std::int64_t>();
       if (range.contains("high") && range["high"].is_number_integer()) {
         metadata_.batch_high = range["high"].get<std::int64_t>();
+        if (metadata_.batch_high < metadata_.batch_low) {
+          fail(path, std::string("expected ") + kBatchRangeRecord + " with high >= low, but got " +
+                         std::to_string(metadata_.batch_low) + " to " +
+                         std::to_string(metadata_.batch_high) + "; " + kAdvice);
+        }
       }
     }
     auto [data, size] = reader.getRecord(kWeightsRecord);
@@ -269,6 +302,23 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
       }
       stored[entry.key().toStringRef()] = entry.value().toTensor();
     }
+  }
+  // What the compiled code reads: each tensor in the shape and dtype it had at export, laid out
+  // contiguously. Another shape would be read (or written) out of bounds.
+  for (auto& [name, tensor] : stored) {
+    const auto it = metadata_.tensors.find(name);
+    if (it != metadata_.tensors.end()) {
+      const auto& [shape, dtype] = it->second;
+      const std::string got_dtype = c10::toString(tensor.scalar_type());
+      if (tensor.sizes() != c10::IntArrayRef(shape) || (!dtype.empty() && got_dtype != dtype)) {
+        fail(path, "expected the stored tensor \"" + name + "\" as " + dtype + " " +
+                       shapeText(shape) + " (what the compiled code reads), but " + kWeightsRecord +
+                       " holds " + got_dtype + " " + shapeText(tensor.sizes().vec()) +
+                       "; the package is damaged: export it again with "
+                       "scripts/autobatch_export.py --format pt2");
+      }
+    }
+    if (!tensor.is_contiguous()) tensor = tensor.contiguous();
   }
   // Tied copies read the stored tensor of their group's first name.
   std::map<std::string, std::string> owner_name;
@@ -312,8 +362,17 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
   if (metadata_.accumulate_model.empty()) return;
   // The same step, adding each gradient into a buffer: the weights now, the buffers (the
   // parameters' .grad tensors) at every call.
-  accumulate_loader_ =
-      std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, metadata_.accumulate_model);
+  try {
+    accumulate_loader_ =
+        std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, metadata_.accumulate_model);
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    fail(path, R"(expected the model its metadata names in "accumulate_model" (")" +
+                   metadata_.accumulate_model + R"("), but LibTorch could not load it ()" +
+                   message.substr(0, message.find('\n')) +
+                   "); the package is damaged: export it again with "
+                   "scripts/autobatch_export.py --format pt2");
+  }
   std::unordered_map<std::string, at::Tensor> weights;
   for (const auto& name : accumulate_loader_->get_constant_fqns()) {
     if (name.starts_with(kGradPrefix)) {
@@ -346,10 +405,20 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
     }
     weights[name] = it->second;
   }
-  if (accumulate_into_.size() != parameters_.size()) {
-    fail(path, "expected one gradient buffer per parameter in the accumulating model (" +
-                   std::to_string(parameters_.size()) + "), but it has " +
-                   std::to_string(accumulate_into_.size()) + "; " + kAdvice);
+  // One buffer per trained parameter: a frozen one (requires_grad off at export) gets no
+  // gradient and no buffer.
+  std::vector<std::size_t> trained = gradient_owners_;
+  std::ranges::sort(trained);
+  trained.erase(std::unique(trained.begin(), trained.end()), trained.end());
+  std::vector<std::size_t> buffered;
+  for (const auto& slot : accumulate_into_) buffered.push_back(slot.parameter);
+  std::ranges::sort(buffered);
+  if (buffered != trained) {
+    fail(path, "expected one gradient buffer per trained parameter in the accumulating model (" +
+                   std::to_string(trained.size()) + "), but it has " +
+                   std::to_string(accumulate_into_.size()) +
+                   " that do not match; the package is damaged or was not written by this "
+                   "autobatch_export.py: export it again with --format pt2");
   }
   accumulate_loader_->load_constants(weights, /*use_inactive=*/false,
                                      /*check_full_update=*/true, /*user_managed=*/true);
@@ -359,7 +428,8 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
 bool Pt2Package::canAccumulate() const {
   if (!accumulate_loader_) return false;
   // The compiled code writes the buffer as laid out at export: the parameter's layout.
-  return std::ranges::all_of(parameters_, [](const at::Tensor& parameter) {
+  return std::ranges::all_of(accumulate_into_, [this](const Slot& slot) {
+    const at::Tensor& parameter = parameters_[slot.parameter];
     const at::Tensor& grad = parameter.grad();
     return grad.defined() && grad.sizes() == parameter.sizes() &&
            grad.strides() == parameter.strides() && grad.scalar_type() == parameter.scalar_type() &&

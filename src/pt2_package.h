@@ -13,9 +13,11 @@
 #include <c10/core/Storage.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autobatch/input_spec.h"
@@ -44,6 +46,9 @@ struct Pt2Metadata {
   /// The package's second model, the same step adding each gradient into a buffer
   /// ("autobatch_grad.<parameter>") instead of returning it; "" in packages without one.
   std::string accumulate_model;
+  /// Each stored tensor's shape and dtype (c10::toString, e.g. "Float"; "" unchecked) as the
+  /// compiled code reads it; empty in packages written before this field.
+  std::map<std::string, std::pair<std::vector<std::int64_t>, std::string>> tensors;
   /// The batch sizes the compiled code is valid for (data/autobatch/batch_range.json: what
   /// Inductor's guards left of Dim("B"); the package computes wrong values outside it). A low of 2
   /// is torch.export's own bound and batch 1 runs; batch_high 0: no upper bound.
@@ -93,8 +98,9 @@ class Pt2Package {
   /// LibTorch's loader does (an allocation refused inside the call is a plain error there).
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
 
-  /// True when the package has an accumulating model and every parameter's gradient is defined
-  /// with the parameter's sizes, strides, dtype and device (the layout the compiled code writes).
+  /// True when the package has an accumulating model and every trained parameter's gradient is
+  /// defined with the parameter's sizes, strides, dtype and device (the layout the compiled code
+  /// writes). Frozen parameters (no gradient in the package) do not count.
   bool canAccumulate() const;
   /// One forward-backward that adds each gradient into its parameter's .grad inside the call, as
   /// an eager backward does (no second set of gradients held at the end of the call). Requires

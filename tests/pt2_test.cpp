@@ -109,7 +109,9 @@ TEST(Pt2PackageTest, TheAccumulatingModelAddsIntoTheGradientsAndHoldsNoneOfThem)
   // the slots left pointing at the .grad tensors or the tensors given to LibTorch's loader
   // directly (their storage is then held by the loader: use_count above 1), and accumulation
   // tried without gradients to add into.
-  for (const std::string name : {"mlp_tiny", "tied_lm_tiny"}) {
+  // frozen_tiny: mlp_tiny with l1.weight frozen (no gradient, no buffer; a runner that asked
+  // every parameter for one refused the package or never accumulated).
+  for (const std::string name : {"mlp_tiny", "tied_lm_tiny", "frozen_tiny"}) {
     SCOPED_TRACE(name);
     detail::Pt2Package p(package(name));
     ASSERT_FALSE(p.metadata().accumulate_model.empty());
@@ -117,7 +119,7 @@ TEST(Pt2PackageTest, TheAccumulatingModelAddsIntoTheGradientsAndHoldsNoneOfThem)
     at::manual_seed(0);
     const auto inputs = [&](std::int64_t batch) {
       std::vector<at::Tensor> in;
-      if (name == "mlp_tiny") {
+      if (name != "tied_lm_tiny") {
         in = {at::randn({batch, 8}), at::randint(0, 4, {batch}, at::kLong)};
       } else {
         in = {at::randint(0, 64, {batch, 8}, at::kLong), at::randint(0, 64, {batch, 8}, at::kLong)};
@@ -128,19 +130,31 @@ TEST(Pt2PackageTest, TheAccumulatingModelAddsIntoTheGradientsAndHoldsNoneOfThem)
     const std::vector<at::Tensor> second = inputs(5);
     const std::vector<at::Tensor> g1 = plainGradients(p, first);
     const std::vector<at::Tensor> g2 = plainGradients(p, second);
-    for (std::size_t i = 0; i < g1.size(); ++i) p.parameters()[i].mutable_grad() = g1[i].clone();
+    for (std::size_t i = 0; i < g1.size(); ++i) {
+      if (g1[i].defined()) p.parameters()[i].mutable_grad() = g1[i].clone();
+    }
+    EXPECT_EQ(std::count_if(g1.begin(), g1.end(), [](const at::Tensor& g) { return !g.defined(); }),
+              name == "frozen_tiny" ? 1 : 0);
     ASSERT_TRUE(p.canAccumulate());
     const at::Tensor loss = p.runAccumulating(second);
     EXPECT_EQ(loss.numel(), 1);
     for (std::size_t i = 0; i < g1.size(); ++i) {
       const at::Tensor& grad = p.parameters()[i].grad();
+      if (!g1[i].defined()) {
+        EXPECT_FALSE(grad.defined()) << "frozen parameter " << i;
+        continue;
+      }
       EXPECT_TRUE(at::allclose(grad, g1[i] + g2[i], 1e-5, 1e-6)) << "parameter " << i;
       EXPECT_EQ(grad.use_count(), 1) << "parameter " << i;
       EXPECT_EQ(grad.storage().use_count(), 1) << "parameter " << i;
     }
     // A gradient not laid out as its parameter is never written by the compiled code.
-    p.parameters()[0].mutable_grad() = g1[0].t().contiguous().t();
-    EXPECT_EQ(p.canAccumulate(), g1[0].dim() < 2);
+    const auto matrix = std::find_if(
+        g1.begin(), g1.end(), [](const at::Tensor& g) { return g.defined() && g.dim() == 2; });
+    ASSERT_NE(matrix, g1.end());
+    p.parameters()[static_cast<std::size_t>(matrix - g1.begin())].mutable_grad() =
+        matrix->t().contiguous().t();
+    EXPECT_FALSE(p.canAccumulate());
     for (const auto& parameter : p.parameters()) parameter.mutable_grad() = at::Tensor();
   }
 }
@@ -246,6 +260,8 @@ TEST(Pt2CliTest, WhatThePackageFixesIsAUsageErrorNamingItsValue) {
       {"--precision bf16", "fixed at export to fp32"},
       {"--keep-output yes", "its output is never held"},
       {"--input 'int64:L:<5' --lengths 8,16", "is a pt2 package"},
+      // Named first, not after a request for an --input with L (the package fixes the inputs).
+      {"--lengths 8,16", "is a pt2 package"},
   };
   int i = 0;
   for (const auto& [flags, expected] : cases) {
@@ -270,6 +286,21 @@ TEST(Pt2CliTest, WhatThePackageFixesIsAUsageErrorNamingItsValue) {
       runCli("inference", "--model " + package("inference_package") + " --device cpu");
   EXPECT_EQ(inference.exit_code, 2);
   EXPECT_NE(inference.err.find("no \"autobatch\" metadata"), std::string::npos) << inference.err;
+  // weights.pt holding a tensor of another shape than the compiled code reads: exit 2 naming it.
+  // Without the check the call read a 32x8 l1.weight as 16x8 (a smaller one: out of bounds, a
+  // heap corruption that aborted the process).
+  const CliRun weights =
+      runCli("weights", "--model " + package("wrong_weights") + " --device cpu --check-batch 2");
+  EXPECT_EQ(weights.exit_code, 2) << weights.err;
+  EXPECT_NE(weights.err.find("\"model.l1.weight\" as Float [16, 8]"), std::string::npos)
+      << weights.err;
+  EXPECT_NE(weights.err.find("holds Float [32, 8]"), std::string::npos) << weights.err;
+  // A batch range whose high is below its low: exit 2 at load (was "compiled for micro-batches
+  // 10 to 3" at every batch, exit 3).
+  const CliRun range =
+      runCli("range", "--model " + package("inverted_range") + " --device cpu --check-batch 4");
+  EXPECT_EQ(range.exit_code, 2) << range.err;
+  EXPECT_NE(range.err.find("with high >= low, but got 10 to 3"), std::string::npos) << range.err;
 }
 
 TEST(Pt2CliTest, ASearchOnAPackageReportsItsFormatAndKeepsTheWrapperQuiet) {

@@ -125,7 +125,16 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
         "--model: expected the path of a TorchScript archive (torch.jit.save) or a pt2 package "
         "(scripts/autobatch_export.py --format pt2), but got none");
   }
-  if (args.count("lengths") != 0U) cli.lengths = autobatch::parseLengths(flag(args, "lengths"));
+  const bool is_package = std::filesystem::is_regular_file(spec.model_path) &&
+                          autobatch::modelFormatOf(spec.model_path) == "pt2";
+  if (args.count("lengths") != 0U) {
+    if (is_package) {
+      throw Error("--lengths: expected a TorchScript model, but '" + spec.model_path +
+                  "' is a pt2 package, whose input shapes are fixed at export (length sweeps on "
+                  "packages are not supported yet)");
+    }
+    cli.lengths = autobatch::parseLengths(flag(args, "lengths"));
+  }
   bool placeholder = false;
   if (args.count("input") != 0U) {
     for (const auto& text : args["input"].as<std::vector<std::string>>()) {
@@ -169,8 +178,7 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
                 "optimizer step; no: it drops it before backward)");
   }
   spec.keep_output = keep == "yes";
-  if (std::filesystem::is_regular_file(spec.model_path) &&
-      autobatch::modelFormatOf(spec.model_path) == "pt2") {
+  if (is_package) {
     // A package returns only the loss and the gradients: its output is never held.
     if (args.count("keep-output") != 0U && spec.keep_output) {
       throw Error(
@@ -179,11 +187,6 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
           spec.model_path + "'");
     }
     spec.keep_output = false;
-    if (!cli.lengths.empty()) {
-      throw Error("--lengths: expected a TorchScript model, but '" + spec.model_path +
-                  "' is a pt2 package, whose input shapes are fixed at export (length sweeps on "
-                  "packages are not supported yet)");
-    }
   }
   spec.learning_rate = autobatch::parseDecimal(flag(args, "lr"), "--lr", 0.0, 1e6);
   spec.precision = autobatch::parsePrecision(flag(args, "precision"));
@@ -198,7 +201,14 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
 
   std::string device = flag(args, "device");
   const auto& gpus = cli.report.build.cuda_devices;
-  if (device == "auto") device = gpus.empty() ? "cpu" : "cuda";
+  if (device == "auto") {
+    // Packages run on the CPU only for now (docs/formats.md): auto is the CPU for them.
+    device = gpus.empty() || is_package ? "cpu" : "cuda";
+    if (is_package && !gpus.empty()) {
+      spdlog::info("--device auto: cpu, since '{}' is a pt2 package (CPU only for now)",
+                   spec.model_path);
+    }
+  }
   if (device.rfind("cuda", 0) == 0 && gpus.empty()) {
     throw Error("--device " + device + ": expected a visible GPU, but found none (" +
                 (cli.report.build.cuda_build
