@@ -207,10 +207,10 @@ def accumulating_program(joint, tied=()):
 
     Why: with 2 micro-batches per step the plain program returns the whole second set of
     gradients at the end of its call while the first set is held to be added to; an eager
-    backward adds each gradient into ``.grad`` as it is made. Measured on ResNet-18 at 3x64x64:
-    the plain call held +23.2 MB over eager's second micro-batch at batch 8, the accumulating one
-    -0.9 MB. The runner gives the buffers its ``.grad`` tensors (load_constants, user-managed) and
-    the compiled code writes into them. Each add is placed right after its gradient is made, so
+    backward adds each gradient into ``.grad`` as it is made. ResNet-18 at 3x64x64, batch 8 x 2
+    micro-batches: +10.5% over the TorchScript peak with the plain call, -0.4% with this one
+    (scripts/bench/formats.py, docs/formats.md). The runner points the buffers at its ``.grad``
+    tensors and the compiled code writes into them. Each add is placed right after its gradient is made, so
     Inductor frees the gradient there.
 
     ``tied``: groups of parameter names (``model.`` prefixed) sharing one tensor in the runner:

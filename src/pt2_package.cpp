@@ -2,6 +2,7 @@
 #include "pt2_package.h"
 
 #include <ATen/ops/empty.h>
+#include <c10/util/ScopeExit.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -330,13 +331,17 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
     return it == owner_name.end() ? name : it->second;
   };
   std::unordered_map<std::string, at::Tensor> constants;
-  for (const auto& name : loader_->get_constant_fqns()) {
+  // The stored tensor a compiled model's constant reads (`model`: which of the two, for errors).
+  const auto constant = [&](const std::string& name, const char* model) {
     const auto it = stored.find(stored_name(name));
     if (it == stored.end()) {
-      fail(path, "expected a stored tensor for the package's constant \"" + name +
+      fail(path, std::string("expected a stored tensor for the ") + model + " constant \"" + name +
                      "\", but there is none; " + kAdvice);
     }
-    constants[name] = it->second;
+    return it->second;
+  };
+  for (const auto& name : loader_->get_constant_fqns()) {
+    constants[name] = constant(name, "package's");
   }
   std::map<std::string, std::size_t> index;
   for (const auto& name : metadata_.parameters) {
@@ -398,12 +403,7 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
       accumulate_into_.push_back({name, it->second, storage, slot});
       continue;
     }
-    const auto it = stored.find(stored_name(name));
-    if (it == stored.end()) {
-      fail(path, "expected a stored tensor for the accumulating model's constant \"" + name +
-                     "\", but there is none; " + kAdvice);
-    }
-    weights[name] = it->second;
+    weights[name] = constant(name, "accumulating model's");
   }
   // One buffer per trained parameter: a frozen one (requires_grad off at export) gets no
   // gradient and no buffer.
@@ -445,10 +445,9 @@ at::Tensor Pt2Package::runAccumulating(const std::vector<at::Tensor>& inputs) {
   }
   // Pointed back at nothing however the call ends: a slot left on a freed .grad would be written
   // by a later call that forgot to point it.
-  const std::unique_ptr<std::vector<Slot>, void (*)(std::vector<Slot>*)> unpoint(
-      &accumulate_into_, [](std::vector<Slot>* slots) {
-        for (auto& slot : *slots) pointSlot(slot.storage, nullptr);
-      });
+  const auto unpoint = c10::make_scope_exit([this] {
+    for (auto& slot : accumulate_into_) pointSlot(slot.storage, nullptr);
+  });
   accumulate_loader_->load_constants(pointed, /*use_inactive=*/false,
                                      /*check_full_update=*/false, /*user_managed=*/true);
   std::vector<at::Tensor> outputs = call(*accumulate_loader_, inputs);

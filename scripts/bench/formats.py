@@ -28,16 +28,10 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from fidelity import pt2_path as built  # noqa: E402  (scripts/pt2_packages.py NAME, cached)
+
 TOLERANCE_PCT = 1.0
-
-
-def built(name: str) -> str:
-    """The path scripts/pt2_packages.py built (and cached) for NAME."""
-    run = subprocess.run([sys.executable, os.path.join(HERE, "..", "pt2_packages.py"), name],
-                         capture_output=True, text=True, check=False)
-    if run.returncode != 0:
-        raise RuntimeError(f"pt2_packages.py {name}: exit {run.returncode}\n{run.stderr[-2000:]}")
-    return run.stdout.split()[-1]
 
 
 def autobatch(cli: str, model: str, args: list[str], workdir: str) -> dict:

@@ -73,51 +73,44 @@ class DataDependent(torch.nn.Module):
         return -self.l(x)
 
 
-def load(path: str):
-    """The package with its weights supplied (as the C++ runner does)."""
-    import torch._inductor
+def _open(path: str, model_name: str, extra=None):
+    """One of the package's models with its weights supplied as the C++ runner does (tied copies
+    given their group's tensor, ``extra`` added: name -> tensor). Returns (compiled, meta, state,
+    constants the model asks for)."""
+    from torch._inductor.package import load_package
 
     with zipfile.ZipFile(path) as archive:
         folder = archive.namelist()[0].split("/")[0]
         state = torch.load(io.BytesIO(archive.read(f"{folder}/{ab.PT2_WEIGHTS}")))
-    compiled = torch._inductor.aoti_load_package(path)
+    compiled = load_package(path, model_name)
     meta = json.loads(compiled.get_metadata()[ab.PT2_METADATA_KEY])
     constants = dict(state)
     for group in meta["tied"]:
         for name in group[1:]:
             constants[name] = state[group[0]]
+    constants.update(extra or {})
     wanted = set(compiled.get_constant_fqns())
     missing = wanted - set(constants)
-    check(not missing, f"every constant the package asks for is stored: missing {sorted(missing)}")
+    check(not missing, f"{model_name}: every constant the package asks for is supplied: missing {sorted(missing)}")
+    compiled.load_constants({k: v for k, v in constants.items() if k in wanted},
+                            check_full_update=True, user_managed=True)
+    return compiled, meta, state, wanted
+
+
+def load(path: str):
+    """The package's plain model with its weights supplied."""
+    compiled, meta, state, wanted = _open(path, "model")
     # Catches small parameters inlined into kernels (always_keep_tensor_constants off): the
     # runner could not supply or update them.
     check(wanted == set(state), f"the package asks for every stored tensor: not asked {sorted(set(state) - wanted)}")
-    compiled.load_constants({k: v for k, v in constants.items() if k in wanted},
-                            check_full_update=True, user_managed=True)
     return compiled.loader, meta, state
 
 
 def load_accumulate(path: str, grads_into: dict):
     """The package's accumulating model with its weights and, as its gradient buffers, the
     tensors of ``grads_into`` (stored parameter name -> tensor; the call adds into them)."""
-    from torch._inductor.package import load_package
-
-    with zipfile.ZipFile(path) as archive:
-        folder = archive.namelist()[0].split("/")[0]
-        state = torch.load(io.BytesIO(archive.read(f"{folder}/{ab.PT2_WEIGHTS}")))
-    compiled = load_package(path, ab.PT2_ACCUMULATE_MODEL)
-    meta = json.loads(compiled.get_metadata()[ab.PT2_METADATA_KEY])
-    constants = dict(state)
-    for group in meta["tied"]:
-        for name in group[1:]:
-            constants[name] = state[group[0]]
-    for name, tensor in grads_into.items():
-        constants[ab.PT2_GRAD_PREFIX + name] = tensor
-    wanted = set(compiled.get_constant_fqns())
-    check(wanted <= set(constants), f"accumulate: every constant supplied: missing {sorted(wanted - set(constants))}")
-    compiled.load_constants({k: v for k, v in constants.items() if k in wanted},
-                            check_full_update=True, user_managed=True)
-    return compiled.loader
+    extra = {ab.PT2_GRAD_PREFIX + name: tensor for name, tensor in grads_into.items()}
+    return _open(path, ab.PT2_ACCUMULATE_MODEL, extra)[0].loader
 
 
 def check_accumulates(path: str, reference, x, y, loss: str, what: str) -> None:
