@@ -101,7 +101,8 @@ def export(model: torch.nn.Module, path: str, example_inputs: Sequence[torch.Ten
 
 PT2_WEIGHTS = "data/autobatch/weights.pt"   # inside the package's archive folder
 PT2_METADATA_KEY = "autobatch"               # aot_inductor.metadata key holding our JSON
-PT2_BATCH_RANGE = "data/autobatch/batch_range.json"  # {"low": N, "high": M or null}
+# {"low": N, "high": M or null, "eager_batch1_error": "..." when eager fails at batch 1}
+PT2_BATCH_RANGE = "data/autobatch/batch_range.json"
 PT2_ACCUMULATE_MODEL = "accumulate"  # the package's second model: gradients added in place
 PT2_GRAD_PREFIX = "autobatch_grad."  # its buffers: the gradient accumulated into, per parameter
 
@@ -389,6 +390,25 @@ def batch_range(package_path: str):
     return low, high
 
 
+def eager_batch1_error(wrapped: torch.nn.Module, args: Sequence[torch.Tensor]) -> Optional[str]:
+    """What the eager step (forward, loss, backward; on a copy, in training mode) raises at batch
+    1, or None when it runs. torch.export traces at a batch of 2 or more (it specialises sizes 0
+    and 1), so a check that only batch 1 trips, such as BatchNorm's "Expected more than 1 value
+    per channel when training" (torch/nn/functional.py, _verify_batch_size), is not in the
+    compiled code: the package would run a batch the user's eager job cannot. The runner fails
+    such a batch as the eager step would (src/trial_runner.cpp)."""
+    import copy
+
+    probe = copy.deepcopy(wrapped).train()
+    try:
+        (loss,) = probe(*[a[:1] for a in args])
+        loss.backward()
+    except Exception as error:  # any failure of the user's step at batch 1 is what we record
+        text = str(error).strip().splitlines()
+        return f"{type(error).__name__}: {text[0] if text else ''}"
+    return None
+
+
 # c10::toString(ScalarType) of the dtypes a stored tensor may have ("" for others: unchecked).
 _C10_DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
                     torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
@@ -432,6 +452,7 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
     # Contiguous: the compiled code reads each constant in the layout it had at export.
     state = {k: v.detach().contiguous().clone()
              for k, v in wrapped.state_dict(keep_vars=False).items()}
+    batch1 = eager_batch1_error(wrapped, args)
     meta = dict(base)
     meta.update({
         "format": "pt2",
@@ -488,7 +509,8 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
     torch.save(state, buffer)
     with zipfile.ZipFile(package, "a") as archive:
         archive.writestr(f"{folder}/{PT2_WEIGHTS}", buffer.getvalue())
-        archive.writestr(f"{folder}/{PT2_BATCH_RANGE}", json.dumps({"low": low, "high": high}))
+        archive.writestr(f"{folder}/{PT2_BATCH_RANGE}",
+                         json.dumps({"low": low, "high": high, "eager_batch1_error": batch1}))
     return text
 
 

@@ -13,6 +13,7 @@ Names:
   mlp_tiny            Linear(8,16)-tanh-Linear(16,4), cross-entropy (the API test's model)
   frozen_tiny         mlp_tiny with l1.weight frozen (requires_grad off: no gradient)
   convbn_tiny         conv-BN-ReLU-conv-ReLU-pool-fc at 3x16x16, cross-entropy (BatchNorm buffers)
+  bn1d_tiny           Linear(8,16)-BatchNorm1d-tanh-Linear(16,4): its eager step fails at batch 1
   tied_lm_tiny        embedding 64x16 tied to the output head, T=8, cross-entropy
   resnet18_64         torchvision ResNet-18 at 3x64x64, cross-entropy
   mobilenet_v3_large_64, mlp_8x2048, decoder_lm_small   as in export_models.py (the LM untied)
@@ -75,6 +76,20 @@ class ConvBnTiny(nn.Module):
         return self.fc(x.mean(dim=(2, 3)))
 
 
+class MlpBnTiny(nn.Module):
+    """BatchNorm1d on the features: its eager step fails at batch 1 ("Expected more than 1 value
+    per channel when training"), which the compiled package alone would run."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(8, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.l2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.l2(torch.tanh(self.bn(self.l1(x))))
+
+
 class TiedLmTiny(nn.Module):
     def __init__(self, vocab=64, width=16):
         super().__init__()
@@ -100,6 +115,7 @@ MODELS = {
     "mlp_tiny": lambda: (MlpTiny(), (torch.randn(3, 8),), "cross-entropy", None),
     "frozen_tiny": lambda: (_frozen_tiny(), (torch.randn(3, 8),), "cross-entropy", None),
     "convbn_tiny": lambda: (ConvBnTiny(), (torch.randn(2, 3, 16, 16),), "cross-entropy", None),
+    "bn1d_tiny": lambda: (MlpBnTiny(), (torch.randn(3, 8),), "cross-entropy", None),
     "tied_lm_tiny": lambda: (TiedLmTiny(), (torch.randint(0, 64, (2, 8)),), "cross-entropy",
                              {0: 64}),
     "resnet18_64": _vision64("resnet18"),
@@ -111,7 +127,8 @@ MODELS = {
 
 # What tests/pt2_test.cpp needs: built by the ctest fixture Pt2Packages.Build and, timed, by
 # scripts/test.sh before ctest.
-TEST_SET = ["mlp_tiny", "frozen_tiny", "convbn_tiny", "convbn_tiny.ts", "tied_lm_tiny", "program_only",
+TEST_SET = ["mlp_tiny", "frozen_tiny", "convbn_tiny", "convbn_tiny.ts", "bn1d_tiny", "bn1d_tiny.ts",
+            "tied_lm_tiny", "program_only",
             "inference_package", "other_torch", "other_isa", "other_machine", "narrow_range",
             "wrong_weights", "inverted_range"]
 

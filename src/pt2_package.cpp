@@ -275,12 +275,20 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
       auto [range_data, range_size] = reader.getRecord(kBatchRangeRecord);
       const auto* text = static_cast<const char*>(range_data.get());
       const json range = json::parse(text, text + range_size, nullptr, false);
+      const auto absent_or_null = [&](const char* key) {
+        return !range.contains(key) || range[key].is_null();
+      };
       if (!range.is_object() || !range.contains("low") || !range["low"].is_number_integer() ||
           range["low"].get<std::int64_t>() < 1 ||
-          (range.contains("high") && !range["high"].is_null() &&
-           !range["high"].is_number_integer())) {
-        fail(path, std::string("expected ") + kBatchRangeRecord +
-                       R"( as {"low": N, "high": M or null}; )" + kAdvice);
+          !(absent_or_null("high") || range["high"].is_number_integer()) ||
+          !(absent_or_null("eager_batch1_error") || range["eager_batch1_error"].is_string())) {
+        fail(path,
+             std::string("expected ") + kBatchRangeRecord +
+                 R"( as {"low": N, "high": M or null, "eager_batch1_error": text or null}; )" +
+                 kAdvice);
+      }
+      if (range.contains("eager_batch1_error") && range["eager_batch1_error"].is_string()) {
+        metadata_.eager_batch1_error = range["eager_batch1_error"].get<std::string>();
       }
       metadata_.batch_low = range["low"].get<std::int64_t>();
       if (range.contains("high") && range["high"].is_number_integer()) {
@@ -471,6 +479,13 @@ std::string Pt2Package::batchOutOfRange(std::int64_t batch) const {
          " (Inductor's guards on the batch at export; it computes wrong values outside them), "
          "not " +
          std::to_string(batch) + "; export at an example batch near the sizes to search";
+}
+
+std::string Pt2Package::eagerStepError(std::int64_t batch) const {
+  if (batch != 1 || metadata_.eager_batch1_error.empty()) return "";
+  return metadata_.eager_batch1_error +
+         " (the model's eager step raised this at micro-batch 1 when it was exported; the compiled "
+         "package would run it, the eager training job would not)";
 }
 
 void Pt2Package::pointSlot(c10::Storage& storage, void* data) {

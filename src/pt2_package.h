@@ -54,6 +54,11 @@ struct Pt2Metadata {
   /// is torch.export's own bound and batch 1 runs; batch_high 0: no upper bound.
   std::int64_t batch_low = 1;
   std::int64_t batch_high = 0;
+  /// What the model's eager step raised at batch 1 when it was exported (batch_range.json
+  /// "eager_batch1_error", e.g. BatchNorm's "Expected more than 1 value per channel when
+  /// training"); "" when it ran. torch.export traces at batch >= 2, so such a check is not in the
+  /// compiled code: the runner fails batch 1 with this message, as the eager job would.
+  std::string eager_batch1_error;
 };
 
 /// True when `path` is a zip archive with a data/aotinductor/ entry (an AOTInductor package),
@@ -92,6 +97,9 @@ class Pt2Package {
   const std::vector<std::size_t>& gradientOwners() const { return gradient_owners_; }
   /// Why the package cannot run `batch` (outside metadata().batch_low..batch_high), else "".
   std::string batchOutOfRange(std::int64_t batch) const;
+  /// The error the model's eager step raises at micro-batch `batch`, as recorded at export
+  /// (Pt2Metadata::eager_batch1_error, batch 1 only); "" when it runs.
+  std::string eagerStepError(std::int64_t batch) const;
 
   /// One forward-backward: `inputs` are the model's inputs then the targets, all with the same
   /// leading batch size. Returns the loss then the gradients (new tensors). Throws c10::Error as

@@ -743,6 +743,10 @@ struct TrialRunner::Impl {
     for (const auto& target : package_targets) args.push_back(makeInput(target, batch, gen));
     held_inputs.assign(args.begin(), args.end());  // a loop's `x, y`
     enter(detail::TrialPhase::kForwardBackward);
+    // A batch the eager step refuses (BatchNorm at batch 1): the error the eager job would raise,
+    // a model error like TorchScript's, never out of memory.
+    const std::string eager_error = package->eagerStepError(batch);
+    TORCH_CHECK(eager_error.empty(), eager_error);
     std::vector<at::Tensor> outputs;
     const std::uint64_t refusals_before = detail::budgetRefusals().first;
     // Gradients already there (a later micro-batch, or zero_grad to zeros): the accumulating

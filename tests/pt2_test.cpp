@@ -246,10 +246,49 @@ TEST(Pt2RunnerTest, BatchesOutsideTheCompiledRangeAreASizeLimit) {
   EXPECT_EQ(search.search.capped_by, "size-limit");
 }
 
+TEST(Pt2RunnerTest, ABatchTheEagerStepRefusesFailsAsTheEagerStepWould) {
+  // bn1d_tiny: BatchNorm1d, whose eager step raises "Expected more than 1 value per channel when
+  // training" at batch 1. torch.export traces at batch >= 2, so the compiled code has no such
+  // check and ran batch 1 (a search under a tight limit could report 1, a batch the user's job
+  // cannot run). Catches a runner that trusts the compiled code there: batch 1 must fail as the
+  // TorchScript archive of the same model does, a model error and never out of memory.
+  for (const std::string name : {"bn1d_tiny", "bn1d_tiny.ts"}) {
+    TrialRunner runner(specFor(package(name)), limit(kUnlimited));
+    try {
+      const TrialResult one = runner.run({1, 1, {}});
+      ADD_FAILURE() << name << ": batch 1 ran: " << toString(one.outcome);
+    } catch (const c10::OutOfMemoryError& e) {
+      ADD_FAILURE() << name << ": batch 1 failed as out of memory: " << e.what();
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("Expected more than 1 value per channel"),
+                std::string::npos)
+          << name << ": " << e.what();
+    }
+    EXPECT_EQ(runner.run({2, 1, {}}).outcome, TrialOutcome::kFits) << name;
+    EXPECT_EQ(runner.run({2, 2, {}}).outcome, TrialOutcome::kFits) << name;
+  }
+  // mlp_tiny (no BatchNorm) records no such error and runs batch 1.
+  TrialRunner mlp(specFor(package("mlp_tiny")), limit(kUnlimited));
+  EXPECT_EQ(mlp.run({1, 1, {}}).outcome, TrialOutcome::kFits);
+}
+
 // ---- The CLI ----
 
 CliRun runCli(const std::string& tag, const std::string& args) {
   return testing::runCliIn(testing::testDir("pt2"), tag, args);
+}
+
+TEST(Pt2CliTest, BatchOneOfABatchNormModelExitsAsItsTorchScriptArchiveDoes) {
+  // The same model in both formats at --check-batch 1: the same exit code (1, a model error) and
+  // the eager message. Catches the package fitting (exit 0) where the eager job fails.
+  for (const std::string name : {"bn1d_tiny", "bn1d_tiny.ts"}) {
+    const CliRun run =
+        runCli("bn1d-" + name, "--model " + package(name) + " --device cpu --check-batch 1");
+    EXPECT_EQ(run.exit_code, 1) << name << ": " << run.err;
+    EXPECT_NE(run.err.find("Expected more than 1 value per channel"), std::string::npos)
+        << name << ": " << run.err;
+    EXPECT_NE(run.err.find("not counted as out of memory"), std::string::npos) << run.err;
+  }
 }
 
 TEST(Pt2CliTest, WhatThePackageFixesIsAUsageErrorNamingItsValue) {
