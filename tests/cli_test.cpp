@@ -560,6 +560,24 @@ struct Interrupted {
   std::string err;
 };
 
+// Waits (up to 5 s) until signal `sig` is pending for `pid` no more: neither in its thread's
+// SigPnd nor in the process's ShdPnd mask of /proc/<pid>/status (proc(5)).
+void waitUntilDelivered(pid_t pid, int sig) {
+  const unsigned long long bit = 1ULL << (sig - 1);
+  for (int i = 0; i < 5000; ++i) {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    bool pending = false;
+    while (std::getline(status, line)) {
+      if (line.starts_with("SigPnd:") || line.starts_with("ShdPnd:")) {
+        pending = pending || (std::stoull(line.substr(7), nullptr, 16) & bit) != 0;
+      }
+    }
+    if (!pending) return;
+    usleep(1000);
+  }
+}
+
 // Starts the CLI (fork/exec), waits for the first trial's log line on stderr, sends `signals`
 // (one after the other, at once), and waits for the process to end.
 Interrupted interruptAfterFirstTrial(const std::vector<std::string>& args,
@@ -591,7 +609,10 @@ Interrupted interruptAfterFirstTrial(const std::vector<std::string>& args,
   }
   for (const int sig : signals) {
     kill(pid, sig);
-    usleep(300 * 1000);  // a signal still pending would merge with the next one of its kind
+    // A signal still pending would merge with the next one of its kind: wait until the child has
+    // taken it (its /proc status shows it pending no more). A fixed 300 ms wait here let an idle
+    // machine finish the cancelled step (171 ms) and write its result before the second signal.
+    waitUntilDelivered(pid, sig);
   }
   int status = 0;
   waitpid(pid, &status, 0);
