@@ -26,6 +26,7 @@ Names:
                       could leave a package; ResNet-18 ran 2 to 15 before _hinted_conv_backend)
   wrong_weights       mlp_tiny whose weights.pt holds l1.weight as 32x8 (compiled for 16x8)
   inverted_range      mlp_tiny saying its compiled batch range is 10 to 3
+  truncated_so        mlp_tiny with its compiled library (.so) cut short inside a valid zip
   @tests              the set tests/pt2_test.cpp uses (TEST_SET)
 """
 
@@ -130,7 +131,7 @@ MODELS = {
 TEST_SET = ["mlp_tiny", "frozen_tiny", "convbn_tiny", "convbn_tiny.ts", "bn1d_tiny", "bn1d_tiny.ts",
             "tied_lm_tiny", "program_only",
             "inference_package", "other_torch", "other_isa", "other_machine", "narrow_range",
-            "wrong_weights", "inverted_range"]
+            "wrong_weights", "inverted_range", "truncated_so"]
 
 # mlp_tiny with one metadata field changed: (AOTInductor key or "autobatch.<field>", value).
 REWRITES = {
@@ -141,6 +142,8 @@ REWRITES = {
     "inverted_range": ("batch_range", '{"low": 10, "high": 3}'),
     # weights.pt holding l1.weight at twice its rows: the compiled code would read the first half
     "wrong_weights": ("weights.model.l1.weight", "32x8"),
+    # the plain model's compiled library cut to 60% of its bytes, inside a valid zip
+    "truncated_so": ("so", "0.6"),
 }
 
 
@@ -155,6 +158,10 @@ def rewrite_metadata(src: str, dst: str, key: str, value: str) -> None:
             if key == "batch_range":
                 if info.filename.endswith(ab.PT2_BATCH_RANGE):
                     data = value.encode()
+            elif key == "so":
+                if info.filename.endswith(".so") and "/" + ab.PT2_ACCUMULATE_MODEL + "/" not in \
+                        info.filename:
+                    data = data[:int(len(data) * float(value))]
             elif key.startswith("weights."):
                 if info.filename.endswith(ab.PT2_WEIGHTS):
                     import io

@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/version.h>
 
+#include <elf.h>
 #include <spdlog/spdlog.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -55,6 +57,55 @@ std::vector<std::string> stringList(const std::string& path, const json& doc, co
     out.push_back(item.get<std::string>());
   }
   return out;
+}
+
+// Why the ELF image `bytes` (an entry of the package) would not load whole, or "" when every
+// table and loaded segment its header names lies inside it (elf(5)). dlopen maps a cut-short
+// file's segments past its end and the process dies of SIGBUS on first touch, before any error
+// can be reported: LibTorch's loader does not check.
+std::string elfDamage(const char* bytes, std::size_t size) {
+  Elf64_Ehdr header{};
+  if (size < sizeof(header) || std::memcmp(bytes, ELFMAG, SELFMAG) != 0) {
+    return "it is not an ELF shared object";
+  }
+  std::memcpy(&header, bytes, sizeof(header));
+  if (header.e_ident[EI_CLASS] != ELFCLASS64) return "it is not a 64-bit ELF shared object";
+  const auto inside = [&](std::uint64_t offset, std::uint64_t length) {
+    return offset <= size && length <= size - offset;
+  };
+  const std::uint64_t program_table = std::uint64_t{header.e_phnum} * header.e_phentsize;
+  if (header.e_phentsize < sizeof(Elf64_Phdr) || !inside(header.e_phoff, program_table)) {
+    return "its program header table lies past its end";
+  }
+  for (std::uint16_t i = 0; i < header.e_phnum; ++i) {
+    Elf64_Phdr segment{};
+    std::memcpy(&segment, bytes + header.e_phoff + std::uint64_t{i} * header.e_phentsize,
+                sizeof(segment));
+    if (segment.p_type == PT_LOAD && !inside(segment.p_offset, segment.p_filesz)) {
+      return "segment " + std::to_string(i) + " (" + std::to_string(segment.p_filesz) +
+             " bytes at offset " + std::to_string(segment.p_offset) + ") lies past its end";
+    }
+  }
+  if (header.e_shoff != 0 &&
+      !inside(header.e_shoff, std::uint64_t{header.e_shnum} * header.e_shentsize)) {
+    return "its section header table lies past its end";
+  }
+  return "";
+}
+
+// Checks every compiled library (.so) in the package before LibTorch's loader maps it.
+void checkCompiledCode(const std::string& path) {
+  caffe2::serialize::PyTorchStreamReader reader(path);
+  for (const auto& name : reader.getAllRecords()) {
+    if (!name.ends_with(".so")) continue;
+    auto [data, size] = reader.getRecord(name);
+    const std::string why = elfDamage(static_cast<const char*>(data.get()), size);
+    if (!why.empty()) {
+      fail(path, "expected whole compiled code, but " + name + " (" + std::to_string(size) +
+                     " bytes) is damaged: " + why + "; the package was cut short or altered: " +
+                     "export it again with scripts/autobatch_export.py --format pt2");
+    }
+  }
 }
 
 std::string shapeText(const std::vector<std::int64_t>& shape) {
@@ -262,6 +313,7 @@ Pt2Metadata readPt2Metadata(const std::string& path) {
 }
 
 Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path)) {
+  checkCompiledCode(path);
   loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, "model");
   // The stored weights: a dict name -> tensor written by torch.save.
   std::map<std::string, at::Tensor> stored;

@@ -334,6 +334,13 @@ TEST(Pt2CliTest, WhatThePackageFixesIsAUsageErrorNamingItsValue) {
   EXPECT_NE(weights.err.find("\"model.l1.weight\" as Float [16, 8]"), std::string::npos)
       << weights.err;
   EXPECT_NE(weights.err.find("holds Float [32, 8]"), std::string::npos) << weights.err;
+  // The compiled library cut short inside a valid zip: exit 2 naming it. LibTorch's loader mapped
+  // it and the process died of SIGBUS (exit 135) before a word was said.
+  const CliRun cut =
+      runCli("truncated", "--model " + package("truncated_so") + " --device cpu --check-batch 2");
+  EXPECT_EQ(cut.exit_code, 2) << cut.err;
+  EXPECT_NE(cut.err.find(".wrapper.so"), std::string::npos) << cut.err;
+  EXPECT_NE(cut.err.find("lies past its end"), std::string::npos) << cut.err;
   // A batch range whose high is below its low: exit 2 at load (was "compiled for micro-batches
   // 10 to 3" at every batch, exit 3).
   const CliRun range =
