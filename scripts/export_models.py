@@ -98,9 +98,10 @@ def _decoder_lm():
     return (DecoderLM(), (torch.randint(0, 32000, (2, 256)),), "cross-entropy", {0: 32000})
 
 
-def _decoder_lm_small():
-    model = DecoderLM(vocab=8000, context=128, width=256, layers=4, heads=4)
-    return (model, (torch.randint(0, 8000, (2, 128)),), "cross-entropy", {0: 8000})
+def decoder_lm_small(context: int = 128):
+    """decoder_lm_small at another context (the pt2 fidelity runs it at 1024 tokens too)."""
+    model = DecoderLM(vocab=8000, context=context, width=256, layers=4, heads=4)
+    return (model, (torch.randint(0, 8000, (2, context)),), "cross-entropy", {0: 8000})
 
 
 MODELS = {
@@ -109,7 +110,7 @@ MODELS = {
     "mobilenet_v3_large": _vision("mobilenet_v3_large"),
     "vit_b_16": _vision("vit_b_16"),
     "decoder_lm": _decoder_lm,
-    "decoder_lm_small": _decoder_lm_small,
+    "decoder_lm_small": decoder_lm_small,
     "mlp_8x2048": _mlp_8x2048,
 }
 

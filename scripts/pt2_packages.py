@@ -17,6 +17,7 @@ Names:
   tied_lm_tiny        embedding 64x16 tied to the output head, T=8, cross-entropy
   resnet18_64         torchvision ResNet-18 at 3x64x64, cross-entropy
   mobilenet_v3_large_64, mlp_8x2048, decoder_lm_small   as in export_models.py (the LM untied)
+  decoder_lm_small_1024   decoder_lm_small with a context of 1024 tokens
   <name>.ts           the same model and inputs as a TorchScript archive (side-by-side checks)
   program_only        a torch.export program (torch.export.save), not a compiled package
   inference_package   an AOTInductor package of the forward only, without autobatch metadata
@@ -123,6 +124,7 @@ MODELS = {
     "mobilenet_v3_large_64": _vision64("mobilenet_v3_large"),
     "mlp_8x2048": em.MODELS["mlp_8x2048"],
     "decoder_lm_small": em.MODELS["decoder_lm_small"],
+    "decoder_lm_small_1024": lambda: em.decoder_lm_small(1024),
 }
 
 

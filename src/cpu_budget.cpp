@@ -87,6 +87,7 @@ class BudgetAllocator final : public c10::Allocator {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     sizes_[data] = n;
+    if (logging_) log_.push_back({data, bytes});
     peak_ = std::max(peak_, current_);
     phase_peak_ = std::max(phase_peak_, current_);
     return {data, data, &deleteTracked, c10::Device(c10::DeviceType::CPU)};
@@ -113,6 +114,7 @@ class BudgetAllocator final : public c10::Allocator {
       const auto it = self.sizes_.find(data);
       if (it != self.sizes_.end()) {
         self.current_ -= static_cast<std::int64_t>(it->second);
+        if (self.logging_) self.log_.push_back({data, -static_cast<std::int64_t>(it->second)});
         self.sizes_.erase(it);
       }
     }
@@ -141,6 +143,21 @@ class BudgetAllocator final : public c10::Allocator {
     recordPhasePeak(phase_peaks_, point_.phase, point_.micro_batch_index, phase_peak_);
     point_ = point;
     phase_peak_ = current_;
+  }
+  std::int64_t startLog() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    log_.clear();
+    logging_ = true;
+    return current_;
+  }
+  std::vector<AllocationEvent> stopLog() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    logging_ = false;
+    return std::exchange(log_, {});
+  }
+  void addPhasePeak(TrialPhase phase, int micro, std::int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    recordPhasePeak(phase_peaks_, phase, micro, bytes);
   }
   std::vector<PhasePeakBytes> phasePeaks() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -204,6 +221,8 @@ class BudgetAllocator final : public c10::Allocator {
   std::int64_t peak_ = 0;
   std::int64_t phase_peak_ = 0;              // peak of the phase in progress (point_.phase)
   std::vector<PhasePeakBytes> phase_peaks_;  // the trial's closed phases
+  bool logging_ = false;                     // startLog() .. stopLog()
+  std::vector<AllocationEvent> log_;
   std::int64_t external_ = 0;
   std::int64_t limit_ = 0;  // 0: no limit (not installed)
   std::string source_;
@@ -438,6 +457,14 @@ bool isBudgetTracked(const void* data) { return BudgetAllocator::instance().trac
 
 std::pair<std::uint64_t, std::string> budgetRefusals() {
   return BudgetAllocator::instance().refusals();
+}
+
+std::int64_t startAllocationLog() { return BudgetAllocator::instance().startLog(); }
+
+std::vector<AllocationEvent> stopAllocationLog() { return BudgetAllocator::instance().stopLog(); }
+
+void recordBudgetPhasePeak(TrialPhase phase, int micro, std::int64_t bytes) {
+  BudgetAllocator::instance().addPhasePeak(phase, micro, bytes);
 }
 
 void setTrialPoint(const TrialPoint& point) { BudgetAllocator::instance().setPoint(point); }

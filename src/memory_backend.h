@@ -18,6 +18,11 @@ namespace autobatch::detail {
 
 /// The part of a training step an allocation belongs to (fault injection, tests/faults_test.cpp).
 /// kForwardBackward: an AOTInductor package's one call (forward, loss and backward together).
+/// kCallActivations: not a phase of its own but a measure of that call, recorded beside it: its
+/// peak counting none of the gradients it returns (the bytes held when the call started, plus
+/// the largest sum of its other allocations alive at once). Like eager's forward, it grows with
+/// the batch where forward-backward's peak, reached at small batches with every gradient held,
+/// reads flat (src/search.cpp bounds forward-backward's slope by it).
 enum class TrialPhase {
   kIdle,
   kInputs,
@@ -25,12 +30,13 @@ enum class TrialPhase {
   kLoss,
   kBackward,
   kOptimizerStep,
-  kForwardBackward
+  kForwardBackward,
+  kCallActivations
 };
 
 /// "inputs", "forward", "loss", "backward", "optimizer-step", "forward-backward" (a package's
-/// call), "idle" between steps: the JSON's
-/// trials[].phase_peaks[].phase.
+/// call), "forward-backward-activations" (that call less its gradients), "idle" between steps:
+/// the JSON's trials[].phase_peaks[].phase.
 inline const char* phaseKey(TrialPhase phase) {
   switch (phase) {
     case TrialPhase::kIdle:
@@ -47,6 +53,8 @@ inline const char* phaseKey(TrialPhase phase) {
       return "optimizer-step";
     case TrialPhase::kForwardBackward:
       return "forward-backward";
+    case TrialPhase::kCallActivations:
+      return "forward-backward-activations";
   }
   return "unknown";
 }
@@ -186,6 +194,25 @@ bool isBudgetTracked(const void* data);
 /// turns the OutOfMemoryError into a plain error (an AOTInductor package's call) is out of memory
 /// when the count moved across it.
 std::pair<std::uint64_t, std::string> budgetRefusals();
+
+/// One tracked allocation (bytes > 0) or release (bytes < 0) of the budget allocator.
+struct AllocationEvent {
+  const void* data = nullptr;
+  std::int64_t bytes = 0;
+};
+
+/// Starts recording every tracked allocation and release of the budget allocator, in order
+/// (process-wide; one recording at a time). Used around a package's call, whose intermediates are
+/// otherwise invisible to the runner.
+/// Returns the bytes the budget allocator counts as held now.
+std::int64_t startAllocationLog();
+
+/// Stops the recording and returns it.
+std::vector<AllocationEvent> stopAllocationLog();
+
+/// Adds `bytes` as the peak of `phase` of micro-batch `micro` in the trial in progress (the
+/// largest is kept), beside the phases the budget allocator closes itself.
+void recordBudgetPhasePeak(TrialPhase phase, int micro, std::int64_t bytes);
 
 /// Where the CPU trial in progress is; set by the trial runner, read by fault injection.
 struct TrialPoint {

@@ -34,6 +34,7 @@ json optionalJson(const RunContext* ctx, std::optional<std::string> AllocatorInf
 std::string peakPhase(const TrialResult& t) {
   const PhasePeak* top = nullptr;
   for (const auto& p : t.phase_peaks) {
+    if (p.phase == "forward-backward-activations") continue;  // a measure of forward-backward
     if (top == nullptr || p.peak_allocated_bytes > top->peak_allocated_bytes) top = &p;
   }
   if (top == nullptr) return "";

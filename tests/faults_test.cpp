@@ -138,6 +138,7 @@ INSTANTIATE_TEST_SUITE_P(
           return std::string("OptimizerStep");
         case TrialPhase::kIdle:
         case TrialPhase::kForwardBackward:  // packages: not a TorchScript phase
+        case TrialPhase::kCallActivations:
           break;
       }
       return std::string("Idle");

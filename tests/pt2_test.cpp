@@ -13,6 +13,7 @@
 
 #include "autobatch/autobatch.h"
 #include "autobatch/error.h"
+#include "autobatch/report.h"
 #include "autobatch/trial_runner.h"
 #include "cli_run.h"
 #include "pt2_package.h"
@@ -89,6 +90,35 @@ TEST(Pt2RunnerTest, APackageTrainsAtAnyBatchFromItsOwnMetadata) {
   }
   // Same trial twice: same peak (weights and running stats restored in between).
   EXPECT_EQ(runner.run({4, 1, {}}).peak_bytes, runner.run({4, 1, {}}).peak_bytes);
+}
+
+TEST(Pt2RunnerTest, TheCallLessItsGradientsIsMeasuredBesideIt) {
+  // "forward-backward-activations": the call's peak counting none of the gradients it returns,
+  // whose slope the search reads where forward-backward's reads flat (ResNet-18: 11 trials to 6).
+  // Catches a measure that counts the returned gradients (it would equal forward-backward at
+  // batch 1, where the call peaks with every gradient held), one that misses the call's own
+  // allocations (flat in the batch), and one named as the trial's peak phase.
+  TrialRunner runner(specFor(package("mlp_tiny")), limit(kUnlimited));
+  const std::int64_t gradient_bytes = runner.parameterBytes();
+  std::int64_t previous = 0;
+  for (const std::int64_t batch : {1, 64, 512}) {
+    const TrialResult r = runner.run({batch, 1, {}});
+    ASSERT_EQ(r.outcome, TrialOutcome::kFits);
+    const PhasePeak* call = phase(r, "forward-backward");
+    const PhasePeak* less = phase(r, "forward-backward-activations");
+    ASSERT_NE(call, nullptr);
+    ASSERT_NE(less, nullptr);
+    EXPECT_LE(less->peak_allocated_bytes, call->peak_allocated_bytes) << batch;
+    // Above the inputs' phase: the call's own intermediates (hidden 16 floats per sample).
+    EXPECT_GE(less->peak_allocated_bytes - phase(r, "inputs")->peak_allocated_bytes, batch * 16 * 4)
+        << batch;
+    if (batch == 1) {
+      EXPECT_GE(call->peak_allocated_bytes - less->peak_allocated_bytes, gradient_bytes / 2);
+    }
+    EXPECT_GT(less->peak_allocated_bytes, previous);
+    previous = less->peak_allocated_bytes;
+    EXPECT_NE(peakPhase(r), "forward-backward-activations");
+  }
 }
 
 // The gradients each parameter of `p` gets from one plain call (tied copies summed).

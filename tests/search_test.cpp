@@ -169,6 +169,34 @@ TEST(SearchTest, MlpRecipeFindsTheExactBoundaryInFiveTrials) {
   EXPECT_LE(longestFailureRun(r), 1);
 }
 
+// ResNet-18's pt2 package at 3x64x64 under 300 MiB (AdamW, loop; lines through the
+// --check-batch phase peaks at batches 1, 2, 12, 22 and 69, docs/formats.md). A package's one
+// forward-backward call peaks at small batches at the end of the backward with every gradient
+// held: 0.46 MB per sample from 1 to 2, 1.74 from 22 up. Its peak counting none of the gradients
+// it returns ("forward-backward-activations") grows 1.81 MB per sample throughout. Without that
+// measure the real search went from 2 to 265 and 244 (both out of memory), 11 trials in all.
+// With it but forward-backward's slope not bounded by it (as backward's is by forward's) this
+// model's search overshoots to 80 (out of memory) before 75, 76, 77: two failures, where the
+// bound gives 68, 75, 76, 77 and fails only at the confirming batch above the answer.
+TEST(SearchTest, PackageCallSlopeIsBoundedByItsActivations) {
+  testing::PhasedModel model;
+  model.limit_bytes = 300 * testing::kMiB;
+  model.phases = {{"inputs", 140312704, 98320, false},
+                  {"forward-backward-activations", 159220000, 1810420, false},
+                  {"forward-backward", 186669000, 457490, false},
+                  {"forward-backward", 182190000, 1741700, false},
+                  {"optimizer-step", 205945000, 49160, false}};
+  const std::int64_t threshold = model.threshold();
+  ASSERT_EQ(threshold, 76);
+  const SearchResult r = findMaxBatch(testing::probeFor(model), optionsFor(Strategy::kGuided));
+  EXPECT_EQ(r.max_micro_batch, threshold);
+  EXPECT_LE(r.trials.size(), 6U);
+  const auto failures = std::count_if(r.trials.begin(), r.trials.end(), [](const auto& t) {
+    return t.outcome != TrialOutcome::kFits;
+  });
+  EXPECT_LE(failures, 1);
+}
+
 // The conv net under RLIMIT_DATA (issue 17): the curve bends upwards past batch 100, so the
 // first slope overshoots 2x; small retreats then walked down through nine failures in a row
 // (338, 331, 317, 248, ...). The failed phase's bound and bisection in log space keep it short.

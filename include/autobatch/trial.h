@@ -45,7 +45,10 @@ std::string_view toString(TrialOutcome outcome);
 
 /// The peak of one phase of one micro-batch within a trial (the largest over its steps).
 struct PhasePeak {
-  /// "inputs", "forward", "loss", "backward" or "optimizer-step".
+  /// "inputs", "forward", "loss", "backward" or "optimizer-step"; for a pt2 package "inputs",
+  /// "forward-backward" (its one call), "optimizer-step", and "forward-backward-activations": not
+  /// a phase but a measure of that call, its peak counting none of the gradients it returns
+  /// (never above forward-backward's; the search reads its slope, docs/formats.md).
   std::string phase;
   /// 0-based micro-batch within the optimizer step (0 for the optimizer step).
   int micro_batch_index = 0;
