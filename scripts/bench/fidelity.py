@@ -174,7 +174,7 @@ def autobatch_peak(case: Case, cli: str, models: str, workdir: str,
     os.makedirs(workdir, exist_ok=True)
     report = os.path.join(workdir, "fidelity.json")
     archive = archive_override or os.path.join(models, f"{case.model}.pt")
-    if case.model in EXTRA_MODELS:
+    if archive_override is None and case.model in EXTRA_MODELS:
         archive = os.path.join(workdir, f"{case.model}.pt")
         if not os.path.exists(archive):
             torch.manual_seed(0)
@@ -296,8 +296,12 @@ def pt2_main(cases: list[Case], args) -> int:
     for case in cases:
         t = time.time()
         eager = eager_peak(case)
-        package, _ = autobatch_peak(case, args.autobatch, args.models, args.workdir,
-                                    pt2_path(case.package))
+        package, doc = autobatch_peak(case, args.autobatch, args.models, args.workdir,
+                                      pt2_path(case.package))
+        # The package's column must have run the package (an early version ran the archive).
+        ran = doc.get("model", {}).get("format")
+        if ran != "pt2":
+            raise RuntimeError(f"{case.label()}: the pt2 column ran a '{ran}' model")
         script, _ = autobatch_peak(case, args.autobatch, args.models, args.workdir,
                                    pt2_path(case.package + ".ts"))
         diff = 100.0 * (package - eager) / eager
