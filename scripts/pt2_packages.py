@@ -28,6 +28,8 @@ Names:
   wrong_weights       mlp_tiny whose weights.pt holds l1.weight as 32x8 (compiled for 16x8)
   inverted_range      mlp_tiny saying its compiled batch range is 10 to 3
   truncated_so        mlp_tiny with its compiled library (.so) cut short inside a valid zip
+  foreign_so          mlp_tiny whose compiled library's ELF header names another machine
+  blank_batch1_error  mlp_tiny whose batch_range.json holds a blank eager batch-1 error
   @tests              the set tests/pt2_test.cpp uses (TEST_SET)
 """
 
@@ -133,7 +135,7 @@ MODELS = {
 TEST_SET = ["mlp_tiny", "frozen_tiny", "convbn_tiny", "convbn_tiny.ts", "bn1d_tiny", "bn1d_tiny.ts",
             "tied_lm_tiny", "program_only",
             "inference_package", "other_torch", "other_isa", "other_machine", "narrow_range",
-            "wrong_weights", "inverted_range", "truncated_so"]
+            "wrong_weights", "inverted_range", "truncated_so", "foreign_so", "blank_batch1_error"]
 
 # mlp_tiny with one metadata field changed: (AOTInductor key or "autobatch.<field>", value).
 REWRITES = {
@@ -146,6 +148,10 @@ REWRITES = {
     "wrong_weights": ("weights.model.l1.weight", "32x8"),
     # the plain model's compiled library cut to 60% of its bytes, inside a valid zip
     "truncated_so": ("so", "0.6"),
+    # its ELF header saying AArch64 (e_machine 183): dlopen said "No such file or directory"
+    "foreign_so": ("so_machine", "183"),
+    # an eager batch-1 error of blanks (autobatch_export.py writes "Type: message" or null)
+    "blank_batch1_error": ("batch_range", '{"low": 2, "high": null, "eager_batch1_error": " \\n "}'),
 }
 
 
@@ -164,6 +170,10 @@ def rewrite_metadata(src: str, dst: str, key: str, value: str) -> None:
                 if info.filename.endswith(".so") and "/" + ab.PT2_ACCUMULATE_MODEL + "/" not in \
                         info.filename:
                     data = data[:int(len(data) * float(value))]
+            elif key == "so_machine":
+                if info.filename.endswith(".so") and "/" + ab.PT2_ACCUMULATE_MODEL + "/" not in \
+                        info.filename:
+                    data = data[:18] + int(value).to_bytes(2, "little") + data[20:]
             elif key.startswith("weights."):
                 if info.filename.endswith(ab.PT2_WEIGHTS):
                     import io

@@ -70,6 +70,23 @@ std::string elfDamage(const char* bytes, std::size_t size) {
   }
   std::memcpy(&header, bytes, sizeof(header));
   if (header.e_ident[EI_CLASS] != ELFCLASS64) return "it is not a 64-bit ELF shared object";
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  if (header.e_ident[EI_DATA] != ELFDATA2LSB) return "it is not little-endian, as this CPU is";
+#endif
+  if (header.e_type != ET_DYN) {
+    return "it is not a shared object (ELF type " + std::to_string(header.e_type) + ")";
+  }
+#if defined(__x86_64__)
+  constexpr std::uint16_t kThisMachine = EM_X86_64;
+#elif defined(__aarch64__)
+  constexpr std::uint16_t kThisMachine = EM_AARCH64;
+#else
+  constexpr std::uint16_t kThisMachine = 0;  // not checked
+#endif
+  if (kThisMachine != 0 && header.e_machine != kThisMachine) {
+    return "it is built for another machine (ELF machine " + std::to_string(header.e_machine) +
+           ", this one is " + std::to_string(kThisMachine) + ")";
+  }
   const auto inside = [&](std::uint64_t offset, std::uint64_t length) {
     return offset <= size && length <= size - offset;
   };
@@ -77,20 +94,44 @@ std::string elfDamage(const char* bytes, std::size_t size) {
   if (header.e_phentsize < sizeof(Elf64_Phdr) || !inside(header.e_phoff, program_table)) {
     return "its program header table lies past its end";
   }
+  int loaded = 0;
   for (std::uint16_t i = 0; i < header.e_phnum; ++i) {
     Elf64_Phdr segment{};
     std::memcpy(&segment, bytes + header.e_phoff + std::uint64_t{i} * header.e_phentsize,
                 sizeof(segment));
-    if (segment.p_type == PT_LOAD && !inside(segment.p_offset, segment.p_filesz)) {
+    if (segment.p_type != PT_LOAD) continue;
+    ++loaded;
+    if (!inside(segment.p_offset, segment.p_filesz)) {
       return "segment " + std::to_string(i) + " (" + std::to_string(segment.p_filesz) +
              " bytes at offset " + std::to_string(segment.p_offset) + ") lies past its end";
     }
+    if (segment.p_memsz < segment.p_filesz) {
+      return "segment " + std::to_string(i) + " is smaller in memory than in the file";
+    }
   }
+  if (loaded == 0) return "it has no loadable segment";
   if (header.e_shoff != 0 &&
       !inside(header.e_shoff, std::uint64_t{header.e_shnum} * header.e_shentsize)) {
     return "its section header table lies past its end";
   }
   return "";
+}
+
+// The stored text of an error for a one-line report: control characters (a NUL would cut it,
+// escapes would reach the terminal) become spaces, and more than kMaxChars is cut. Empty or blank
+// text is a damaged package: autobatch_export.py writes "ExceptionType: message" or null.
+std::string printableMessage(const std::string& path, std::string text) {
+  constexpr std::size_t kMaxChars = 1000;
+  for (char& c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  }
+  if (text.find_first_not_of(' ') == std::string::npos) {
+    fail(path, R"(expected "eager_batch1_error" in data/autobatch/batch_range.json as the )"
+               "error's text or null, but it is blank; " +
+                   std::string(kAdvice));
+  }
+  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "... (cut)";
+  return text;
 }
 
 // Checks every compiled library (.so) in the package before LibTorch's loader maps it.
@@ -340,7 +381,8 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
                  kAdvice);
       }
       if (range.contains("eager_batch1_error") && range["eager_batch1_error"].is_string()) {
-        metadata_.eager_batch1_error = range["eager_batch1_error"].get<std::string>();
+        metadata_.eager_batch1_error =
+            printableMessage(path, range["eager_batch1_error"].get<std::string>());
       }
       metadata_.batch_low = range["low"].get<std::int64_t>();
       if (range.contains("high") && range["high"].is_number_integer()) {

@@ -371,6 +371,18 @@ TEST(Pt2CliTest, WhatThePackageFixesIsAUsageErrorNamingItsValue) {
   EXPECT_EQ(cut.exit_code, 2) << cut.err;
   EXPECT_NE(cut.err.find(".wrapper.so"), std::string::npos) << cut.err;
   EXPECT_NE(cut.err.find("lies past its end"), std::string::npos) << cut.err;
+  // Another machine's library: dlopen said "cannot open shared object file: No such file or
+  // directory" (exit 1) of a file that was there.
+  const CliRun foreign_so =
+      runCli("foreign", "--model " + package("foreign_so") + " --device cpu --check-batch 2");
+  EXPECT_EQ(foreign_so.exit_code, 2) << foreign_so.err;
+  EXPECT_NE(foreign_so.err.find("built for another machine (ELF machine 183"), std::string::npos)
+      << foreign_so.err;
+  // A blank eager batch-1 error: a damaged package (it failed batch 1 with an empty message).
+  const CliRun blank =
+      runCli("blank", "--model " + package("blank_batch1_error") + " --device cpu --check-batch 1");
+  EXPECT_EQ(blank.exit_code, 2) << blank.err;
+  EXPECT_NE(blank.err.find("it is blank"), std::string::npos) << blank.err;
   // A batch range whose high is below its low: exit 2 at load (was "compiled for micro-batches
   // 10 to 3" at every batch, exit 3).
   const CliRun range =
