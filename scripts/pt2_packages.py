@@ -18,6 +18,7 @@ Names:
   resnet18_64         torchvision ResNet-18 at 3x64x64, cross-entropy
   mobilenet_v3_large_64, mlp_8x2048, decoder_lm_small   as in export_models.py (the LM untied)
   decoder_lm_small_1024   decoder_lm_small with a context of 1024 tokens
+  resnet18_64_noreorder   resnet18_64 compiled with Inductor's reorder_for_peak_memory off (VARIANTS)
   <name>.ts           the same model and inputs as a TorchScript archive (side-by-side checks)
   program_only        a torch.export program (torch.export.save), not a compiled package
   inference_package   an AOTInductor package of the forward only, without autobatch metadata
@@ -130,6 +131,14 @@ MODELS = {
 }
 
 
+# A package compiled under Inductor settings other than export_pt2's: name -> (MODELS name,
+# torch._inductor.config patch). Experiments recorded in docs/formats.md, reproduced with
+# scripts/bench/formats.py --package NAME (its NAME.ts is the model's TorchScript archive).
+VARIANTS = {
+    "resnet18_64_noreorder": ("resnet18_64", {"reorder_for_peak_memory": False}),
+}
+
+
 # What tests/pt2_test.cpp needs: built by the ctest fixture Pt2Packages.Build and, timed, by
 # scripts/test.sh before ctest.
 TEST_SET = ["mlp_tiny", "frozen_tiny", "convbn_tiny", "convbn_tiny.ts", "bn1d_tiny", "bn1d_tiny.ts",
@@ -166,14 +175,14 @@ def rewrite_metadata(src: str, dst: str, key: str, value: str) -> None:
             if key == "batch_range":
                 if info.filename.endswith(ab.PT2_BATCH_RANGE):
                     data = value.encode()
-            elif key == "so":
-                if info.filename.endswith(".so") and "/" + ab.PT2_ACCUMULATE_MODEL + "/" not in \
-                        info.filename:
-                    data = data[:int(len(data) * float(value))]
-            elif key == "so_machine":
-                if info.filename.endswith(".so") and "/" + ab.PT2_ACCUMULATE_MODEL + "/" not in \
-                        info.filename:
-                    data = data[:18] + int(value).to_bytes(2, "little") + data[20:]
+            elif key in ("so", "so_machine"):
+                # the plain model's library only (the accumulating model's stays whole)
+                if info.filename.endswith(".so") and \
+                        f"/{ab.PT2_ACCUMULATE_MODEL}/" not in info.filename:
+                    if key == "so":
+                        data = data[:int(len(data) * float(value))]
+                    else:  # e_machine, 2 bytes at offset 18 of the ELF header
+                        data = data[:18] + int(value).to_bytes(2, "little") + data[20:]
             elif key.startswith("weights."):
                 if info.filename.endswith(ab.PT2_WEIGHTS):
                     import io
@@ -226,12 +235,16 @@ def build(name: str, path: str) -> None:
         torch._inductor.aoti_compile_and_package(ep, package_path=path)
         return
     torchscript = name.endswith(".ts")
-    model, example, loss, int_high = MODELS[name[:-3] if torchscript else name]()
+    base, patch = VARIANTS.get(name[:-3] if torchscript else name, (None, {}))
+    model, example, loss, int_high = MODELS[base or (name[:-3] if torchscript else name)]()
     if torchscript:
         # The pt2 export unties shared weights; the TorchScript archive keeps the model as it is.
         ab.export(model, path, example, loss=loss, int_high=int_high)
     else:
-        ab.export_pt2(model, path, example, loss=loss, int_high=int_high)
+        import torch._inductor.config
+
+        with torch._inductor.config.patch(patch):
+            ab.export_pt2(model, path, example, loss=loss, int_high=int_high)
 
 
 def main() -> int:
@@ -247,9 +260,11 @@ def main() -> int:
         names += TEST_SET if name == "@tests" else [name]
     for name in names:
         base = name[:-3] if name.endswith(".ts") else name
-        if base not in MODELS and name not in ("program_only", "inference_package", *REWRITES):
+        if base not in MODELS and base not in VARIANTS and \
+                name not in ("program_only", "inference_package", *REWRITES):
             print(f"pt2_packages: unknown name '{name}': expected one of "
-                  f"{', '.join(sorted(MODELS))}, program_only, inference_package (or NAME.ts)",
+                  f"{', '.join(sorted([*MODELS, *VARIANTS]))}, program_only, inference_package "
+                  f"(or NAME.ts)",
                   file=sys.stderr)
             return 2
         path = os.path.join(folder, name + (".pt" if name.endswith(".ts") else ".pt2"))

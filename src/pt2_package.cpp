@@ -117,26 +117,24 @@ std::string elfDamage(const char* bytes, std::size_t size) {
   return "";
 }
 
-// The stored text of an error for a one-line report: control characters (a NUL would cut it,
-// escapes would reach the terminal) become spaces, and more than kMaxChars is cut. Empty or blank
+// batch_range.json's "eager_batch1_error" for a one-line report: control characters (a NUL would
+// cut it, escapes would reach the terminal) become spaces, and more than kMaxChars is cut. Blank
 // text is a damaged package: autobatch_export.py writes "ExceptionType: message" or null.
-std::string printableMessage(const std::string& path, std::string text) {
+std::string eagerErrorText(const std::string& path, std::string text) {
   constexpr std::size_t kMaxChars = 1000;
   for (char& c : text) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
   }
   if (text.find_first_not_of(' ') == std::string::npos) {
-    fail(path, R"(expected "eager_batch1_error" in data/autobatch/batch_range.json as the )"
-               "error's text or null, but it is blank; " +
-                   std::string(kAdvice));
+    fail(path, std::string(R"(expected "eager_batch1_error" in )") + kBatchRangeRecord +
+                   " as the error's text or null, but it is blank; " + kAdvice);
   }
   if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "... (cut)";
   return text;
 }
 
 // Checks every compiled library (.so) in the package before LibTorch's loader maps it.
-void checkCompiledCode(const std::string& path) {
-  caffe2::serialize::PyTorchStreamReader reader(path);
+void checkCompiledCode(const std::string& path, caffe2::serialize::PyTorchStreamReader& reader) {
   for (const auto& name : reader.getAllRecords()) {
     if (!name.ends_with(".so")) continue;
     auto [data, size] = reader.getRecord(name);
@@ -354,12 +352,13 @@ Pt2Metadata readPt2Metadata(const std::string& path) {
 }
 
 Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path)) {
-  checkCompiledCode(path);
-  loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, "model");
-  // The stored weights: a dict name -> tensor written by torch.save.
+  // The stored weights: a dict name -> tensor written by torch.save. All of the archive autobatch
+  // reads is checked before LibTorch's loader unpacks and maps the compiled code (a damaged
+  // package fails before it leaves a folder in /tmp).
   std::map<std::string, at::Tensor> stored;
   {
     caffe2::serialize::PyTorchStreamReader reader(path);
+    checkCompiledCode(path, reader);
     if (!reader.hasRecord(kWeightsRecord)) {
       fail(path, std::string("expected the weights at ") + kWeightsRecord +
                      ", but there are none; " + kAdvice);
@@ -382,7 +381,7 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
       }
       if (range.contains("eager_batch1_error") && range["eager_batch1_error"].is_string()) {
         metadata_.eager_batch1_error =
-            printableMessage(path, range["eager_batch1_error"].get<std::string>());
+            eagerErrorText(path, range["eager_batch1_error"].get<std::string>());
       }
       metadata_.batch_low = range["low"].get<std::int64_t>();
       if (range.contains("high") && range["high"].is_number_integer()) {
@@ -406,6 +405,7 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
       stored[entry.key().toStringRef()] = entry.value().toTensor();
     }
   }
+  loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, "model");
   // What the compiled code reads: each tensor in the shape and dtype it had at export, laid out
   // contiguously. Another shape would be read (or written) out of bounds.
   for (auto& [name, tensor] : stored) {

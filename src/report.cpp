@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "autobatch/units.h"
+#include "memory_backend.h"
 
 namespace autobatch {
 namespace {
@@ -34,7 +35,8 @@ json optionalJson(const RunContext* ctx, std::optional<std::string> AllocatorInf
 std::string peakPhase(const TrialResult& t) {
   const PhasePeak* top = nullptr;
   for (const auto& p : t.phase_peaks) {
-    if (p.phase == "forward-backward-activations") continue;  // a measure of forward-backward
+    // A measure of a package's forward-backward call, never the phase that set the peak.
+    if (p.phase == detail::phaseKey(detail::TrialPhase::kCallActivations)) continue;
     if (top == nullptr || p.peak_allocated_bytes > top->peak_allocated_bytes) top = &p;
   }
   if (top == nullptr) return "";

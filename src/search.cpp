@@ -1,6 +1,7 @@
 #include "autobatch/search.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -13,6 +14,7 @@
 
 #include "autobatch/error.h"
 #include "autobatch/units.h"
+#include "memory_backend.h"
 
 namespace autobatch {
 namespace {
@@ -400,19 +402,22 @@ class Search {
     // ("forward-backward-activations", src/trial_runner.cpp) plays forward's part. Without it
     // ResNet-18's package jumped from batch 2 to 265 and 244 (both out of memory; the answer was
     // 75) on a forward-backward secant of 0.43 MiB per sample.
+    using detail::phaseKey;
+    using detail::TrialPhase;
+    static const std::array<std::pair<std::string, std::string>, 2> bounded_by = {{
+        {std::string(phaseKey(TrialPhase::kBackward)) + "#",
+         std::string(phaseKey(TrialPhase::kForward)) + "#"},
+        {std::string(phaseKey(TrialPhase::kForwardBackward)) + "#",
+         std::string(phaseKey(TrialPhase::kCallActivations)) + "#"},
+    }};
     for (auto& [key, slope] : slopes) {
       if (slope.bounded) continue;
-      std::string lower_bound;
-      if (key.starts_with("backward#")) {
-        lower_bound = "forward#" + key.substr(9);
-      } else if (key.starts_with("forward-backward#")) {
-        lower_bound = "forward-backward-activations#" + key.substr(17);
-      } else {
-        continue;
-      }
-      const auto by = slopes.find(lower_bound);
-      if (by != slopes.end()) {
-        slope.bytes_per_sample = std::max(slope.bytes_per_sample, by->second.bytes_per_sample);
+      for (const auto& [prefix, by_prefix] : bounded_by) {
+        if (!key.starts_with(prefix)) continue;
+        const auto by = slopes.find(by_prefix + key.substr(prefix.size()));
+        if (by != slopes.end()) {
+          slope.bytes_per_sample = std::max(slope.bytes_per_sample, by->second.bytes_per_sample);
+        }
       }
     }
     double best = std::numeric_limits<double>::infinity();

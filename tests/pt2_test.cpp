@@ -355,40 +355,38 @@ TEST(Pt2CliTest, WhatThePackageFixesIsAUsageErrorNamingItsValue) {
       runCli("inference", "--model " + package("inference_package") + " --device cpu");
   EXPECT_EQ(inference.exit_code, 2);
   EXPECT_NE(inference.err.find("no \"autobatch\" metadata"), std::string::npos) << inference.err;
-  // weights.pt holding a tensor of another shape than the compiled code reads: exit 2 naming it.
-  // Without the check the call read a 32x8 l1.weight as 16x8 (a smaller one: out of bounds, a
-  // heap corruption that aborted the process).
-  const CliRun weights =
-      runCli("weights", "--model " + package("wrong_weights") + " --device cpu --check-batch 2");
-  EXPECT_EQ(weights.exit_code, 2) << weights.err;
-  EXPECT_NE(weights.err.find("\"model.l1.weight\" as Float [16, 8]"), std::string::npos)
-      << weights.err;
-  EXPECT_NE(weights.err.find("holds Float [32, 8]"), std::string::npos) << weights.err;
-  // The compiled library cut short inside a valid zip: exit 2 naming it. LibTorch's loader mapped
-  // it and the process died of SIGBUS (exit 135) before a word was said.
-  const CliRun cut =
-      runCli("truncated", "--model " + package("truncated_so") + " --device cpu --check-batch 2");
-  EXPECT_EQ(cut.exit_code, 2) << cut.err;
-  EXPECT_NE(cut.err.find(".wrapper.so"), std::string::npos) << cut.err;
-  EXPECT_NE(cut.err.find("lies past its end"), std::string::npos) << cut.err;
-  // Another machine's library: dlopen said "cannot open shared object file: No such file or
-  // directory" (exit 1) of a file that was there.
-  const CliRun foreign_so =
-      runCli("foreign", "--model " + package("foreign_so") + " --device cpu --check-batch 2");
-  EXPECT_EQ(foreign_so.exit_code, 2) << foreign_so.err;
-  EXPECT_NE(foreign_so.err.find("built for another machine (ELF machine 183"), std::string::npos)
-      << foreign_so.err;
-  // A blank eager batch-1 error: a damaged package (it failed batch 1 with an empty message).
-  const CliRun blank =
-      runCli("blank", "--model " + package("blank_batch1_error") + " --device cpu --check-batch 1");
-  EXPECT_EQ(blank.exit_code, 2) << blank.err;
-  EXPECT_NE(blank.err.find("it is blank"), std::string::npos) << blank.err;
-  // A batch range whose high is below its low: exit 2 at load (was "compiled for micro-batches
-  // 10 to 3" at every batch, exit 3).
-  const CliRun range =
-      runCli("range", "--model " + package("inverted_range") + " --device cpu --check-batch 4");
-  EXPECT_EQ(range.exit_code, 2) << range.err;
-  EXPECT_NE(range.err.find("with high >= low, but got 10 to 3"), std::string::npos) << range.err;
+  // Damaged packages: exit 2 at load, the message naming what is wrong. Each a test package of
+  // scripts/pt2_packages.py: (name, micro-batch checked, texts the message holds).
+  struct Damaged {
+    const char* name;
+    int batch;
+    std::vector<std::string> texts;
+  };
+  const std::vector<Damaged> damaged = {
+      // weights.pt holding a tensor of another shape than the compiled code reads. Without the
+      // check the call read a 32x8 l1.weight as 16x8 (a smaller one: out of bounds, a heap
+      // corruption that aborted the process).
+      {"wrong_weights", 2, {"\"model.l1.weight\" as Float [16, 8]", "holds Float [32, 8]"}},
+      // The compiled library cut short inside a valid zip. LibTorch's loader mapped it and the
+      // process died of SIGBUS (exit 135) before a word was said.
+      {"truncated_so", 2, {".wrapper.so", "lies past its end"}},
+      // Another machine's library: dlopen said "cannot open shared object file: No such file or
+      // directory" (exit 1) of a file that was there.
+      {"foreign_so", 2, {"built for another machine (ELF machine 183"}},
+      // A blank eager batch-1 error (it failed batch 1 with an empty message).
+      {"blank_batch1_error", 1, {"it is blank"}},
+      // A batch range whose high is below its low (was "compiled for micro-batches 10 to 3" at
+      // every batch, exit 3).
+      {"inverted_range", 4, {"with high >= low, but got 10 to 3"}},
+  };
+  for (const auto& [name, batch, texts] : damaged) {
+    const CliRun run = runCli(
+        name, "--model " + package(name) + " --device cpu --check-batch " + std::to_string(batch));
+    EXPECT_EQ(run.exit_code, 2) << name << ": " << run.err;
+    for (const auto& text : texts) {
+      EXPECT_NE(run.err.find(text), std::string::npos) << name << ": " << run.err;
+    }
+  }
 }
 
 TEST(Pt2CliTest, ASearchOnAPackageReportsItsFormatAndKeepsTheWrapperQuiet) {
