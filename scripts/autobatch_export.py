@@ -180,6 +180,51 @@ def untie_parameters(model: torch.nn.Module):
     return list(groups.values())
 
 
+# Fused attention kernels the joint graph keeps as they are (with their backward), as Inductor's
+# own torch.compile does (torch/_inductor/decomposition.py, torch 2.11: decomps_to_exclude).
+# core ATen's table decomposes the CPU flash-attention kernel into bmm / softmax / bmm, which
+# materialises the B x heads x T x T attention matrix and saves it for the backward; eager's CPU
+# kernel never builds it (decoder_lm_small at 1024 tokens: +21-22% over the eager loop with the
+# decomposition, docs/formats.md). AOTInductor calls the kept kernels through its C shim
+# (aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu[_backward]).
+KEPT_FUSED_OPS = ("_scaled_dot_product_flash_attention_for_cpu",)
+
+
+class _fused_cpu_attention:
+    """Context manager: while it is open, torch._decomp.core_aten_decompositions() (the table
+    torch.export.experimental._export_forward_backward reads, imported inside that call) leaves
+    out the KEPT_FUSED_OPS. Restores the original function on exit, also on error."""
+
+    def __enter__(self):
+        import torch._decomp as decomp
+
+        self._module = decomp
+        self._original = decomp.core_aten_decompositions
+        original = self._original
+
+        def table():
+            decompositions = original()
+            for name in KEPT_FUSED_OPS:
+                decompositions.pop(getattr(torch.ops.aten, name).default, None)
+            return decompositions
+
+        decomp.core_aten_decompositions = table
+        return self
+
+    def __exit__(self, *exc):
+        self._module.core_aten_decompositions = self._original
+        return False
+
+
+def fused_ops(joint) -> list:
+    """The KEPT_FUSED_OPS (and their backward kernels) the joint graph calls, as sorted
+    "aten.<name>" strings: metadata "fused_ops", so a package says which fused kernels it runs."""
+    names = {f"aten.{n.target._opname}" for n in joint.graph.nodes
+             if n.op == "call_function" and hasattr(n.target, "_opname")
+             and any(n.target._opname in (k, k + "_backward") for k in KEPT_FUSED_OPS)}
+    return sorted(names)
+
+
 def export_joint(wrapped: torch.nn.Module, args, dynamic_shapes):
     """torch.export of the model with its loss, then the joint forward-backward graph.
 
@@ -192,7 +237,8 @@ def export_joint(wrapped: torch.nn.Module, args, dynamic_shapes):
     from torch.export.graph_signature import OutputKind
 
     ep = torch.export.export(wrapped, tuple(args), dynamic_shapes=dynamic_shapes)
-    joint = torch.export.experimental._export_forward_backward(ep, joint_loss_index=0)
+    with _fused_cpu_attention():
+        joint = torch.export.experimental._export_forward_backward(ep, joint_loss_index=0)
     kinds = [spec.kind for spec in joint.graph_signature.output_specs]
     if kinds.count(OutputKind.LOSS_OUTPUT) != 1:
         raise RuntimeError(f"joint graph: expected one LOSS_OUTPUT, got output kinds {kinds}")
@@ -409,6 +455,74 @@ def eager_batch1_error(wrapped: torch.nn.Module, args: Sequence[torch.Tensor]) -
     return None
 
 
+# Largest difference allowed between the joint graph's gradients and eager autograd's at the
+# example batch, relative to each gradient's largest element (floored at 1e-3 of the largest of
+# all, so a gradient that is 0 in exact arithmetic is not judged by its rounding noise). Both run
+# the same float32 kernels in the same order except where a decomposition replaced one, so they
+# agree to float32 rounding (at most 2.6e-5 on the models of scripts/pt2_packages.py, bn1d_tiny;
+# ResNet-18 2.1e-6); torch 2.11's decomposed CPU flash attention was off by 1e-1 on a tiny
+# attention model and by 8.7e4 on decoder_lm_small (a gradient that should be near 0).
+GRADIENT_CHECK_TOLERANCE = 1e-3
+# Ops that draw random numbers: eager and the joint graph draw them differently (dropout's mask),
+# so their gradients cannot be compared and the check is skipped.
+_RANDOM_OPS = ("bernoulli", "rand", "randn", "randint", "randperm", "normal", "uniform",
+               "native_dropout", "multinomial", "exponential", "geometric", "cauchy", "poisson")
+
+
+def joint_gradient_check(wrapped: torch.nn.Module, joint, args: Sequence[torch.Tensor]) -> dict:
+    """Runs the joint graph (uncompiled) and the eager step (forward, loss, backward; on a copy)
+    on the example batch and compares every gradient: the export's own proof that the graph it
+    compiles computes the user's gradients. Catches a decomposition whose forward no longer
+    matches the native backward that consumes it (torch 2.11: core ATen's decomposition of
+    _scaled_dot_product_flash_attention_for_cpu returns the attention matrix where the kernel's
+    backward reads the log-sum-exp; see KEPT_FUSED_OPS), and any such fault to come.
+
+    Returns metadata ``gradient_check``: {"max_relative_diff": float, "worst": name} or
+    {"skipped": reason}. Raises ValueError naming the parameter when the difference is over
+    GRADIENT_CHECK_TOLERANCE. Side effects: none on ``wrapped`` (a copy runs)."""
+    import copy
+
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    random = sorted({str(n.target) for n in joint.graph.nodes if n.op == "call_function"
+                     and any(getattr(n.target, "_opname", "").startswith(r) for r in _RANDOM_OPS)})
+    if random:
+        return {"skipped": f"random ops ({', '.join(random)}): eager draws other numbers"}
+    users = iter(args)
+    flat = []
+    for spec in joint.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            flat.append(next(users).clone())
+        elif spec.target in joint.state_dict:
+            flat.append(joint.state_dict[spec.target].detach().clone())
+        else:
+            flat.append(joint.constants[spec.target])
+    with torch.no_grad():
+        outputs = joint.graph_module(*flat)
+    joint_grads = {spec.target: out for spec, out in zip(joint.graph_signature.output_specs, outputs)
+                   if spec.kind == OutputKind.GRADIENT_TO_PARAMETER}
+    probe = copy.deepcopy(wrapped).train()
+    (loss,) = probe(*[a.clone() for a in args])
+    loss.backward()
+    eager = {n: p.grad for n, p in probe.named_parameters() if p.grad is not None}
+    floor = 1e-3 * max((g.abs().max().item() for g in eager.values()), default=0.0)
+    worst, worst_name = 0.0, ""
+    for name, grad in joint_grads.items():
+        if name not in eager:
+            continue  # a tied copy: untied in ``wrapped`` too, so it has its own; else not trained
+        scale = max(eager[name].abs().max().item(), floor)
+        diff = (grad - eager[name]).abs().max().item() / scale if scale > 0 else 0.0
+        if diff > worst or worst_name == "":
+            worst, worst_name = diff, name
+    if worst > GRADIENT_CHECK_TOLERANCE:
+        raise ValueError(
+            f"the exported training step computes other gradients than eager PyTorch: {worst_name}"
+            f" differs by {worst:.3g} of its largest element at the example batch (allowed "
+            f"{GRADIENT_CHECK_TOLERANCE:g}); a torch.export decomposition changed what the step "
+            f"computes. Export it in the TorchScript format instead (--format torchscript)")
+    return {"max_relative_diff": float(f"{worst:.3g}"), "worst": worst_name}
+
+
 # c10::toString(ScalarType) of the dtypes a stored tensor may have ("" for others: unchecked).
 _C10_DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
                     torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
@@ -453,6 +567,7 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
     state = {k: v.detach().contiguous().clone()
              for k, v in wrapped.state_dict(keep_vars=False).items()}
     batch1 = eager_batch1_error(wrapped, args)
+    check = joint_gradient_check(wrapped, joint, args)
     meta = dict(base)
     meta.update({
         "format": "pt2",
@@ -463,6 +578,8 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
         "tied": [["model." + n for n in group] for group in tied],
         "torch": torch.__version__.split("+")[0],
         "precision": "fp32",
+        "fused_ops": fused_ops(joint),
+        "gradient_check": check,
         # the second model: the same step, adding each gradient into a buffer the runner gives
         "accumulate_model": PT2_ACCUMULATE_MODEL,
         # what the compiled code reads for each stored tensor: the runner checks weights.pt
