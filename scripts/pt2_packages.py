@@ -28,6 +28,7 @@ Names:
                       could leave a package; ResNet-18 ran 2 to 15 before _hinted_conv_backend)
   wrong_weights       mlp_tiny whose weights.pt holds l1.weight as 32x8 (compiled for 16x8)
   inverted_range      mlp_tiny saying its compiled batch range is 10 to 3
+  malformed_range     mlp_tiny whose batch_range.json gives "low" as text ("2")
   truncated_so        mlp_tiny with its compiled library (.so) cut short inside a valid zip
   foreign_so          mlp_tiny whose compiled library's ELF header names another machine
   blank_batch1_error  mlp_tiny whose batch_range.json holds a blank eager batch-1 error
@@ -144,7 +145,8 @@ VARIANTS = {
 TEST_SET = ["mlp_tiny", "frozen_tiny", "convbn_tiny", "convbn_tiny.ts", "bn1d_tiny", "bn1d_tiny.ts",
             "tied_lm_tiny", "program_only",
             "inference_package", "other_torch", "other_isa", "other_machine", "narrow_range",
-            "wrong_weights", "inverted_range", "truncated_so", "foreign_so", "blank_batch1_error"]
+            "wrong_weights", "inverted_range", "malformed_range", "truncated_so", "foreign_so",
+            "blank_batch1_error"]
 
 # mlp_tiny with one metadata field changed: (AOTInductor key or "autobatch.<field>", value).
 REWRITES = {
@@ -153,6 +155,8 @@ REWRITES = {
     "other_machine": ("AOTI_MACHINE", "aarch64"),
     "narrow_range": ("batch_range", '{"low": 2, "high": 8}'),
     "inverted_range": ("batch_range", '{"low": 10, "high": 3}'),
+    # a batch range whose low is text: the message names the field and its value
+    "malformed_range": ("batch_range", '{"low": "2", "high": null}'),
     # weights.pt holding l1.weight at twice its rows: the compiled code would read the first half
     "wrong_weights": ("weights.model.l1.weight", "32x8"),
     # the plain model's compiled library cut to 60% of its bytes, inside a valid zip

@@ -117,6 +117,31 @@ std::string elfDamage(const char* bytes, std::size_t size) {
   return "";
 }
 
+// What is wrong with batch_range.json's document, naming the field and its value (cut at 80
+// characters), or "" when it is well formed: "low" an integer >= 1, "high" an integer or null or
+// absent, "eager_batch1_error" text or null or absent.
+std::string batchRangeProblem(const json& range) {
+  if (range.is_discarded()) return "it is not JSON";
+  if (!range.is_object()) return "it is " + std::string(range.type_name()) + ", not an object";
+  const auto shown = [&](const char* key) {
+    std::string text = range[key].dump();
+    if (text.size() > 80) text = text.substr(0, 77) + "...";
+    return std::string("\"") + key + "\" is " + text;
+  };
+  if (!range.contains("low")) return R"("low" is missing)";
+  if (!range["low"].is_number_integer() || range["low"].get<std::int64_t>() < 1) {
+    return shown("low") + " (expected an integer >= 1)";
+  }
+  if (range.contains("high") && !range["high"].is_null() && !range["high"].is_number_integer()) {
+    return shown("high") + " (expected an integer or null)";
+  }
+  if (range.contains("eager_batch1_error") && !range["eager_batch1_error"].is_null() &&
+      !range["eager_batch1_error"].is_string()) {
+    return shown("eager_batch1_error") + " (expected text or null)";
+  }
+  return "";
+}
+
 // batch_range.json's "eager_batch1_error" for a one-line report: control characters (a NUL would
 // cut it, escapes would reach the terminal) become spaces, and more than kMaxChars is cut. Blank
 // text is a damaged package: autobatch_export.py writes "ExceptionType: message" or null.
@@ -367,17 +392,12 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
       auto [range_data, range_size] = reader.getRecord(kBatchRangeRecord);
       const auto* text = static_cast<const char*>(range_data.get());
       const json range = json::parse(text, text + range_size, nullptr, false);
-      const auto absent_or_null = [&](const char* key) {
-        return !range.contains(key) || range[key].is_null();
-      };
-      if (!range.is_object() || !range.contains("low") || !range["low"].is_number_integer() ||
-          range["low"].get<std::int64_t>() < 1 ||
-          !(absent_or_null("high") || range["high"].is_number_integer()) ||
-          !(absent_or_null("eager_batch1_error") || range["eager_batch1_error"].is_string())) {
+      const std::string problem = batchRangeProblem(range);
+      if (!problem.empty()) {
         fail(path,
              std::string("expected ") + kBatchRangeRecord +
-                 R"( as {"low": N, "high": M or null, "eager_batch1_error": text or null}; )" +
-                 kAdvice);
+                 R"( as {"low": N, "high": M or null, "eager_batch1_error": text or null}, but )" +
+                 problem + "; " + kAdvice);
       }
       if (range.contains("eager_batch1_error") && range["eager_batch1_error"].is_string()) {
         metadata_.eager_batch1_error =

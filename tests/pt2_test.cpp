@@ -378,6 +378,9 @@ TEST(Pt2CliTest, WhatThePackageFixesIsAUsageErrorNamingItsValue) {
       // A batch range whose high is below its low (was "compiled for micro-batches 10 to 3" at
       // every batch, exit 3).
       {"inverted_range", 4, {"with high >= low, but got 10 to 3"}},
+      // A batch range whose low is text. The message gave the whole schema and left the user to
+      // find which field broke it.
+      {"malformed_range", 2, {R"(but "low" is "2" (expected an integer >= 1))"}},
   };
   for (const auto& [name, batch, texts] : damaged) {
     const CliRun run = runCli(
