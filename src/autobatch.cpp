@@ -39,6 +39,7 @@ RunContext contextOf(const TrialRunner& runner) {
   c.loss = runner.loss();
   c.micro_batches_per_trial = runner.microBatchesPerTrial();
   c.warnings = runner.memoryLimitWarnings();
+  if (runner.modelFormat() == "pt2") c.warnings.emplace_back(kPt2EagerWarning);
   return c;
 }
 
