@@ -180,48 +180,73 @@ def untie_parameters(model: torch.nn.Module):
     return list(groups.values())
 
 
-# Fused attention kernels the joint graph keeps as they are (with their backward), as Inductor's
-# own torch.compile does (torch/_inductor/decomposition.py, torch 2.11: decomps_to_exclude).
-# core ATen's table decomposes the CPU flash-attention kernel into bmm / softmax / bmm, which
-# materialises the B x heads x T x T attention matrix and saves it for the backward; eager's CPU
-# kernel never builds it (decoder_lm_small at 1024 tokens: +21-22% over the eager loop with the
-# decomposition, docs/formats.md). AOTInductor calls the kept kernels through its C shim
-# (aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu[_backward]).
-KEPT_FUSED_OPS = ("_scaled_dot_product_flash_attention_for_cpu",)
+# ATen kernels a package calls as the eager step does (each with its backward where it has one),
+# where core ATen's decomposition table (applied by the private joint export) and Inductor's (at
+# compile) would replace them with finer ops that Inductor then fuses:
+# - the CPU flash-attention kernel. core ATen's decomposition computes its forward as bmm /
+#   softmax / bmm and hands the kernel's backward the attention matrix where the log-sum-exp
+#   belongs: wrong q/k/v gradients, and the B x heads x T x T matrix saved (decoder_lm_small at
+#   1024 tokens: +21-22% over the eager loop). Inductor's own torch.compile keeps it too
+#   (torch/_inductor/decomposition.py, torch 2.11: decomps_to_exclude); called through the C shim.
+# - cross-entropy's nll_loss and log_softmax backward. Fused, they skip the B x classes gradient
+#   that eager's nll_loss_backward materialises before log_softmax's backward: one float
+#   B x T x vocab tensor less at the loss (decoder_lm_small at 1024 tokens: -14% / -17% of the
+#   eager loop; -0.5% with these kernels kept). A user's compiled model computes its loss
+#   outside the compiled code too. No C shim: AOTInductor calls them through its proxy executor.
+# docs/formats.md, "Exporting a package"; metadata "eager_kernels" lists those a package calls.
+EAGER_KERNELS = ("_scaled_dot_product_flash_attention_for_cpu", "nll_loss_forward",
+                 "nll_loss_backward", "_log_softmax_backward_data")
 
 
-class _fused_cpu_attention:
-    """Context manager: while it is open, torch._decomp.core_aten_decompositions() (the table
-    torch.export.experimental._export_forward_backward reads, imported inside that call) leaves
-    out the KEPT_FUSED_OPS. Restores the original function on exit, also on error."""
+class _eager_kernels:
+    """Context manager: while it is open, neither core ATen's decomposition table
+    (torch._decomp.core_aten_decompositions, which torch.export.experimental.
+    _export_forward_backward imports inside the call) nor Inductor's (the name
+    select_decomp_table in torch._inductor.compile_fx, read by every compile; Inductor caches the
+    table it builds, so its dict cannot be edited instead) decomposes the EAGER_KERNELS, and
+    Inductor lowers each to a call of the ATen kernel (make_fallback; override_decomp because the
+    op still has a decomposition registered, which this context only hides). The joint graph
+    calls them and so does the compiled code (tests/python/pt2_export_test.py reads the compiled
+    models' extern-kernel lists). Restores both tables on exit, also on error; the fallback
+    lowerings stay registered, unused wherever the tables decompose the ops."""
 
     def __enter__(self):
         import torch._decomp as decomp
+        import torch._inductor.compile_fx as compile_fx
+        from torch._inductor.lowering import make_fallback
 
-        self._module = decomp
-        self._original = decomp.core_aten_decompositions
-        original = self._original
+        self._decomp, self._compile_fx = decomp, compile_fx
+        self._core, self._inductor = decomp.core_aten_decompositions, compile_fx.select_decomp_table
+        ops = [getattr(torch.ops.aten, name).default for name in EAGER_KERNELS]
+        core, inductor = self._core, self._inductor
 
-        def table():
-            decompositions = original()
-            for name in KEPT_FUSED_OPS:
-                decompositions.pop(getattr(torch.ops.aten, name).default, None)
+        def core_table():
+            decompositions = core()
+            for op in ops:
+                decompositions.pop(op, None)
             return decompositions
 
-        decomp.core_aten_decompositions = table
+        def inductor_table():
+            return {k: v for k, v in inductor().items() if k not in ops}
+
+        decomp.core_aten_decompositions = core_table
+        compile_fx.select_decomp_table = inductor_table
+        for op in ops:
+            make_fallback(op, warn=False, override_decomp=True)
         return self
 
     def __exit__(self, *exc):
-        self._module.core_aten_decompositions = self._original
+        self._decomp.core_aten_decompositions = self._core
+        self._compile_fx.select_decomp_table = self._inductor
         return False
 
 
-def fused_ops(joint) -> list:
-    """The KEPT_FUSED_OPS (and their backward kernels) the joint graph calls, as sorted
-    "aten.<name>" strings: metadata "fused_ops", so a package says which fused kernels it runs."""
+def eager_kernels(joint) -> list:
+    """The EAGER_KERNELS (and their backward kernels) the joint graph calls, as sorted
+    "aten.<name>" strings: metadata "eager_kernels"."""
     names = {f"aten.{n.target._opname}" for n in joint.graph.nodes
              if n.op == "call_function" and hasattr(n.target, "_opname")
-             and any(n.target._opname in (k, k + "_backward") for k in KEPT_FUSED_OPS)}
+             and any(n.target._opname in (k, k + "_backward") for k in EAGER_KERNELS)}
     return sorted(names)
 
 
@@ -237,7 +262,7 @@ def export_joint(wrapped: torch.nn.Module, args, dynamic_shapes):
     from torch.export.graph_signature import OutputKind
 
     ep = torch.export.export(wrapped, tuple(args), dynamic_shapes=dynamic_shapes)
-    with _fused_cpu_attention():
+    with _eager_kernels():
         joint = torch.export.experimental._export_forward_backward(ep, joint_loss_index=0)
     kinds = [spec.kind for spec in joint.graph_signature.output_specs]
     if kinds.count(OutputKind.LOSS_OUTPUT) != 1:
@@ -345,8 +370,9 @@ def _compile_package(path: str, programs, inductor_configs):
     for name, program in programs.items():
         module = program.module(check_guards=False)
         args, kwargs = program.example_inputs
-        files[name] = torch._inductor.aot_compile(
-            module, args, kwargs, options={**inductor_configs, "aot_inductor.package": True})
+        with _eager_kernels():
+            files[name] = torch._inductor.aot_compile(
+                module, args, kwargs, options={**inductor_configs, "aot_inductor.package": True})
     return package_aoti(path, files)
 
 
@@ -475,7 +501,7 @@ def joint_gradient_check(wrapped: torch.nn.Module, joint, args: Sequence[torch.T
     compiles computes the user's gradients. Catches a decomposition whose forward no longer
     matches the native backward that consumes it (torch 2.11: core ATen's decomposition of
     _scaled_dot_product_flash_attention_for_cpu returns the attention matrix where the kernel's
-    backward reads the log-sum-exp; see KEPT_FUSED_OPS), and any such fault to come.
+    backward reads the log-sum-exp; see EAGER_KERNELS), and any such fault to come.
 
     Returns metadata ``gradient_check``: {"max_relative_diff": float, "worst": name} or
     {"skipped": reason}. Raises ValueError naming the parameter when the difference is over
@@ -578,7 +604,7 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
         "tied": [["model." + n for n in group] for group in tied],
         "torch": torch.__version__.split("+")[0],
         "precision": "fp32",
-        "fused_ops": fused_ops(joint),
+        "eager_kernels": eager_kernels(joint),
         "gradient_check": check,
         # the second model: the same step, adding each gradient into a buffer the runner gives
         "accumulate_model": PT2_ACCUMULATE_MODEL,
