@@ -29,6 +29,8 @@ Names:
   wrong_weights       mlp_tiny whose weights.pt holds l1.weight as 32x8 (compiled for 16x8)
   inverted_range      mlp_tiny saying its compiled batch range is 10 to 3
   malformed_range     mlp_tiny whose batch_range.json gives "low" as text ("2")
+  fused_package       mlp_tiny without metadata "eager_kernels" (as exported before packages ran
+                      eager's kernels: the runner warns that its figures are a fused step's)
   truncated_so        mlp_tiny with its compiled library (.so) cut short inside a valid zip
   foreign_so          mlp_tiny whose compiled library's ELF header names another machine
   blank_batch1_error  mlp_tiny whose batch_range.json holds a blank eager batch-1 error
@@ -146,7 +148,7 @@ TEST_SET = ["mlp_tiny", "frozen_tiny", "convbn_tiny", "convbn_tiny.ts", "bn1d_ti
             "tied_lm_tiny", "program_only",
             "inference_package", "other_torch", "other_isa", "other_machine", "narrow_range",
             "wrong_weights", "inverted_range", "malformed_range", "truncated_so", "foreign_so",
-            "blank_batch1_error"]
+            "blank_batch1_error", "fused_package"]
 
 # mlp_tiny with one metadata field changed: (AOTInductor key or "autobatch.<field>", value).
 REWRITES = {
@@ -157,6 +159,8 @@ REWRITES = {
     "inverted_range": ("batch_range", '{"low": 10, "high": 3}'),
     # a batch range whose low is text: the message names the field and its value
     "malformed_range": ("batch_range", '{"low": "2", "high": null}'),
+    # a package as exported before packages ran eager's kernels (no "eager_kernels" field)
+    "fused_package": ("autobatch.eager_kernels", None),
     # weights.pt holding l1.weight at twice its rows: the compiled code would read the first half
     "wrong_weights": ("weights.model.l1.weight", "32x8"),
     # the plain model's compiled library cut to 60% of its bytes, inside a valid zip
@@ -199,7 +203,10 @@ def rewrite_metadata(src: str, dst: str, key: str, value: str) -> None:
                 meta = json.loads(data)
                 if key.startswith("autobatch."):
                     inner = json.loads(meta[ab.PT2_METADATA_KEY])
-                    inner[key.split(".", 1)[1]] = value
+                    if value is None:
+                        inner.pop(key.split(".", 1)[1], None)
+                    else:
+                        inner[key.split(".", 1)[1]] = value
                     meta[ab.PT2_METADATA_KEY] = json.dumps(inner)
                 else:
                     meta[key] = value

@@ -39,7 +39,7 @@ RunContext contextOf(const TrialRunner& runner) {
   c.loss = runner.loss();
   c.micro_batches_per_trial = runner.microBatchesPerTrial();
   c.warnings = runner.memoryLimitWarnings();
-  if (runner.modelFormat() == "pt2") c.warnings.emplace_back(kPt2EagerWarning);
+  for (auto& w : runner.modelWarnings()) c.warnings.push_back(std::move(w));
   return c;
 }
 

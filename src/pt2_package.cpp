@@ -324,6 +324,7 @@ Pt2Metadata readPt2Metadata(const std::string& path) {
   m.torch_version = stringField(doc, "torch");
   m.precision = stringField(doc, "precision");
   m.accumulate_model = stringField(doc, "accumulate_model");
+  m.eager_kernels = doc.contains("eager_kernels") && doc["eager_kernels"].is_array();
   const auto tensors = doc.find("tensors");
   if (tensors != doc.end()) {
     if (!tensors->is_object()) fail(path, R"(expected metadata "tensors" as an object)");

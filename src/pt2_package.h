@@ -59,6 +59,12 @@ struct Pt2Metadata {
   /// training"); "" when it ran. torch.export traces at batch >= 2, so such a check is not in the
   /// compiled code: the runner fails batch 1 with this message, as the eager job would.
   std::string eager_batch1_error;
+  /// True when the metadata lists "eager_kernels": the package calls ATen's own kernels for the
+  /// loss, normalisations, activations, pooling and CPU attention, compiled in autograd's order
+  /// (scripts/autobatch_export.py EAGER_KERNELS), so its peaks are the eager step's. False in
+  /// packages exported before that, where Inductor fused them: their peaks were 0-17% under an
+  /// eager loop's (docs/formats.md).
+  bool eager_kernels = false;
 };
 
 /// True when `path` is a zip archive with a data/aotinductor/ entry (an AOTInductor package),

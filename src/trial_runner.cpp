@@ -1223,6 +1223,14 @@ std::vector<std::string> TrialRunner::memoryLimitWarnings() const {
 }
 std::string TrialRunner::backendName() const { return impl_->backend->name(); }
 std::string TrialRunner::modelFormat() const { return impl_->package ? "pt2" : "torchscript"; }
+std::vector<std::string> TrialRunner::modelWarnings() const {
+  if (!impl_->package || impl_->package->metadata().eager_kernels) return {};
+  return {
+      "pt2 package exported before packages ran eager's kernels: Inductor fused its loss, "
+      "normalisations and activations, so these peaks are 0-17% under an eager loop's on the "
+      "models measured (docs/formats.md); export it again with scripts/autobatch_export.py "
+      "--format pt2"};
+}
 std::int64_t TrialRunner::baselineBytes() const { return impl_->baseline_bytes; }
 std::int64_t TrialRunner::currentBytes() const { return impl_->backend->currentBytes(); }
 std::int64_t TrialRunner::outsideBytes() const { return impl_->backend->outsideBytes(); }

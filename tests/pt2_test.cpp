@@ -409,20 +409,22 @@ TEST(Pt2CliTest, ASearchOnAPackageReportsItsFormatAndKeepsTheWrapperQuiet) {
   EXPECT_EQ(run.err.find("API call failed"), std::string::npos) << run.err;
   EXPECT_EQ(run.err.find("Exception in aoti_torch"), std::string::npos) << run.err;
   EXPECT_NE(run.out.find("(pt2 package)"), std::string::npos) << run.out;
-  // The package's figures are the compiled step's (0-17% under an eager loop, docs/formats.md):
-  // the report says so, in the JSON and on screen. Catches a report that presents them as the
-  // eager job's; the TorchScript archive of the same model must not carry the warning.
-  EXPECT_NE(doc["warnings"].dump().find("the compiled step's"), std::string::npos)
+  // A package exported now runs eager's kernels: no warning about its figures. One exported
+  // before (no "eager_kernels" in its metadata; Inductor fused its loss, normalisations and
+  // activations, 0-17% under an eager loop) carries one, in the JSON and on screen. Catches a
+  // report silent about such a package, and a warning on every package.
+  EXPECT_EQ(doc["warnings"].dump().find("exported before"), std::string::npos)
       << doc["warnings"].dump();
-  EXPECT_NE(run.out.find("warning: pt2 package:"), std::string::npos) << run.out;
-  const std::filesystem::path ts_json = testing::testDir("pt2") / "search_ts.json";
-  const CliRun ts =
-      runCli("search_ts", "--model " + package("convbn_tiny.ts") +
-                              " --device cpu --check-batch 2 --json " + ts_json.string());
-  ASSERT_EQ(ts.exit_code, 0) << ts.err;
-  const auto ts_doc = nlohmann::json::parse(readFile(ts_json));
-  EXPECT_EQ(ts_doc["warnings"].dump().find("pt2 package"), std::string::npos)
-      << ts_doc["warnings"].dump();
+  const std::filesystem::path fused_json = testing::testDir("pt2") / "fused.json";
+  const CliRun fused =
+      runCli("fused", "--model " + package("fused_package") + " --device cpu --check-batch 2 " +
+                          "--json " + fused_json.string());
+  ASSERT_EQ(fused.exit_code, 0) << fused.err;
+  const auto fused_doc = nlohmann::json::parse(readFile(fused_json));
+  EXPECT_NE(fused_doc["warnings"].dump().find("exported before packages ran eager's kernels"),
+            std::string::npos)
+      << fused_doc["warnings"].dump();
+  EXPECT_NE(fused.out.find("warning: pt2 package exported before"), std::string::npos) << fused.out;
 }
 
 }  // namespace

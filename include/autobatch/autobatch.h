@@ -50,15 +50,6 @@ struct MemoryBreakdown {
   std::string model_format = "torchscript";
 };
 
-/// The warning every run on a pt2 package carries: its figures are those of the compiled step,
-/// which needed 0 to 17% less than an eager PyTorch loop of the same model on every model
-/// measured (docs/formats.md, scripts/bench/fidelity.py --set pt2), so an eager job sized from
-/// it can run out of memory.
-inline constexpr const char* kPt2EagerWarning =
-    "pt2 package: these figures are the compiled step's, which needed 0-17% less memory than "
-    "an eager PyTorch loop of the same model on the models measured (docs/formats.md); to size "
-    "a job that trains eagerly, export the model in the TorchScript format";
-
 /// Where and how the trials ran.
 struct RunContext {
   std::string device;                   ///< "cpu", "cuda:0", ...
@@ -70,7 +61,7 @@ struct RunContext {
   LossKind loss = LossKind::kMean;      ///< the loss the trials used
   int micro_batches_per_trial = 1;      ///< min(accumulation_steps, 2)
   /// TrialRunner::memoryLimitWarnings() once the trials ran (the report lists them first among
-  /// its warnings), then, for a pt2 package, kPt2EagerWarning.
+  /// its warnings), then TrialRunner::modelWarnings().
   std::vector<std::string> warnings;
 };
 

@@ -170,10 +170,11 @@ def test_mlp(workdir: str) -> None:
     # Cross-entropy runs eager's kernels (the gradients above come from them, through
     # AOTInductor's proxy executor). Catches the loss decomposed and fused again, which skips the
     # B x classes gradient eager materialises (a decoder at 1024 tokens: -14% of the eager loop).
-    check(meta["eager_kernels"] == ["aten._log_softmax_backward_data", "aten.nll_loss_backward",
-                                    "aten.nll_loss_forward"], f"mlp: eager kernels {meta['eager_kernels']}")
+    check(meta["eager_kernels"] == ["aten._log_softmax", "aten._log_softmax_backward_data",
+                                    "aten.nll_loss_backward", "aten.nll_loss_forward"],
+          f"mlp: eager kernels {meta['eager_kernels']}")
     # ... and the compiled code calls them: each compiled model's extern-kernel list (what
-    # AOTInductor's proxy executor runs) names the three. Catches Inductor decomposing them at
+    # AOTInductor's proxy executor runs) names the four. Catches Inductor decomposing them at
     # compile although the joint graph kept them (a torch whose compile decomposes them again).
     with zipfile.ZipFile(path) as archive:
         for model_name in ("model", ab.PT2_ACCUMULATE_MODEL):
@@ -181,7 +182,7 @@ def test_mlp(workdir: str) -> None:
             for entry in archive.namelist():
                 if f"/aotinductor/{model_name}/" in entry and entry.endswith(".wrapper.json"):
                     externs |= {n["node"]["target"] for n in json.loads(archive.read(entry))["nodes"]}
-            check({"aten::nll_loss_forward", "aten::nll_loss_backward",
+            check({"aten::_log_softmax", "aten::nll_loss_forward", "aten::nll_loss_backward",
                    "aten::_log_softmax_backward_data"} <= externs,
                   f"mlp: the {model_name} model calls the loss kernels: {sorted(externs)}")
     check_accumulates(path, reference, torch.randn(3, 8), torch.randint(0, 4, (3,)), "cross-entropy", "mlp")
