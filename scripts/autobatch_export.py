@@ -216,18 +216,23 @@ class _eager_kernels:
     Inductor lowers each to a call of the ATen kernel (make_fallback; override_decomp because the
     op still has a decomposition registered, which this context only hides). The joint graph
     calls them and so does the compiled code (tests/python/pt2_export_test.py reads the compiled
-    models' extern-kernel lists). Restores both tables on exit, also on error; the fallback
-    lowerings stay registered, unused wherever the tables decompose the ops."""
+    models' extern-kernel lists). On exit, also on error, everything is as it was: both tables,
+    and Inductor's lowering, fallback and realized-input registries for each op (a fallback left
+    registered would make a later torch.compile in the process call eager's relu, which has no
+    decomposition, instead of fusing it)."""
 
     def __enter__(self):
         import torch._decomp as decomp
         import torch._inductor.compile_fx as compile_fx
-        from torch._inductor.lowering import make_fallback
+        import torch._inductor.lowering as lowering
 
-        self._decomp, self._compile_fx = decomp, compile_fx
+        self._decomp, self._compile_fx, self._lowering = decomp, compile_fx, lowering
         self._core, self._inductor = decomp.core_aten_decompositions, compile_fx.select_decomp_table
-        ops = [getattr(torch.ops.aten, name).default for name in EAGER_KERNELS]
-        core, inductor = self._core, self._inductor
+        self._ops = [getattr(torch.ops.aten, name).default for name in EAGER_KERNELS]
+        self._saved = {op: (op in lowering.lowerings, lowering.lowerings.get(op),
+                            op in lowering.fallbacks, op in lowering.needs_realized_inputs)
+                       for op in self._ops}
+        ops, core, inductor = self._ops, self._core, self._inductor
 
         def core_table():
             decompositions = core()
@@ -240,13 +245,27 @@ class _eager_kernels:
 
         decomp.core_aten_decompositions = core_table
         compile_fx.select_decomp_table = inductor_table
-        for op in ops:
-            make_fallback(op, warn=False, override_decomp=True)
+        try:
+            for op in ops:
+                lowering.make_fallback(op, warn=False, override_decomp=True)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc):
         self._decomp.core_aten_decompositions = self._core
         self._compile_fx.select_decomp_table = self._inductor
+        lowering = self._lowering
+        for op, (lowered, handler, fallback, realized) in self._saved.items():
+            if lowered:
+                lowering.lowerings[op] = handler
+            else:
+                lowering.lowerings.pop(op, None)
+            if not fallback:
+                lowering.fallbacks.discard(op)
+            if not realized:
+                lowering.needs_realized_inputs.discard(op)
         return False
 
 
@@ -622,12 +641,19 @@ def joint_gradient_check(wrapped: torch.nn.Module, joint, args: Sequence[torch.T
     loss.backward()
     eager = {n: p.grad for n, p in probe.named_parameters() if p.grad is not None}
     floor = 1e-3 * max((g.abs().max().item() for g in eager.values()), default=0.0)
+    compared = sorted(set(joint_grads) & set(eager))
+    if joint_grads and not compared:
+        raise ValueError(
+            f"the exported training step's gradients ({', '.join(sorted(joint_grads)[:3])}, ...) "
+            f"name no parameter the eager step trains; export it in the TorchScript format "
+            f"instead (--format torchscript)")
     worst, worst_name = 0.0, ""
-    for name, grad in joint_grads.items():
-        if name not in eager:
-            continue  # a tied copy: untied in ``wrapped`` too, so it has its own; else not trained
+    for name in compared:  # a parameter eager does not train (frozen) has no gradient to compare
+        grad = joint_grads[name]
         scale = max(eager[name].abs().max().item(), floor)
         diff = (grad - eager[name]).abs().max().item() / scale if scale > 0 else 0.0
+        if diff != diff:  # NaN (a NaN gradient on either side): the worst there is
+            diff = float("inf")
         if diff > worst or worst_name == "":
             worst, worst_name = diff, name
     if worst > GRADIENT_CHECK_TOLERANCE:

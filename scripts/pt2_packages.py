@@ -15,10 +15,12 @@ Names:
   convbn_tiny         conv-BN-ReLU-conv-ReLU-pool-fc at 3x16x16, cross-entropy (BatchNorm buffers)
   bn1d_tiny           Linear(8,16)-BatchNorm1d-tanh-Linear(16,4): its eager step fails at batch 1
   tied_lm_tiny        embedding 64x16 tied to the output head, T=8, cross-entropy
+  mlp_wide_tiny       64-256-256-256-4 ReLU MLP, cross-entropy: 0.6 MB of weights at batch 4
   resnet18_64         torchvision ResNet-18 at 3x64x64, cross-entropy
   mobilenet_v3_large_64, mlp_8x2048, decoder_lm_small   as in export_models.py (the LM untied)
   decoder_lm_small_1024   decoder_lm_small with a context of 1024 tokens
-  resnet18_64_noreorder   resnet18_64 compiled with Inductor's reorder_for_peak_memory off (VARIANTS)
+  resnet18_64_fused   resnet18_64 exported as before eager kernels (VARIANTS): core ATen's
+                      decompositions fused by Inductor, Inductor's own peak-memory reordering
   <name>.ts           the same model and inputs as a TorchScript archive (side-by-side checks)
   program_only        a torch.export program (torch.export.save), not a compiled package
   inference_package   an AOTInductor package of the forward only, without autobatch metadata
@@ -62,6 +64,13 @@ class MlpTiny(nn.Module):
 
     def forward(self, x):
         return self.l2(torch.tanh(self.l1(x)))
+
+
+def _mlp_wide_tiny():
+    """Parameter-heavy for its activations (0.6 MB of weights, batch 4): what the gradient
+    accumulation's timing shows in."""
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
 
 
 def _frozen_tiny():
@@ -122,6 +131,7 @@ def _vision64(name):
 MODELS = {
     "mlp_tiny": lambda: (MlpTiny(), (torch.randn(3, 8),), "cross-entropy", None),
     "frozen_tiny": lambda: (_frozen_tiny(), (torch.randn(3, 8),), "cross-entropy", None),
+    "mlp_wide_tiny": lambda: (_mlp_wide_tiny(), (torch.randn(4, 64),), "cross-entropy", None),
     "convbn_tiny": lambda: (ConvBnTiny(), (torch.randn(2, 3, 16, 16),), "cross-entropy", None),
     "bn1d_tiny": lambda: (MlpBnTiny(), (torch.randn(3, 8),), "cross-entropy", None),
     "tied_lm_tiny": lambda: (TiedLmTiny(), (torch.randint(0, 64, (2, 8)),), "cross-entropy",
@@ -134,18 +144,19 @@ MODELS = {
 }
 
 
-# A package compiled under Inductor settings other than export_pt2's: name -> (MODELS name,
-# torch._inductor.config patch). Experiments recorded in docs/formats.md, reproduced with
-# scripts/bench/formats.py --package NAME (its NAME.ts is the model's TorchScript archive).
+# A package built another way than export_pt2's, for comparisons recorded in docs/formats.md
+# (reproduced with scripts/bench/formats.py --package NAME; its NAME.ts is the model's
+# TorchScript archive): name -> (MODELS name, what differs). "fused": no EAGER_KERNELS and
+# Inductor's own reordering, as packages were exported before eager kernels.
 VARIANTS = {
-    "resnet18_64_noreorder": ("resnet18_64", {"reorder_for_peak_memory": False}),
+    "resnet18_64_fused": ("resnet18_64", "fused"),
 }
 
 
 # What tests/pt2_test.cpp needs: built by the ctest fixture Pt2Packages.Build and, timed, by
 # scripts/test.sh before ctest.
 TEST_SET = ["mlp_tiny", "frozen_tiny", "convbn_tiny", "convbn_tiny.ts", "bn1d_tiny", "bn1d_tiny.ts",
-            "tied_lm_tiny", "program_only",
+            "tied_lm_tiny", "mlp_wide_tiny", "mlp_wide_tiny.ts", "program_only",
             "inference_package", "other_torch", "other_isa", "other_machine", "narrow_range",
             "wrong_weights", "inverted_range", "malformed_range", "truncated_so", "foreign_so",
             "blank_batch1_error", "fused_package"]
@@ -246,16 +257,25 @@ def build(name: str, path: str) -> None:
         torch._inductor.aoti_compile_and_package(ep, package_path=path)
         return
     torchscript = name.endswith(".ts")
-    base, patch = VARIANTS.get(name[:-3] if torchscript else name, (None, {}))
+    base, variant = VARIANTS.get(name[:-3] if torchscript else name, (None, None))
     model, example, loss, int_high = MODELS[base or (name[:-3] if torchscript else name)]()
     if torchscript:
         # The pt2 export unties shared weights; the TorchScript archive keeps the model as it is.
         ab.export(model, path, example, loss=loss, int_high=int_high)
-    else:
-        import torch._inductor.config
+    elif variant == "fused":
+        import contextlib
 
-        with torch._inductor.config.patch(patch):
-            ab.export_pt2(model, path, example, loss=loss, int_high=int_high)
+        kernels, order = ab.EAGER_KERNELS, ab._eager_order
+        ab.EAGER_KERNELS, ab._eager_order = (), contextlib.nullcontext
+        try:
+            ab.export_pt2(model, path + ".tmp", example, loss=loss, int_high=int_high)
+        finally:
+            ab.EAGER_KERNELS, ab._eager_order = kernels, order
+        # without "eager_kernels", as such packages were written (the runner warns about them)
+        rewrite_metadata(path + ".tmp", path, "autobatch.eager_kernels", None)
+        os.remove(path + ".tmp")
+    else:
+        ab.export_pt2(model, path, example, loss=loss, int_high=int_high)
 
 
 def main() -> int:

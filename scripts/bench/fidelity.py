@@ -221,8 +221,9 @@ def pt2_cases() -> list[Case]:
         cases.append(Case("mlp_8x2048", b, package="mlp_8x2048"))
     for b in (4, 16):
         cases.append(Case("decoder_lm_small", b, package="decoder_lm_small"))
-    # 1024 tokens: the joint graph materialises attention (B x 4 heads x T x T) where eager's
-    # CPU kernel does not; the gap is reported (issue 19)
+    # 1024 tokens: where the attention matrix (B x 4 heads x T x T) and the logits dominate;
+    # packages once materialised the first and fused the loss over the second (issue 19,
+    # docs/formats.md)
     for b in (2, 4):
         cases.append(Case("decoder_lm_small_1024", b, package="decoder_lm_small_1024"))
     cases.append(Case("resnet18", 16, input="3x64x64", package="resnet18_64", micro_batches=2))
