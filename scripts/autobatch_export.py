@@ -191,8 +191,8 @@ def untie_parameters(model: torch.nn.Module):
 # - cross-entropy's nll_loss and log_softmax backward. Fused, they skip the B x classes gradient
 #   that eager's nll_loss_backward materialises before log_softmax's backward: one float
 #   B x T x vocab tensor less at the loss (decoder_lm_small at 1024 tokens: -14% / -17% of the
-#   eager loop; -0.5% with these kernels kept). A user's compiled model computes its loss
-#   outside the compiled code too. No C shim: AOTInductor calls them through its proxy executor.
+#   eager loop at commit 8d1f277; -0.000% now, docs/fidelity-pt2.md). A user's compiled model
+#   computes its loss outside the compiled code too. No C shim: AOTInductor calls them through its proxy executor.
 # docs/formats.md, "Exporting a package"; metadata "eager_kernels" lists those a package calls.
 EAGER_KERNELS = (
     "_scaled_dot_product_flash_attention_for_cpu",
@@ -396,10 +396,11 @@ def _early_writes(nodes):
 
     Why: AOTAutograd's functionalization moves every such write to the end of the graph, and
     Inductor fuses them there. The accumulating model then held every new sum (gradient plus
-    buffer) until the end of the call: ResNet-18 at 3x64x64, 16 x 2 micro-batches, +10.4% over
-    the eager loop; mlp_8x2048 +17.7%. An eager backward adds each gradient into ``.grad`` as it
+    buffer) until the end of the call: +6.8% over the TorchScript archive at 64 x 2 micro-batches
+    on mlp_wide_tiny (Pt2RunnerTest.PeaksAreThoseOfTheTorchScriptArchiveAtOneAndTwoMicroBatches). An eager backward adds each gradient into ``.grad`` as it
     is made. Inductor's memory-driven reordering also moved the writes up, but it moves
-    everything else too (MobileNetV3: -7.0% of the eager loop). Used by _eager_order."""
+    everything else too (MobileNetV3 below its TorchScript archive: the
+    mobilenet_v3_large_64_reordered variant of scripts/pt2_packages.py). Used by _eager_order."""
     from torch._inductor.virtualized import V
 
     targets = set(V.graph.graph_inputs) | set(V.graph.constants)

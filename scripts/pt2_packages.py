@@ -21,6 +21,8 @@ Names:
   decoder_lm_small_1024   decoder_lm_small with a context of 1024 tokens
   resnet18_64_fused   resnet18_64 exported as before eager kernels (VARIANTS): core ATen's
                       decompositions fused by Inductor, Inductor's own peak-memory reordering
+  resnet18_64_reordered, mobilenet_v3_large_64_reordered   eager kernels kept, Inductor's own
+                      peak-memory reordering instead of autograd's order (VARIANTS)
   <name>.ts           the same model and inputs as a TorchScript archive (side-by-side checks)
   program_only        a torch.export program (torch.export.save), not a compiled package
   inference_package   an AOTInductor package of the forward only, without autobatch metadata
@@ -147,9 +149,13 @@ MODELS = {
 # A package built another way than export_pt2's, for comparisons recorded in docs/formats.md
 # (reproduced with scripts/bench/formats.py --package NAME; its NAME.ts is the model's
 # TorchScript archive): name -> (MODELS name, what differs). "fused": no EAGER_KERNELS and
-# Inductor's own reordering, as packages were exported before eager kernels.
+# Inductor's own reordering, as packages were exported before eager kernels (written without
+# "eager_kernels", so the runner warns). "reordered": EAGER_KERNELS kept, Inductor's own
+# reordering instead of _eager_order.
 VARIANTS = {
     "resnet18_64_fused": ("resnet18_64", "fused"),
+    "resnet18_64_reordered": ("resnet18_64", "reordered"),
+    "mobilenet_v3_large_64_reordered": ("mobilenet_v3_large_64", "reordered"),
 }
 
 
@@ -262,18 +268,22 @@ def build(name: str, path: str) -> None:
     if torchscript:
         # The pt2 export unties shared weights; the TorchScript archive keeps the model as it is.
         ab.export(model, path, example, loss=loss, int_high=int_high)
-    elif variant == "fused":
+    elif variant in ("fused", "reordered"):
         import contextlib
 
         kernels, order = ab.EAGER_KERNELS, ab._eager_order
-        ab.EAGER_KERNELS, ab._eager_order = (), contextlib.nullcontext
+        ab._eager_order = contextlib.nullcontext
+        if variant == "fused":
+            ab.EAGER_KERNELS = ()
         try:
             ab.export_pt2(model, path + ".tmp", example, loss=loss, int_high=int_high)
         finally:
             ab.EAGER_KERNELS, ab._eager_order = kernels, order
-        # without "eager_kernels", as such packages were written (the runner warns about them)
-        rewrite_metadata(path + ".tmp", path, "autobatch.eager_kernels", None)
-        os.remove(path + ".tmp")
+        if variant == "fused":
+            rewrite_metadata(path + ".tmp", path, "autobatch.eager_kernels", None)
+            os.remove(path + ".tmp")
+        else:
+            os.replace(path + ".tmp", path)
     else:
         ab.export_pt2(model, path, example, loss=loss, int_high=int_high)
 
