@@ -35,13 +35,20 @@ inline std::filesystem::path testDir(const std::string& group) {
   return dir;
 }
 
-/// Runs `AUTOBATCH_CLI args` (args already shell-quoted where needed) with no standard input;
+/// The binary under test: AUTOBATCH_TEST_CLI when set (to run today's tests against another
+/// build, e.g. the one before a fix, and see them fail there), else the build's AUTOBATCH_CLI.
+inline std::string cliPath() {
+  const char* other = std::getenv("AUTOBATCH_TEST_CLI");
+  return other != nullptr && *other != '\0' ? std::string(other) : std::string(AUTOBATCH_CLI);
+}
+
+/// Runs `cliPath() args` (args already shell-quoted where needed) with no standard input;
 /// its stdout and stderr go to `<dir>/<tag>.out` / `.err` and come back in the result.
 inline CliRun runCliIn(const std::filesystem::path& dir, const std::string& tag,
                        const std::string& args) {
   const std::filesystem::path out = dir / (tag + ".out");
   const std::filesystem::path err = dir / (tag + ".err");
-  const std::string command = std::string(AUTOBATCH_CLI) + " " + args + " >" + out.string() +
+  const std::string command = cliPath() + " " + args + " >" + out.string() +
                               " 2>" + err.string() + " </dev/null";
   const int status = std::system(command.c_str());
   CliRun run;

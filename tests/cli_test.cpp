@@ -593,14 +593,14 @@ Interrupted interruptAfterFirstTrial(const std::vector<std::string>& args,
   const pid_t pid = fork();
   if (pid == 0) {
     std::vector<char*> argv;
-    std::string cli = AUTOBATCH_CLI;
+    std::string cli = autobatch::testing::cliPath();
     argv.push_back(cli.data());
     std::vector<std::string> copy = args;
     for (auto& a : copy) argv.push_back(a.data());
     argv.push_back(nullptr);
     if (std::freopen(out.c_str(), "w", stdout) == nullptr) _exit(98);
     if (std::freopen(err.c_str(), "w", stderr) == nullptr) _exit(98);
-    execv(AUTOBATCH_CLI, argv.data());
+    execv(cli.c_str(), argv.data());
     _exit(99);
   }
   Interrupted result;
@@ -801,7 +801,7 @@ TEST_F(CacheCliTest, CorruptEntryIsIgnoredWithAWarning) {
 // error) and temporary files left behind.
 TEST_F(CacheCliTest, TwoWritersAtOnceLeaveOneWholeEntry) {
   const std::string args = "--model " + mlpModel() + kCacheArgs + " -q";
-  const std::string cli = std::string(AUTOBATCH_CLI) + " " + args;
+  const std::string cli = autobatch::testing::cliPath() + " " + args;
   const fs::path a = tmpDir() / "a.json";
   const fs::path b = tmpDir() / "b.json";
   const std::string both = "(" + cli + " --json " + a.string() + " >/dev/null 2>&1 & " + cli +
