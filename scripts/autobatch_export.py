@@ -478,12 +478,73 @@ def _compile_package(path: str, programs, inductor_configs):
 
     files = {}
     for name, program in programs.items():
-        module = program.module(check_guards=False)
+        module = _constants_as_buffers(program.module(check_guards=False))
         args, kwargs = program.example_inputs
         with _eager_kernels(), _eager_order():
             files[name] = torch._inductor.aot_compile(
                 module, args, kwargs, options={**inductor_configs, "aot_inductor.package": True})
     return package_aoti(path, files)
+
+
+def _constants_as_buffers(module: torch.nn.Module) -> torch.nn.Module:
+    """Registers every plain tensor attribute the unlifted graph reads (torch.export's lifted
+    tensor constants, ``model.lifted_tensor_0``: a ``torch.tensor([...])`` made in forward) as a
+    non-persistent buffer of the same name, in place; returns ``module``.
+
+    Why: Inductor names a get_attr constant that is neither parameter nor buffer after itself
+    (``_tensor_constant0``), not after its place in the model, so the runner, which supplies
+    every constant by the name the package asks for (``get_constant_fqns``) from the stored
+    tensors, found none for it (issue 26: a package that its own runner refused to load). As a
+    buffer it keeps its name, which is its key in the program's ``constants`` and in the
+    package's stored tensors."""
+    buffers = {name for name, _ in module.named_buffers()}
+    parameters = {name for name, _ in module.named_parameters()}
+    for node in module.graph.nodes:
+        if node.op != "get_attr" or node.target in buffers or node.target in parameters:
+            continue
+        *path, leaf = node.target.split(".")
+        owner = module
+        for part in path:
+            owner = getattr(owner, part)
+        value = getattr(owner, leaf)
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+            delattr(owner, leaf)
+            owner.register_buffer(leaf, value, persistent=False)
+            buffers.add(node.target)
+    return module
+
+
+def stored_tensors(wrapped: torch.nn.Module, joint) -> Dict[str, torch.Tensor]:
+    """Every tensor the compiled step reads, by the name the package asks for it: the parameters
+    and persistent buffers (``state_dict``), and what ``state_dict`` leaves out, the
+    non-persistent buffers (Llama's ``rotary_emb.inv_freq``) and the lifted tensor constants,
+    which torch.export keeps in the program's ``constants``. Contiguous: the compiled code reads
+    each one in the layout it had at export."""
+    state = {k: v.detach().contiguous().clone()
+             for k, v in wrapped.state_dict(keep_vars=False).items()}
+    for name, value in joint.constants.items():
+        if isinstance(value, torch.Tensor) and name not in state:
+            state[name] = value.detach().contiguous().clone()
+    return state
+
+
+def check_constants_stored(package_path: str, state: Dict[str, torch.Tensor]) -> None:
+    """Opens each compiled model of the finished package with Python's AOTInductor loader and
+    checks that every constant it asks for is among the stored tensors (the accumulating model's
+    gradient buffers excepted: the runner makes those), as the C++ runner will require.
+    Raises ValueError naming the missing constants: a package its runner cannot load is never
+    reported as exported."""
+    from torch._inductor.package import load_package
+
+    for model_name in ("model", PT2_ACCUMULATE_MODEL):
+        wanted = load_package(package_path, model_name).get_constant_fqns()
+        missing = sorted(n for n in wanted
+                         if n not in state and not n.startswith(PT2_GRAD_PREFIX))
+        if missing:
+            raise ValueError(
+                f"{package_path}: the compiled {model_name!r} reads constants that the export "
+                f"did not store: {missing}; this is a fault of the exporter (please report it), "
+                f"export the model in the TorchScript format meanwhile")
 
 
 def _unguarded_acc_helper():
@@ -706,9 +767,7 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
             f"the model does not export with torch.export ({type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''}); export it in the TorchScript "
             f"format instead (--format torchscript)") from error
-    # Contiguous: the compiled code reads each constant in the layout it had at export.
-    state = {k: v.detach().contiguous().clone()
-             for k, v in wrapped.state_dict(keep_vars=False).items()}
+    state = stored_tensors(wrapped, joint)
     batch1 = eager_batch1_error(wrapped, args)
     check = joint_gradient_check(wrapped, joint, args)
     meta = dict(base)
@@ -762,6 +821,7 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
         warnings.warn(f"{path}: the compiled package runs batches {low} to "
                       f"{high if high is not None else 'any'} only (exported at {example_batch}); "
                       f"export at another example batch to move the range", stacklevel=2)
+    check_constants_stored(package, state)
     with zipfile.ZipFile(package) as archive:
         folder = archive.namelist()[0].split("/")[0]
     import io

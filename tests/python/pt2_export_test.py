@@ -65,6 +65,22 @@ class TiedLM(torch.nn.Module):
         return self.head(torch.relu(self.mix(self.emb(ids))))
 
 
+class RotaryLike(torch.nn.Module):
+    """What a Hugging Face Llama adds to a plain model: a non-persistent buffer
+    (``rotary_emb.inv_freq``, left out of ``state_dict``) and a tensor made in forward (lifted by
+    torch.export as a constant)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 8)
+        self.register_buffer("inv_freq", torch.linspace(0.1, 1.0, 16), persistent=False)
+
+    def forward(self, x):
+        scale = torch.tensor([2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0,
+                              1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5])
+        return self.lin(x * torch.cos(self.inv_freq) * scale)
+
+
 class DataDependent(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -382,6 +398,34 @@ def test_wrong_gradients_refused(workdir: str) -> None:
     check(not os.path.exists(path), "decomposed attention: no package written")
 
 
+def test_constants_stored(workdir: str) -> None:
+    """Issue 26: a non-persistent buffer and a lifted tensor constant are stored under the names
+    the compiled models ask for, and the package computes eager's loss and gradients with them.
+    Catches weights taken from ``state_dict()`` alone (the loader finds no "model.inv_freq"; the
+    C++ runner refused such a package: "expected a stored tensor for the package's constant") and
+    a lifted constant left to Inductor's own name (``_tensor_constant0``, which no stored tensor
+    has); and, through the values, a constant stored with the wrong tensor."""
+    torch.manual_seed(0)
+    model = RotaryLike()
+    reference = RotaryLike()
+    reference.load_state_dict(model.state_dict())
+    path = os.path.join(workdir, "rotary.pt2")
+    meta = json.loads(ab.export_pt2(model, path, (torch.randn(4, 16),)))
+    compiled, _, state = load(path)  # checks every asked constant is stored, and vice versa
+    check({"model.inv_freq", "model.lifted_tensor_0"} <= set(state),
+          f"rotary: non-persistent buffer and lifted constant stored: {sorted(state)}")
+    check(set(meta["tensors"]) == set(state), "rotary: the metadata's tensor map covers every stored tensor")
+    for batch in (1, 5):
+        x = torch.randn(batch, 16)
+        outputs = compiled.run([x])
+        loss, grads = eager_grads(reference, (x,), "mean", ())
+        check(torch.allclose(outputs[0], loss, atol=1e-6),
+              f"rotary B={batch}: loss {outputs[0].item():.6f} vs eager {loss.item():.6f}")
+        worst = max((g - grads[n[len("model."):]]).abs().max().item()
+                    for n, g in zip(meta["gradients"], outputs[1:]))
+        check(worst <= 1e-5, f"rotary B={batch}: gradients vs eager, max abs diff {worst:.2e}")
+
+
 def test_does_not_export(workdir: str) -> None:
     try:
         ab.export_pt2(DataDependent(), os.path.join(workdir, "bad.pt2"), (torch.randn(2, 4),))
@@ -404,6 +448,7 @@ def main() -> int:
     test_attention_stays_fused(workdir)
     test_wrong_gradients_refused(workdir)
     test_does_not_export(workdir)
+    test_constants_stored(workdir)
     print(f"{len(FAILURES)} failure(s)")
     return 1 if FAILURES else 0
 
