@@ -381,7 +381,9 @@ cxxopts::Options makeOptions() {
     ("lengths", "Sequence-length sweep: the values of L in --input, a list 128,512,1536 or a "
                 "range 128..2048 (powers of two in it plus both ends)", text(), "LIST")
     ("target-tokens", "With --lengths: tokens per optimizer step; each length's target is "
-                      "floor(N / length) sequences, a multiple of the world size", text(), "N");
+                      "floor(N / tokens per sequence) sequences, a multiple of the world size "
+                      "(a sequence: the elements of the first input naming L, e.g. 2L for 2xL); "
+                      "it must give one sequence per rank at some length", text(), "N");
   options.add_options("Plan")
     ("t,target-batch", "Target effective (global) batch for the accumulation plan", text(), "N")
     ("world-size", "Data-parallel ranks sharing the target. Default: WORLD_SIZE or SLURM_NTASKS, "
