@@ -137,11 +137,10 @@ std::vector<std::int64_t> parseShape(std::string_view text, std::string_view sha
   return dims;
 }
 
-}  // namespace
-
-InputSpec parseInputSpec(std::string_view text_in) {
-  const std::string_view text = trim(text_in);
-  if (text.empty()) fail(text, "an input spec " + std::string(kSyntax), text);
+// Parses `text`; error messages name `shown` (the text as the user wrote it, before a sweep put
+// its length in for L).
+InputSpec parseSpecShown(std::string_view text, std::string_view shown) {
+  if (text.empty()) fail(shown, "an input spec " + std::string(kSyntax), text);
 
   // Split on ':' into at most three fields.
   std::vector<std::string_view> fields;
@@ -154,7 +153,7 @@ InputSpec parseInputSpec(std::string_view text_in) {
     start = end + 1;
   }
   if (fields.size() > 3)
-    fail(text, "at most three ':'-separated fields " + std::string(kSyntax), text);
+    fail(shown, "at most three ':'-separated fields " + std::string(kSyntax), shown);
 
   InputSpec spec;
   std::size_t next = 0;
@@ -162,21 +161,21 @@ InputSpec parseInputSpec(std::string_view text_in) {
     try {
       spec.dtype = parseDType(fields[0]);
     } catch (const Error& e) {
-      throw Error("input spec '" + std::string(text) + "': " + e.what());
+      throw Error("input spec '" + std::string(shown) + "': " + e.what());
     }
     next = 1;
   }
   if (next >= fields.size()) {
-    fail(text,
+    fail(shown,
          "a sample shape after the dtype, e.g. " + std::string(toString(spec.dtype)) + ":3x224x224",
-         text);
+         shown);
   }
-  spec.sample_shape = parseShape(text, fields[next], elementBytes(spec.dtype));
+  spec.sample_shape = parseShape(shown, fields[next], elementBytes(spec.dtype));
   ++next;
   if (next < fields.size()) {
     const std::string_view range = fields[next];
     if (!isIntegral(spec.dtype)) {
-      fail(text, "no value range for floating dtype " + std::string(toString(spec.dtype)), range,
+      fail(shown, "no value range for floating dtype " + std::string(toString(spec.dtype)), range,
            "ranges apply to integer inputs, e.g. int64:512:<32000");
     }
     std::optional<std::int64_t> low = 0;
@@ -188,23 +187,30 @@ InputSpec parseInputSpec(std::string_view text_in) {
       high = parseInt(range.substr(dots + 3));
     }
     if (!low || !high) {
-      fail(text, "a range '<HIGH' or 'LOW..<HIGH' of integers", range,
+      fail(shown, "a range '<HIGH' or 'LOW..<HIGH' of integers", range,
            "e.g. <32000 for token ids below a vocabulary of 32000");
     }
     if (*high <= *low) {
-      fail(text, "a non-empty range (HIGH > LOW)", range, "values are drawn from [LOW, HIGH)");
+      fail(shown, "a non-empty range (HIGH > LOW)", range, "values are drawn from [LOW, HIGH)");
     }
     if (spec.dtype == DType::kBool && (*low < 0 || *high > 2)) {
-      fail(text, "a bool range inside [0, 2)", range, "omit the range for bool inputs");
+      fail(shown, "a bool range inside [0, 2)", range, "omit the range for bool inputs");
     }
     if (spec.dtype == DType::kInt32 && (*low < std::numeric_limits<std::int32_t>::min() ||
                                         *high - 1 > std::numeric_limits<std::int32_t>::max())) {
-      fail(text, "an int32 range within the int32 limits", range, "use int64 for larger values");
+      fail(shown, "an int32 range within the int32 limits", range, "use int64 for larger values");
     }
     spec.low = *low;
     spec.high = *high;
   }
   return spec;
+}
+
+}  // namespace
+
+InputSpec parseInputSpec(std::string_view text_in) {
+  const std::string_view text = trim(text_in);
+  return parseSpecShown(text, text);
 }
 
 std::vector<InputSpec> parseInputSpecs(std::string_view text) {
@@ -273,29 +279,103 @@ constexpr std::int64_t kMaxLength = std::int64_t{1} << 20;
 
 }  // namespace
 
-bool hasLengthPlaceholder(std::string_view text) {
-  for (const auto field : split(text, ':')) {
-    for (const auto dim : split(field, 'x')) {
-      if (dim == "L") return true;
-    }
+namespace {
+
+// The index of the shape among the ':'-fields of one spec: the first field when it reads as a
+// shape (digits, "scalar", or dimensions that are L), else the second (after a dtype).
+std::size_t shapeField(const std::vector<std::string_view>& fields) {
+  if (looksLikeShape(trim(fields[0]))) return 0;
+  for (const auto dim : split(trim(fields[0]), 'x')) {
+    if (dim != "L" && !looksLikeShape(dim)) return 1;
   }
-  return false;
+  return 0;
+}
+
+// Calls `visit(field, is_shape)` for each ':'-field of each comma-separated spec of `text`.
+template <typename Visit>
+void forEachField(std::string_view text, Visit visit) {
+  for (const auto item : split(text, ',')) {
+    const std::vector<std::string_view> fields = split(item, ':');
+    const std::size_t shape = shapeField(fields);
+    for (std::size_t i = 0; i < fields.size(); ++i) visit(fields[i], i == shape);
+  }
+}
+
+// Whether `field` (a shape) has a dimension that is exactly L.
+bool namesL(std::string_view field) {
+  const auto dims = split(trim(field), 'x');
+  return std::find(dims.begin(), dims.end(), "L") != dims.end();
+}
+
+}  // namespace
+
+bool hasLengthPlaceholder(std::string_view text) {
+  bool found = false;
+  forEachField(text, [&found](std::string_view field, bool is_shape) {
+    found = found || (is_shape && namesL(field));
+  });
+  return found;
 }
 
 std::string withLength(std::string_view text, std::int64_t length) {
   std::string out;
-  bool first_field = true;
-  for (const auto field : split(text, ':')) {
-    if (!first_field) out += ':';
-    first_field = false;
-    bool first_dim = true;
-    for (const auto dim : split(field, 'x')) {
-      if (!first_dim) out += 'x';
-      first_dim = false;
-      out += dim == "L" ? std::to_string(length) : std::string(dim);
+  bool first_item = true;
+  for (const auto item : split(text, ',')) {
+    if (!first_item) out += ',';
+    first_item = false;
+    const std::vector<std::string_view> fields = split(item, ':');
+    const std::size_t shape = shapeField(fields);
+    for (std::size_t i = 0; i < fields.size(); ++i) {
+      if (i > 0) out += ':';
+      if (i != shape) {
+        out += fields[i];
+        continue;
+      }
+      bool first_dim = true;
+      for (const auto dim : split(fields[i], 'x')) {
+        if (!first_dim) out += 'x';
+        first_dim = false;
+        out += trim(dim) == "L" ? std::to_string(length) : std::string(dim);
+      }
     }
   }
   return out;
+}
+
+std::vector<InputSpec> parseInputSpecsAtLength(std::string_view text, std::int64_t length) {
+  if (trim(text).empty()) return parseInputSpecs(text);  // its error
+  std::vector<InputSpec> specs;
+  for (const auto item : split(text, ',')) {
+    const std::string where =
+        "input " + std::to_string(specs.size() + 1) + " of '" + std::string(text) + "'" +
+        (hasLengthPlaceholder(item) ? " at length " + std::to_string(length) : std::string()) +
+        ": ";
+    forEachField(item, [&](std::string_view field, bool is_shape) {
+      if (!is_shape && field.find('L') != std::string_view::npos) {
+        throw Error(where + "input spec '" + std::string(trim(item)) +
+                    "': expected the length placeholder L only as a dimension of the sample "
+                    "shape, but got it in '" +
+                    std::string(trim(field)) +
+                    "'; write the dtype and the value range without L (e.g. int64:L:<32000)");
+      }
+    });
+    try {
+      specs.push_back(parseSpecShown(trim(withLength(item, length)), trim(item)));
+    } catch (const Error& e) {
+      throw Error(where + e.what());
+    }
+  }
+  return specs;
+}
+
+std::int64_t tokensPerSample(const std::vector<std::string>& texts, std::int64_t length) {
+  for (const auto& text : texts) {
+    for (const auto item : split(text, ',')) {
+      if (!hasLengthPlaceholder(item)) continue;
+      return sampleElements(parseInputSpecsAtLength(item, length).front());
+    }
+  }
+  return 0;
 }
 
 std::vector<std::int64_t> parseLengths(std::string_view text) {

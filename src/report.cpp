@@ -110,6 +110,7 @@ json toJson(const SweepReport& sweep) {
                     {"status", r.status},
                     {"max_micro_batch", r.max_micro_batch},
                     {"safe_micro_batch", r.safe_micro_batch},
+                    {"tokens_per_sample", r.tokens_per_sample},
                     {"tokens_per_micro_batch", r.tokens_per_micro_batch},
                     {"binding_phase", r.binding_phase},
                     {"trials", r.trials},
@@ -117,7 +118,8 @@ json toJson(const SweepReport& sweep) {
                     {"target_batch", r.target_batch},
                     {"plan", plan},
                     {"min_batch_needs_at_least_bytes", r.min_batch_needs_at_least_bytes},
-                    {"lowered_from", r.lowered_from}});
+                    {"lowered_from", r.lowered_from},
+                    {"error", r.error}});
   }
   json mixed = nullptr;
   if (sweep.mixed) {
@@ -128,6 +130,8 @@ json toJson(const SweepReport& sweep) {
       for (const auto& b : t.steps) steps.push_back({b.length, b.micro_batch_size});
       trials.push_back({{"steps", steps},
                         {"outcome", toString(t.result.outcome)},
+                        {"passed", t.passed},
+                        {"over_margin", t.over_margin},
                         {"failed_length", t.failed_length},
                         {"failed_step_index", t.result.failed_step_index},
                         {"reason", t.result.reason},
@@ -139,7 +143,10 @@ json toJson(const SweepReport& sweep) {
     for (const auto& l : v.lowered) {
       lowered.push_back({{"length", l.length}, {"from", l.from}, {"to", l.to}});
     }
-    mixed = {{"status", v.status}, {"trials", trials}, {"lowered", lowered}};
+    mixed = {{"status", v.status},
+             {"margin_bytes", v.margin_bytes},
+             {"trials", trials},
+             {"lowered", lowered}};
   }
   return {{"rows", rows},
           {"longest_trainable_length", sweep.longest_trainable_length},
@@ -634,10 +641,15 @@ std::string humanReport(const ReportData& d) {
                        "safe", "tokens/micro", "peak phase", "trials", "time", "plan");
     for (const auto& r : sw.rows) {
       std::string plan;
-      if (r.safe_micro_batch <= 0) {
+      if (r.status == "error") {
+        plan = "error: " + r.error;
+      } else if (r.status == "fails-mixed") {
+        plan = fmt::format("left out: batch {} (found alone) never passed mixed", r.lowered_from);
+      } else if (r.safe_micro_batch <= 0) {
+        // The search's first trial is at --min-batch: the bound is for that batch, not for 1.
         plan = r.min_batch_needs_at_least_bytes > 0
-                   ? "nothing fits: batch 1 needs at least " +
-                         formatBytes(r.min_batch_needs_at_least_bytes)
+                   ? fmt::format("nothing fits: batch {} needs at least {}", d.options.min_batch,
+                                 formatBytes(r.min_batch_needs_at_least_bytes))
                    : "nothing fits (" + r.status + ")";
       } else if (r.plan) {
         const AccumulationPlan& p = r.plan->primary();
@@ -662,20 +674,26 @@ std::string humanReport(const ReportData& d) {
       const MixVerification& v = *sw.mixed;
       std::string what;
       for (const auto& l : v.lowered) {
-        what += fmt::format("; length {} lowered {} -> {}", l.length, l.from, l.to);
+        what += l.to > 0 ? fmt::format("; length {} lowered {} -> {}", l.length, l.from, l.to)
+                         : fmt::format("; length {} left out (from {})", l.length, l.from);
       }
       std::int64_t peak = 0;
       std::int64_t limit = 0;
+      bool over_margin = false;
       if (!v.trials.empty()) {
         peak = v.trials.back().result.peak_bytes;
         limit = v.trials.back().result.memory_limit_bytes;
+        over_margin = v.trials.back().over_margin;
       }
       out << fmt::format(
           "  mixed verification (the buckets in one trial, the longest after each other one, "
           "the allocator's cache kept): {} in {} trial{}{}{}\n",
           v.status, v.trials.size(), v.trials.size() == 1 ? "" : "s",
-          limit > 0 ? fmt::format(", last peak {} of {}", formatBytes(peak), formatBytes(limit))
-                    : std::string(),
+          limit > 0
+              ? fmt::format(", last peak {} of {} (limit less the margin {}{})", formatBytes(peak),
+                            formatBytes(limit), formatBytes(limit - v.margin_bytes),
+                            over_margin ? ": over the margin" : "")
+              : std::string(),
           what);
     }
   }

@@ -925,3 +925,231 @@ TEST(CliTest, LengthPlaceholderAndSweepFlagsAreCheckedBeforeAnyTrial) {
     EXPECT_NE(run.err.find(expected), std::string::npos) << args << ": " << run.err;
   }
 }
+
+// Issue 27, rows 12, 14, 15, 16, 21: length sweeps, mixed verification, tokens.
+
+namespace {
+
+// A token model with a position table of 128 rows: int64 ids [batch, ..., L] below 64 -> logits
+// [batch, ..., L, 64]. At a length above 128 its forward raises an index error, as a model traced
+// with a fixed context does. Saved without metadata.
+std::string positionModel() {
+  const fs::path path = tmpDir() / "position.pt";
+  torch::manual_seed(0);
+  torch::jit::Module net("Position");
+  net.register_parameter("emb", torch::randn({64, 16}).requires_grad_(), false);
+  net.register_parameter("pos", torch::randn({128, 16}).requires_grad_(), false);
+  net.register_parameter("out", torch::randn({16, 64}).requires_grad_(), false);
+  net.define(R"(
+    def forward(self, x):
+        h = self.emb[x] + self.pos[torch.arange(x.size(-1))]
+        return torch.matmul(h, self.out)
+  )");
+  net.save(path.string());
+  return path.string();
+}
+
+// The value of `name` in env lines, or "<missing>".
+std::string envValue(const std::string& out, const std::string& name) {
+  const std::string key = name + "=";
+  const auto at = out.find(key);
+  if (at == std::string::npos) return "<missing>";
+  const auto end = out.find('\n', at);
+  return out.substr(at + key.size(), end - at - key.size());
+}
+
+}  // namespace
+
+// Row 14: length 256 is past the model's 128 positions. Catches a sweep lost to one length's
+// error (exit 1, sweep null, the shorter lengths never searched, the length not named).
+TEST(CliTest, ALengthWhoseModelRaisesIsAnErrorRowAndTheOtherLengthsAreSearched) {
+  const std::string common = "--model " + positionModel() +
+                             " --input 'int64:L:<64' --device cpu --memory-limit 8MiB -q --json ";
+  const fs::path json_path = tmpDir() / "sweep.json";
+  const CliRun run = runCli(common + json_path.string() + " --lengths 64..256 --env");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  const auto& rows = doc["sweep"]["rows"];
+  ASSERT_EQ(rows.size(), 3U) << doc["sweep"].dump();
+  EXPECT_EQ(rows[0]["length"], 256);
+  EXPECT_EQ(rows[0]["status"], "error");
+  EXPECT_EQ(rows[0]["safe_micro_batch"], 0);
+  const std::string error = rows[0]["error"];
+  EXPECT_NE(error.find("index 128 is out of bounds"), std::string::npos) << error;
+  EXPECT_NE(error.find("at micro-batch 1 x 1 per step"), std::string::npos) << error;
+  EXPECT_EQ(error.find("Exception raised from"), std::string::npos) << error;
+  EXPECT_NE(run.err.find("length 256: the model raised an error"), std::string::npos) << run.err;
+  EXPECT_EQ(rows[1]["status"], "found");
+  EXPECT_EQ(rows[2]["status"], "found");
+  EXPECT_EQ(rows[1]["error"], "");
+  EXPECT_EQ(doc["status"], "found");
+  EXPECT_EQ(doc["sweep"]["longest_trainable_length"], 128);
+  EXPECT_EQ(envValue(run.out, "AUTOBATCH_LENGTH"), "128");
+  EXPECT_EQ(envValue(run.out, "AUTOBATCH_BUCKETS"),
+            "'128:" + rows[1]["safe_micro_batch"].dump() +
+                " 64:" + rows[2]["safe_micro_batch"].dump() + "'");
+
+  // Every length raises: exit 1, the rows in the JSON, the message naming each length.
+  const fs::path all_path = tmpDir() / "all.json";
+  const CliRun all = runCli(common + all_path.string() + " --lengths 200,256");
+  EXPECT_EQ(all.exit_code, 1) << all.err;
+  const auto all_doc = nlohmann::json::parse(readFile(all_path));
+  EXPECT_EQ(all_doc["status"], "runtime-error");
+  ASSERT_EQ(all_doc["sweep"]["rows"].size(), 2U) << all_doc.dump();
+  EXPECT_EQ(all_doc["sweep"]["rows"][1]["status"], "error");
+  const std::string message = all_doc["error"];
+  EXPECT_NE(message.find("length 256: index 128 is out of bounds"), std::string::npos) << message;
+  EXPECT_NE(message.find("length 200: index 128 is out of bounds"), std::string::npos) << message;
+}
+
+// Row 15: --target-tokens below one sequence per rank at every length is refused before any
+// trial (as --target-batch below the world size is), naming the smallest target that works.
+// Catches exit 0 with no plan at any length.
+TEST(CliTest, TargetTokensBelowOneSequencePerRankAtEveryLengthIsAUsageError) {
+  const std::string model = positionModel() + " --memory-limit 8MiB";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--input 'int64:L:<64' --lengths 32,64 --target-tokens 1",
+       "--target-tokens: expected at least one sequence per rank at some length, but got 1 "
+       "tokens: a sequence of the shortest length 32 is 32 tokens, times 1 rank(s) is 32; give "
+       "--target-tokens 32 or more"},
+      {"--input 'int64:L:<64' --lengths 32,64 --target-tokens 100 --world-size 4",
+       "give --target-tokens 128 or more"},
+      {"--input 'int64:2xL:<64' --lengths 32,64 --target-tokens 63",
+       "the shortest length 32 is 64 tokens"}};
+  for (const auto& [args, expected] : cases) {
+    const CliRun run = runCli("--model " + model + " --device cpu " + args);
+    EXPECT_EQ(run.exit_code, 2) << args << "\n" << run.err;
+    EXPECT_NE(run.err.find(expected), std::string::npos) << args << ": " << run.err;
+    EXPECT_EQ(run.err.find("trial"), std::string::npos) << args << ": " << run.err;
+  }
+}
+
+// Row 16 (and row 15's per-length rule): with 'int64:2xL' a sequence is 2L tokens, so at 48
+// tokens per step length 32 (64 tokens) has no plan and length 16 (32 tokens) one sequence.
+// Catches tokens that count one L whatever the shape (targets 1 and 3, tokens safe x L).
+TEST(CliTest, TokensCountEveryLDimensionOfTheTokenInput) {
+  const fs::path json_path = tmpDir() / "sweep.json";
+  const CliRun run = runCli("--model " + positionModel() +
+                            " --input 'int64:2xL:<64' --lengths 16,32 --device cpu "
+                            "--memory-limit 8MiB --target-tokens 48 -q --json " +
+                            json_path.string());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  const auto& rows = doc["sweep"]["rows"];
+  ASSERT_EQ(rows.size(), 2U);
+  EXPECT_EQ(rows[0]["tokens_per_sample"], 64);
+  EXPECT_EQ(rows[0]["target_batch"], 0);
+  EXPECT_TRUE(rows[0]["plan"].is_null());
+  EXPECT_EQ(rows[1]["tokens_per_sample"], 32);
+  EXPECT_EQ(rows[1]["target_batch"], 1);
+  for (const auto& r : rows) {
+    EXPECT_GT(r["safe_micro_batch"], 0);
+    EXPECT_EQ(r["tokens_per_micro_batch"], r["safe_micro_batch"].get<std::int64_t>() *
+                                               r["tokens_per_sample"].get<std::int64_t>());
+  }
+  EXPECT_NE(run.out.find("target below one sequence per rank"), std::string::npos) << run.out;
+}
+
+// Row 21: a row where nothing fits names the batch tried (--min-batch 100), not batch 1; the
+// placeholder in a range is refused naming the text as given. Catches "batch 1 needs at least"
+// for a batch never tried, and the echo 'int64:1:<L'.
+TEST(CliTest, SweepWordingNamesTheBatchTriedAndTheInputAsGiven) {
+  const std::string model = positionModel();
+  const CliRun none = runCli("--model " + model +
+                             " --input 'int64:L:<64' --lengths 16,32 --device cpu "
+                             "--memory-limit 1MiB --min-batch 100");
+  EXPECT_EQ(none.exit_code, 3) << none.err;
+  EXPECT_NE(none.out.find("nothing fits: batch 100 needs at least"), std::string::npos) << none.out;
+  EXPECT_EQ(none.out.find("batch 1 needs"), std::string::npos) << none.out;
+
+  const CliRun range =
+      runCli("--model " + model + " --device cpu --input 'int64:L:<L' --lengths 32");
+  EXPECT_EQ(range.exit_code, 2);
+  EXPECT_NE(range.err.find("input spec 'int64:L:<L': expected the length placeholder L only as "
+                           "a dimension of the sample shape, but got it in '<L'"),
+            std::string::npos)
+      << range.err;
+  EXPECT_EQ(range.err.find("int64:1:"), std::string::npos) << range.err;
+}
+
+namespace {
+
+// Row 12: a sweep over lengths 32 and 64 of positionModel() with --cache, 8 MiB and a 30% margin,
+// its env lines and JSON report (`more`: further flags). Expects exit 0.
+std::pair<std::string, nlohmann::json> cachedSweep(const std::string& tag,
+                                                   const std::string& more) {
+  const fs::path path = tmpDir() / (tag + ".json");
+  const CliRun r = autobatch::testing::runCliIn(
+      tmpDir(), tag,
+      "--model " + positionModel() +
+          " --input 'int64:L:<64' --lengths 32,64 --device cpu --memory-limit 8MiB --margin 30% "
+          "--cache -q --env --json " +
+          path.string() + more);
+  EXPECT_EQ(r.exit_code, 0) << tag << "\n" << r.err;
+  return {r.out, nlohmann::json::parse(readFile(path))};
+}
+
+// Rewrites the cache entry of length 64 in `results_dir` with these sizes (a stale or foreign
+// entry a trusted hit answers with, no trial run).
+void rewriteEntryOf64(const fs::path& results_dir, std::int64_t safe, std::int64_t max) {
+  for (const auto& f : fs::directory_iterator(results_dir)) {
+    auto e = nlohmann::json::parse(readFile(f.path()));
+    if (e["fields"]["inputs"] != "int64:64:<64") continue;
+    e["safe_micro_batch"] = safe;
+    e["max_micro_batch"] = max;
+    std::ofstream(f.path()) << e.dump();
+    return;
+  }
+  ADD_FAILURE() << "no entry for length 64 in " << results_dir;
+}
+
+}  // namespace
+
+// Row 12: length 64's entry, trusted without a trial, holds a micro-batch between the safe and
+// the largest that fits: the mix fits under the limit, over the 30% margin. Catches "verified"
+// for a mix over the margin (the issue's peak 63,807,880 over 63,753,421).
+TEST_F(CacheCliTest, ASweepMixOverTheMarginIsNeverVerified) {
+  const auto [stored_env, stored] = cachedSweep("store", "");
+  const std::int64_t safe = stored["sweep"]["rows"][0]["safe_micro_batch"];
+  const std::int64_t max = stored["sweep"]["rows"][0]["max_micro_batch"];
+  ASSERT_GT(max, safe + 2) << stored["sweep"].dump();
+  const std::int64_t middle = (safe + max) / 2;
+  rewriteEntryOf64(results_dir, middle, max);
+  const auto [env, doc] = cachedSweep("over", " --cache-trust");
+  const auto& mixed = doc["sweep"]["mixed_verification"];
+  EXPECT_EQ(mixed["status"], "lowered") << mixed.dump();
+  ASSERT_TRUE(mixed.contains("margin_bytes")) << mixed.dump();
+  const std::int64_t budget = mixed["trials"][0]["memory_limit_bytes"].get<std::int64_t>() -
+                              mixed["margin_bytes"].get<std::int64_t>();
+  EXPECT_EQ(mixed["trials"][0]["outcome"], "fits");
+  EXPECT_TRUE(mixed["trials"][0]["over_margin"].get<bool>());
+  EXPECT_GT(mixed["trials"][0]["peak_bytes"], budget);
+  const auto& last = mixed["trials"].back();
+  EXPECT_TRUE(last["passed"].get<bool>());
+  EXPECT_LE(last["peak_bytes"], budget);
+  const std::int64_t lowered = mixed["lowered"][0]["to"];
+  EXPECT_LT(lowered, middle);
+  EXPECT_EQ(doc["sweep"]["rows"][0]["safe_micro_batch"], lowered);
+  EXPECT_EQ(envValue(env, "AUTOBATCH_BUCKETS").find("'64:" + std::to_string(lowered) + " "), 0U)
+      << env;
+}
+
+// Row 12: length 64's entry, trusted without a trial, holds 8x the largest batch that fits: 6
+// mixes fail ("unverified"). Catches the issue's cache-trust case: the bucket whose mix failed 6
+// times still exported in AUTOBATCH_BUCKETS (at its last, never passing, size) with status found.
+TEST_F(CacheCliTest, ABucketWhoseMixNeverPassesIsLeftOutOfTheAnswer) {
+  const auto [stored_env, stored] = cachedSweep("store", "");
+  const std::int64_t max = stored["sweep"]["rows"][0]["max_micro_batch"];
+  rewriteEntryOf64(results_dir, 8 * max, 8 * max);
+  const auto [env, doc] = cachedSweep("failed", " --cache-trust");
+  EXPECT_EQ(doc["sweep"]["mixed_verification"]["status"], "unverified");
+  EXPECT_EQ(doc["sweep"]["mixed_verification"]["trials"].size(), 6U);
+  EXPECT_EQ(doc["sweep"]["rows"][0]["status"], "fails-mixed");
+  EXPECT_EQ(doc["sweep"]["rows"][0]["safe_micro_batch"], 0);
+  const std::int64_t safe32 = doc["sweep"]["rows"][1]["safe_micro_batch"];
+  EXPECT_GT(safe32, 0);
+  EXPECT_EQ(envValue(env, "AUTOBATCH_BUCKETS"), "'32:" + std::to_string(safe32) + "'");
+  EXPECT_EQ(envValue(env, "AUTOBATCH_LENGTH"), "32");
+  EXPECT_EQ(envValue(env, "AUTOBATCH_SAFE_MICRO_BATCH"), std::to_string(safe32));
+  EXPECT_EQ(doc["sweep"]["longest_trainable_length"], 32);
+}

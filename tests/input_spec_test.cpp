@@ -241,3 +241,54 @@ TEST(LengthSweepTest, LengthsFromAListOrARange) {
     }
   }
 }
+
+// Issue 27, rows 16 and 21: the length placeholder in several dimensions and outside the shape.
+
+// Tokens of one sample are the elements of the first input whose shape names L. Catches counting
+// one L per sample whatever the shape (2xL is 2L tokens, LxL is L*L), and counting a mask that
+// follows the token ids.
+TEST(LengthSweepTest, TokensPerSampleAreTheElementsOfTheFirstInputThatNamesL) {
+  using autobatch::tokensPerSample;
+  EXPECT_EQ(tokensPerSample({"int64:L:<32000"}, 512), 512);
+  EXPECT_EQ(tokensPerSample({"int64:2xL:<1000"}, 64), 128);
+  EXPECT_EQ(tokensPerSample({"int64:LxL:<1000"}, 64), 4096);
+  EXPECT_EQ(tokensPerSample({"3x224x224", "int64:Lx3:<9,bool:LxL"}, 10), 30);
+  EXPECT_EQ(tokensPerSample({"int64:L:<32000,bool:LxL"}, 128), 128);
+  EXPECT_EQ(tokensPerSample({"3x224x224"}, 128), 0);
+}
+
+// The placeholder is a dimension of the sample shape only: in a range it is refused, naming the
+// text as given (not "int64:1:<L", the text after the substitution), and an error elsewhere in a
+// spec with L names the spec as given and the length. Catches a substitution that reaches the
+// range or an error that echoes the substituted text.
+TEST(LengthSweepTest, PlaceholderOutsideTheShapeIsRefusedNamingTheTextAsGiven) {
+  const auto message = [](const std::string& text, std::int64_t length) {
+    try {
+      (void)autobatch::parseInputSpecsAtLength(text, length);
+    } catch (const autobatch::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string range = message("int64:L:<L", 1);
+  EXPECT_NE(range.find("input spec 'int64:L:<L': expected the length placeholder L only as a "
+                       "dimension of the sample shape, but got it in '<L'"),
+            std::string::npos)
+      << range;
+  EXPECT_EQ(range.find("int64:1:"), std::string::npos) << range;
+  EXPECT_NE(message("int64:64:L..<9", 5).find("but got it in 'L..<9'"), std::string::npos);
+  const std::string empty = message("3x8,int64:L:<0", 7);
+  EXPECT_NE(empty.find("input 2 of '3x8,int64:L:<0' at length 7: input spec 'int64:L:<0': "
+                       "expected a non-empty range"),
+            std::string::npos)
+      << empty;
+  EXPECT_NE(message("int64:LxLxL", 1 << 20).find("a sample of at most INT64_MAX bytes"),
+            std::string::npos);
+  EXPECT_FALSE(autobatch::hasLengthPlaceholder("int64:64:<L"));
+  EXPECT_EQ(autobatch::withLength("int64:L:<L", 9), "int64:9:<L");
+  EXPECT_EQ(autobatch::withLength("Lx2,bool:L", 3), "3x2,bool:3");
+  const auto specs = autobatch::parseInputSpecsAtLength("int64:2xL:<10, bool:LxL", 4);
+  ASSERT_EQ(specs.size(), 2U);
+  EXPECT_EQ(specs[0].sample_shape, (std::vector<std::int64_t>{2, 4}));
+  EXPECT_EQ(specs[1].sample_shape, (std::vector<std::int64_t>{4, 4}));
+}

@@ -75,14 +75,30 @@ std::vector<InputSpec> parseInputSpecs(std::string_view text);
 /// "float32:3x224x224", "int32:scalar:-5..<5".
 std::string toString(const InputSpec& spec);
 
-/// The sequence-length placeholder of a length sweep (docs/sweeps.md): a shape dimension written
-/// "L" ("int64:L:<32000", "Lx64", "bool:L"). True when some ':'-field of `text` has a dimension
-/// that is exactly "L". Thread safety: pure function.
+/// The sequence-length placeholder of a length sweep (docs/sweeps.md): a dimension of the sample
+/// shape written "L" ("int64:L:<32000", "Lx64", "bool:L", "2xL"). True when the shape of some
+/// comma-separated spec of `text` has a dimension that is exactly "L" (an L elsewhere, as in a
+/// range "<L", is not a placeholder: parseInputSpecsAtLength refuses it). Thread safety: pure.
 bool hasLengthPlaceholder(std::string_view text);
 
-/// `text` with every "L" dimension replaced by `length`, e.g. ("int64:L:<32000", 512) ->
-/// "int64:512:<32000". Other text is unchanged. Thread safety: pure function.
+/// `text` with every "L" dimension of a sample shape replaced by `length`, e.g.
+/// ("int64:L:<32000", 512) -> "int64:512:<32000". Other text (dtypes, ranges) is unchanged.
+/// Thread safety: pure function.
 std::string withLength(std::string_view text, std::int64_t length);
+
+/// parseInputSpecs of `text` with L = `length` (withLength), whose errors name the text as given
+/// ("input spec 'int64:L:<L'", not the text after the substitution) and the length.
+/// Throws: autobatch::Error as parseInputSpecs, and "expected the length placeholder L only as a
+/// dimension of the sample shape, but got it in '<L'" for an L in a dtype or a range (tokens ids
+/// below the length would make the range change with it; give the range as numbers).
+std::vector<InputSpec> parseInputSpecsAtLength(std::string_view text, std::int64_t length);
+
+/// Tokens of one sample at `length` (docs/sweeps.md "Tokens"): the element count of one sample of
+/// the first input in `texts` (each one --input text, specs separated by commas) whose shape
+/// names L, at L = `length`: "int64:L" -> L, "int64:2xL" -> 2L, "int64:LxL" -> L*L; with
+/// "int64:L:<32000,bool:LxL" the token ids (first) give L and the mask is not counted.
+/// Returns 0 when no input names L. Throws: as parseInputSpecsAtLength.
+std::int64_t tokensPerSample(const std::vector<std::string>& texts, std::int64_t length);
 
 /// Parses the CLI's --lengths: a list "128,512,1536" (each a whole number in [1, 2^20]) or a
 /// range "A..B" (1 <= A <= B <= 2^20) meaning the powers of two in [A, B] plus A and B.

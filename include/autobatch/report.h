@@ -48,18 +48,25 @@ struct CacheReport {
 /// One sequence length of a sweep (--lengths, docs/sweeps.md).
 struct SweepRow {
   std::int64_t length = 0;  ///< the value of L in the input specs, in tokens
-  /// The search's status ("found", "nothing-fits", a budget's ...).
+  /// The search's status ("found", "nothing-fits", a budget's ...), "fails-mixed" (the mixed
+  /// verification dropped it) or "error" (the model raised an error at this length: `error`).
   std::string status;
+  /// status "error": the model's message (no backtrace) and the micro-batch it was raised at;
+  /// "" otherwise.
+  std::string error;
   std::int64_t max_micro_batch = 0;   ///< sequences; 0 when nothing fits
   std::int64_t safe_micro_batch = 0;  ///< sequences, under the margin; 0 when none
-  /// safe_micro_batch x length: tokens of one micro-batch.
+  /// Tokens of one sequence at this length: the element count of one sample of the first input
+  /// whose shape names L (autobatch::tokensPerSample: L for "int64:L", 2L for "2xL").
+  std::int64_t tokens_per_sample = 0;
+  /// safe_micro_batch x tokens_per_sample: tokens of one micro-batch.
   std::int64_t tokens_per_micro_batch = 0;
   /// The phase that set the peak of the safe batch's trial ("backward", ...); "" when unknown.
   std::string binding_phase;
   int trials = 0;
   double elapsed_s = 0.0;
   /// The target in sequences for this length (--target-batch, or floor(--target-tokens /
-  /// length) rounded down to a multiple of the world size); 0: no plan.
+  /// tokens_per_sample) rounded down to a multiple of the world size); 0: no plan.
   std::int64_t target_batch = 0;
   /// The plan for target_batch on this length's safe batch; nullopt without one.
   std::optional<AccumulationPlans> plan;

@@ -24,6 +24,7 @@
 
 #include "autobatch/autobatch.h"
 #include "autobatch/error.h"
+#include "autobatch/failure.h"
 #include "autobatch/input_spec.h"
 #include "autobatch/rank_group.h"
 #include "autobatch/ranks.h"
@@ -104,6 +105,23 @@ autobatch::RankInfo readRanks(const cxxopts::ParseResult& args) {
   return autobatch::resolveRankInfo(f, autobatch::processEnvironment());
 }
 
+// --target-tokens must be one sequence per rank at some length, as --target-batch must be at
+// least the world size: the shortest length has the fewest tokens per sequence. A length whose
+// sequence is above the target still gets a row, without a plan (docs/sweeps.md).
+void checkTargetTokens(const Cli& cli, int world) {
+  const std::int64_t shortest = cli.lengths.back();
+  const std::int64_t per_sequence = autobatch::tokensPerSample(cli.input_texts, shortest);
+  if (cli.target_tokens / per_sequence >= world) return;
+  const bool representable = per_sequence <= std::numeric_limits<std::int64_t>::max() / world;
+  throw Error(fmt::format(
+      "--target-tokens: expected at least one sequence per rank at some length, but got {} "
+      "tokens: a sequence of the shortest length {} is {} tokens, times {} rank(s) {}; give "
+      "--target-tokens {} or more, or shorter --lengths",
+      cli.target_tokens, shortest, per_sequence, world,
+      representable ? "is " + std::to_string(per_sequence * world) : std::string("overflows int64"),
+      representable ? std::to_string(per_sequence * world) : std::string("(none fits int64)")));
+}
+
 // Every flag is read as text and parsed by autobatch's own parsers, so that an error names the
 // flag and says what was expected.
 void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
@@ -146,8 +164,12 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
                     "range like 128..2048), or write the length itself");
       }
       try {
-        // With a sweep, checked at length 1 here and parsed per length later.
-        for (auto& s : autobatch::parseInputSpecs(autobatch::withLength(text, 1))) {
+        // With a sweep, checked at every length here (a shape too large at the longest is a usage
+        // error before any trial) and parsed per length later.
+        for (const std::int64_t length : cli.lengths) {
+          (void)autobatch::parseInputSpecsAtLength(text, length);
+        }
+        for (auto& s : autobatch::parseInputSpecsAtLength(text, 1)) {
           spec.inputs.push_back(std::move(s));
         }
       } catch (const Error& e) {
@@ -261,6 +283,7 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
     }
   }
   o.world_size = rank.world_size;
+  if (cli.target_tokens > 0) checkTargetTokens(cli, o.world_size);
   o.plan = autobatch::parsePlanKind(flag(args, "plan"));
   if (o.target_batch > 0) {
     // Fail before any trial runs: an impossible target costs no device time.
@@ -358,7 +381,9 @@ cxxopts::Options makeOptions() {
     ("lengths", "Sequence-length sweep: the values of L in --input, a list 128,512,1536 or a "
                 "range 128..2048 (powers of two in it plus both ends)", text(), "LIST")
     ("target-tokens", "With --lengths: tokens per optimizer step; each length's target is "
-                      "floor(N / length) sequences, a multiple of the world size", text(), "N");
+                      "floor(N / tokens per sequence) sequences, a multiple of the world size "
+                      "(a sequence: the elements of the first input naming L, e.g. 2L for 2xL); "
+                      "it must give one sequence per rank at some length", text(), "N");
   options.add_options("Plan")
     ("t,target-batch", "Target effective (global) batch for the accumulation plan", text(), "N")
     ("world-size", "Data-parallel ranks sharing the target. Default: WORLD_SIZE or SLURM_NTASKS, "
@@ -525,7 +550,7 @@ void searchWithCache(const Cli& cli, autobatch::ReportData& report) {
 std::vector<autobatch::InputSpec> inputsAtLength(const Cli& cli, std::int64_t length) {
   std::vector<autobatch::InputSpec> inputs;
   for (const auto& text : cli.input_texts) {
-    for (auto& spec : autobatch::parseInputSpecs(autobatch::withLength(text, length))) {
+    for (auto& spec : autobatch::parseInputSpecsAtLength(text, length)) {
       inputs.push_back(std::move(spec));
     }
   }
@@ -540,6 +565,8 @@ autobatch::MixVerification verifyMix(const Cli& cli, const std::vector<autobatch
                                      const autobatch::ReportData& longest, bool accumulates) {
   autobatch::TrialRunner runner(longest.spec, longest.options);
   const int micro_batches = accumulates ? 2 : runner.microBatchesPerTrial();
+  // A mixed trial passes only under the limit less the margin, as every answer of the search.
+  const std::int64_t margin = autobatch::marginBytes(longest.options, runner.memoryLimitBytes());
   const autobatch::CancelHook cancel = [] { return g_signal.load() != 0; };
   const autobatch::MixedProbe probe = [&](const std::vector<autobatch::Bucket>& steps) {
     std::vector<autobatch::MixedStep> mixed;
@@ -556,10 +583,16 @@ autobatch::MixVerification verifyMix(const Cli& cli, const std::vector<autobatch
     if (r.outcome != autobatch::TrialOutcome::kFits) {
       spdlog::warn("mixed verification: step {} (length {}) failed: {}", r.failed_step_index,
                    steps.at(static_cast<std::size_t>(r.failed_step_index)).length, r.reason);
+    } else if (!r.cancelled && r.peak_bytes > r.memory_limit_bytes - margin) {
+      spdlog::warn(
+          "mixed verification: the trial fit, but its peak {} is above the limit less "
+          "the margin {}: not verified",
+          autobatch::formatBytes(r.peak_bytes),
+          autobatch::formatBytes(r.memory_limit_bytes - margin));
     }
     return r;
   };
-  return autobatch::verifyBucketMix(buckets, probe, 6, cancel);
+  return autobatch::verifyBucketMix(buckets, probe, margin, 6, cancel);
 }
 
 // The micro-batch a length's bucket trains with: its plan's bound when it has a plan, else its
@@ -574,16 +607,20 @@ void lowerRow(autobatch::SweepRow& row, autobatch::SearchResult& search, std::in
               std::int64_t to, const autobatch::SearchOptions& o) {
   row.lowered_from = from;
   search.warnings.push_back(
-      fmt::format("length {}: the mixed verification lowered micro-batch {} -> {} (it fit alone, "
-                  "not mixed with the other lengths)",
-                  row.length, from, to));
+      to > 0 ? fmt::format("length {}: the mixed verification lowered micro-batch {} -> {} (it "
+                           "fit alone, not mixed with the other lengths)",
+                           row.length, from, to)
+             : fmt::format("length {}: left out (micro-batch {} fit alone, but no size of it was "
+                           "seen to pass mixed with the other lengths under the margin)",
+                           row.length, from));
   const std::int64_t safe = std::min(row.safe_micro_batch, to);
   row.safe_micro_batch = safe;
-  row.tokens_per_micro_batch = safe * row.length;
+  row.tokens_per_micro_batch = safe * row.tokens_per_sample;
   search.safe_micro_batch = safe;
   if (safe <= 0) {
     row.status = "fails-mixed";
     row.plan.reset();
+    search.status = autobatch::SearchStatus::kNothingFits;  // never "found" with nothing safe
     search.plan.reset();
     search.plan_max_micro_batch = 0;
     return;
@@ -596,15 +633,114 @@ void lowerRow(autobatch::SweepRow& row, autobatch::SearchResult& search, std::in
   }
 }
 
+// A length's row from its search.
+autobatch::SweepRow sweepRow(std::int64_t length, std::int64_t tokens_per_sample,
+                             const autobatch::ReportData& row_report) {
+  const autobatch::SearchResult& r = row_report.result->search;
+  autobatch::SweepRow row;
+  row.length = length;
+  row.tokens_per_sample = tokens_per_sample;
+  row.status = std::string(autobatch::toString(r.status));
+  row.max_micro_batch = r.max_micro_batch;
+  row.safe_micro_batch = r.safe_micro_batch;
+  row.tokens_per_micro_batch = r.safe_micro_batch * tokens_per_sample;
+  for (const auto& t : r.trials) {
+    if (t.request.micro_batch_size == r.safe_micro_batch &&
+        t.outcome == autobatch::TrialOutcome::kFits && !t.cancelled) {
+      row.binding_phase = autobatch::peakPhase(t);
+    }
+  }
+  row.trials = static_cast<int>(r.trials.size());
+  row.elapsed_s = r.elapsed_s;
+  row.target_batch = row_report.options.target_batch;
+  row.plan = r.plan;
+  row.min_batch_needs_at_least_bytes = r.min_batch_needs_at_least_bytes;
+  if (row_report.cache) row.cache_outcome = row_report.cache->outcome;
+  return row;
+}
+
+std::string withoutBacktrace(std::string message);
+
+// Searches one length into `row_report`. A model error at this length (a position table shorter
+// than the length, a reshape that needs another length) becomes the row's error, so that the
+// other lengths are still searched; what no length can get past (bad input, ranks, the model not
+// fitting before any trial, a fatal device error) ends the run as without a sweep.
+void searchLength(Cli& cli, autobatch::ReportData& row_report, autobatch::SweepRow& row) {
+  try {
+    if (cli.cache) {
+      searchWithCache(cli, row_report);
+    } else {
+      row_report.result = autobatch::findMaxBatch(row_report.spec, row_report.options);
+    }
+    row = sweepRow(row.length, row.tokens_per_sample, row_report);
+  } catch (const Error&) {
+    throw;
+  } catch (const autobatch::RankError&) {
+    throw;
+  } catch (const c10::OutOfMemoryError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (autobatch::isFatalDeviceError(std::current_exception())) throw;
+    row.status = "error";
+    row.error = withoutBacktrace(e.what());
+    if (cli.running) {
+      row.error += fmt::format(" (raised in the training step at micro-batch {} x {} per step)",
+                               cli.running->micro_batch_size, cli.running->micro_batches_per_step);
+    }
+    cli.running.reset();
+    row_report.result.reset();
+    spdlog::error("length {}: the model raised an error; the row says so and the sweep goes on: {}",
+                  row.length, row.error);
+  }
+}
+
+// The buckets of the rows that fit, run mixed; a bucket the mix lowers or drops lowers its row.
+void verifySweepMix(const Cli& cli, autobatch::SweepReport& sweep,
+                    std::vector<autobatch::ReportData>& reports) {
+  std::vector<autobatch::Bucket> buckets;
+  std::vector<std::size_t> bucket_rows;
+  bool accumulates = false;
+  for (std::size_t i = 0; i < sweep.rows.size(); ++i) {
+    if (!reports[i].result) continue;  // an error row
+    const autobatch::SearchResult& search = reports[i].result->search;
+    if (sweep.rows[i].safe_micro_batch > 0 && bucketBatch(search) > 0) {
+      autobatch::Bucket bucket{sweep.rows[i].length, bucketBatch(search)};
+      for (const auto& t : search.trials) {
+        if (t.outcome == autobatch::TrialOutcome::kFits &&
+            t.request.micro_batch_size == bucket.micro_batch_size) {
+          bucket.alone_peak_bytes = std::max(bucket.alone_peak_bytes, t.peak_bytes);
+        }
+      }
+      buckets.push_back(bucket);
+      bucket_rows.push_back(i);
+      accumulates = accumulates || (search.plan && search.plan->primary().accumulation_steps > 1);
+    }
+  }
+  if (g_signal.load() != 0 || buckets.empty()) return;
+  sweep.mixed = buckets.size() >= 2
+                    ? verifyMix(cli, buckets, reports[bucket_rows.front()], accumulates)
+                    : autobatch::MixVerification{};
+  for (std::size_t k = 0; k < buckets.size(); ++k) {
+    const std::int64_t from = buckets[k].micro_batch_size;
+    const std::int64_t to =
+        sweep.mixed->buckets.empty() ? from : sweep.mixed->buckets[k].micro_batch_size;
+    if (to == from) continue;
+    const std::size_t i = bucket_rows[k];
+    lowerRow(sweep.rows[i], reports[i].result->search, from, to, reports[i].options);
+  }
+}
+
 // --lengths: one search per length, longest first, each seeded by the longer length's maximum
 // (it fits: memory grows with the length) and that maximum at the same tokens per micro-batch;
 // then the buckets mixed in one trial (lowered where the mix fails). The report's result is the
-// longest length that fits (else the last one tried).
+// longest length that fits (else the last one searched). Exit: 0 when a length fits; else 1 when
+// a length raised an error (thrown here, with the rows in the report), else 3.
 void runSweep(Cli& cli) {
   autobatch::SweepReport sweep;
   sweep.target_tokens = cli.target_tokens;
   std::vector<autobatch::ReportData> reports;
   std::int64_t prev_length = 0;
+  std::int64_t prev_tokens = 0;  // tokens per sample at prev_length
   std::int64_t prev_max = 0;
   const int world = cli.report.options.world_size;
   for (const std::int64_t length : cli.lengths) {
@@ -612,74 +748,39 @@ void runSweep(Cli& cli) {
     autobatch::ReportData row_report = cli.report;
     row_report.spec.inputs = inputsAtLength(cli, length);
     autobatch::SearchOptions& o = row_report.options;
-    if (cli.target_tokens > 0) o.target_batch = cli.target_tokens / length / world * world;
-    if (prev_max > 0) o.seed_batches = {prev_max, prev_max * prev_length / length};
+    autobatch::SweepRow row;
+    row.length = length;
+    row.tokens_per_sample = autobatch::tokensPerSample(cli.input_texts, length);
+    if (cli.target_tokens > 0) {
+      o.target_batch = cli.target_tokens / row.tokens_per_sample / world * world;
+    }
+    if (prev_max > 0) o.seed_batches = {prev_max, prev_max * prev_tokens / row.tokens_per_sample};
     spdlog::info("length {}: searching{}", length,
                  prev_max > 0
                      ? fmt::format(" from batch {} (fits at length {})", prev_max, prev_length)
                      : std::string());
-    if (cli.cache) {
-      searchWithCache(cli, row_report);
-    } else {
-      row_report.result = autobatch::findMaxBatch(row_report.spec, o);
-    }
-    const autobatch::SearchResult& r = row_report.result->search;
-    autobatch::SweepRow row;
-    row.length = length;
-    row.status = std::string(autobatch::toString(r.status));
-    row.max_micro_batch = r.max_micro_batch;
-    row.safe_micro_batch = r.safe_micro_batch;
-    row.tokens_per_micro_batch = r.safe_micro_batch * length;
-    for (const auto& t : r.trials) {
-      if (t.request.micro_batch_size == r.safe_micro_batch &&
-          t.outcome == autobatch::TrialOutcome::kFits && !t.cancelled) {
-        row.binding_phase = autobatch::peakPhase(t);
-      }
-    }
-    row.trials = static_cast<int>(r.trials.size());
-    row.elapsed_s = r.elapsed_s;
     row.target_batch = o.target_batch;
-    row.plan = r.plan;
-    row.min_batch_needs_at_least_bytes = r.min_batch_needs_at_least_bytes;
-    if (row_report.cache) row.cache_outcome = row_report.cache->outcome;
+    searchLength(cli, row_report, row);
     sweep.rows.push_back(row);
-    if (r.max_micro_batch > 0) {
+    if (row.max_micro_batch > 0) {
       prev_length = length;
-      prev_max = r.max_micro_batch;
+      prev_tokens = row.tokens_per_sample;
+      prev_max = row.max_micro_batch;
     }
     reports.push_back(std::move(row_report));
   }
-
-  std::vector<autobatch::Bucket> buckets;
-  std::vector<std::size_t> bucket_rows;
-  bool accumulates = false;
+  verifySweepMix(cli, sweep, reports);
+  const autobatch::ReportData* pick = nullptr;
+  std::string errors;
   for (std::size_t i = 0; i < sweep.rows.size(); ++i) {
-    const autobatch::SearchResult& search = reports[i].result->search;
-    if (sweep.rows[i].safe_micro_batch > 0 && bucketBatch(search) > 0) {
-      buckets.push_back({sweep.rows[i].length, bucketBatch(search)});
-      bucket_rows.push_back(i);
-      accumulates = accumulates || (search.plan && search.plan->primary().accumulation_steps > 1);
+    if (sweep.rows[i].status == "error") {
+      errors += fmt::format("; length {}: {}", sweep.rows[i].length, sweep.rows[i].error);
     }
-  }
-  if (g_signal.load() == 0 && !buckets.empty()) {
-    sweep.mixed = buckets.size() >= 2
-                      ? verifyMix(cli, buckets, reports[bucket_rows.front()], accumulates)
-                      : autobatch::MixVerification{};
-    for (std::size_t k = 0; k < buckets.size(); ++k) {
-      const std::int64_t from = buckets[k].micro_batch_size;
-      const std::int64_t to =
-          sweep.mixed->buckets.empty() ? from : sweep.mixed->buckets[k].micro_batch_size;
-      if (to == from) continue;
-      const std::size_t i = bucket_rows[k];
-      lowerRow(sweep.rows[i], reports[i].result->search, from, to, reports[i].options);
+    if (reports[i].result && (pick == nullptr || pick->result->search.safe_micro_batch <= 0)) {
+      pick = &reports[i];  // the first that fits, else the last searched
     }
-  }
-  const autobatch::ReportData* pick = reports.empty() ? nullptr : &reports.back();
-  for (std::size_t i = 0; i < sweep.rows.size(); ++i) {
-    if (sweep.rows[i].safe_micro_batch > 0) {
+    if (sweep.longest_trainable_length == 0 && sweep.rows[i].safe_micro_batch > 0) {
       sweep.longest_trainable_length = sweep.rows[i].length;
-      pick = &reports[i];
-      break;
     }
   }
   if (pick != nullptr) {
@@ -689,6 +790,10 @@ void runSweep(Cli& cli) {
     cli.report.cache = pick->cache;
   }
   cli.report.sweep = std::move(sweep);
+  if (cli.report.sweep->longest_trainable_length == 0 && !errors.empty()) {
+    throw std::runtime_error("no length of the sweep trains, and the model raised an error at " +
+                             errors.substr(2));
+  }
 }
 
 // The --json path from the raw arguments (the last one given, as cxxopts takes it), so that a
