@@ -11,7 +11,7 @@ namespace {
 std::int64_t largestDivisorAtMost(std::int64_t n, std::int64_t limit) {
   if (n <= limit) return n;
   std::int64_t best = 1;
-  for (std::int64_t i = 1; i * i <= n; ++i) {
+  for (std::int64_t i = 1; i <= n / i; ++i) {  // i * i could overflow near INT64_MAX
     if (n % i != 0) continue;
     const std::int64_t j = n / i;
     if (i <= limit && i > best) best = i;
@@ -47,6 +47,10 @@ std::vector<std::int64_t> AccumulationPlan::microBatchSizes() const {
   for (const auto& group : groups)
     sizes.insert(sizes.end(), static_cast<std::size_t>(group.count), group.micro_batch_size);
   return sizes;
+}
+
+bool AccumulationPlan::listsMicroBatches() const {
+  return accumulation_steps <= kMicroBatchListLimit;
 }
 
 double AccumulationPlan::lossWeight(std::int64_t micro_batch_size) const {
@@ -87,7 +91,9 @@ AccumulationPlans planAccumulation(std::int64_t max_micro_batch, std::int64_t ta
   plans.target_batch = target_batch;
   const std::int64_t uniform_micro = largestDivisorAtMost(per_rank, max_micro_batch);
   plans.uniform = makePlan(PlanKind::kUniform, per_rank, world_size, per_rank / uniform_micro);
-  const std::int64_t fewest_steps = (per_rank + max_micro_batch - 1) / max_micro_batch;
+  // ceil(per_rank / max) without per_rank + max - 1, which overflows near INT64_MAX.
+  const std::int64_t fewest_steps =
+      per_rank / max_micro_batch + (per_rank % max_micro_batch != 0 ? 1 : 0);
   plans.balanced = makePlan(PlanKind::kBalanced, per_rank, world_size, fewest_steps);
 
   switch (kind) {
@@ -100,7 +106,8 @@ AccumulationPlans planAccumulation(std::int64_t max_micro_batch, std::int64_t ta
       // Half of what one step could hold: below it the uniform plan wastes more than half of
       // every micro-batch's capacity (a prime target degenerates to micro-batches of 1).
       const std::int64_t capacity = per_rank < max_micro_batch ? per_rank : max_micro_batch;
-      plans.primary_kind = 2 * uniform_micro < capacity ? PlanKind::kBalanced : PlanKind::kUniform;
+      plans.primary_kind =
+          uniform_micro < capacity - uniform_micro ? PlanKind::kBalanced : PlanKind::kUniform;
       break;
     }
   }

@@ -3,10 +3,20 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 
+#include "autobatch/error.h"
 #include "autobatch/units.h"
 #include "memory_backend.h"
 
@@ -65,6 +75,22 @@ std::string phaseNote(const TrialResult& t) {
   return peakPhase(t).empty() ? std::string() : "  peak in " + peakPhase(t);
 }
 
+// A plan's micro-batch sizes one by one, or null above kMicroBatchListLimit steps (a target of
+// 2^40 at a micro-batch of 2 would list 2^39 of them): the groups always describe it.
+json microBatchesJson(const AccumulationPlan& plan) {
+  return plan.listsMicroBatches() ? json(plan.microBatchSizes()) : json(nullptr);
+}
+
+json groupsJson(const AccumulationPlan& plan) {
+  json groups = json::array();
+  for (const auto& g : plan.groups) {
+    groups.push_back({{"micro_batch_size", g.micro_batch_size},
+                      {"count", g.count},
+                      {"loss_weight", plan.lossWeight(g.micro_batch_size)}});
+  }
+  return groups;
+}
+
 json toJson(const TrialResult& t) {
   json phases = json::array();
   for (const auto& p : t.phase_peaks) {
@@ -102,7 +128,8 @@ json toJson(const SweepReport& sweep) {
       const AccumulationPlan& p = r.plan->primary();
       plan = {{"kind", toString(p.kind)},
               {"micro_batch_size", p.largestMicroBatch()},
-              {"micro_batches", p.microBatchSizes()},
+              {"micro_batches", microBatchesJson(p)},
+              {"groups", groupsJson(p)},
               {"accumulation_steps", p.accumulation_steps},
               {"effective_batch", p.effective_batch}};
     }
@@ -170,16 +197,10 @@ json toJson(const CacheReport& c) {
 }
 
 json toJson(const AccumulationPlan& plan) {
-  json groups = json::array();
-  for (const auto& g : plan.groups) {
-    groups.push_back({{"micro_batch_size", g.micro_batch_size},
-                      {"count", g.count},
-                      {"loss_weight", plan.lossWeight(g.micro_batch_size)}});
-  }
   return {{"kind", toString(plan.kind)},
           {"micro_batch_size", plan.largestMicroBatch()},
-          {"micro_batches", plan.microBatchSizes()},
-          {"groups", groups},
+          {"micro_batches", microBatchesJson(plan)},
+          {"groups", groupsJson(plan)},
           {"accumulation_steps", plan.accumulation_steps},
           {"per_rank_batch", plan.per_rank_batch},
           {"world_size", plan.world_size},
@@ -293,6 +314,17 @@ std::int64_t gpuBytes(const BuildInfo& build, const std::string& device) {
     }
   }
   return 0;
+}
+
+// A trial's outcome in the human report: a fit whose peak is above the limit less the margin is
+// not an answer, and says so ("fits, >margin"; the JSON's outcome stays "fits").
+std::string outcomeText(const TrialResult& t, const SearchOptions& o) {
+  if (t.cancelled) return "cancelled";
+  if (t.outcome == TrialOutcome::kFits && t.memory_limit_bytes > 0 &&
+      t.peak_bytes > t.memory_limit_bytes - marginBytes(o, t.memory_limit_bytes)) {
+    return "fits, >margin";
+  }
+  return std::string(toString(t.outcome));
 }
 
 /// What the model holds whatever the batch: parameters, gradients and optimizer state, in bytes.
@@ -488,9 +520,9 @@ std::string humanReport(const ReportData& d) {
     for (const auto& t : trials) {
       out << fmt::format("  {:>3} {:>7} {:>5}  {:<13} {:>12} {:>12} {:>12} {:>9.1f} {:>10.1f}{}\n",
                          ++n, t.request.micro_batch_size, t.request.micro_batches_per_step,
-                         t.cancelled ? "cancelled" : std::string(toString(t.outcome)),
-                         formatBytes(t.peak_allocated_bytes), formatBytes(t.peak_reserved_bytes),
-                         formatBytes(t.peak_bytes), t.step_ms, samplesPerSecond(t),
+                         outcomeText(t, d.options), formatBytes(t.peak_allocated_bytes),
+                         formatBytes(t.peak_reserved_bytes), formatBytes(t.peak_bytes), t.step_ms,
+                         samplesPerSecond(t),
                          phaseNote(t) +
                              (t.outside_growth_bytes > 0
                                   ? "  outside allocator +" + formatBytes(t.outside_growth_bytes)
@@ -534,7 +566,13 @@ std::string humanReport(const ReportData& d) {
                        s.safe_micro_batch, formatBytes(s.memory_limit_bytes),
                        formatBytes(s.margin_bytes),
                        formatBytes(s.memory_limit_bytes - s.margin_bytes));
-    if (s.status == SearchStatus::kNothingFits) {
+    if (s.status == SearchStatus::kNothingFits && s.max_micro_batch > 0) {
+      out << fmt::format(
+          "  nothing fits under the margin: the minimum batch {} fits (raw maximum {}), but its "
+          "peak {} is above the limit less the margin {}; lower --margin or give more memory\n",
+          d.options.min_batch, s.max_micro_batch, formatBytes(s.min_batch_needs_at_least_bytes),
+          formatBytes(s.memory_limit_bytes - s.margin_bytes));
+    } else if (s.status == SearchStatus::kNothingFits) {
       out << fmt::format(
           "  nothing fits at the minimum batch {}: it needs at least {} (limit less the margin "
           "{})\n",
@@ -710,66 +748,217 @@ std::string humanReport(const ReportData& d) {
   return out.str();
 }
 
-std::string envLines(const ReportData& d) {
-  std::int64_t micro = 0;
-  std::int64_t steps = 0;
-  std::int64_t effective = 0;
-  std::int64_t max_micro = 0;
-  std::int64_t safe_micro = 0;
-  std::string plan_kind = "none";
-  std::string sizes;
-  // What bounds the answer; "" for --check-batch (no search) and before any result.
-  const std::string capped_by = d.result ? d.result->search.capped_by : "";
+namespace {
+
+// `value` as one shell word that `eval` reads back as itself: bare when every character is one
+// the shell never interprets, else single-quoted with each ' written as '\''. Env lines carry no
+// text a model, a path or a flag could shape into shell code (issue 27).
+std::string shellWord(const std::string& value, bool always_quote = false) {
+  const bool plain = std::all_of(value.begin(), value.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           std::string_view("_.,:/+-%@").find(c) != std::string_view::npos;
+  });
+  if (plain && !always_quote) return value;
+  std::string quoted = "'";
+  for (const char c : value) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// One uniform step of `count` micro-batches of `micro` samples on each of `world` ranks.
+AccumulationPlan uniformPlan(std::int64_t micro, std::int64_t count, int world) {
+  AccumulationPlan plan;
+  plan.kind = PlanKind::kUniform;
+  plan.groups = {{micro, count}};
+  plan.accumulation_steps = count;
+  plan.per_rank_batch = micro * count;
+  plan.world_size = world;
+  plan.effective_batch = plan.per_rank_batch * world;
+  return plan;
+}
+
+// The plan a launcher runs: the primary plan for a target, one step of the safe micro-batch
+// without one, the checked micro-batch x --accumulation-steps for a check; nullopt when nothing
+// was verified under the margin.
+std::optional<AccumulationPlan> launchPlan(const ReportData& d) {
   const int world = d.options.world_size;
   if (d.result && d.result->search.safe_micro_batch > 0) {
     const SearchResult& s = d.result->search;
-    max_micro = s.max_micro_batch;
-    safe_micro = s.safe_micro_batch;
-    if (s.plan) {
-      const AccumulationPlan& p = s.plan->primary();
-      micro = p.largestMicroBatch();
-      steps = p.accumulation_steps;
-      effective = p.effective_batch;
-      plan_kind = toString(p.kind);
-      for (const auto size : p.microBatchSizes()) {
-        if (!sizes.empty()) sizes += " ";
-        sizes += std::to_string(size);
-      }
-    } else {
-      micro = s.safe_micro_batch;
-      steps = 1;
-      effective = micro * world;
-      plan_kind = "uniform";
-      sizes = std::to_string(micro);
-    }
-  } else if (d.check && d.check->fits_with_margin) {
-    micro = safe_micro = max_micro = d.check->trial.request.micro_batch_size;
-    steps = d.spec.accumulation_steps;
-    effective = micro * steps * world;
-    plan_kind = "uniform";
-    for (std::int64_t i = 0; i < steps; ++i) sizes += (i ? " " : "") + std::to_string(micro);
+    if (s.plan) return s.plan->primary();
+    return uniformPlan(s.safe_micro_batch, 1, world);
   }
+  if (d.check && d.check->fits_with_margin) {
+    return uniformPlan(d.check->trial.request.micro_batch_size, d.spec.accumulation_steps, world);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string envLines(const ReportData& d) {
+  // The raw maximum and the safe batch, as in the JSON (result, or check.fits /
+  // check.fits_with_margin): the maximum is reported even when nothing is under the margin.
+  std::int64_t max_micro = 0;
+  std::int64_t safe_micro = 0;
+  if (d.result) {
+    max_micro = d.result->search.max_micro_batch;
+    safe_micro = d.result->search.safe_micro_batch;
+  } else if (d.check) {
+    const std::int64_t micro = d.check->trial.request.micro_batch_size;
+    max_micro = d.check->fits ? micro : 0;
+    safe_micro = d.check->fits_with_margin ? micro : 0;
+  }
+  const std::optional<AccumulationPlan> plan = launchPlan(d);
+  std::string sizes;
+  std::string groups;
+  if (plan) {
+    if (plan->listsMicroBatches())
+      sizes = fmt::format("{}", fmt::join(plan->microBatchSizes(), " "));
+    for (const auto& g : plan->groups) {
+      groups += fmt::format("{}{}:{}", groups.empty() ? "" : " ", g.micro_batch_size, g.count);
+    }
+  }
+  // What bounds the answer; "" for --check-batch (no search) and before any result.
+  const std::string capped_by = d.result ? d.result->search.capped_by : "";
   std::string out;
-  out += fmt::format("AUTOBATCH_STATUS={}\n", d.status);
-  out += fmt::format("AUTOBATCH_MICRO_BATCH={}\n", micro);
-  out += fmt::format("AUTOBATCH_ACCUM_STEPS={}\n", steps);
-  out += fmt::format("AUTOBATCH_EFFECTIVE_BATCH={}\n", effective);
-  out += fmt::format("AUTOBATCH_WORLD_SIZE={}\n", world);
-  out += fmt::format("AUTOBATCH_PLAN={}\n", plan_kind);
-  out += fmt::format("AUTOBATCH_MICRO_BATCHES='{}'\n", sizes);
-  out += fmt::format("AUTOBATCH_MAX_MICRO_BATCH={}\n", max_micro);
-  out += fmt::format("AUTOBATCH_SAFE_MICRO_BATCH={}\n", safe_micro);
-  out += fmt::format("AUTOBATCH_CAPPED_BY={}\n", capped_by);
+  const auto line = [&out](const char* name, const std::string& word) {
+    out += fmt::format("{}={}\n", name, word);
+  };
+  line("AUTOBATCH_STATUS", shellWord(d.status));
+  line("AUTOBATCH_MICRO_BATCH", std::to_string(plan ? plan->largestMicroBatch() : 0));
+  line("AUTOBATCH_ACCUM_STEPS", std::to_string(plan ? plan->accumulation_steps : 0));
+  line("AUTOBATCH_EFFECTIVE_BATCH", std::to_string(plan ? plan->effective_batch : 0));
+  line("AUTOBATCH_WORLD_SIZE", std::to_string(d.options.world_size));
+  line("AUTOBATCH_PLAN", shellWord(plan ? std::string(toString(plan->kind)) : "none"));
+  line("AUTOBATCH_MICRO_BATCHES", shellWord(sizes, true));
+  line("AUTOBATCH_MICRO_BATCH_GROUPS", shellWord(groups, true));
+  line("AUTOBATCH_MAX_MICRO_BATCH", std::to_string(max_micro));
+  line("AUTOBATCH_SAFE_MICRO_BATCH", std::to_string(safe_micro));
+  line("AUTOBATCH_CAPPED_BY", shellWord(capped_by));
   if (d.sweep) {
     std::string buckets;
     for (const auto& r : d.sweep->rows) {
       if (r.safe_micro_batch <= 0) continue;
       buckets += fmt::format("{}{}:{}", buckets.empty() ? "" : " ", r.length, r.safe_micro_batch);
     }
-    out += fmt::format("AUTOBATCH_LENGTH={}\n", d.sweep->longest_trainable_length);
-    out += fmt::format("AUTOBATCH_BUCKETS='{}'\n", buckets);
+    line("AUTOBATCH_LENGTH", std::to_string(d.sweep->longest_trainable_length));
+    line("AUTOBATCH_BUCKETS", shellWord(buckets, true));
   }
   return out;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string errnoText(int error) { return std::strerror(error); }
+
+// Where a report for `path` goes: a symbolic link's target (a rename would replace the link).
+fs::path reportTarget(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_symlink(fs::symlink_status(path, ec))) {
+    const fs::path resolved = fs::canonical(path, ec);
+    if (!ec) return resolved;
+  }
+  return path;
+}
+
+fs::path folderOf(const fs::path& target) {
+  return target.parent_path().empty() ? fs::path(".") : target.parent_path();
+}
+
+// A temporary file next to `target` (same folder, so the rename cannot cross file systems); its
+// descriptor, or -1 with errno set. `name` receives its path.
+int temporaryNextTo(const fs::path& target, std::string& name) {
+  name = (folderOf(target) / ("." + target.filename().string() + ".autobatch-XXXXXX")).string();
+  return mkostemp(name.data(), O_CLOEXEC);
+}
+
+}  // namespace
+
+void checkReportPath(const std::string& flag, const std::string& path,
+                     const std::vector<std::string>& inputs) {
+  if (path.empty()) {
+    throw Error(flag + ": expected a file path (or - for standard output), but got an empty path");
+  }
+  if (path == "-") return;
+  const std::string what = flag + " '" + path + "'";
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (fs::is_directory(status)) {
+    throw Error(what + ": expected a file to write the report to, but it is a directory; name a " +
+                "file in it, e.g. " + (fs::path(path) / "report.json").string());
+  }
+  if (fs::exists(status)) {
+    for (const auto& input : inputs) {
+      if (!input.empty() && fs::equivalent(path, input, ec)) {
+        throw Error(what + ": expected a file other than the run's input, but it is the model '" +
+                    input + "' itself; the report would replace it");
+      }
+    }
+    // Opened without O_TRUNC: the check writes nothing.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 && !(fs::is_fifo(status) && errno == ENXIO)) {  // a FIFO with no reader yet
+      throw Error(what + ": expected a file that can be written, but it cannot be opened for " +
+                  "writing (" + errnoText(errno) + ")");
+    }
+    if (fd >= 0) ::close(fd);
+    if (!fs::is_regular_file(status)) return;  // written in place
+  }
+  const fs::path target = reportTarget(path);
+  const fs::path folder = folderOf(target);
+  if (!fs::is_directory(folder, ec)) {
+    throw Error(what + ": expected a path in an existing folder, but '" + folder.string() + "' " +
+                (fs::exists(folder, ec) ? "is not a folder" : "does not exist"));
+  }
+  std::string probe;
+  const int fd = temporaryNextTo(target, probe);
+  if (fd < 0) {
+    throw Error(what + ": expected a folder where the report can be created, but '" +
+                folder.string() + "' refuses a new file (" + errnoText(errno) + ")");
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+std::string writeReportTo(int fd, const std::string& text) {
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errnoText(errno);
+    done += static_cast<std::size_t>(n);
+  }
+  return "";
+}
+
+std::string writeReportFile(const std::string& path, const std::string& text) {
+  const fs::path target = reportTarget(path);
+  struct stat existing {};
+  const bool exists = ::stat(target.c_str(), &existing) == 0;
+  if (exists && !S_ISREG(existing.st_mode)) {  // a device or a pipe: no file to replace
+    const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return errnoText(errno);
+    std::string why = writeReportTo(fd, text);
+    if (::close(fd) != 0 && why.empty()) why = errnoText(errno);
+    return why;
+  }
+  std::string temporary;
+  const int fd = temporaryNextTo(target, temporary);
+  if (fd < 0) return errnoText(errno);
+  mode_t mode = existing.st_mode & 07777;
+  if (!exists) {
+    // The umask cannot be read without setting it; no other thread creates files at this point.
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    mode = 0666 & ~mask;
+  }
+  std::string why = writeReportTo(fd, text);
+  if (why.empty() && ::fchmod(fd, mode) != 0) why = errnoText(errno);
+  if (why.empty() && ::fsync(fd) != 0) why = errnoText(errno);
+  if (::close(fd) != 0 && why.empty()) why = errnoText(errno);
+  if (why.empty() && ::rename(temporary.c_str(), target.c_str()) != 0) why = errnoText(errno);
+  if (!why.empty()) ::unlink(temporary.c_str());
+  return why;
 }
 
 }  // namespace autobatch

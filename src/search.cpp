@@ -686,6 +686,13 @@ class Search {
     if (result_.safe_micro_batch == 0) {
       result_.warnings.push_back("no batch was seen to fit under the limit less the margin (" +
                                  bytesText(budget) + ")");
+      // Fits only above the margin: no answer, so the status says nothing fits (exit 3), with
+      // what the minimum batch measured (issue 27: it said "found" with a micro-batch of 0).
+      if (stop_ == Stop::kNone) {
+        result_.status = SearchStatus::kNothingFits;
+        const auto at_min = fits_.find(options_.min_batch);
+        if (at_min != fits_.end()) result_.min_batch_needs_at_least_bytes = at_min->second.peak;
+      }
     }
   }
 

@@ -1153,3 +1153,288 @@ TEST_F(CacheCliTest, ABucketWhoseMixNeverPassesIsLeftOutOfTheAnswer) {
   EXPECT_EQ(envValue(env, "AUTOBATCH_SAFE_MICRO_BATCH"), std::to_string(safe32));
   EXPECT_EQ(doc["sweep"]["longest_trainable_length"], 32);
 }
+
+// Issue 27, rows 1, 2, 3, 7, 9, 17: the outputs a launcher reads.
+
+namespace {
+
+// A Linear(5, 5)-like model, float32 [batch, 5] -> [batch, 5] (parameters w [5, 5] and b [5]),
+// whose forward first runs `statement` (e.g. a TorchScript print), saved as `name`.pt in `dir`.
+std::string linear5Model(const fs::path& dir, const std::string& name,
+                         const std::string& statement = "pass") {
+  const fs::path path = dir / (name + ".pt");
+  torch::manual_seed(0);
+  torch::jit::Module net("Linear5");
+  net.register_parameter("w", torch::randn({5, 5}).requires_grad_(), false);
+  net.register_parameter("b", torch::zeros({5}).requires_grad_(), false);
+  net.define("def forward(self, x):\n    " + statement +
+             "\n    return torch.matmul(x, self.w) + self.b\n");
+  net.save(path.string());
+  return path.string();
+}
+
+// `text` as one sh word.
+std::string shQuote(const std::string& text) {
+  std::string quoted = "'";
+  for (const char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// Runs `text` (what a launcher would eval) with sh in `dir`, its output discarded.
+void evalInSh(const fs::path& dir, const std::string& text) {
+  std::ofstream(dir / "eval.sh") << text;
+  (void)std::system(("cd " + shQuote(dir.string()) + " && sh ./eval.sh >/dev/null 2>&1").c_str());
+}
+
+// Every line of `out` is an AUTOBATCH_NAME=value line.
+bool onlyEnvLines(const std::string& out) {
+  std::istringstream lines(out);
+  std::string line;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    ++n;
+    if (line.rfind("AUTOBATCH_", 0) != 0 || line.find('=') == std::string::npos) return false;
+  }
+  return n > 0;
+}
+
+// Row 1. Catches a model's print() (std::cout in TorchScript) reaching stdout, where `eval
+// "$(autobatch ... --env)"` runs it and `--json -` stops being JSON.
+TEST(CliTest, NothingAModelPrintsReachesStdout) {
+  const fs::path dir = tmpDir();
+  fs::remove(dir / "pwned");  // from an earlier run (against another build)
+  const std::string model = linear5Model(dir, "printing", "print(\"echo INJECTED; touch pwned\")");
+  const std::string common =
+      "--model " + model + " --input 5 --device cpu --memory-limit 16MiB --max-batch 4 -q";
+  const CliRun env = runCli(common + " --env");
+  ASSERT_EQ(env.exit_code, 0) << env.err;
+  EXPECT_TRUE(onlyEnvLines(env.out)) << env.out;
+  EXPECT_NE(env.out.find("AUTOBATCH_MICRO_BATCH=4\n"), std::string::npos) << env.out;
+  EXPECT_NE(env.err.find("echo INJECTED; touch pwned"), std::string::npos) << env.err;
+  evalInSh(dir, env.out);
+  EXPECT_FALSE(fs::exists(dir / "pwned"));
+
+  const CliRun json = runCli(common + " --json -");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  ASSERT_TRUE(nlohmann::json::accept(json.out)) << json.out.substr(0, 200);
+  EXPECT_EQ(nlohmann::json::parse(json.out)["status"], "found");
+  EXPECT_NE(json.err.find("echo INJECTED; touch pwned"), std::string::npos);
+
+  // Without machine output stdout is the human report alone.
+  const CliRun human = runCli(common);
+  EXPECT_EQ(human.exit_code, 0);
+  EXPECT_EQ(human.out.find("INJECTED"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("safe micro-batch  4"), std::string::npos) << human.out;
+}
+
+// Row 2. Catches `--json -` beside --env (exit 0: eval runs the JSON, and $(...) in a model path
+// inside its double quotes), also on the error path, and env values a path could shape.
+TEST(CliTest, JsonOnStdoutBesideEnvIsRefusedAndEvalRunsNothing) {
+  const fs::path dir = tmpDir() / "d$(touch pwned)'q";
+  fs::create_directories(dir);
+  fs::remove(tmpDir() / "pwned");  // from an earlier run (against another build)
+  const std::string model = linear5Model(dir, "m");
+  const std::string common = "--model " + shQuote(model) +
+                             " --input 5 --device cpu --memory-limit 16MiB --max-batch 4 -q --env";
+  const CliRun both = runCli(common + " --json -");
+  EXPECT_EQ(both.exit_code, 2) << both.out;
+  EXPECT_NE(both.err.find("--json -: expected a file path with --env, but got -"),
+            std::string::npos)
+      << both.err;
+  EXPECT_NE(both.err.find("write the JSON to a file with --json PATH"), std::string::npos);
+  EXPECT_EQ(both.out, "");
+  evalInSh(tmpDir(), both.out);
+  // A command line that does not parse writes its JSON report, but not beside --env either.
+  const CliRun unparsed = runCli(common + " --json - --no-such-flag");
+  EXPECT_EQ(unparsed.exit_code, 2);
+  EXPECT_EQ(unparsed.out, "");
+
+  const fs::path json_path = tmpDir() / "report.json";
+  const CliRun env = runCli(common + " --json " + json_path.string());
+  ASSERT_EQ(env.exit_code, 0) << env.err;
+  EXPECT_TRUE(onlyEnvLines(env.out)) << env.out;
+  evalInSh(tmpDir(), env.out);
+  EXPECT_EQ(nlohmann::json::parse(readFile(json_path))["options"]["model"], model);
+  EXPECT_FALSE(fs::exists(tmpDir() / "pwned"));
+}
+
+// Row 3. Catches plans that list every micro-batch: a valid target of 2^40 at a maximum of 3
+// aborted (std::bad_alloc, exit 134, the JSON file left at 0 bytes).
+TEST(CliTest, HugeTargetsAreAnsweredWithCompactPlans) {
+  const fs::path json_path = tmpDir() / "bigt.json";
+  const CliRun run = runCli("--model " + linear5Model(tmpDir(), "h5") +
+                            " --input 5 --device cpu --memory-limit 64MiB --max-batch 3 -q "
+                            "--target-batch 1099511627776 --env --json " +
+                            json_path.string());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("AUTOBATCH_EFFECTIVE_BATCH=1099511627776\n"), std::string::npos)
+      << run.out;
+  EXPECT_NE(run.out.find("AUTOBATCH_MICRO_BATCHES=''\n"), std::string::npos) << run.out;
+  EXPECT_LT(run.out.size(), 2000U);
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  for (const char* kind : {"uniform", "balanced"}) {
+    const auto& plan = doc["plans"][kind];
+    EXPECT_TRUE(plan["micro_batches"].is_null()) << kind;
+    std::int64_t samples = 0;
+    for (const auto& g : plan["groups"]) {
+      samples += g["micro_batch_size"].get<std::int64_t>() * g["count"].get<std::int64_t>();
+    }
+    EXPECT_EQ(samples, 1099511627776) << kind;
+    EXPECT_EQ(plan["effective_batch"], 1099511627776) << kind;
+  }
+  EXPECT_EQ(doc["plans"]["balanced"]["accumulation_steps"], 366503875926);
+  // A check whose effective batch would overflow int64 names the largest accepted value.
+  const CliRun check = runCli("--model " + linear5Model(tmpDir(), "h5") +
+                              " --input 5 --device cpu --check-batch 1099511627776 "
+                              "--accumulation-steps 1048576 --world-size 1024");
+  EXPECT_EQ(check.exit_code, 2);
+  EXPECT_NE(check.err.find("--check-batch: expected an effective batch (micro-batch x "
+                           "--accumulation-steps 1048576 x world size 1024) that fits in 64 "
+                           "bits, but got 1099511627776; the largest accepted here is 8589934591"),
+            std::string::npos)
+      << check.err;
+}
+
+// Row 3, a sweep: --target-tokens 2^50 gives each length a target of up to 2^49 sequences.
+TEST(CliTest, HugeTokenTargetsInASweepAreAnsweredWithCompactPlans) {
+  const fs::path json_path = tmpDir() / "tokens.json";
+  const CliRun run = runCli("--model " + linear5Model(tmpDir(), "h5") +
+                            " --input Lx5 --lengths 1,2 --device cpu --memory-limit 64MiB "
+                            "--max-batch 3 -q --target-tokens 1125899906842624 --json " +
+                            json_path.string());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  ASSERT_EQ(doc["sweep"]["rows"].size(), 2U);
+  for (const auto& row : doc["sweep"]["rows"]) {
+    EXPECT_EQ(row["target_batch"], 1125899906842624 / row["length"].get<std::int64_t>());
+    EXPECT_TRUE(row["plan"]["micro_batches"].is_null());
+    std::int64_t samples = 0;
+    for (const auto& g : row["plan"]["groups"]) {
+      samples += g["micro_batch_size"].get<std::int64_t>() * g["count"].get<std::int64_t>();
+    }
+    EXPECT_EQ(samples, row["target_batch"]);
+  }
+}
+
+// Row 7. Catches output paths found bad only after the search ("could not write", no reason,
+// exit 0), `--json ''` taken as no report, and a report written over the model (also from the
+// error path, and when the folder is fine but the device is full).
+TEST(CliTest, OutputPathsAreCheckedBeforeAnyTrial) {
+  const fs::path dir = tmpDir();
+  const std::string model = linear5Model(dir, "h5");
+  const std::string model_bytes = readFile(model);
+  const std::string common = "--model " + model + " --input 5 --device cpu --memory-limit 16MiB ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {dir.string(), "--json '" + dir.string() +
+                         "': expected a file to write the report to, but it is a directory"},
+      {(dir / "missing" / "r.json").string(), "does not exist"},
+      {"''", "--json: expected a file path (or - for standard output), but got an empty path"},
+      {model, "expected a file other than the run's input, but it is the model"},
+      {"/proc/autobatch-report.json", "refuses a new file (No such file or directory)"},
+  };
+  for (const auto& [path, message] : cases) {
+    const CliRun run = runCli(common + "--json " + path);
+    EXPECT_EQ(run.exit_code, 2) << path << "\n" << run.err;
+    EXPECT_NE(run.err.find(message), std::string::npos) << path << "\n" << run.err;
+    EXPECT_EQ(run.err.find("trial batch"), std::string::npos) << path << ": a trial ran";
+  }
+  // The error path (a flag cxxopts cannot parse) does not replace the model either.
+  EXPECT_EQ(runCli(common + "--json " + model + " --no-such-flag").exit_code, 2);
+  EXPECT_EQ(readFile(model), model_bytes);
+  (void)linear5Model(dir, "h5");  // whole again, should a build have replaced it
+
+  const CliRun full = runCli(common + "--json /dev/full");
+  EXPECT_EQ(full.exit_code, 1) << full.err;
+  EXPECT_NE(full.err.find("could not write the JSON report to '/dev/full': No space left on "
+                          "device"),
+            std::string::npos)
+      << full.err;
+
+  // A write that fails halfway (here the file-size limit, as a full disk) leaves the old report
+  // whole: it is written to a temporary file and renamed.
+  const fs::path json_path = dir / "old.json";
+  std::ofstream(json_path) << "previous\n";
+  const std::string command = "ulimit -f 1; exec " + autobatch::testing::cliPath() + " " + common +
+                              "-q --json " + json_path.string() + " >/dev/null 2>&1";
+  const int status = std::system(("sh -c " + shQuote(command)).c_str());
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), 1);
+  EXPECT_EQ(readFile(json_path), "previous\n");
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    EXPECT_NE(entry.path().filename().string().rfind(".old.json", 0), 0U) << "left behind";
+  }
+}
+
+// Row 9. Catches exit 3 with status "found", AUTOBATCH_MICRO_BATCH=0 and
+// AUTOBATCH_MAX_MICRO_BATCH=0 while the JSON's max_micro_batch is 1, when batch 1 fits only above
+// the margin; and the human report calling that trial plain "fits".
+TEST(CliTest, FitsOnlyAboveTheMarginIsNothingFitsInEveryOutput) {
+  const fs::path dir = tmpDir();
+  const std::string common = "--model " + linear5Model(dir, "h5") + " --input 5 --device cpu ";
+  // Batch 1's peak, then exactly that as the limit: it fits, above the 5% margin; batch 2 does
+  // not fit.
+  const fs::path probe_path = dir / "probe.json";
+  ASSERT_EQ(runCli(common + "--memory-limit 16MiB --check-batch 1 -q --json " + probe_path.string())
+                .exit_code,
+            0);
+  const std::int64_t peak =
+      nlohmann::json::parse(readFile(probe_path))["trials"][0]["peak_bytes"].get<std::int64_t>();
+  ASSERT_GT(peak, 0);
+  const fs::path json_path = dir / "report.json";
+  const CliRun run = runCli(common + "--memory-limit " + std::to_string(peak) +
+                            "B --target-batch 32 --env --json " + json_path.string());
+  EXPECT_EQ(run.exit_code, 3) << run.err;
+  EXPECT_NE(run.out.find("AUTOBATCH_STATUS=nothing-fits\nAUTOBATCH_MICRO_BATCH=0\n"),
+            std::string::npos)
+      << run.out;
+  EXPECT_NE(run.out.find("AUTOBATCH_MAX_MICRO_BATCH=1\nAUTOBATCH_SAFE_MICRO_BATCH=0\n"),
+            std::string::npos)
+      << run.out;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_EQ(doc["status"], "nothing-fits");
+  EXPECT_EQ(doc["exit_code"], 3);
+  EXPECT_EQ(doc["result"]["search_status"], "nothing-fits");
+  EXPECT_EQ(doc["result"]["max_micro_batch"], 1);
+  EXPECT_EQ(doc["result"]["min_batch_needs_at_least_bytes"], peak);
+  EXPECT_NE(run.err.find("fits, >margin"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("nothing fits under the margin: the minimum batch 1 fits (raw maximum "
+                         "1), but its peak"),
+            std::string::npos)
+      << run.err;
+  EXPECT_NE(run.err.find("result (nothing-fits"), std::string::npos) << run.err;
+}
+
+// Row 17. Catches --check-batch outside --min-batch / --max-batch accepted, and a check whose
+// AUTOBATCH_EFFECTIVE_BATCH is not the --target-batch given (docs/report.md: always the target).
+TEST(CliTest, CheckBatchRespectsTheBoundsAndTheTarget) {
+  const std::string common = "--model " + linear5Model(tmpDir(), "h5") +
+                             " --input 5 --device cpu --memory-limit 16MiB -q ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--check-batch 10 --max-batch 5",
+       "--check-batch: expected a micro-batch within --min-batch 1 and --max-batch 5, but got 10"},
+      {"--check-batch 2 --min-batch 4",
+       "--check-batch: expected a micro-batch within --min-batch 4 and --max-batch 0 (no bound), "
+       "but got 2"},
+      {"--check-batch 10 --dataset-size 8",
+       "--check-batch: expected a micro-batch <= --dataset-size 8, but got 10"},
+      {"--check-batch 10 --target-batch 100",
+       "--target-batch: expected the checked effective batch, --check-batch 10 x "
+       "--accumulation-steps 1 x world size 1 = 10, but got 100; give --accumulation-steps 10"},
+      {"--check-batch 10 --target-batch 15", "leave --target-batch out"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const CliRun run = runCli(common + flags);
+    EXPECT_EQ(run.exit_code, 2) << flags << "\n" << run.err;
+    EXPECT_NE(run.err.find(message), std::string::npos) << flags << "\n" << run.err;
+  }
+  const CliRun run = runCli(common +
+                            "--check-batch 10 --accumulation-steps 10 --target-batch 100 "
+                            "--env");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("AUTOBATCH_STATUS=fits\nAUTOBATCH_MICRO_BATCH=10\nAUTOBATCH_ACCUM_STEPS="
+                         "10\nAUTOBATCH_EFFECTIVE_BATCH=100\n"),
+            std::string::npos)
+      << run.out;
+  EXPECT_NE(run.out.find("AUTOBATCH_MICRO_BATCH_GROUPS='10:10'\n"), std::string::npos) << run.out;
+}
+
+}  // namespace

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "autobatch/error.h"
@@ -144,6 +145,31 @@ TEST(PlannerTest, IndivisibleTargetNamesTheNearestValidTargets) {
   }
   EXPECT_THROW(planAccumulation(0, 100), Error);
   EXPECT_THROW(planAccumulation(10, 100, 0), Error);
+}
+
+// Issue 27, row 3: plans of huge targets.
+// Catches `(per_rank + max - 1) / max` and `2 * uniform_micro < capacity`: both overflow int64
+// near its maximum (a target and maximum of 2^63 - 1 gave 0 balanced steps, a division by zero).
+TEST(PlannerTest, TargetsNearTheInt64MaximumPlanWithoutOverflow) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  const AccumulationPlans whole = planAccumulation(kMax, kMax);
+  EXPECT_EQ(whole.balanced.accumulation_steps, 1);
+  EXPECT_EQ(whole.balanced.groups, (std::vector<MicroBatchGroup>{{kMax, 1}}));
+  EXPECT_EQ(whole.uniform.groups, (std::vector<MicroBatchGroup>{{kMax, 1}}));
+  EXPECT_EQ(whole.primary_kind, PlanKind::kUniform);
+  EXPECT_EQ(whole.primary().effective_batch, kMax);
+}
+
+// Catches a report that lists every micro-batch of a huge plan (2^39 sizes: std::bad_alloc):
+// listsMicroBatches() bounds what the reports may list.
+TEST(PlannerTest, OnlyPlansUpToTheListLimitListTheirMicroBatches) {
+  const AccumulationPlans small = planAccumulation(2, 2 * kMicroBatchListLimit);
+  EXPECT_TRUE(small.uniform.listsMicroBatches());
+  EXPECT_EQ(small.uniform.microBatchSizes().size(), static_cast<std::size_t>(kMicroBatchListLimit));
+  const AccumulationPlans huge = planAccumulation(3, std::int64_t{1} << 40);
+  EXPECT_FALSE(huge.uniform.listsMicroBatches());
+  EXPECT_EQ(huge.uniform.groups, (std::vector<MicroBatchGroup>{{2, std::int64_t{1} << 39}}));
+  EXPECT_EQ(huge.balanced.accumulation_steps, 366503875926);
 }
 
 }  // namespace

@@ -921,5 +921,29 @@ TEST(BucketMixTest, AMixOverTheMarginInEveryRoundExportsNoSizeOfTheFailingBucket
   EXPECT_THROW(verifyBucketMix({{128, 3}, {64, 5}}, heldMix(12000, calls), -1), Error);
 }
 
+// Issue 27, row 9: one status for "no answer".
+// Catches a search that fit batches only above the limit less the margin and still said "found"
+// (exit 3 with status found and a micro-batch of 0 in the CLI's outputs): it is kNothingFits, its
+// maximum kept, the need being the minimum batch's measured peak.
+TEST(SearchTest, FittingOnlyAboveTheMarginIsNothingFits) {
+  const MemoryModel model = modelWithThreshold(10);
+  for (Strategy strategy : kAllStrategies) {
+    SearchOptions options = optionsFor(strategy);
+    // Under the limit less the margin the fixed part alone does not fit.
+    options.margin_bytes = model.limit_bytes - model.fixed_bytes / 2;
+    const SearchResult r = findMaxBatch(probeFor(model), options);
+    EXPECT_EQ(r.status, SearchStatus::kNothingFits) << toString(strategy);
+    EXPECT_EQ(r.max_micro_batch, expectedMax(strategy, 10)) << toString(strategy);
+    EXPECT_EQ(r.safe_micro_batch, 0);
+    EXPECT_EQ(r.min_batch_needs_at_least_bytes, model.peak(1)) << toString(strategy);
+    EXPECT_FALSE(r.plan.has_value());
+  }
+  // A budget that stops the search first keeps its own status.
+  SearchOptions budget = optionsFor(Strategy::kGuided);
+  budget.margin_bytes = model.limit_bytes - model.fixed_bytes / 2;
+  budget.max_trials = 1;
+  EXPECT_EQ(findMaxBatch(probeFor(model), budget).status, SearchStatus::kTrialBudget);
+}
+
 }  // namespace
 }  // namespace autobatch

@@ -82,16 +82,19 @@ def main() -> int:
     report = run_autobatch(args.autobatch, path, args.memory_limit, args.target_batch)
     result, plans = report["result"], report["plans"]
     plan = plans[plans["primary"]]
-    micro_batches = plan["micro_batches"]        # sizes of one step's micro-batches
+    # The groups describe one step always ("micro_batches" lists the sizes only up to 4096
+    # accumulation steps, docs/report.md): count micro-batches of micro_batch_size each.
+    groups = [(g["micro_batch_size"], g["count"]) for g in plan["groups"]]
     per_rank = plan["per_rank_batch"]
     print(f"autobatch: safe micro-batch {result['safe_micro_batch']} "
           f"(max {result['max_micro_batch']}, {len(report['trials'])} trials); plan {plan['kind']}: "
-          f"{'+'.join(map(str, micro_batches))} = {per_rank} per step, "
+          f"{' + '.join(f'{count} x {size}' for size, count in groups)} = {per_rank} per step, "
           f"{plan['accumulation_steps']} accumulation steps x {plan['world_size']} rank(s) = "
           f"{plan['effective_batch']}")
     assert plan["effective_batch"] == args.target_batch, plan
-    assert sum(micro_batches) * plan["world_size"] == args.target_batch, plan
-    assert max(micro_batches) <= result["safe_micro_batch"], (plan, result)
+    assert sum(size * count for size, count in groups) * plan["world_size"] == args.target_batch
+    assert sum(count for _, count in groups) == plan["accumulation_steps"], plan
+    assert max(size for size, _ in groups) <= result["safe_micro_batch"], (plan, result)
 
     # 3. Train with the plan (the model object itself, not the archive).
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -99,17 +102,18 @@ def main() -> int:
     model.train()
     for step in range(1, args.steps + 1):
         optimizer.zero_grad(set_to_none=True)
-        samples, step_loss = 0, 0.0
-        for size in micro_batches:
+        samples, step_loss, micro_batches = 0, 0.0, 0
+        for size in (size for size, count in groups for _ in range(count)):
             x, y = torch.randn(size, 256), torch.randint(0, 10, (size,))
             # Weight each micro-batch's mean loss by its share: the accumulated gradient is the
             # mean over the whole step, also when a balanced plan's sizes differ by one.
             loss = loss_fn(model(x), y) * (size / per_rank)
             loss.backward()
             samples += size
+            micro_batches += 1
             step_loss += loss.item()
         optimizer.step()
-        print(f"step {step}: {len(micro_batches)} micro-batches, {samples} samples, "
+        print(f"step {step}: {micro_batches} micro-batches, {samples} samples, "
               f"loss {step_loss:.4f}")
         assert samples * plan["world_size"] == args.target_batch
     print(f"trained {args.steps} optimizer steps, effective batch {args.target_batch}")

@@ -14,6 +14,10 @@
 
 namespace autobatch {
 
+/// The most accumulation steps whose micro-batch sizes the reports list one by one (the JSON's
+/// "micro_batches", AUTOBATCH_MICRO_BATCHES); above it only the groups describe a plan.
+inline constexpr std::int64_t kMicroBatchListLimit = 4096;
+
 /// `count` micro-batches of `micro_batch_size` samples each, within one optimizer step of one rank.
 struct MicroBatchGroup {
   /// Samples per micro-batch. Range >= 1.
@@ -49,8 +53,12 @@ struct AccumulationPlan {
   /// The largest micro-batch of the plan, in samples (what memory must hold).
   std::int64_t largestMicroBatch() const;
   /// The sizes of the micro-batches of one step, in order (larger ones first);
-  /// accumulation_steps entries.
+  /// accumulation_steps entries. Allocates one entry per step: a target of 2^40 samples at a
+  /// micro-batch of 2 is 2^39 entries, so reports describe a plan by its groups and list its
+  /// sizes only while listsMicroBatches() (docs/report.md).
   std::vector<std::int64_t> microBatchSizes() const;
+  /// True when accumulation_steps <= kMicroBatchListLimit: the reports list the sizes.
+  bool listsMicroBatches() const;
   /// The loss weight of a micro-batch of `micro_batch_size` samples: its share of the rank's
   /// samples, micro_batch_size / per_rank_batch. Weights of one step sum to 1. Scale each
   /// micro-batch's mean loss by it so the accumulated gradient equals the full batch's mean.

@@ -142,12 +142,35 @@ std::string humanReport(const ReportData& data);
 
 /// Shell lines for `eval`: AUTOBATCH_MICRO_BATCH, AUTOBATCH_ACCUM_STEPS,
 /// AUTOBATCH_EFFECTIVE_BATCH, AUTOBATCH_PLAN, AUTOBATCH_MICRO_BATCHES (space-separated sizes of one
-/// optimizer step, larger first; loss weight of each = its share of the samples),
-/// AUTOBATCH_MAX_MICRO_BATCH, AUTOBATCH_SAFE_MICRO_BATCH, AUTOBATCH_WORLD_SIZE, AUTOBATCH_STATUS;
-/// with a sweep also AUTOBATCH_LENGTH (the length those are for: the longest that fits) and
-/// AUTOBATCH_BUCKETS="2048:6 1024:14 ..." (length:safe micro-batch of every length that fits).
-/// Without a target batch the plan is one step of the safe micro-batch. With nothing verified only
-/// AUTOBATCH_STATUS (and zeros) is written.
+/// optimizer step, larger first; loss weight of each = its share of the samples; empty above
+/// kMicroBatchListLimit steps), AUTOBATCH_MICRO_BATCH_GROUPS ('size:count ...', always),
+/// AUTOBATCH_MAX_MICRO_BATCH, AUTOBATCH_SAFE_MICRO_BATCH, AUTOBATCH_WORLD_SIZE, AUTOBATCH_STATUS,
+/// AUTOBATCH_CAPPED_BY; with a sweep also AUTOBATCH_LENGTH (the length those are for: the longest
+/// that fits) and AUTOBATCH_BUCKETS='2048:6 1024:14 ...' (length:safe micro-batch of every length
+/// that fits). Without a target batch the plan is one step of the safe micro-batch; for a check,
+/// the checked micro-batch x the spec's accumulation steps. With nothing verified under the margin
+/// the plan's numbers are 0. Every value is one shell word: bare when it holds only letters,
+/// digits and `_.,:/+-%@`, else single-quoted with ' written as '\'' (no text can run as code).
 std::string envLines(const ReportData& data);
+
+/// Checks, before any trial, that a report can be written to `path` at the end, as
+/// writeReportFile() will: `path` is not empty, not a directory, not one of `inputs` (the files
+/// the run reads: the model; compared with std::filesystem::equivalent), an existing file opens
+/// for writing (nothing is truncated), and its folder exists and accepts a new file (a probe
+/// file is created and removed). "-" (standard output) passes. `flag` names the path in messages.
+/// Throws: autobatch::Error "--json '<path>': expected ..., but ..." with the system's reason.
+void checkReportPath(const std::string& flag, const std::string& path,
+                     const std::vector<std::string>& inputs);
+
+/// Writes `text` to `path` so that it is never left truncated: a regular file (or a new one) is
+/// written to a temporary file in its folder and renamed over it (through a symbolic link to its
+/// target; an existing file keeps its permissions, a new one gets 0666 less the umask); a device,
+/// pipe or socket is written in place. Returns "" on success, else the reason
+/// ("No space left on device"); the temporary file is then removed and `path` left as it was.
+std::string writeReportFile(const std::string& path, const std::string& text);
+
+/// Writes all of `text` to the open descriptor `fd` (retrying short writes and EINTR). Returns ""
+/// or the reason ("Bad file descriptor" for fd < 0).
+std::string writeReportTo(int fd, const std::string& text);
 
 }  // namespace autobatch

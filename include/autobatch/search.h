@@ -24,8 +24,10 @@ namespace autobatch {
 
 /// How a search ended.
 enum class SearchStatus {
-  kFound,        ///< "found": the bracket closed within the tolerance (or at a bound)
-  kNothingFits,  ///< "nothing-fits": the minimum batch did not fit (OOM or size limit)
+  kFound,  ///< "found": the bracket closed within the tolerance (or at a bound)
+  /// "nothing-fits": the minimum batch did not fit (OOM or size limit), or fit only with a peak
+  /// above the limit less the margin (then max_micro_batch > 0 and safe_micro_batch == 0)
+  kNothingFits,
   kTrialBudget,  ///< "trial-budget": SearchOptions::max_trials ran out; best verified size kept
   kTimeBudget,   ///< "time-budget": SearchOptions::time_limit_s ran out; best verified size kept
   kCancelled,    ///< "cancelled": the cancel hook asked to stop; best verified size kept
@@ -96,7 +98,8 @@ struct SearchResult {
   std::int64_t size_limit_batch = 0;
   std::string size_limit_reason;
   /// kNothingFits only: what the minimum batch needs, at least, in bytes: the failed trial's
-  /// peak_bytes + failed_request_bytes (an OOM trial only gives a lower bound). 0 when unknown.
+  /// peak_bytes + failed_request_bytes (an OOM trial only gives a lower bound), or its measured
+  /// peak_bytes when it fit only above the limit less the margin. 0 when unknown.
   std::int64_t min_batch_needs_at_least_bytes = 0;
   /// What bounds max_micro_batch from above: "memory" (a larger batch ran out of memory, or
   /// nothing fits), "max-batch" (SearchOptions::max_batch: memory may allow more, not searched),

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <c10/util/Exception.h>
+#include <fcntl.h>
 #include <unistd.h>
 #include <algorithm>
 #include <array>
@@ -15,7 +16,6 @@
 #include <cxxopts.hpp>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -47,7 +47,8 @@ constexpr std::int64_t kMaxBatch = std::int64_t{1} << 40;
 
 constexpr const char* kExitCodes = R"(Exit codes:
   0    found / fits
-  1    runtime error (raised inside the model's forward or backward, or a fatal device error)
+  1    runtime error (raised inside the model's forward or backward, or a fatal device error),
+       or a run that would exit 0 but could not write its report (disk full)
   2    usage or bad input detected by autobatch (flags, specs, files, model signature)
   3    does not fit (nothing fits at the minimum batch, memory limit below what the model
        itself needs, --check-batch failed)
@@ -62,6 +63,17 @@ std::atomic<int> g_signal{0};
 
 extern "C" void onSignal(int sig) {
   if (g_signal.exchange(sig) != 0) _exit(128 + sig);
+}
+
+// The process's standard output as it was at start (a descriptor >= 3), where the report, the
+// env lines and `--json -` go, and only they: main() points descriptor 1 at stderr for the whole
+// run, so that nothing a model prints (TorchScript's print, LibTorch's own lines, a package's
+// output, through C++ streams or C stdio alike) reaches what a launcher evaluates or parses.
+// -1 when standard output was closed at start.
+int g_stdout_fd = -1;
+
+std::string writeStdout(const std::string& text) {
+  return autobatch::writeReportTo(g_stdout_fd, text);
 }
 
 std::string flag(const cxxopts::ParseResult& args, const std::string& name) {
@@ -120,6 +132,44 @@ void checkTargetTokens(const Cli& cli, int world) {
       cli.target_tokens, shortest, per_sequence, world,
       representable ? "is " + std::to_string(per_sequence * world) : std::string("overflows int64"),
       representable ? std::to_string(per_sequence * world) : std::string("(none fits int64)")));
+}
+
+// --check-batch N within the search's bounds, its effective batch N x --accumulation-steps x
+// world size within int64 and equal to --target-batch when one is given (the env lines' effective
+// batch is always the target, docs/report.md).
+void checkCheckBatch(std::int64_t batch, const autobatch::TrainingSpec& spec,
+                     const autobatch::SearchOptions& o) {
+  if (batch < o.min_batch || (o.max_batch > 0 && batch > o.max_batch)) {
+    throw Error(fmt::format(
+        "--check-batch: expected a micro-batch within --min-batch {} and --max-batch {}, but got "
+        "{}; check a batch between them, or change the bounds",
+        o.min_batch, o.max_batch > 0 ? std::to_string(o.max_batch) : "0 (no bound)", batch));
+  }
+  if (o.dataset_size > 0 && batch > o.dataset_size) {
+    throw Error(
+        fmt::format("--check-batch: expected a micro-batch <= --dataset-size {}, but got {}",
+                    o.dataset_size, batch));
+  }
+  const std::int64_t per_micro_batch = std::int64_t{spec.accumulation_steps} * o.world_size;
+  const std::int64_t largest = std::numeric_limits<std::int64_t>::max() / per_micro_batch;
+  if (batch > largest) {
+    throw Error(fmt::format(
+        "--check-batch: expected an effective batch (micro-batch x --accumulation-steps {} x "
+        "world size {}) that fits in 64 bits, but got {}; the largest accepted here is {}",
+        spec.accumulation_steps, o.world_size, batch, largest));
+  }
+  const std::int64_t effective = batch * per_micro_batch;
+  if (o.target_batch > 0 && effective != o.target_batch) {
+    const std::int64_t per_step = batch * o.world_size;
+    throw Error(fmt::format(
+        "--target-batch: expected the checked effective batch, --check-batch {} x "
+        "--accumulation-steps {} x world size {} = {}, but got {}; {}",
+        batch, spec.accumulation_steps, o.world_size, effective, o.target_batch,
+        o.target_batch % per_step == 0
+            ? fmt::format("give --accumulation-steps {}, or leave --target-batch out",
+                          o.target_batch / per_step)
+            : std::string("leave --target-batch out, or search for a plan without --check-batch")));
+  }
 }
 
 // Every flag is read as text and parsed by autobatch's own parsers, so that an error names the
@@ -291,6 +341,7 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   }
   if (args.count("check-batch") != 0U) {
     cli.check_batch = parseInteger(flag(args, "check-batch"), "--check-batch", 1, kMaxBatch);
+    checkCheckBatch(*cli.check_batch, spec, o);
   }
   cli.cache = args.count("cache") != 0U;
   cli.cache_trust = args.count("cache-trust") != 0U;
@@ -372,8 +423,8 @@ cxxopts::Options makeOptions() {
     ("tolerance", "Relative tolerance of the bracket (0: exact)", text()->default_value("0"), "X")
     ("max-trials", "Trial budget (0: none)", text()->default_value("0"), "N")
     ("time-limit", "Wall-clock budget in seconds (0: none)", text()->default_value("0"), "S")
-    ("check-batch", "Preflight: only check that micro-batch N fits (exit 0) or not (exit 3)", text(),
-     "N")
+    ("check-batch", "Preflight: only check that micro-batch N (within --min-batch and --max-batch) "
+                    "fits (exit 0) or not (exit 3)", text(), "N")
     ("cache", "Reuse a past search's answer for the same model, inputs, options, device and "
               "versions, confirmed by one trial (folder: AUTOBATCH_CACHE_DIR, else "
               "XDG_CACHE_HOME/autobatch/results, else ~/.cache/autobatch/results)")
@@ -404,8 +455,10 @@ cxxopts::Options makeOptions() {
     ("ddp", "The job uses DistributedDataParallel: every trial also holds one gradient-sized "
             "copy (DDP's gradient buckets)");
   options.add_options("Output")
-    ("json", "Write the JSON report to PATH (- for stdout), on every exit", text(), "PATH")
-    ("env", "Print shell lines for eval (AUTOBATCH_MICRO_BATCH, ...) on stdout")
+    ("json", "Write the JSON report to PATH (- for stdout, not with --env), on every exit; "
+             "checked before the first trial, replaced whole at the end", text(), "PATH")
+    ("env", "Print shell lines for eval (AUTOBATCH_MICRO_BATCH, ...) on stdout, which carries "
+            "nothing else (the model's own prints go to stderr)")
     ("v,verbose", "Debug log lines")
     ("q,quiet", "Only warnings and errors in the log")
     ("h,help", "Print this help and exit")
@@ -427,19 +480,34 @@ std::string statusFor(const autobatch::ReportData& report) {
   return std::string(autobatch::toString(report.result->search.status));
 }
 
-void writeOutputs(const Cli& cli) {
+// A report that could not be written: said on stderr; exit 0 becomes 1 (status runtime-error,
+// docs/errors.md), since a launcher would read nothing or half of it. Other codes are kept.
+void reportLost(Cli& cli, const std::string& what, const std::string& why) {
+  std::cerr << "autobatch: could not write " << what << ": " << why << "\n";
+  if (cli.report.exit_code != kExitOk) return;
+  cli.report.exit_code = kExitRuntimeError;
+  cli.report.status = "runtime-error";
+  cli.report.error = "could not write " + what + ": " + why;
+}
+
+void writeOutputs(Cli& cli) {
   const bool machine_on_stdout = cli.env || cli.json_path == "-";
-  std::ostream& human = machine_on_stdout ? std::cerr : std::cout;
-  human << autobatch::humanReport(cli.report);
-  if (cli.env) std::cout << autobatch::envLines(cli.report);
-  if (cli.json_path == "-") {
-    std::cout << autobatch::toJson(cli.report);
-  } else if (!cli.json_path.empty()) {
-    std::ofstream out(cli.json_path);
-    out << autobatch::toJson(cli.report);
-    if (!out)
-      std::cerr << "autobatch: could not write the JSON report to " << cli.json_path << "\n";
+  const std::string human = autobatch::humanReport(cli.report);
+  if (machine_on_stdout) {
+    std::cerr << human;
+  } else if (const std::string why = writeStdout(human); !why.empty()) {
+    reportLost(cli, "the report to standard output", why);
   }
+  if (cli.env) {
+    if (const std::string why = writeStdout(autobatch::envLines(cli.report)); !why.empty()) {
+      reportLost(cli, "the env lines to standard output", why);
+    }
+  }
+  if (cli.json_path.empty()) return;
+  const std::string json = autobatch::toJson(cli.report);
+  const std::string why =
+      cli.json_path == "-" ? writeStdout(json) : autobatch::writeReportFile(cli.json_path, json);
+  if (!why.empty()) reportLost(cli, "the JSON report to '" + cli.json_path + "'", why);
 }
 
 // Every rank publishes its result; all take the minimum, and the plan is made again for it.
@@ -796,30 +864,62 @@ void runSweep(Cli& cli) {
   }
 }
 
-// The --json path from the raw arguments (the last one given, as cxxopts takes it), so that a
-// command line cxxopts cannot parse (an unknown or misspelled flag, a flag missing its value)
-// still gets its JSON report: docs/errors.md promises one on every exit.
-std::string jsonPathBeforeParsing(int argc, char** argv) {
-  std::string path;
+// A flag's value from the raw arguments (the last one given, as cxxopts takes it; "" when
+// absent), so that a command line cxxopts cannot parse (an unknown or misspelled flag, a flag
+// missing its value) still gets its JSON report (docs/errors.md promises one on every exit), and
+// that report still never replaces the model file. `short_name` (e.g. "-m") may be empty.
+std::string flagBeforeParsing(int argc, char** argv, const std::string& name,
+                              const std::string& short_name = "") {
+  std::string value;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
-    if (arg == "--json" && i + 1 < argc) {
-      path = argv[++i];
-    } else if (arg.starts_with("--json=")) {
-      path = std::string(arg.substr(7));
+    if ((arg == name || (!short_name.empty() && arg == short_name)) && i + 1 < argc) {
+      value = argv[++i];
+    } else if (arg.starts_with(name + "=")) {
+      value = std::string(arg.substr(name.size() + 1));
+    } else if (!short_name.empty() && arg.starts_with(short_name) && arg.size() > 2 &&
+               !arg.starts_with("--")) {
+      value = std::string(arg.substr(short_name.size()));
     }
   }
-  return path;
+  return value;
+}
+
+// Output paths, before any trial: `--json -` never shares stdout with --env (eval would run the
+// JSON), a --json file can be written and is not the model (autobatch/report.h).
+void checkOutputs(Cli& cli, const cxxopts::ParseResult& args) {
+  if (cli.env && cli.json_path == "-") {
+    cli.json_path.clear();  // the refusal itself must not put the JSON on stdout either
+    throw Error(
+        "--json -: expected a file path with --env, but got - (standard output, where the env "
+        "lines go: eval would run the JSON as shell code); write the JSON to a file with --json "
+        "PATH");
+  }
+  if (args.count("json") != 0U) {
+    try {
+      autobatch::checkReportPath("--json", cli.json_path, {cli.report.spec.model_path});
+    } catch (const Error&) {
+      cli.json_path.clear();
+      throw;
+    }
+  }
+  if ((cli.env || cli.json_path == "-") && g_stdout_fd < 0) {
+    throw Error(std::string(cli.env ? "--env" : "--json -") +
+                ": expected an open standard output, but it was closed when autobatch started");
+  }
 }
 
 int run(int argc, char** argv, Cli& cli) {
   auto options = makeOptions();
-  cli.json_path = jsonPathBeforeParsing(argc, argv);
+  cli.json_path = flagBeforeParsing(argc, argv, "--json");
+  cli.env = std::any_of(argv + 1, argv + argc,
+                        [](const char* arg) { return std::string_view(arg) == "--env"; });
+  cli.report.spec.model_path = flagBeforeParsing(argc, argv, "--model", "-m");
   const auto args = options.parse(argc, argv);
   if (args.count("json") != 0U) cli.json_path = flag(args, "json");
   cli.env = args.count("env") != 0U;
   if (args.count("help") != 0U) {
-    std::cout << options.help() << "\n" << kExitCodes;
+    (void)writeStdout(options.help() + "\n" + kExitCodes);
     return kExitOk;
   }
   if (!args.unmatched().empty()) {
@@ -830,10 +930,11 @@ int run(int argc, char** argv, Cli& cli) {
   if (args.count("verbose") != 0U) spdlog::set_level(spdlog::level::debug);
   cli.report.build = autobatch::buildInfo();
   if (args.count("version") != 0U) {
-    std::cout << autobatch::versionText(cli.report.build);
+    (void)writeStdout(autobatch::versionText(cli.report.build));
     return kExitOk;
   }
   readOptions(args, cli);
+  checkOutputs(cli, args);
   const auto& spec = cli.report.spec;
   if (std::filesystem::is_regular_file(spec.model_path)) {
     cli.report.model_file_bytes =
@@ -886,12 +987,20 @@ int fail(Cli& cli, const std::string& status, int code, const std::string& raw_m
   cli.report.status = status;
   cli.report.exit_code = code;
   cli.report.error = message;
-  if (!cli.json_path.empty()) {
-    if (cli.json_path == "-") {
-      std::cout << autobatch::toJson(cli.report);
-    } else {
-      std::ofstream(cli.json_path) << autobatch::toJson(cli.report);
-    }
+  // Never on stdout beside --env lines; never over the model (or a path not checked yet).
+  if (cli.json_path.empty() || (cli.json_path == "-" && cli.env)) return code;
+  try {
+    autobatch::checkReportPath("--json", cli.json_path, {cli.report.spec.model_path});
+  } catch (const Error& e) {
+    std::cerr << "autobatch: the JSON report was not written: " << e.what() << "\n";
+    return code;
+  }
+  const std::string json = autobatch::toJson(cli.report);
+  const std::string why =
+      cli.json_path == "-" ? writeStdout(json) : autobatch::writeReportFile(cli.json_path, json);
+  if (!why.empty()) {
+    std::cerr << "autobatch: could not write the JSON report to '" << cli.json_path << "': " << why
+              << "\n";
   }
   return code;
 }
@@ -899,6 +1008,19 @@ int fail(Cli& cli, const std::string& status, int code, const std::string& raw_m
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Standard output is kept for the report alone (g_stdout_fd); descriptor 1 becomes stderr.
+  g_stdout_fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+  if (dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+    // No stderr either: what the model prints goes nowhere rather than to the report.
+    const int null_fd = open("/dev/null", O_WRONLY);
+    if (null_fd > STDOUT_FILENO) {
+      (void)dup2(null_fd, STDOUT_FILENO);
+      close(null_fd);
+    }
+  }
+  // A file-size limit (ulimit -f) fails a report's write with EFBIG, as a full disk does, instead
+  // of killing the process halfway through it.
+  std::signal(SIGXFSZ, SIG_IGN);
   // Thread-safe: the trial runner logs a long step's progress from a thread of its own.
   // The log writes to a copy of descriptor 2, so that its lines reach the terminal while a pt2
   // package's call sends descriptor 2 itself to the debug log (src/pt2_package.cpp).
