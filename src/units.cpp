@@ -76,9 +76,10 @@ std::int64_t parseBytes(std::string_view text, std::string_view what) {
     // "--margin 5" read as 5 bytes (issue 27, row 18): a bare number could mean bytes, a
     // percentage or a forgotten unit, so only 0, the same in every reading, goes without one.
     if (whole != 0 || fraction != 0) {
+      // "1.5B" would be a fraction of a byte: no bytes suggestion then.
       fail(what, text,
            "a number without a unit is ambiguous: add the unit, such as " + std::string(number) +
-               "MiB, or " + std::string(number) + "B for bytes");
+               "MiB" + (fraction == 0 ? ", or " + std::string(number) + "B for bytes" : ""));
     }
     multiplier = 1;
   }
