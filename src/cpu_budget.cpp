@@ -385,7 +385,7 @@ class CpuBudgetBackend final : public MemoryBackend {
           ", plus the tensors held then. Batches between the two were refused at that limit, " +
           "not at the budget, so the answer is this machine's, not that of the " +
           "emulated one; to emulate a smaller device give --memory-limit " +
-          std::to_string(usable + reserve_) + " (bytes) or less, or leave it out to use all " +
+          std::to_string(usable + reserve_) + "B or less, or leave it out to use all " +
           "the process can");
     }
     if (guard_) {

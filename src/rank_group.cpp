@@ -1,5 +1,7 @@
 #include "autobatch/rank_group.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -27,6 +29,42 @@ std::string seconds(double s) {
 
 std::string key(const char* kind, int rank) {
   return std::string(kind) + "/" + std::to_string(rank);
+}
+
+// The store's host must resolve before the store is tried: otherwise c10d retries the name for
+// the whole --rank-timeout and the failure read as a port in use (issue 27, row 21). A name that
+// does not exist is bad input (exit 2); a resolver that cannot answer now is a failure to agree.
+void checkResolves(const RankInfo& info) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(info.master_addr.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) freeaddrinfo(found);
+  if (rc == 0) return;
+  const std::string why = std::string(gai_strerror(rc)) + " (getaddrinfo)";
+  if (rc == EAI_AGAIN) {
+    throw RankError("ranks could not agree: rank " + std::to_string(info.rank) +
+                    " could not resolve the store host '" + info.master_addr + "' (" +
+                    info.master_addr_origin + ") now: " + why);
+  }
+  throw Error("store host (" + info.master_addr_origin +
+              "): expected a host name or address this machine can resolve, but got '" +
+              info.master_addr + "': " + why + "; give rank 0's host in --master-addr or " +
+              "MASTER_ADDR");
+}
+
+// Why hosting failed: the port is taken, or the store's own client could not reach the address
+// (not an address of this machine).
+std::string hostFailure(const RankInfo& info, const std::string& error) {
+  const std::string port = std::to_string(info.master_port);
+  if (error.find("EADDRINUSE") != std::string::npos ||
+      error.find("ddress already in use") != std::string::npos) {
+    return " could not host the store: port " + port + " is in use (pass another --master-port)";
+  }
+  return " could not host the store at " + info.master_addr + ":" + port + " (" +
+         info.master_addr_origin + "; rank 0 hosts it, so it must be an address of rank 0's " +
+         "machine)";
 }
 
 }  // namespace
@@ -122,6 +160,7 @@ RankGroup::RankGroup(const RankInfo& info, const RankGroupOptions& options)
   m.info = info;
   m.options = options;
   m.hosts = !info.use_agent_store && info.rank == 0;
+  checkResolves(info);
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(info.master_port);
   o.isServer = m.hosts;
@@ -133,11 +172,9 @@ RankGroup::RankGroup(const RankInfo& info, const RankGroupOptions& options)
     m.store->set(key("hb", info.rank), "0");
   } catch (const c10::Error& e) {
     throw RankError("ranks could not agree: rank " + std::to_string(info.rank) +
-                    (m.hosts
-                         ? " could not host the store on port " + std::to_string(info.master_port) +
-                               " (in use? pass another --master-port)"
-                         : " could not reach the store at " + m.where() + " within " +
-                               seconds(options.timeout_s) + " (--rank-timeout)") +
+                    (m.hosts ? hostFailure(info, e.what_without_backtrace())
+                             : " could not reach the store at " + m.where() + " within " +
+                                   seconds(options.timeout_s) + " (--rank-timeout)") +
                     ": " + e.what_without_backtrace());
   }
   m.heartbeat = std::thread(&Impl::beat, &m, m.store->clone());

@@ -1,6 +1,9 @@
 #include "autobatch/ranks.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <limits>
 #include <sstream>
@@ -33,6 +36,51 @@ Field pick(std::optional<int> flag, std::string_view flag_name, const EnvLookup&
     }
   }
   return {};
+}
+
+// Set and not empty: launch scripts often export a variable empty rather than unset it.
+bool given(const EnvLookup& env, std::string_view name) {
+  const auto value = env(name);
+  return value && !value->empty();
+}
+
+bool isHostNameCharacter(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' || c == '.' || c == '_';
+}
+
+// The store's host as given (`origin` names where it came from): an IPv4 or IPv6 literal that
+// inet_pton reads, or a host name of letters, digits, '-', '_' and '.'. "256.1.1.1" is no host
+// name (only digits and dots): it is an IPv4 address with an octet out of range, which the store
+// reported as a port in use (issue 27, row 21).
+void checkHost(const std::string& host, std::string_view origin) {
+  const std::string where = std::string(origin) + ": expected ";
+  if (host.empty()) throw Error(where + "a host name or address, but got ''");
+  if (host.find_first_not_of("0123456789.") == std::string::npos) {
+    in_addr v4{};
+    if (inet_pton(AF_INET, host.c_str(), &v4) != 1) {
+      throw Error(where +
+                  "an IPv4 address of four numbers in [0, 255] (e.g. 10.0.0.1) or a host name, "
+                  "but got '" +
+                  host + "'");
+    }
+    return;
+  }
+  if (host.find(':') != std::string::npos) {
+    in6_addr v6{};
+    if (inet_pton(AF_INET6, host.substr(0, host.find('%')).c_str(), &v6) != 1) {
+      throw Error(where + "an IPv6 address such as fd00::1 (without brackets), but got '" + host +
+                  "'");
+    }
+    return;
+  }
+  const bool name_ok = host.size() <= 253 && host.front() != '-' && host.front() != '.' &&
+                       std::all_of(host.begin(), host.end(), isHostNameCharacter);
+  if (!name_ok) {
+    throw Error(where +
+                "a host name (letters, digits, '-', '_' and '.', at most 253 characters) or an "
+                "address, but got '" +
+                host + "'");
+  }
 }
 
 std::string join(const std::vector<int>& ranks) {
@@ -73,23 +121,24 @@ std::string firstSlurmHost(std::string_view nodelist) {
 
 RankInfo resolveRankInfo(const RankFlags& flags, const EnvLookup& env) {
   RankInfo info;
-  const bool torchrun = env("RANK").has_value() && env("WORLD_SIZE").has_value();
-  const bool slurm = !torchrun && env("SLURM_PROCID").has_value();
+  // The launcher is torchrun when either of its two variables is set, else Slurm when either of
+  // its two is. Each variable counts alone (WORLD_SIZE=3 alone plans for 3 ranks, as
+  // --world-size 3 alone), and a malformed one is an error whichever others are set: before
+  // issue 27 a variable was read only with its partner, so WORLD_SIZE alone was ignored.
+  const bool torchrun = given(env, "RANK") || given(env, "WORLD_SIZE");
+  const bool slurm = !torchrun && (given(env, "SLURM_PROCID") || given(env, "SLURM_NTASKS"));
+  using Names = std::vector<std::string_view>;
+  auto names = [&](std::string_view of_torchrun, std::string_view of_slurm) {
+    return torchrun ? Names{of_torchrun} : slurm ? Names{of_slurm} : Names{};
+  };
   constexpr std::int64_t kMaxRanks = 1 << 20;
   const Field world = pick(flags.world_size, "--world-size", env,
-                           torchrun ? std::vector<std::string_view>{"WORLD_SIZE"}
-                           : slurm  ? std::vector<std::string_view>{"SLURM_NTASKS"}
-                                    : std::vector<std::string_view>{},
-                           1, kMaxRanks);
-  const Field rank = pick(flags.rank, "--rank", env,
-                          torchrun ? std::vector<std::string_view>{"RANK"}
-                          : slurm  ? std::vector<std::string_view>{"SLURM_PROCID"}
-                                   : std::vector<std::string_view>{},
-                          0, kMaxRanks);
+                           names("WORLD_SIZE", "SLURM_NTASKS"), 1, kMaxRanks);
+  const Field rank = pick(flags.rank, "--rank", env, names("RANK", "SLURM_PROCID"), 0, kMaxRanks);
+  // The GPU index alone (LOCAL_RANK=1, no launcher) still picks the GPU.
   const Field local = pick(flags.local_rank, "--local-rank", env,
-                           torchrun ? std::vector<std::string_view>{"LOCAL_RANK"}
-                           : slurm  ? std::vector<std::string_view>{"SLURM_LOCALID"}
-                                    : std::vector<std::string_view>{},
+                           torchrun || slurm ? names("LOCAL_RANK", "SLURM_LOCALID")
+                                             : Names{"LOCAL_RANK", "SLURM_LOCALID"},
                            0, kMaxRanks);
   info.world_size = static_cast<int>(world.value.value_or(1));
   info.rank = static_cast<int>(rank.value.value_or(0));
@@ -100,18 +149,23 @@ RankInfo resolveRankInfo(const RankFlags& flags, const EnvLookup& env) {
   if (info.rank >= info.world_size) {
     throw Error("rank: expected a rank in [0, " + std::to_string(info.world_size) +
                 ") for world size " + std::to_string(info.world_size) + " (" +
-                (world.value ? world.origin : "default") + "), but got " +
-                std::to_string(info.rank) + " (" + rank.origin + ")");
+                (world.value ? world.origin
+                             : std::string("default: give --world-size or ") +
+                                   (slurm ? "SLURM_NTASKS" : "WORLD_SIZE")) +
+                "), but got " + std::to_string(info.rank) + " (" + rank.origin + ")");
   }
 
   if (flags.master_addr) {
-    if (flags.master_addr->empty()) throw Error("--master-addr: expected a host, but got ''");
     info.master_addr = *flags.master_addr;
+    info.master_addr_origin = "--master-addr";
   } else if (auto addr = env("MASTER_ADDR"); addr && !addr->empty()) {
     info.master_addr = *addr;
+    info.master_addr_origin = "MASTER_ADDR";
   } else if (auto nodes = env("SLURM_JOB_NODELIST"); slurm && nodes) {
     info.master_addr = firstSlurmHost(*nodes);
+    info.master_addr_origin = "SLURM_JOB_NODELIST";
   }
+  checkHost(info.master_addr, info.master_addr_origin);
   const Field port = pick(flags.master_port, "--master-port", env, {"MASTER_PORT"}, 1, 65535);
   if (port.value) {
     info.master_port = static_cast<int>(*port.value);

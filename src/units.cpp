@@ -30,7 +30,7 @@ constexpr std::array<std::pair<std::string_view, std::int64_t>, 9> kUnits{{
 
 [[noreturn]] void fail(std::string_view what, std::string_view text, std::string_view why) {
   throw Error(std::string(what) +
-              ": expected a byte size such as 24GiB, 24GB, 512MiB or 1073741824, but got '" +
+              ": expected a byte size such as 24GiB, 24GB, 512MiB or 1073741824B, but got '" +
               std::string(text) + "' (" + std::string(why) + ")");
 }
 
@@ -65,13 +65,24 @@ std::int64_t parseBytes(std::string_view text, std::string_view what) {
     if (fraction_digits == 0) fail(what, text, "no digit after the decimal point");
   }
   if (digits == 0) fail(what, text, "no number");
+  const std::string_view number = text.substr(0, i);
   while (i < text.size() && text[i] == ' ') ++i;
   std::string unit;
   for (; i < text.size(); ++i) {
     unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
   }
   std::int64_t multiplier = 0;
-  if (unit.empty()) multiplier = 1;
+  if (unit.empty()) {
+    // "--margin 5" read as 5 bytes (issue 27, row 18): a bare number could mean bytes, a
+    // percentage or a forgotten unit, so only 0, the same in every reading, goes without one.
+    if (whole != 0 || fraction != 0) {
+      // "1.5B" would be a fraction of a byte: no bytes suggestion then.
+      fail(what, text,
+           "a number without a unit is ambiguous: add the unit, such as " + std::string(number) +
+               "MiB" + (fraction == 0 ? ", or " + std::string(number) + "B for bytes" : ""));
+    }
+    multiplier = 1;
+  }
   for (const auto& [name, value] : kUnits) {
     if (unit == name) multiplier = value;
   }
@@ -82,12 +93,10 @@ std::int64_t parseBytes(std::string_view text, std::string_view what) {
     fail(what, text,
          "unknown unit '" + unit + "': valid units are B, KB, MB, GB, TB, KiB, MiB, GiB, TiB");
   }
-  // "1.5" or "0.5B" is a fraction of a byte: almost always a forgotten unit, never a size to
-  // round silently (found by a user test: "--memory-limit 1.5" became 1 byte).
+  // "0.5B" is a fraction of a byte: almost always a forgotten unit, never a size to round
+  // silently (found by a user test: "--memory-limit 1.5" became 1 byte).
   if (multiplier == 1 && fraction != 0) {
-    fail(what, text,
-         "a fraction of a byte (a number without a unit is bytes): add the unit, such as " +
-             std::string(text.substr(0, text.find_first_not_of("0123456789."))) + "GiB");
+    fail(what, text, "a fraction of a byte: add the unit, such as " + std::string(number) + "GiB");
   }
   if (whole > kMax / multiplier) fail(what, text, "larger than 2^63 - 1 bytes");
   // floor(fraction * multiplier / scale) without overflow: fraction, scale < 10^18, multiplier

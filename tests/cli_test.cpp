@@ -1438,3 +1438,229 @@ TEST(CliTest, CheckBatchRespectsTheBoundsAndTheTarget) {
 }
 
 }  // namespace
+
+// Issue 27, rows 5, 18, 19, 20 and 21: signals before the search, sizes without a unit, launcher
+// variables alone, cache entries and the store host.
+namespace {
+
+// Starts the CLI (fork/exec) with stdout and stderr in the test's folder. With `pending_signal`,
+// the child blocks that signal, sends it to itself and execs: the signal is pending from the
+// first instruction of the new program, the earliest moment a signal can reach it (pending
+// signals and the mask survive execve). The program takes it when it unblocks it.
+pid_t startCli(const std::vector<std::string>& args, int pending_signal = 0) {
+  const fs::path out = tmpDir() / "stdout.txt";
+  const fs::path err = tmpDir() / "stderr.txt";
+  fs::remove(out);
+  fs::remove(err);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    std::string cli = autobatch::testing::cliPath();
+    argv.push_back(cli.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (std::freopen(out.c_str(), "w", stdout) == nullptr) _exit(98);
+    if (std::freopen(err.c_str(), "w", stderr) == nullptr) _exit(98);
+    if (pending_signal != 0) {
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, pending_signal);
+      sigprocmask(SIG_BLOCK, &set, nullptr);
+      raise(pending_signal);
+    }
+    execv(cli.c_str(), argv.data());
+    _exit(99);
+  }
+  return pid;
+}
+
+int waitExitCode(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// True when process `pid` has `path` open (one of /proc/<pid>/fd/* links to it).
+bool hasOpen(pid_t pid, const fs::path& path) {
+  std::error_code ec;
+  for (const auto& fd : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    if (fs::read_symlink(fd.path(), ec) == path) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// The earliest signal: pending when the program starts (a launcher's SIGTERM while LibTorch's
+// libraries initialise, seconds before main). It ended the process with no report, or, blocked
+// as here, never arrived and the search ran to the end (exit 0). Catches a handler installed
+// after start-up (in run(), after parsing), one that leaves an inherited block in place, and an
+// interrupt before the search that writes no JSON.
+TEST(CliTest, SigtermRightAfterExecStillWritesTheInterruptedReport) {
+  const fs::path json_path = tmpDir() / "early.json";
+  fs::remove(json_path);
+  const pid_t pid = startCli({"--model", mlpModel(), "--device", "cpu", "--memory-limit", "64MiB",
+                              "--json", json_path.string()},
+                             SIGTERM);
+  const int exit_code = waitExitCode(pid);
+  const std::string err = readFile(tmpDir() / "stderr.txt");
+  EXPECT_EQ(exit_code, 143) << err;
+  ASSERT_TRUE(fs::exists(json_path)) << err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_EQ(doc["status"], "interrupted");
+  EXPECT_EQ(doc["exit_code"], 143);
+  EXPECT_EQ(doc["trials"].size(), 0U);
+  EXPECT_NE(err.find("interrupted by signal 15 before the search"), std::string::npos) << err;
+}
+
+// SIGTERM while a 64 MiB archive is read (hashed, then loaded): the process died with no JSON
+// (the handler came after the model's SHA-1). Waits until the child has the model file open
+// (/proc/<pid>/fd), then signals it; whatever step it is in finishes, and no trial is verified.
+// Catches a model-loading stage that does not end with the interrupted report.
+TEST(CliTest, SigtermWhileTheModelLoadsWritesTheInterruptedReport) {
+  const fs::path model = tmpDir() / "heavy.pt";
+  {
+    torch::manual_seed(0);
+    torch::jit::Module net("Heavy");
+    for (int i = 0; i < 4; ++i) {
+      net.register_parameter("w" + std::to_string(i), torch::randn({2048, 2048}) * 0.01, false);
+    }
+    net.define(R"(
+      def forward(self, x):
+          return torch.matmul(torch.matmul(torch.matmul(torch.matmul(x, self.w0), self.w1),
+                                           self.w2), self.w3)
+    )");
+    net.save(model.string());
+  }
+  ASSERT_GT(fs::file_size(model), 64U << 20);
+  const fs::path json_path = tmpDir() / "loading.json";
+  fs::remove(json_path);
+  const pid_t pid = startCli({"--model", model.string(), "--input", "2048", "--device", "cpu",
+                              "--memory-limit", "1GiB", "--json", json_path.string()});
+  bool seen = false;
+  for (int i = 0; i < 120000 && !seen; ++i) {  // start-up takes seconds on a loaded machine
+    seen = hasOpen(pid, fs::canonical(model));
+    if (!seen) usleep(1000);
+  }
+  ASSERT_TRUE(seen) << "the CLI never opened " << model;
+  kill(pid, SIGTERM);
+  waitUntilDelivered(pid, SIGTERM);
+  const int exit_code = waitExitCode(pid);
+  const std::string err = readFile(tmpDir() / "stderr.txt");
+  EXPECT_EQ(exit_code, 143) << err;
+  ASSERT_TRUE(fs::exists(json_path)) << err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_EQ(doc["status"], "interrupted");
+  EXPECT_EQ(doc["exit_code"], 143);
+  for (const auto& t : doc["trials"]) EXPECT_TRUE(t["cancelled"].get<bool>()) << t.dump();
+  if (!doc["result"].is_null()) {
+    EXPECT_EQ(doc["result"]["max_micro_batch"], 0);
+  }
+}
+
+// `--margin 5` was 5 bytes of headroom (the help says "a percentage (5%) or a size"), and
+// `--memory-limit 1000000` a million bytes: a number without a unit is refused, asking for the
+// unit, in every size flag; 0 alone stays. Catches a size flag that still reads a bare number
+// as bytes.
+TEST(CliTest, SizesWithoutAUnitAreRefusedExceptZero) {
+  const std::string model = mlpModel();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--margin 5",
+       "--margin: expected a percentage such as 5% or a size such as 5MiB, but got '5' (a number "
+       "without a unit is ambiguous: add % or the unit)"},
+      {"--margin 0.5", "--margin: expected a percentage such as 0.5% or a size such as 0.5MiB"},
+      {"--memory-limit 1000000",
+       "--memory-limit: expected a byte size such as 24GiB, 24GB, 512MiB or 1073741824B, but got "
+       "'1000000' (a number without a unit is ambiguous: add the unit, such as 1000000MiB, or "
+       "1000000B for bytes)"},
+      {"--reserve 100", "--reserve: expected a byte size"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const CliRun run = runCli("--model " + model + " --device cpu --memory-limit 64MiB " + flags);
+    EXPECT_EQ(run.exit_code, 2) << flags << "\n" << run.err;
+    EXPECT_NE(run.err.find(message), std::string::npos) << flags << "\n" << run.err;
+  }
+  const fs::path json_path = tmpDir() / "zero.json";
+  const CliRun zero = runCli("--model " + model +
+                             " --device cpu --memory-limit 64MiB --margin 0 --reserve 0 "
+                             "--max-batch 4 -q --json " +
+                             json_path.string());
+  EXPECT_EQ(zero.exit_code, 0) << zero.err;
+  EXPECT_EQ(nlohmann::json::parse(readFile(json_path))["result"]["margin_bytes"], 0);
+}
+
+// WORLD_SIZE=3 alone was ignored (a plan for one rank), and WORLD_SIZE=x alone was no error.
+// Catches a launcher variable read only together with its partner.
+TEST(CliTest, WorldSizeAloneIsTheWorldSizeAndMalformedIsAnError) {
+  const std::string model = mlpModel();
+  ::setenv("WORLD_SIZE", "3", 1);
+  const CliRun three =
+      runCli("--model " + model + " --device cpu --memory-limit 64MiB --target-batch 10");
+  ::setenv("WORLD_SIZE", "x", 1);
+  const CliRun bad = runCli("--model " + model + " --device cpu --memory-limit 64MiB");
+  ::unsetenv("WORLD_SIZE");
+  EXPECT_EQ(three.exit_code, 2) << three.err;
+  EXPECT_NE(three.err.find("world size 3"), std::string::npos) << three.err;
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("environment variable WORLD_SIZE: expected a whole number in [1, "
+                         "1048576], but got 'x'"),
+            std::string::npos)
+      << bad.err;
+}
+
+// `--master-addr 256.1.1.1` waited for the store and then blamed a port in use; an address that
+// is not this machine's, given to the hosting rank, was blamed on the port too. Catches a store
+// error that guesses the port, and a host that is not checked before the store is tried.
+TEST(CliTest, AStoreHostThatIsNoAddressOrNotThisMachineIsSaidSo) {
+  const std::string model = mlpModel();
+  const std::string ranks = " --device cpu --memory-limit 64MiB --rank 0 --world-size 2 ";
+  const CliRun bad =
+      runCli("--model " + model + ranks + "--master-addr 256.1.1.1 --rank-timeout 1");
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--master-addr: expected an IPv4 address of four numbers in [0, 255] "
+                         "(e.g. 10.0.0.1) or a host name, but got '256.1.1.1'"),
+            std::string::npos)
+      << bad.err;
+  // 192.0.2.1 is TEST-NET-1 (RFC 5737): an address, never this machine's.
+  const CliRun away = runCli("--model " + model + ranks +
+                             "--master-addr 192.0.2.1 --master-port 29631 --rank-timeout 1");
+  EXPECT_EQ(away.exit_code, 4) << away.err;
+  EXPECT_NE(away.err.find("rank 0 could not host the store at 192.0.2.1:29631 (--master-addr; "
+                          "rank 0 hosts it, so it must be an address of rank 0's machine)"),
+            std::string::npos)
+      << away.err;
+  EXPECT_EQ(away.err.find("in use"), std::string::npos) << away.err;
+}
+
+// A fractional batch in an entry was a hit (2.5 read as 2); an entry that is a folder gave
+// "cannot rename ...: Success". Catches an entry reader that truncates or skips a field, and a
+// store error whose reason was overwritten by the clean-up.
+TEST_F(CacheCliTest, InvalidEntriesAreMissesNamingTheFieldAndStoreErrorsSayWhy) {
+  const std::string args = "--model " + mlpModel() + kCacheArgs + " --max-batch 64";
+  const auto [code, first] = run(args, "first");
+  ASSERT_EQ(code, 0) << first.dump();
+  const fs::path path = entry(first);
+  auto stored = nlohmann::json::parse(readFile(path));
+  stored["safe_micro_batch"] = 2.5;
+  std::ofstream(path) << stored.dump();
+  const auto [fraction_code, fraction] = run(args, "fraction");
+  ASSERT_EQ(fraction_code, 0) << fraction.dump();
+  EXPECT_EQ(fraction["cache"]["outcome"], "miss");
+  EXPECT_NE(fraction["warnings"].dump().find("ignoring the invalid entry " + path.string() +
+                                             " (safe_micro_batch: expected a whole number in [1, "),
+            std::string::npos)
+      << fraction["warnings"].dump();
+  EXPECT_EQ(fraction["result"]["safe_micro_batch"], first["result"]["safe_micro_batch"]);
+
+  fs::remove(path);
+  fs::create_directories(path / "inside");
+  const auto [folder_code, folder] = run(args, "folder");
+  ASSERT_EQ(folder_code, 0) << folder.dump();
+  EXPECT_EQ(folder["cache"]["outcome"], "miss");
+  const std::string store_error = folder["cache"]["store_error"];
+  EXPECT_NE(store_error.find(": Is a directory"), std::string::npos) << store_error;
+  EXPECT_EQ(store_error.find("Success"), std::string::npos) << store_error;
+  EXPECT_NE(folder["warnings"].dump().find("it is a directory"), std::string::npos)
+      << folder["warnings"].dump();
+}

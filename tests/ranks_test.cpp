@@ -168,5 +168,89 @@ TEST(RanksTest, AgreeRejectsFailedAndMissingRanks) {
   EXPECT_THROW(agree({{0, "ok", "cpu", 1, 1, true, 0}, {0, "ok", "cpu", 1, 1, true, 0}}, 2), Error);
 }
 
+// Issue 27, rows 19 and 21: every launcher variable counts alone; the store host is checked.
+
+// WORLD_SIZE=3 alone was ignored (world size 1) although --help says the world size defaults to
+// WORLD_SIZE; likewise SLURM_NTASKS, and LOCAL_RANK without RANK and WORLD_SIZE. Catches a
+// resolver that reads a launcher's variables only when its rank variable is set too.
+TEST(RanksTest, EachLauncherVariableCountsAlone) {
+  const RankInfo torchrun = resolveRankInfo({}, envOf({{"WORLD_SIZE", "3"}}));
+  EXPECT_EQ(torchrun.world_size, 3);
+  EXPECT_EQ(torchrun.rank, 0);
+  EXPECT_EQ(torchrun.source, "none");  // planning for 3 ranks from one process
+  EXPECT_FALSE(torchrun.agrees());
+  const RankInfo slurm =
+      resolveRankInfo({}, envOf({{"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "2"}}));
+  EXPECT_EQ(slurm.world_size, 4);
+  EXPECT_EQ(slurm.local_rank, 2);
+  EXPECT_FALSE(slurm.agrees());
+  EXPECT_EQ(resolveRankInfo({}, envOf({{"LOCAL_RANK", "1"}})).local_rank, 1);
+  EXPECT_EQ(resolveRankInfo({}, envOf({{"SLURM_LOCALID", "3"}})).local_rank, 3);
+  const RankInfo rank0 = resolveRankInfo({}, envOf({{"RANK", "0"}}));
+  EXPECT_EQ(rank0.world_size, 1);
+  EXPECT_EQ(rank0.source, "torchrun");
+  EXPECT_EQ(errorOf({}, envOf({{"RANK", "2"}})),
+            "rank: expected a rank in [0, 1) for world size 1 (default: give --world-size or "
+            "WORLD_SIZE), but got 2 (RANK)");
+  EXPECT_EQ(errorOf({}, envOf({{"SLURM_PROCID", "1"}})),
+            "rank: expected a rank in [0, 1) for world size 1 (default: give --world-size or "
+            "SLURM_NTASKS), but got 1 (SLURM_PROCID)");
+  // An empty variable is unset (scripts export them empty), not an error.
+  EXPECT_EQ(resolveRankInfo({}, envOf({{"RANK", ""}, {"WORLD_SIZE", "5"}})).world_size, 5);
+  EXPECT_EQ(resolveRankInfo({}, envOf({{"WORLD_SIZE", ""}})).world_size, 1);
+}
+
+// A malformed value was an error only when its partner was set (WORLD_SIZE=x alone ran as one
+// rank). Catches any variable that is still skipped when it stands alone.
+TEST(RanksTest, AMalformedVariableIsAnErrorWhicheverOthersAreSet) {
+  for (const char* name :
+       {"WORLD_SIZE", "RANK", "LOCAL_RANK", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID"}) {
+    for (const char* value : {"x", "-1", "2.5"}) {
+      const std::string error = errorOf({}, envOf({{name, value}}));
+      EXPECT_EQ(error.rfind("environment variable " + std::string(name) +
+                                ": expected a whole "
+                                "number in [",
+                            0),
+                0U)
+          << name << "=" << value << ": '" << error << "'";
+      EXPECT_NE(error.find(std::string("but got '") + value + "'"), std::string::npos) << error;
+    }
+  }
+  EXPECT_EQ(errorOf({}, envOf({{"WORLD_SIZE", "0"}})),
+            "environment variable WORLD_SIZE: expected a whole number in [1, 1048576], but got "
+            "'0'");
+}
+
+// `--master-addr 256.1.1.1` searched until the timeout and was blamed on a port in use. A host
+// that is no address and no host name is bad input, named with where it came from. Catches a
+// resolver that passes any text on to the store, and one that refuses real addresses and names.
+TEST(RanksTest, AStoreHostThatIsNoAddressIsAUsageError) {
+  RankFlags flags;
+  flags.master_addr = "256.1.1.1";
+  EXPECT_EQ(errorOf(flags, envOf({})),
+            "--master-addr: expected an IPv4 address of four numbers in [0, 255] (e.g. 10.0.0.1) "
+            "or a host name, but got '256.1.1.1'");
+  EXPECT_NE(errorOf({}, envOf({{"MASTER_ADDR", "10.0.0"}})).find("MASTER_ADDR: expected an IPv4"),
+            std::string::npos);
+  EXPECT_NE(errorOf({}, envOf({{"MASTER_ADDR", "fd00::zz"}})).find("an IPv6 address"),
+            std::string::npos);
+  EXPECT_NE(errorOf({}, envOf({{"MASTER_ADDR", "node 1"}})).find("MASTER_ADDR: expected a host"),
+            std::string::npos);
+  flags.master_addr = "";
+  EXPECT_EQ(errorOf(flags, envOf({})),
+            "--master-addr: expected a host name or address, but got ''");
+  for (const char* good : {"10.0.0.1", "255.255.255.255", "node-01.cluster", "gpu_7", "::1",
+                           "fd00::1", "fe80::1%eth0", "localhost"}) {
+    flags.master_addr = good;
+    const RankInfo info = resolveRankInfo(flags, envOf({}));
+    EXPECT_EQ(info.master_addr, good);
+    EXPECT_EQ(info.master_addr_origin, "--master-addr");
+  }
+  EXPECT_EQ(resolveRankInfo({}, envOf({})).master_addr_origin, "default");
+  EXPECT_EQ(resolveRankInfo({}, envOf({{"SLURM_PROCID", "0"}, {"SLURM_JOB_NODELIST", "n[3-4]"}}))
+                .master_addr_origin,
+            "SLURM_JOB_NODELIST");
+}
+
 }  // namespace
 }  // namespace autobatch

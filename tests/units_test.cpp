@@ -16,7 +16,7 @@ TEST(UnitsTest, BothUnitFamiliesAreExact) {
   EXPECT_EQ(parseBytes("3 kib"), 3072);
   EXPECT_EQ(parseBytes("2TB"), 2'000'000'000'000LL);
   EXPECT_EQ(parseBytes("1TiB"), 1LL << 40);
-  EXPECT_EQ(parseBytes("1073741824"), 1LL << 30);
+  EXPECT_EQ(parseBytes("1073741824B"), 1LL << 30);
   EXPECT_EQ(parseBytes("17B"), 17);
   EXPECT_EQ(parseBytes("0"), 0);
 }
@@ -32,8 +32,8 @@ TEST(UnitsTest, FractionsRoundDownToWholeBytes) {
 }
 
 TEST(UnitsTest, LargestValueAndOneMore) {
-  EXPECT_EQ(parseBytes("9223372036854775807"), 9223372036854775807LL);
-  EXPECT_THROW(parseBytes("9223372036854775808"), Error);
+  EXPECT_EQ(parseBytes("9223372036854775807B"), 9223372036854775807LL);
+  EXPECT_THROW(parseBytes("9223372036854775808B"), Error);
   EXPECT_EQ(parseBytes("8388607TiB"), 8388607LL << 40);
   EXPECT_THROW(parseBytes("8388608TiB"), Error);  // 2^63 bytes
 }
@@ -63,15 +63,13 @@ TEST(UnitsTest, MalformedSizesSayWhatIsWrong) {
   expectError("1.0000000000000000001GiB", "more than 18 digits after the decimal point");
   expectError("99999999999999999999", "larger than 2^63 - 1 bytes");
   // Found by a user test: "--memory-limit 1.5" was taken as 1 byte.
-  expectError("1.5",
-              "a fraction of a byte (a number without a unit is bytes): add the unit, such "
-              "as 1.5GiB");
-  expectError("0.5B", "a fraction of a byte");
+  expectError("1.5", "a number without a unit is ambiguous: add the unit, such as 1.5MiB)");
+  expectError("0.5B", "a fraction of a byte: add the unit, such as 0.5GiB");
   expectError("0.5 b", "such as 0.5GiB");
 }
 
 TEST(UnitsTest, WholeBytesWithAFractionOfZeroAreBytes) {
-  EXPECT_EQ(parseBytes("2.0"), 2);
+  EXPECT_EQ(parseBytes("2.0B"), 2);
   EXPECT_EQ(parseBytes("2.000B"), 2);
   EXPECT_EQ(parseBytes("0.5KiB"), 512);
 }
@@ -112,6 +110,24 @@ TEST(UnitsTest, DecimalsInRange) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "--time-limit: expected a number in [0, 86400], but got 'abc'");
   }
+}
+
+// Issue 27, row 18: sizes need their unit.
+// "--margin 5" was 5 bytes and "--memory-limit 1000000" a million bytes: a number without a unit
+// is bytes to one reader, a percentage or a forgotten GiB to another. Only zero, the same in
+// every reading, goes without a unit. Catches a parser that still defaults a bare number to bytes
+// (any of these returning a value instead of throwing).
+TEST(UnitsTest, ANumberWithoutAUnitIsRefusedExceptZero) {
+  for (const char* bare : {"5", "1", "1073741824", "2.0", "9223372036854775807", "05"}) {
+    expectError(bare, std::string("a number without a unit is ambiguous: add the unit, such as ") +
+                          bare + "MiB, or " + bare + "B for bytes");
+  }
+  EXPECT_EQ(parseBytes("0"), 0);
+  EXPECT_EQ(parseBytes("0.0"), 0);
+  EXPECT_EQ(parseBytes("000"), 0);
+  EXPECT_EQ(parseBytes("5B"), 5);
+  EXPECT_EQ(parseBytes("5 b"), 5);
+  EXPECT_EQ(parseBytes("5MiB"), 5LL << 20);
 }
 
 }  // namespace

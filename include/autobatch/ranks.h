@@ -42,6 +42,9 @@ struct RankInfo {
   int local_rank = 0;
   /// Host of the store: MASTER_ADDR, else the first host of SLURM_JOB_NODELIST, else 127.0.0.1.
   std::string master_addr = "127.0.0.1";
+  /// Where master_addr came from, for messages: "--master-addr", "MASTER_ADDR",
+  /// "SLURM_JOB_NODELIST" or "default".
+  std::string master_addr_origin = "default";
   /// Port of the store, in [1, 65535]: MASTER_PORT, else kSlurmPortBase + the last four digits of
   /// SLURM_JOB_ID under Slurm, else 29500 (torchrun's default).
   int master_port = 29500;
@@ -66,8 +69,13 @@ inline constexpr int kSlurmPortBase = 15000;
 /// Resolves the rank from `flags`, then torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
 /// MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE), then Slurm's (SLURM_PROCID,
 /// SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_NODELIST, SLURM_JOB_ID); each field separately.
+/// The launcher is torchrun when RANK or WORLD_SIZE is set (not empty), else Slurm when
+/// SLURM_PROCID or SLURM_NTASKS is; each of its variables is read on its own (WORLD_SIZE alone
+/// is the world size; RANK alone a rank of world size 1). With neither, LOCAL_RANK (else
+/// SLURM_LOCALID) is still the local rank. An empty variable counts as unset.
 /// Throws: autobatch::Error (a usage error) naming the variable or flag for a non-number, a world
-/// size < 1, a rank outside [0, world size), a negative local rank, or a port outside [1, 65535].
+/// size < 1, a rank outside [0, world size), a negative local rank, a port outside [1, 65535],
+/// or a store host that is no address or host name ("256.1.1.1", "a b").
 /// A world size > 1 with no rank anywhere is a single process planning for that many ranks
 /// (RankInfo::agrees() false), as `--world-size N` alone always was.
 RankInfo resolveRankInfo(const RankFlags& flags, const EnvLookup& env);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -61,14 +62,29 @@ struct CachedResult {
 /// $HOME/.cache/autobatch/results. Throws: autobatch::Error when none of the three is set.
 std::string defaultCacheDir(const EnvLookup& env);
 
-/// The entry of `key` in `dir`, or nullopt: no entry (a miss), or one that cannot be read, parsed
-/// or is for another key (a miss, and a warning naming the file is appended to `warnings`).
+/// Reads an entry's text, as storeCachedResult wrote it, for `key`, checking every field it uses:
+/// schema_version 1; key and every field of `key` equal; stored_at a UTC time
+/// ("2026-11-30T20:15:03Z"); status "found" (only those are stored); max_micro_batch a whole
+/// number in [1, 2^40], safe_micro_batch in [1, max_micro_batch], accumulation_max_micro_batch in
+/// [0, max_micro_batch]; memory_limit_bytes >= 0 and margin_bytes in [0, the limit) (any >= 0
+/// without a limit); capped_by a SearchResult::capped_by value; trials in [0, INT_MAX]; search_s
+/// a number >= 0. Whole numbers must be JSON integers: 2.5, "3" and true are refused, never
+/// truncated. Throws: autobatch::Error "not JSON: ..." for text that does not parse, else
+/// "<field>: expected X, but got Y" naming the first invalid field (nested ones as
+/// "fields.<name>"); values are shown cut to 40 characters. Pure; fuzzed by tests/fuzz/.
+CachedResult parseCachedResult(std::string_view text, const CacheKey& key);
+
+/// The entry of `key` in `dir`, or nullopt: no entry (a miss), or one that cannot be read (a
+/// folder, unreadable: the reason from errno), is not JSON, or fails parseCachedResult (a miss,
+/// and a warning naming the file and the reason, for an invalid field its name, is appended to
+/// `warnings`). An ignored entry is left in place; the search's answer is stored over it.
 std::optional<CachedResult> loadCachedResult(const std::string& dir, const CacheKey& key,
                                              std::vector<std::string>& warnings);
 
 /// Writes `result` as the entry of `key` in `dir` (created when missing): a temporary file in
-/// `dir`, then rename(2) over the entry. Returns "" on success, else why it failed (the caller
-/// warns; a cache that cannot be written never fails a preflight).
+/// `dir`, then rename(2) over the entry. Returns "" on success, else why it failed, with the
+/// system's reason ("cannot rename A to B: Is a directory"); the temporary file is removed (the
+/// caller warns; a cache that cannot be written never fails a preflight).
 std::string storeCachedResult(const std::string& dir, const CacheKey& key,
                               const CachedResult& result);
 

@@ -152,7 +152,7 @@ class Runner:
             ok = r["rc"] == 0
         elif harness == "autobatch-budget":
             r = self.autobatch(case, ["--check-batch", str(batch), "--steps-per-trial", "3",
-                                      "--memory-limit", str(case["budget"])], 0, t,
+                                      "--memory-limit", f"{case['budget']}B"], 0, t,
                                f"budget-check-{batch}")
             ok = r["rc"] == 0
         else:
@@ -198,7 +198,7 @@ class Runner:
 
     def check_limit(self, case: dict) -> str:
         """Ground truth in autobatch's harness: the real allocator decides (CPU), or the cap (GPU)."""
-        return "1TiB" if self.args.device == "cpu" else str(case["cap"])
+        return "1TiB" if self.args.device == "cpu" else f"{case['cap']}B"
 
     def add(self, row: dict) -> None:
         self.rows.append(row)
@@ -254,7 +254,7 @@ class Runner:
         # CPU: autobatch's own limit is RLIMIT_DATA less what the process holds at start (its
         # default); the "real allocator" row lifts the budget so the real allocator decides.
         # GPU: the cap is --memory-limit.
-        limit = [] if a.device == "cpu" else ["--memory-limit", str(case["cap"])]
+        limit = [] if a.device == "cpu" else ["--memory-limit", f"{case['cap']}B"]
         mine = []
         for label, extra in (("autobatch guided", limit),
                              ("autobatch guided, 3 steps", limit + ["--steps-per-trial", "3"]),
@@ -295,7 +295,7 @@ class Runner:
         if a.device == "cpu" and case["budget"] and "budget" in a.modes:
             for label, extra in (("autobatch guided (budget)", []),
                                  ("autobatch binsearch (budget)", ["--strategy", "binsearch"])):
-                row = self.autobatch_row(case, label, ["--memory-limit", str(case["budget"])] + extra,
+                row = self.autobatch_row(case, label, ["--memory-limit", f"{case['budget']}B"] + extra,
                                          0, "autobatch-budget")
                 if row["found"]:
                     row["b_star"] = self.ground_truth(case, "autobatch-budget", row["found"])

@@ -57,8 +57,9 @@ constexpr const char* kExitCodes = R"(Exit codes:
        result is printed and written; a second signal exits at once without writing
 )";
 
-// The first SIGINT/SIGTERM asks the search to stop after the step in progress; a second one
-// exits at once (async-signal-safe: only an atomic and _exit).
+// The first SIGINT/SIGTERM asks the run to stop after the step in progress; a second one
+// exits at once (async-signal-safe: only an atomic and _exit). Constant-initialised, so it is
+// valid before any constructor runs.
 std::atomic<int> g_signal{0};
 
 extern "C" void onSignal(int sig) {
@@ -75,6 +76,32 @@ int g_stdout_fd = -1;
 std::string writeStdout(const std::string& text) {
   return autobatch::writeReportTo(g_stdout_fd, text);
 }
+
+// SA_RESTART: a read in progress (the model file) resumes instead of failing with EINTR. The two
+// signals are unblocked: a mask inherited from the launcher would hold them until the end.
+void installSignalHandlers() {
+  struct sigaction action {};
+  action.sa_handler = onSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  sigset_t both;
+  sigemptyset(&both);
+  sigaddset(&both, SIGINT);
+  sigaddset(&both, SIGTERM);
+  sigprocmask(SIG_UNBLOCK, &both, nullptr);
+}
+
+// Installed from the executable's .preinit_array, which the dynamic loader runs before the
+// initialisers of the shared libraries: LibTorch's take seconds before main, and a signal then
+// ended the process with no report (issue 27, row 5). Only the loader's own mapping and
+// relocation come before it (56-80 ms from execve on a loaded 2-core machine).
+extern "C" void autobatchPreinit(int /*argc*/, char** /*argv*/, char** /*envp*/) {
+  installSignalHandlers();
+}
+__attribute__((section(".preinit_array"), used)) void (*g_preinit)(int, char**,
+                                                                   char**) = autobatchPreinit;
 
 std::string flag(const cxxopts::ParseResult& args, const std::string& name) {
   return args[name].as<std::string>();
@@ -303,7 +330,14 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
         autobatch::parseDecimal(margin.substr(0, margin.size() - 1), "--margin", 0.0, 99.0) / 100.0;
     o.margin_bytes = -1;
   } else {
-    o.margin_bytes = autobatch::parseBytes(margin, "--margin (a percentage like 5% or bytes)");
+    // A bare number is a percentage to some and bytes to others (issue 27, row 18): ask.
+    if (!margin.empty() && margin.find_first_not_of("0123456789.") == std::string::npos &&
+        margin.find_first_not_of("0.") != std::string::npos) {
+      throw Error("--margin: expected a percentage such as " + margin + "% or a size such as " +
+                  margin + "MiB, but got '" + margin +
+                  "' (a number without a unit is ambiguous: add % or the unit)");
+    }
+    o.margin_bytes = autobatch::parseBytes(margin, "--margin (a percentage such as 5%, or a size)");
   }
   o.strategy = autobatch::parseStrategy(flag(args, "strategy"));
   o.min_batch = parseInteger(flag(args, "min-batch"), "--min-batch", 1, kMaxBatch);
@@ -409,11 +443,13 @@ cxxopts::Options makeOptions() {
     ("optimize-graph", "TorchScript graph-executor optimisation (default off: deterministic memory)")
     ("seed", "Seed of the synthetic inputs", text()->default_value("0"), "N");
   options.add_options("Memory")
-    ("memory-limit", "Limit, e.g. 24GiB (2^30) or 24GB (10^9); CUDA: emulates a smaller card. "
-                     "Default: the device's", text(), "SIZE")
-    ("reserve", "Bytes kept free for what a trial does not show", text()->default_value("0"), "SIZE")
-    ("margin", "Headroom under the limit: a percentage (5%) or a size", text()->default_value("5%"),
-     "M");
+    ("memory-limit", "Limit, e.g. 24GiB (2^30) or 24GB (10^9); a size needs its unit (B, KB .. TB, "
+                     "KiB .. TiB), only 0 goes without. CUDA: emulates a smaller card. Default: "
+                     "the device's", text(), "SIZE")
+    ("reserve", "Memory kept free for what a trial does not show, e.g. 512MiB",
+     text()->default_value("0"), "SIZE")
+    ("margin", "Headroom under the limit: a percentage (5%) or a size (64MiB)",
+     text()->default_value("5%"), "M");
   options.add_options("Search")
     ("strategy", "guided, binsearch (Lightning), power", text()->default_value("guided"), "NAME")
     ("min-batch", "Smallest micro-batch tried", text()->default_value("1"), "N")
@@ -589,13 +625,21 @@ void searchWithCache(const Cli& cli, autobatch::ReportData& report) {
       report.cache = std::move(cache);
       return;
     }
-    autobatch::dropCachedResult(cache.dir, cache.key);
-    warnings.push_back(
-        "result cache: the entry of " + entry->stored_at + " did not confirm (batch " +
-        std::to_string(confirm->request.micro_batch_size) + " x " +
-        std::to_string(confirm->request.micro_batches_per_step) + ": " +
-        std::string(autobatch::toString(confirm->outcome)) + "); dropped it and searched again");
-    cache.outcome = "confirm-failed";
+    if (confirm->cancelled) {
+      // Interrupted (the signal may have come while the model loaded): the trial neither
+      // confirms nor refutes the entry, so it stays; the search below stops at once.
+      warnings.push_back("result cache: the confirming trial was interrupted; the entry of " +
+                         entry->stored_at + " is kept");
+      cache.outcome = "miss";
+    } else {
+      autobatch::dropCachedResult(cache.dir, cache.key);
+      warnings.push_back(
+          "result cache: the entry of " + entry->stored_at + " did not confirm (batch " +
+          std::to_string(confirm->request.micro_batch_size) + " x " +
+          std::to_string(confirm->request.micro_batches_per_step) + ": " +
+          std::string(autobatch::toString(confirm->outcome)) + "); dropped it and searched again");
+      cache.outcome = "confirm-failed";
+    }
     failed_confirm = confirm;
   } else {
     cache.outcome = "miss";
@@ -909,6 +953,17 @@ void checkOutputs(Cli& cli, const cxxopts::ParseResult& args) {
   }
 }
 
+// A signal before the search (parsing, hashing the model, connecting the ranks): the report with
+// no result, once that step has returned (docs/errors.md).
+int interruptedBeforeSearch(Cli& cli) {
+  spdlog::warn("interrupted by signal {} before the search", g_signal.load());
+  if (cli.ranks) cli.ranks->abandon("interrupted");
+  cli.report.status = "interrupted";
+  cli.report.exit_code = 128 + g_signal.load();
+  writeOutputs(cli);
+  return cli.report.exit_code;
+}
+
 int run(int argc, char** argv, Cli& cli) {
   auto options = makeOptions();
   cli.json_path = flagBeforeParsing(argc, argv, "--json");
@@ -935,14 +990,14 @@ int run(int argc, char** argv, Cli& cli) {
   }
   readOptions(args, cli);
   checkOutputs(cli, args);
+  if (g_signal.load() != 0) return interruptedBeforeSearch(cli);
   const auto& spec = cli.report.spec;
   if (std::filesystem::is_regular_file(spec.model_path)) {
     cli.report.model_file_bytes =
         static_cast<std::int64_t>(std::filesystem::file_size(spec.model_path));
     cli.report.model_sha1 = autobatch::fileSha1(spec.model_path);
+    if (g_signal.load() != 0) return interruptedBeforeSearch(cli);
   }
-  std::signal(SIGINT, onSignal);
-  std::signal(SIGTERM, onSignal);
   const autobatch::RankInfo& rank = *cli.report.rank;
   if (rank.agrees()) {
     if (cli.check_batch) {
@@ -952,7 +1007,10 @@ int run(int argc, char** argv, Cli& cli) {
     }
     cli.ranks = std::make_unique<autobatch::RankGroup>(rank, cli.rank_options);
     spdlog::info("{}", cli.ranks->describe());
+    if (g_signal.load() != 0) return interruptedBeforeSearch(cli);
   }
+  // From here a signal during loading or the runner's set-up stops the search before its first
+  // trial (the cancel hook), and the report below has no result.
   if (cli.check_batch) {
     cli.report.check = autobatch::checkBatch(spec, cli.report.options, *cli.check_batch);
   } else if (!cli.lengths.empty()) {
@@ -1021,6 +1079,7 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) fails a report's write with EFBIG, as a full disk does, instead
   // of killing the process halfway through it.
   std::signal(SIGXFSZ, SIG_IGN);
+  installSignalHandlers();  // again, should a loader have skipped .preinit_array
   // Thread-safe: the trial runner logs a long step's progress from a thread of its own.
   // The log writes to a copy of descriptor 2, so that its lines reach the terminal while a pt2
   // package's call sends descriptor 2 itself to the debug log (src/pt2_package.cpp).

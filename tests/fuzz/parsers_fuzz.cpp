@@ -7,7 +7,7 @@
 // - a parsed spec is valid (dimensions >= 1, one sample's bytes fit int64, a non-empty range,
 //   bool in [0, 2), no range on floating dtypes) and its toString() parses back to the same spec;
 // - parseInputSpecs of the joined toString()s gives the same list;
-// - parseBytes is >= 0 and its decimal text parses back to the same value;
+// - parseBytes is >= 0 and its decimal text with the unit B parses back to the same value;
 // - parseInteger stays in [min, max] and round-trips; parseDecimal is finite and in [min, max];
 // - parseModelMetadata gives at least one input, and toJson() of it parses back to the same;
 // - readCgroupMemoryLimits (the input as /proc/self/cgroup and as mountinfo text, over a tree that
@@ -116,7 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   guarded("parseBytes", input, [&] {
     const std::int64_t bytes = autobatch::parseBytes(input, "--memory-limit");
     check(bytes >= 0, "parseBytes >= 0", input);
-    check(autobatch::parseBytes(std::to_string(bytes)) == bytes, "bytes round-trip", input);
+    check(autobatch::parseBytes(std::to_string(bytes) + "B") == bytes, "bytes round-trip", input);
     check(!autobatch::formatBytes(bytes).empty(), "formatBytes prints", input);
   });
 
