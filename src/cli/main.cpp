@@ -327,7 +327,8 @@ cxxopts::Options makeOptions() {
     ("precision", "fp32, amp-fp16, amp-bf16, fp16, bf16", text()->default_value("fp32"), "NAME")
     ("device", "auto (cuda:0 when a GPU is seen, else cpu), cpu, cuda, cuda:N",
      text()->default_value("auto"), "NAME")
-    ("steps-per-trial", "Optimizer steps per trial (Adam state appears at step 1)",
+    ("steps-per-trial", "Optimizer steps per trial; 1 only with sgd or none and --zero-grad "
+     "none (optimizer state and kept gradients are there from step 2 on)",
      text()->default_value("2"), "N")
     ("accumulation-steps", "Micro-batches per optimizer step in your job (>= 2 runs 2 per trial)",
      text()->default_value("1"), "N")
@@ -607,11 +608,21 @@ void runSweep(Cli& cli) {
   std::int64_t prev_length = 0;
   std::int64_t prev_max = 0;
   const int world = cli.report.options.world_size;
+  // --time-limit is the whole sweep's wall-clock budget: each length gets what is left (it was
+  // each length's: 21.6 s with --time-limit 8; issue 27, row 10). Once spent, each length left
+  // stops before its first trial with status time-budget.
+  const auto sweep_start = std::chrono::steady_clock::now();
+  const double time_limit_s = cli.report.options.time_limit_s;
   for (const std::int64_t length : cli.lengths) {
     if (g_signal.load() != 0) break;
     autobatch::ReportData row_report = cli.report;
     row_report.spec.inputs = inputsAtLength(cli, length);
     autobatch::SearchOptions& o = row_report.options;
+    if (time_limit_s > 0.0) {
+      const double spent_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - sweep_start).count();
+      o.time_limit_s = std::max(time_limit_s - spent_s, 1e-9);  // 0 would mean no limit
+    }
     if (cli.target_tokens > 0) o.target_batch = cli.target_tokens / length / world * world;
     if (prev_max > 0) o.seed_batches = {prev_max, prev_max * prev_length / length};
     spdlog::info("length {}: searching{}", length,
@@ -764,11 +775,12 @@ int run(int argc, char** argv, Cli& cli) {
   return cli.report.exit_code;
 }
 
-// LibTorch appends a C++ backtrace to its messages ("Exception raised from ..."): users need the
-// message, not the frames.
+// LibTorch appends a C++ backtrace to its messages ("Exception raised from ...", or straight
+// "frame #0: ..." lines after an "[enforce fail at ...]" one): users need the message, not the
+// frames (issue 27, row 13: 27 frames in stderr and the JSON).
 std::string withoutBacktrace(std::string message) {
-  if (const auto at = message.find("\nException raised from "); at != std::string::npos) {
-    message.erase(at);
+  for (const char* start : {"\nException raised from ", "\nframe #"}) {
+    if (const auto at = message.find(start); at != std::string::npos) message.erase(at);
   }
   return message;
 }
