@@ -528,6 +528,8 @@ struct TrialRunner::Impl {
     if (backend->needsWarmUp()) warmUp(std::max<std::int64_t>(options.min_batch, 1));
     backend->finishSetup(untracked_bytes);
     baseline_bytes = backend->currentBytes();
+    // Said before the trials run, not only in the report: a --memory-limit clipped to the room.
+    for (const auto& warning : backend->limitWarnings()) spdlog::warn("{}", warning);
   }
 
   ~Impl() {
@@ -543,7 +545,10 @@ struct TrialRunner::Impl {
           }
         }
       } catch (const std::exception& e) {  // a destructor must not throw (std::terminate)
-        spdlog::warn("could not restore the model's weights: {}", e.what());
+        // The message's first line: LibTorch appends a C++ backtrace after it.
+        const std::string message = e.what();
+        spdlog::warn("could not restore the model's weights: {}",
+                     message.substr(0, message.find('\n')));
       }
     } else {
       spdlog::warn(

@@ -1091,6 +1091,11 @@ TEST(CliTest, AMemoryLimitAboveTheMachinesRoomIsClippedAndSaid) {
             std::string::npos)
       << doc["warnings"].dump();
   EXPECT_NE(run.out.find("warning: --memory-limit 8.00 EiB"), std::string::npos) << run.out;
+  // In the log too, before the trials run.
+  EXPECT_NE(
+      run.err.find("warning: --memory-limit 8.00 EiB (9223372036854775807 bytes), is more than"),
+      std::string::npos)
+      << run.err;
 }
 
 // Row 13: sizes that cannot be counted are "does not fit" (exit 3) with what they need, never a
