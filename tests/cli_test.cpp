@@ -1058,6 +1058,7 @@ TEST(CliTest, ATimeLimitThatStopsTheSearchIsNamedAsWhatCappedIt) {
   double searched_s = 0.0;
   for (const auto& row : rows) searched_s += row["elapsed_s"].get<double>();
   EXPECT_LT(searched_s, 2.0 + 1.5) << doc["sweep"].dump();  // one step past the deadline at most
+  EXPECT_EQ(doc["options"]["time_limit_s"], 2.0);  // the flag, not what was left for a length
   EXPECT_EQ(rows[3]["status"], "time-budget") << rows.dump();
   EXPECT_EQ(rows[3]["trials"], 0) << rows.dump();
   EXPECT_EQ(sweep.out.find("nothing fits (time-budget)"), std::string::npos) << sweep.out;

@@ -597,6 +597,16 @@ void lowerRow(autobatch::SweepRow& row, autobatch::SearchResult& search, std::in
   }
 }
 
+// --time-limit is the whole sweep's wall-clock budget: each length gets what is left of it (it
+// was each length's: 21.6 s with --time-limit 8; issue 27, row 10). Once it is spent, a length
+// stops before its first trial with status time-budget. 0: no limit.
+double timeLeftS(double limit_s, std::chrono::steady_clock::time_point start) {
+  if (limit_s <= 0.0) return 0.0;
+  const double spent_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return std::max(limit_s - spent_s, 1e-9);  // 0 would mean no limit
+}
+
 // --lengths: one search per length, longest first, each seeded by the longer length's maximum
 // (it fits: memory grows with the length) and that maximum at the same tokens per micro-batch;
 // then the buckets mixed in one trial (lowered where the mix fails). The report's result is the
@@ -608,21 +618,13 @@ void runSweep(Cli& cli) {
   std::int64_t prev_length = 0;
   std::int64_t prev_max = 0;
   const int world = cli.report.options.world_size;
-  // --time-limit is the whole sweep's wall-clock budget: each length gets what is left (it was
-  // each length's: 21.6 s with --time-limit 8; issue 27, row 10). Once spent, each length left
-  // stops before its first trial with status time-budget.
   const auto sweep_start = std::chrono::steady_clock::now();
-  const double time_limit_s = cli.report.options.time_limit_s;
   for (const std::int64_t length : cli.lengths) {
     if (g_signal.load() != 0) break;
     autobatch::ReportData row_report = cli.report;
     row_report.spec.inputs = inputsAtLength(cli, length);
     autobatch::SearchOptions& o = row_report.options;
-    if (time_limit_s > 0.0) {
-      const double spent_s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - sweep_start).count();
-      o.time_limit_s = std::max(time_limit_s - spent_s, 1e-9);  // 0 would mean no limit
-    }
+    o.time_limit_s = timeLeftS(cli.report.options.time_limit_s, sweep_start);
     if (cli.target_tokens > 0) o.target_batch = cli.target_tokens / length / world * world;
     if (prev_max > 0) o.seed_batches = {prev_max, prev_max * prev_length / length};
     spdlog::info("length {}: searching{}", length,
@@ -695,7 +697,9 @@ void runSweep(Cli& cli) {
   }
   if (pick != nullptr) {
     cli.report.spec = pick->spec;
+    const double time_limit_s = cli.report.options.time_limit_s;  // the flag, not what was left
     cli.report.options = pick->options;
+    cli.report.options.time_limit_s = time_limit_s;
     cli.report.result = pick->result;
     cli.report.cache = pick->cache;
   }
