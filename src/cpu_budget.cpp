@@ -64,7 +64,8 @@ class BudgetAllocator final : public c10::Allocator {
                         " bytes with ", current_, " bytes in use (injected in ",
                         phaseKey(point_.phase), ")"));
       }
-      if (limit_ > 0 && current_ + bytes > limit_) {
+      // Not current_ + bytes: a request near 2^63 bytes would wrap around and pass.
+      if (limit_ > 0 && bytes > limit_ - current_) {
         refuse(c10::str("CPU budget allocator: out of memory: tried to allocate ", bytes,
                         " bytes with ", current_, " bytes in use under a limit of ", limit_,
                         " bytes (", source_, ")"));
@@ -317,6 +318,11 @@ class CpuBudgetBackend final : public MemoryBackend {
     if (explicit_limit_ == 0) {
       text += ", plus the " + std::to_string(limit_ - default_headroom_) +
               " bytes of tensors held at setup";
+    } else if (clipped()) {
+      text += " " + std::to_string(explicit_limit_) +
+              ", clipped to what this process can use: " + std::to_string(usableBytes()) +
+              " bytes, the room left at setup under " + room_.brief + ", plus the " +
+              std::to_string(held_bytes_) + " bytes of tensors held then";
     }
     if (guard_) {
       text += "; the whole process is kept " + std::to_string(guard_->marginBytes()) +
@@ -369,24 +375,21 @@ class CpuBudgetBackend final : public MemoryBackend {
   std::vector<std::string> limitWarnings() const override {
     std::vector<std::string> warnings;
     // An explicit limit is a tensor budget; the process itself cannot pass what the kernel
-    // enforces, so above that the guard, not the budget, decides.
-    const std::int64_t usable = room_.bytes > std::numeric_limits<std::int64_t>::max() - held_bytes_
-                                    ? std::numeric_limits<std::int64_t>::max()
-                                    : room_.bytes + held_bytes_;
-    // The budget the trials run under is the flag less the reserve.
-    if (explicit_limit_ > 0 && explicit_limit_ - reserve_ > usable) {
+    // enforces, so a budget above that is clipped to it.
+    if (clipped()) {
       auto both = [](std::int64_t bytes) {
         return formatBytes(bytes) + " (" + std::to_string(bytes) + " bytes)";
       };
+      const std::int64_t usable = usableBytes();
       warnings.push_back(
           std::string("--memory-limit ") + (reserve_ > 0 ? "less --reserve, " : "") +
           both(explicit_limit_ - reserve_) + ", is more than this process can use, " +
           both(usable) + ": the room left at setup under " + room_.brief +
-          ", plus the tensors held then. Batches between the two were refused at that limit, " +
-          "not at the budget, so the answer is this machine's, not that of the " +
-          "emulated one; to emulate a smaller device give --memory-limit " +
-          std::to_string(usable + reserve_) + "B or less, or leave it out to use all " +
-          "the process can");
+          ", plus the tensors held then. The trials ran under that, as without --memory-limit, "
+          "so the answer is this machine's, not that of the emulated device; to emulate a "
+          "smaller device give --memory-limit " +
+          std::to_string(saturatedAdd(usable, reserve_)) +
+          "B or less, or leave it out to use all the process can");
     }
     if (guard_) {
       const auto changes =
@@ -418,9 +421,22 @@ class CpuBudgetBackend final : public MemoryBackend {
     }
   }
 
+  // What the process can use: the room left at the last measurement plus the tensors held then.
+  std::int64_t usableBytes() const { return saturatedAdd(room_.bytes, held_bytes_); }
+  // An explicit limit whose budget (less the reserve) is above what the process can use: the
+  // trials run under the machine's room instead, as without the flag. A budget of 8 EiB
+  // (--memory-limit 9223372036854775807) ran a Linear(5, 5) at batch 767,815,383 that grew to
+  // 15 GB (issue 27, row 11): the search's jumps follow the limit.
+  bool clipped() const { return explicit_limit_ > 0 && explicit_limit_ - reserve_ > usableBytes(); }
+  static std::int64_t saturatedAdd(std::int64_t a, std::int64_t b) {
+    return a > std::numeric_limits<std::int64_t>::max() - b
+               ? std::numeric_limits<std::int64_t>::max()
+               : a + b;
+  }
+
   void applyLimit() {
     if (explicit_limit_ > 0) {
-      limit_ = explicit_limit_;
+      limit_ = clipped() ? saturatedAdd(usableBytes(), reserve_) : explicit_limit_;
     } else {
       // The headroom was measured while these tensors were already held.
       limit_ = default_headroom_ > std::numeric_limits<std::int64_t>::max() - held_bytes_

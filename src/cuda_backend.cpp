@@ -1,8 +1,9 @@
 // The CUDA memory backend's logic, LibTorch-free: every CUDA call goes through detail::CudaApi
 // (cuda_api.h), so this file is compiled into the core and tested on the CPU against a fake that
 // behaves as LibTorch 2.11 does (tests/cuda_backend_test.cpp). What it decides:
-// - the limit: --memory-limit, else totalGlobalMem; the allocator configuration's
-//   per_process_memory_fraction caps it too (the lower bound wins and the source says which);
+// - the limit: --memory-limit (clipped to totalGlobalMem, with a warning), else totalGlobalMem;
+//   the allocator configuration's per_process_memory_fraction caps it too (the lower bound wins
+//   and the source says which);
 // - the setup order: the runner's warm-up step first, then synchronize, clear the cuBLAS
 //   workspaces, empty the cache, and only then read the outside part (device usage less the
 //   allocator's reserved bytes) and apply the memory fraction;
@@ -67,12 +68,18 @@ class CudaBackend final : public MemoryBackend {
     total_global_ = api_->totalGlobalMemBytes(index_);
     saved_fraction_ = api_->memoryFraction(index_);
     if (memory_limit_bytes > total_global_) {
-      warnings_.push_back("--memory-limit " + formatBytes(memory_limit_bytes) + " is more than " +
+      // Clipped: the memory fraction cannot pass 1, and the search's jumps follow the limit (an
+      // 8 EiB limit made it try batches the device could never hold; issue 27, row 11).
+      warnings_.push_back("--memory-limit " + formatBytes(memory_limit_bytes) + " (" +
+                          std::to_string(memory_limit_bytes) + " bytes) is more than " +
                           deviceName(index) + "'s total memory, " + formatBytes(total_global_) +
-                          ": the caching allocator's memory fraction is capped at 1, so the "
-                          "device's own memory is the limit in effect");
-    }
-    if (memory_limit_bytes > 0) {
+                          " (" + std::to_string(total_global_) +
+                          " bytes): the limit was clipped to it, so the device's own memory is "
+                          "the limit in effect; leave --memory-limit out to use all of it");
+      limit_ = total_global_;
+      source_ = "--memory-limit " + std::to_string(memory_limit_bytes) + ", clipped to " +
+                deviceName(index) + "'s total memory (totalGlobalMem)";
+    } else if (memory_limit_bytes > 0) {
       limit_ = memory_limit_bytes;
       source_ = "--memory-limit (memory fraction of " + deviceName(index) + ")";
     } else {

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <system_error>
 #include <vector>
@@ -87,6 +88,9 @@ std::int64_t parseRequestBytes(std::string_view message) {
   for (std::size_t at = text.find("allocate "); at != std::string::npos;
        at = text.find("allocate ", at + 1)) {
     if (const auto size = sizeAt(text, at + 9)) {
+      // 2^63 and above do not convert (llround of it is undefined): "you tried to allocate
+      // 9223372036854775807 bytes" reads as a double of 2^63.
+      if (size->bytes >= 9223372036854775807.0) return std::numeric_limits<std::int64_t>::max();
       return static_cast<std::int64_t>(std::llround(size->bytes));
     }
   }
@@ -109,8 +113,9 @@ std::int64_t parseInUseBytes(std::string_view message) {
     const bool cuda = key.starts_with("of ");
     if (cuda && text.find(" is allocated by pytorch", at) == std::string::npos) continue;
     if (!cuda && text.find(" in use", at) == std::string::npos) continue;
-    return std::max<std::int64_t>(
-        0, static_cast<std::int64_t>(std::floor(size->bytes - size->rounding)));
+    const double bytes = std::floor(size->bytes - size->rounding);
+    if (bytes >= 9223372036854775807.0) return std::numeric_limits<std::int64_t>::max();
+    return std::max<std::int64_t>(0, static_cast<std::int64_t>(bytes));
   }
   return 0;
 }
@@ -236,8 +241,12 @@ constexpr std::array<Needle, 6> kFatal{{
 // cuDNN 9 (cudnn_graph.h; cudnnGetErrorString prints the enumerator's name) reports allocation
 // failures as CUDNN_STATUS_INTERNAL_ERROR_{HOST,DEVICE}_ALLOCATION_FAILED;
 // CUDNN_STATUS_ALLOC_FAILED is the deprecated alias of the host one, the name cuDNN 8 printed.
-constexpr std::array<Needle, 9> kOutOfMemory{{
+// ATen's "Storage size calculation overflowed with sizes=[...]" (computeStorageNbytes): a tensor
+// whose bytes pass 2^63 - 1 does not fit in any memory, so it is out of memory at that batch, not
+// a model error (issue 27, row 13: --check-batch 1099511627776 at 3x1024x1024 was exit 1).
+constexpr std::array<Needle, 10> kOutOfMemory{{
     {"out of memory", Match::kPhraseIgnoreCase},
+    {"Storage size calculation overflowed", Match::kPhrase},
     {"cudaErrorMemoryAllocation", Match::kCode},
     {"CUBLAS_STATUS_ALLOC_FAILED", Match::kCode},
     {"CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED", Match::kCode},

@@ -117,6 +117,11 @@ std::vector<std::int64_t> parseShape(std::string_view text, std::string_view sha
     const std::string_view dim =
         shape.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
     const auto value = parseInt(dim);
+    if (!value && !dim.empty() &&
+        std::all_of(dim.begin(), dim.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      fail(text, "every dimension at most 9223372036854775807 (INT64_MAX)", dim,
+           "one sample of that size cannot even be counted, let alone allocated");
+    }
     if (!value) {
       fail(text, "dimensions that are positive integers joined by 'x'", dim,
            "write the shape of one sample, e.g. 3x224x224");
@@ -259,6 +264,23 @@ std::int64_t sampleElements(const InputSpec& spec) {
   std::int64_t n = 1;
   for (const auto d : spec.sample_shape) n *= d;
   return n;
+}
+
+std::optional<std::int64_t> batchBytes(const InputSpec& spec, std::int64_t batch,
+                                       std::int64_t element_bytes) {
+  if (batch < 1 || element_bytes < 1) {
+    throw Error("input bytes: expected a micro-batch >= 1 and an element size >= 1, but got " +
+                std::to_string(batch) + " and " + std::to_string(element_bytes));
+  }
+  std::int64_t bytes = element_bytes;
+  for (const std::int64_t factor : spec.sample_shape) {
+    if (factor < 1 || bytes > std::numeric_limits<std::int64_t>::max() / factor) {
+      return std::nullopt;
+    }
+    bytes *= factor;
+  }
+  if (bytes > std::numeric_limits<std::int64_t>::max() / batch) return std::nullopt;
+  return bytes * batch;
 }
 
 namespace {

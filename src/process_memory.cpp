@@ -517,11 +517,12 @@ bool ProcessMemoryGuard::admits(std::int64_t request_bytes) {
     const std::int64_t ceiling = w.limit_bytes - w.margin_bytes;
     // Near the limit, or the raw usage is (so the kernel is trading cache for the process's
     // growth, which no followed figure shows): ask the kernel.
-    if (need + request_bytes > ceiling || (!w.system && now && *now + request_bytes > ceiling)) {
+    // Compared as request > ceiling - need: need + request wraps around for a request near 2^63.
+    if (request_bytes > ceiling - need || (!w.system && now && request_bytes > ceiling - *now)) {
       resync(w, anon);
       need = w.need_ref_bytes;
     }
-    if (need + request_bytes > w.limit_bytes - w.margin_bytes) {
+    if (request_bytes > ceiling - need) {
       refusal_ = std::string("the process would pass a memory limit the kernel enforces by ") +
                  (w.throttles ? "throttling it (the step would run far slower than measured): "
                               : "killing it: ") +

@@ -327,6 +327,15 @@ std::string outcomeText(const TrialResult& t, const SearchOptions& o) {
   return std::string(toString(t.outcome));
 }
 
+/// A sweep row with no verified batch whose search did not find that nothing fits: what stopped
+/// it. "nothing fits (cancelled)" blamed memory for an interrupt (issue 27, row 21).
+std::string unverifiedRowText(const std::string& status) {
+  if (status == "cancelled") return "interrupted before a batch was verified";
+  if (status == "time-budget") return "the time budget ran out before a batch was verified";
+  if (status == "trial-budget") return "the trial budget ran out before a batch was verified";
+  return "nothing fits (" + status + ")";
+}
+
 /// What the model holds whatever the batch: parameters, gradients and optimizer state, in bytes.
 std::int64_t modelNeedsBytes(const MemoryBreakdown& m) {
   return m.parameter_bytes + m.gradient_bytes + m.optimizer_state_bytes;
@@ -688,7 +697,7 @@ std::string humanReport(const ReportData& d) {
         plan = r.min_batch_needs_at_least_bytes > 0
                    ? fmt::format("nothing fits: batch {} needs at least {}", d.options.min_batch,
                                  formatBytes(r.min_batch_needs_at_least_bytes))
-                   : "nothing fits (" + r.status + ")";
+                   : unverifiedRowText(r.status);
       } else if (r.plan) {
         const AccumulationPlan& p = r.plan->primary();
         plan = fmt::format("{} steps x {} = {} sequences ({})", p.accumulation_steps,

@@ -11,9 +11,11 @@
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/script.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -295,6 +297,38 @@ std::int64_t storageBytes(const c10::IValue& value) {
   return bytes;
 }
 
+// One step cannot be a trial's evidence when step 2 holds more than step 1: an optimizer that
+// keeps state creates it lazily at step 1's step(), so only step 2's forward and backward run with
+// it (and AdamW's exp_avg, exp_avg_sq are two parameter-sized sets); gradients zero-filled and
+// kept (--zero-grad zeros) are alive from step 2's forward on. Found on an 8 x Linear(2048, 2048)
+// MLP at 1 GiB, AdamW, --zero-grad zeros, margin 0: 1 step answered 10239, which then failed at
+// step 2 (2 steps: 5768; issue 27, row 8). Plain SGD and no optimizer with gradients set to None
+// repeat step 1 exactly, so 1 step is their whole story.
+void checkStepsPerTrial(const TrainingSpec& spec) {
+  if (spec.steps_per_trial != 1) return;
+  const bool stateful = spec.optimizer == OptimizerKind::kSgdMomentum ||
+                        spec.optimizer == OptimizerKind::kAdam ||
+                        spec.optimizer == OptimizerKind::kAdamW;
+  const bool kept_gradients = spec.zero_grad == ZeroGrad::kZeros;
+  if (!stateful && !kept_gradients) return;
+  std::string why;
+  if (stateful) {
+    why = "optimizer " + std::string(toString(spec.optimizer)) +
+          " creates its state at the first step(), so only step 2 runs with it";
+  }
+  if (kept_gradients) {
+    why += std::string(why.empty() ? "" : ", and ") +
+           "--zero-grad zeros keeps the gradients alive from step 2's forward on";
+  }
+  throw Error("steps per trial (--steps-per-trial): expected at least 2 with optimizer " +
+              std::string(toString(spec.optimizer)) + " and --zero-grad " +
+              std::string(toString(spec.zero_grad)) + ", but got 1; " + why +
+              ": a batch that fits one step may fail the next; use --steps-per-trial 2 (the "
+              "default)" +
+              (kept_gradients ? std::string()
+                              : std::string(", or an optimizer without state (sgd, none)")));
+}
+
 }  // namespace
 
 struct TrialRunner::Impl {
@@ -361,13 +395,7 @@ struct TrialRunner::Impl {
                   std::to_string(options.memory_limit_bytes) + " and reserve " +
                   std::to_string(options.reserve_bytes));
     }
-    if (spec.steps_per_trial == 1 && spec.optimizer != OptimizerKind::kNone &&
-        spec.optimizer != OptimizerKind::kSgd) {
-      spdlog::warn(
-          "steps per trial is 1 with optimizer {}: its state is created at the first step(), so "
-          "the steady-state peak of step 2 is not measured",
-          toString(spec.optimizer));
-    }
+    checkStepsPerTrial(spec);
     reserve_bytes = options.reserve_bytes;
     device = parseDevice(spec.device);
     const bool is_package = given == nullptr && !spec.model_path.empty() &&
@@ -500,6 +528,8 @@ struct TrialRunner::Impl {
     if (backend->needsWarmUp()) warmUp(std::max<std::int64_t>(options.min_batch, 1));
     backend->finishSetup(untracked_bytes);
     baseline_bytes = backend->currentBytes();
+    // Said before the trials run, not only in the report: a --memory-limit clipped to the room.
+    for (const auto& warning : backend->limitWarnings()) spdlog::warn("{}", warning);
   }
 
   ~Impl() {
@@ -515,7 +545,10 @@ struct TrialRunner::Impl {
           }
         }
       } catch (const std::exception& e) {  // a destructor must not throw (std::terminate)
-        spdlog::warn("could not restore the model's weights: {}", e.what());
+        // The message's first line: LibTorch appends a C++ backtrace after it.
+        const std::string message = e.what();
+        spdlog::warn("could not restore the model's weights: {}",
+                     message.substr(0, message.find('\n')));
       }
     } else {
       spdlog::warn(
@@ -632,12 +665,51 @@ struct TrialRunner::Impl {
     return at::kFloat;
   }
 
+  // The dtype an input is fed in: a float32 input of an fp16/bf16 model in the model's, as the
+  // job would.
+  at::ScalarType inputType(const InputSpec& input) const {
+    const at::ScalarType type = toScalarType(input.dtype);
+    return type == at::kFloat ? modelFloatType() : type;
+  }
+
+  // A micro-batch's inputs are sized before any is allocated (the one place they are): when their
+  // bytes pass INT64_MAX or the room under the limit, the micro-batch is out of memory, a trial
+  // result like any refused allocation. ATen would otherwise throw "Storage size calculation
+  // overflowed" (exit 1 for --check-batch 1099511627776 at 3x1024x1024), and a size near 2^63
+  // reached the allocator ("bool:9223372036854775807": exit 1 with a C++ backtrace; issue 27,
+  // row 13). The inputs alone needing more than the limit is a sound out of memory for the batch.
+  void checkInputBytes(std::int64_t batch, const std::vector<InputSpec>& step_inputs) const {
+    std::int64_t total = 0;
+    bool overflows = false;
+    auto add = [&](const InputSpec& input) {
+      const auto bytes =
+          batchBytes(input, batch, static_cast<std::int64_t>(c10::elementSize(inputType(input))));
+      if (!bytes || *bytes > std::numeric_limits<std::int64_t>::max() - total) {
+        overflows = true;
+      } else {
+        total += *bytes;
+      }
+    };
+    for (const auto& input : step_inputs) add(input);
+    if (package) {
+      for (const auto& target : package_targets) add(target);
+    }
+    const std::int64_t in_use = backend->currentBytes();
+    const std::int64_t budget = backend->limitBytes() - reserve_bytes;
+    if (!overflows && total <= budget - in_use) return;
+    TORCH_CHECK_WITH(
+        OutOfMemoryError, false, "out of memory: the inputs of micro-batch ", batch,
+        " would allocate ", overflows ? std::numeric_limits<std::int64_t>::max() : total,
+        " bytes with ", in_use, " bytes in use under a limit of ", budget, " bytes",
+        overflows ? " (more than that: their size passes 2^63 - 1 bytes), so no allocator can "
+                    "hold them"
+                  : "; not allocated");
+  }
+
   at::Tensor makeInput(const InputSpec& input, std::int64_t batch, at::Generator& gen) const {
     std::vector<std::int64_t> shape{batch};
     shape.insert(shape.end(), input.sample_shape.begin(), input.sample_shape.end());
-    at::ScalarType type = toScalarType(input.dtype);
-    // A float32 input of an fp16/bf16 model is fed in the model's dtype, as the job would.
-    if (type == at::kFloat) type = modelFloatType();
+    const at::ScalarType type = inputType(input);
     at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
     if (isIntegral(input.dtype)) {
       t.random_(input.low, input.high, gen);
@@ -700,6 +772,7 @@ struct TrialRunner::Impl {
       return;
     }
     enter(detail::TrialPhase::kInputs);
+    checkInputBytes(batch, step_inputs);
     std::vector<c10::IValue> args;
     args.reserve(step_inputs.size());
     for (const auto& input : step_inputs) args.emplace_back(makeInput(input, batch, gen));
@@ -739,6 +812,7 @@ struct TrialRunner::Impl {
   void packageMicroStep(std::int64_t batch, const std::vector<InputSpec>& step_inputs,
                         at::Generator& gen) {
     enter(detail::TrialPhase::kInputs);
+    checkInputBytes(batch, step_inputs);
     std::vector<at::Tensor> args;
     args.reserve(step_inputs.size() + package_targets.size());
     for (const auto& input : step_inputs) args.push_back(makeInput(input, batch, gen));
@@ -1130,8 +1204,13 @@ struct TrialRunner::Impl {
     if (failure.kind == FailureKind::kOutOfMemory) {
       result.outcome = TrialOutcome::kOutOfMemory;
       result.reason = failure.reason;
-      result.failed_request_bytes = failure.failed_request_bytes;
       result.failed_in_use_bytes = failure.failed_in_use_bytes;
+      // A request near 2^63 bytes (an input too large to count, issue 27 row 13): bounded so that
+      // the sums made of it (in use + request, peak + request) stay within int64.
+      result.failed_request_bytes =
+          std::min(failure.failed_request_bytes,
+                   std::numeric_limits<std::int64_t>::max() -
+                       std::max({result.peak_bytes, result.failed_in_use_bytes, std::int64_t{0}}));
       if (failed_point.phase != detail::TrialPhase::kIdle) {
         result.failed_phase = detail::phaseKey(failed_point.phase);
         result.failed_micro_batch_index = failed_point.micro_batch_index;

@@ -135,7 +135,8 @@ double parseDecimal(std::string_view text, std::string_view what, double min, do
 }
 
 std::string formatBytes(std::int64_t bytes) {
-  static constexpr std::array<const char*, 5> kNames{"B", "KiB", "MiB", "GiB", "TiB"};
+  // Up to EiB: sizes near 2^63 bytes (an input too large to allocate) read "8.00 EiB".
+  static constexpr std::array<const char*, 7> kNames{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   const bool negative = bytes < 0;
   auto value = static_cast<double>(negative ? -bytes : bytes);
   std::size_t unit = 0;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -1663,4 +1664,224 @@ TEST_F(CacheCliTest, InvalidEntriesAreMissesNamingTheFieldAndStoreErrorsSayWhy) 
   EXPECT_EQ(store_error.find("Success"), std::string::npos) << store_error;
   EXPECT_NE(folder["warnings"].dump().find("it is a directory"), std::string::npos)
       << folder["warnings"].dump();
+
+// Issue 27, rows 8, 10, 11, 13, 21: answers that hold (search, time budget, limits, sizes).
+
+namespace {
+
+// Four 256 x 256 layers (1 MiB of weights), float32 [batch, 256] -> [batch, 256], mean loss: at
+// MiB budgets the weights, gradients and AdamW's state are most of the peak.
+std::string wideMlpModel() {
+  const fs::path path = tmpDir() / "wide_mlp.pt";
+  torch::manual_seed(0);
+  torch::jit::Module net("WideMlp");
+  for (int i = 0; i < 4; ++i) {
+    net.register_parameter("w" + std::to_string(i),
+                           (torch::randn({256, 256}) * 0.05).requires_grad_(), false);
+  }
+  net.define(R"(
+    def forward(self, x):
+        h = torch.relu(torch.matmul(x, self.w0))
+        h = torch.relu(torch.matmul(h, self.w1))
+        h = torch.relu(torch.matmul(h, self.w2))
+        return torch.matmul(h, self.w3)
+  )");
+  torch::jit::ExtraFilesMap extra{
+      {"autobatch/inputs.json", R"({"version": 1, "inputs": ["256"], "loss": "mean"})"}};
+  net.save(path.string(), extra);
+  return path.string();
+}
+
+std::int64_t maxMicroBatchIn(const fs::path& json_path) {
+  return nlohmann::json::parse(readFile(json_path))["result"]["max_micro_batch"];
+}
+
+}  // namespace
+
+// Row 8: with AdamW and gradients kept as zeros, one step per trial answered a batch that the
+// second step does not hold (here 2156 at 1 step against 1716 at 2; an 8 x Linear(2048, 2048) MLP
+// at 1 GiB: 10239 against 5768, and --check-batch 10239 exit 3). A CLI that accepts
+// --steps-per-trial 1 with optimizer state or kept gradients gives that answer; it must refuse
+// them (exit 2, naming the fix), in a search and in a check, and keep 1 step for sgd and none
+// with gradients set to None, whose answer is the 2-step one.
+TEST(CliTest, OneStepPerTrialIsRefusedWhereTheSecondStepHoldsMore) {
+  const std::string common =
+      "--model " + wideMlpModel() + " --device cpu --memory-limit 16MiB --margin 0 -q --json ";
+  const fs::path one = tmpDir() / "one.json";
+  const CliRun refused = runCli(common + one.string() + " --zero-grad zeros --steps-per-trial 1");
+  EXPECT_EQ(refused.exit_code, 2) << refused.err << refused.out;
+  EXPECT_NE(refused.err.find("steps per trial (--steps-per-trial): expected at least 2 with "
+                             "optimizer adamw and --zero-grad zeros, but got 1"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_EQ(nlohmann::json::parse(readFile(one))["status"], "usage-error");
+  for (const std::string flags :
+       {"--optimizer adam --steps-per-trial 1", "--optimizer sgd-momentum --steps-per-trial 1",
+        "--optimizer sgd --zero-grad zeros --steps-per-trial 1",
+        "--steps-per-trial 1 --check-batch 100"}) {
+    const CliRun run = runCli(common + (tmpDir() / "other.json").string() + " " + flags);
+    EXPECT_EQ(run.exit_code, 2) << flags << "\n" << run.err;
+    EXPECT_NE(run.err.find("use --steps-per-trial 2 (the default)"), std::string::npos)
+        << flags << "\n"
+        << run.err;
+  }
+  const fs::path sgd_one = tmpDir() / "sgd_one.json";
+  const fs::path sgd_two = tmpDir() / "sgd_two.json";
+  ASSERT_EQ(runCli(common + sgd_one.string() + " --optimizer sgd --steps-per-trial 1").exit_code,
+            0);
+  ASSERT_EQ(runCli(common + sgd_two.string() + " --optimizer sgd").exit_code, 0);
+  EXPECT_GT(maxMicroBatchIn(sgd_one), 1);
+  EXPECT_EQ(maxMicroBatchIn(sgd_one), maxMicroBatchIn(sgd_two));
+}
+
+// Row 10: a step that is mostly fixed cost (here 5000 scalar additions in the interpreter per
+// forward, several ms; a Linear(5, 5)'s first step is 1-20 ms of start-up) says nothing about the
+// cost per sample. Scaling batch 1's step time per sample predicted minutes for guided's second
+// probe, so a 20 s budget stopped after one trial, answering 1 in 0.0 s, and said the budget
+// "ran out". The whole search takes a few seconds: with the budget it must give the same answer.
+TEST(CliTest, TimeLimitIsNotStoppedByAStepTimeThatIsMostlyOverhead) {
+  const std::string model = customModel("overhead", R"(
+    def forward(self, x):
+        s = torch.zeros([1])
+        for i in range(5000):
+            s = s + 1.0
+        return torch.matmul(x, self.w) + s
+  )");
+  const std::string common =
+      "--model " + model + " --input 64 --device cpu --memory-limit 16MiB --margin 0 -q --json ";
+  const fs::path free_path = tmpDir() / "free.json";
+  const fs::path timed_path = tmpDir() / "timed.json";
+  ASSERT_EQ(runCli(common + free_path.string()).exit_code, 0);
+  const CliRun timed = runCli(common + timed_path.string() + " --time-limit 20 --env");
+  EXPECT_EQ(timed.exit_code, 0) << timed.err;
+  const auto doc = nlohmann::json::parse(readFile(timed_path));
+  EXPECT_EQ(doc["result"]["search_status"], "found") << doc["warnings"].dump();
+  EXPECT_EQ(doc["result"]["max_micro_batch"], maxMicroBatchIn(free_path));
+  EXPECT_NE(timed.out.find("AUTOBATCH_CAPPED_BY=memory"), std::string::npos) << timed.out;
+  for (const auto& w : doc["warnings"]) {
+    EXPECT_EQ(w.get<std::string>().find("time budget"), std::string::npos) << w;
+  }
+}
+
+// Rows 10 and 21: a time limit that stops the search before anything fits says so everywhere:
+// capped by the time budget (it said AUTOBATCH_CAPPED_BY=memory), and a sweep's limit is the
+// whole run's (it was each length's: 21.6 s with --time-limit 8), its rows saying the budget ran
+// out rather than "nothing fits (time-budget)".
+TEST(CliTest, ATimeLimitThatStopsTheSearchIsNamedAsWhatCappedIt) {
+  const CliRun run = runCli("--model " + mlpModel() +
+                            " --device cpu --memory-limit 16MiB -q --time-limit 0.0001 --env");
+  EXPECT_EQ(run.exit_code, 3) << run.err;
+  EXPECT_NE(run.out.find("AUTOBATCH_CAPPED_BY=time-budget"), std::string::npos) << run.out;
+
+  // Every step takes about 0.8 s whatever the batch; with a 2 s budget for the whole sweep of 4
+  // lengths the later lengths get what is left, so the last one cannot start a trial.
+  const std::string slow = customModel("slow_steps", R"(
+    def forward(self, x):
+        s = torch.zeros([1])
+        for i in range(200000):
+            s = s + 1.0
+        return torch.mean(x) * torch.sum(self.w) + s
+  )");
+  const fs::path json_path = tmpDir() / "sweep.json";
+  const auto start = std::chrono::steady_clock::now();
+  const CliRun sweep = runCli("--model " + slow +
+                              " --input 'Lx8' --lengths 1,2,4,8 --device cpu --memory-limit 16MiB "
+                              "--time-limit 2 --json " +
+                              json_path.string());
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  const auto& rows = doc["sweep"]["rows"];
+  ASSERT_EQ(rows.size(), 4U) << doc.dump();
+  double searched_s = 0.0;
+  for (const auto& row : rows) searched_s += row["elapsed_s"].get<double>();
+  EXPECT_LT(searched_s, 2.0 + 1.5) << doc["sweep"].dump();  // one step past the deadline at most
+  EXPECT_EQ(doc["options"]["time_limit_s"], 2.0);  // the flag, not what was left for a length
+  EXPECT_EQ(rows[3]["status"], "time-budget") << rows.dump();
+  EXPECT_EQ(rows[3]["trials"], 0) << rows.dump();
+  EXPECT_EQ(sweep.out.find("nothing fits (time-budget)"), std::string::npos) << sweep.out;
+  EXPECT_NE(sweep.out.find("the time budget ran out before a batch was verified"),
+            std::string::npos)
+      << sweep.out;
+  EXPECT_LT(wall_s, 30.0) << sweep.err;
+}
+
+// Row 11: --memory-limit 9223372036854775807 was taken as the budget: the second probe of a
+// Linear(5, 5) ran at batch 767,815,383 and grew to 15 GB. A limit above the process's room is
+// clipped to it, as the default limit is, and said in the report and the JSON (one trial is
+// enough to see the limit the search used).
+TEST(CliTest, AMemoryLimitAboveTheMachinesRoomIsClippedAndSaid) {
+  const fs::path json_path = tmpDir() / "huge.json";
+  const CliRun run = runCli("--model " + mlpModel() +
+                            " --device cpu --memory-limit 9223372036854775807 --max-trials 1 "
+                            "--json " +
+                            json_path.string());
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  const std::int64_t limit = doc["device"]["memory_limit_bytes"];
+  EXPECT_LT(limit, std::int64_t{1} << 50) << doc["device"].dump();
+  EXPECT_EQ(doc["result"]["memory_limit_bytes"], limit);
+  EXPECT_NE(doc["device"]["memory_limit_source"].get<std::string>().find(
+                "--memory-limit 9223372036854775807, clipped to what this process can use"),
+            std::string::npos)
+      << doc["device"].dump();
+  ASSERT_FALSE(doc["warnings"].empty());
+  EXPECT_NE(doc["warnings"][0].get<std::string>().find("is more than this process can use"),
+            std::string::npos)
+      << doc["warnings"].dump();
+  EXPECT_NE(run.out.find("warning: --memory-limit 8.00 EiB"), std::string::npos) << run.out;
+  // In the log too, before the trials run.
+  EXPECT_NE(
+      run.err.find("warning: --memory-limit 8.00 EiB (9223372036854775807 bytes), is more than"),
+      std::string::npos)
+      << run.err;
+}
+
+// Row 13: sizes that cannot be counted are "does not fit" (exit 3) with what they need, never a
+// model error (exit 1) or a C++ backtrace: one bool sample of 2^63 - 1 bytes went to malloc past
+// the budget (its sum wrapped around; exit 1, 27 frames in stderr and the JSON), and
+// --check-batch 1099511627776 at 3x1024x1024 overflowed ATen's size arithmetic (exit 1). A
+// dimension past INT64_MAX is bad input (exit 2) at parse time.
+TEST(CliTest, SizesThatOverflowAreDoesNotFitWithoutABacktrace) {
+  const std::string model = customModel("sums", R"(
+    def forward(self, x):
+        return torch.sum(x.float()) * torch.sum(self.w)
+  )");
+  const fs::path nothing_path = tmpDir() / "nothing.json";
+  const CliRun nothing = runCli("--model " + model +
+                                " --input 'bool:9223372036854775807' --device cpu "
+                                "--memory-limit 64MiB --json " +
+                                nothing_path.string());
+  EXPECT_EQ(nothing.exit_code, 3) << nothing.err;
+  EXPECT_EQ(nothing.err.find("frame #"), std::string::npos) << nothing.err;
+  const auto doc = nlohmann::json::parse(readFile(nothing_path));
+  EXPECT_EQ(doc["status"], "nothing-fits") << doc.dump();
+  EXPECT_EQ(doc["error"], "") << doc["error"];
+  EXPECT_EQ(doc["result"]["min_batch_needs_at_least_bytes"],
+            std::numeric_limits<std::int64_t>::max());
+  EXPECT_NE(nothing.out.find("nothing fits at the minimum batch 1: it needs at least 8.00 EiB"),
+            std::string::npos)
+      << nothing.out;
+
+  const fs::path check_path = tmpDir() / "check.json";
+  const CliRun check = runCli("--model " + model +
+                              " --input 3x1024x1024 --device cpu --memory-limit 64MiB "
+                              "--check-batch 1099511627776 --json " +
+                              check_path.string());
+  EXPECT_EQ(check.exit_code, 3) << check.err;
+  EXPECT_EQ(check.err.find("frame #"), std::string::npos) << check.err;
+  const auto c = nlohmann::json::parse(readFile(check_path));
+  EXPECT_EQ(c["status"], "does-not-fit") << c.dump();
+  EXPECT_EQ(c["trials"][0]["outcome"], "out-of-memory") << c["trials"].dump();
+  EXPECT_NE(c["trials"][0]["reason"].get<std::string>().find("their size passes 2^63 - 1 bytes"),
+            std::string::npos)
+      << c["trials"].dump();
+
+  const CliRun parse =
+      runCli("--model " + model + " --input 'bool:9223372036854775808' --device cpu");
+  EXPECT_EQ(parse.exit_code, 2) << parse.err;
+  EXPECT_NE(parse.err.find("expected every dimension at most 9223372036854775807 (INT64_MAX), but "
+                           "got '9223372036854775808'"),
+            std::string::npos)
+      << parse.err;
 }

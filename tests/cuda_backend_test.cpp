@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -498,6 +499,36 @@ TEST(CudaBackendTest, MissingDeviceIsAnErrorNamingTheCount) {
   EXPECT_NE(message.find("'cuda:2': expected a visible CUDA device, but the CUDA runtime sees 1"),
             std::string::npos)
       << message;
+}
+
+// Issue 27, row 11: a memory limit above what the device has.
+// An implementation that keeps --memory-limit above totalGlobalMem as the limit (only capping the
+// fraction at 1) reports 8 EiB as the limit, and the search jumps to batches sized for it; the
+// limit must be the device's total memory, said in the warning and the source.
+TEST(CudaBackendTest, LimitAboveTotalMemoryIsClippedToItAndSaid) {
+  FakeDevice d;
+  const std::int64_t huge = std::numeric_limits<std::int64_t>::max();
+  auto backend = readyBackend(d, huge);
+  EXPECT_EQ(backend->limitBytes(), d.total_global);
+  const double allowed = d.fraction * static_cast<double>(d.total_global);
+  EXPECT_NEAR(allowed, static_cast<double>(d.total_global - backend->outsideBytes()), 1.0);
+  EXPECT_NE(backend->limitSource().find("--memory-limit 9223372036854775807, clipped to cuda:0's "
+                                        "total memory"),
+            std::string::npos)
+      << backend->limitSource();
+  const auto warnings = backend->limitWarnings();
+  ASSERT_EQ(warnings.size(), 1U);
+  EXPECT_NE(warnings[0].find("(9223372036854775807 bytes) is more than cuda:0's total memory, "
+                             "150.00 GiB (161061273600 bytes): the limit was clipped to it"),
+            std::string::npos)
+      << warnings[0];
+  // One byte over is clipped too; the total itself is kept as given, without a warning.
+  FakeDevice e;
+  EXPECT_EQ(readyBackend(e, e.total_global + 1)->limitBytes(), e.total_global);
+  FakeDevice f;
+  auto exact = readyBackend(f, f.total_global);
+  EXPECT_EQ(exact->limitBytes(), f.total_global);
+  EXPECT_TRUE(exact->limitWarnings().empty());
 }
 
 }  // namespace

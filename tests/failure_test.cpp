@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstdint>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -459,6 +461,36 @@ TEST(FailureTest, IsFatalDeviceErrorIgnoresHintLines) {
       cudaCheckMessage("an illegal memory access was encountered", "cudaErrorIllegalAddress")));
   EXPECT_TRUE(isFatalDeviceError(
       wrappedByTorchScript(cudaCheckMessage("device-side assert triggered", "cudaErrorAssert"))));
+}
+
+// Issue 27, row 13: sizes past 2^63 - 1 bytes.
+// ATen's size arithmetic overflowing (computeStorageNbytes, 2.11's text) is a tensor no memory
+// holds: out of memory at that batch, not a model error (--check-batch 1099511627776 at
+// 3x1024x1024 was exit 1). And a request written near 2^63 (c10's "you tried to allocate
+// 9223372036854775807 bytes", a double of 2^63 once parsed) reads as INT64_MAX: llround of it is
+// undefined and gave INT64_MIN, a negative request.
+TEST(FailureTest, SizesPastInt64AreOutOfMemoryAndParseWithoutWrapping) {
+  const std::string overflow =
+      "Storage size calculation overflowed with sizes=[1099511627776, 3, 1024, 1024]";
+  for (const auto& context : kAll) {
+    EXPECT_EQ(classifyFailure(ExceptionType::kOther, overflow, context).kind,
+              FailureKind::kOutOfMemory);
+    EXPECT_EQ(classifyFailure(ExceptionType::kOther, wrappedByTorchScript(overflow), context).kind,
+              FailureKind::kOutOfMemory);
+  }
+  const auto huge = classifyFailure(
+      ExceptionType::kOther,
+      "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+      "you tried to allocate 9223372036854775807 bytes. Error code 12 (Cannot allocate memory)",
+      kNearLimit);
+  EXPECT_EQ(huge.kind, FailureKind::kOutOfMemory);
+  EXPECT_EQ(huge.failed_request_bytes, std::numeric_limits<std::int64_t>::max());
+  const auto in_use = classifyFailure(
+      ExceptionType::kOutOfMemoryError,
+      "out of memory: the inputs of micro-batch 1 would allocate 9223372036854775807 bytes with "
+      "9223372036854775807 bytes in use",
+      kPlain);
+  EXPECT_EQ(in_use.failed_in_use_bytes, std::numeric_limits<std::int64_t>::max());
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // The input-spec text syntax and the archive metadata parser (LibTorch-free).
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
+#include <optional>
 #include <string>
 
 #include "autobatch/error.h"
@@ -70,7 +73,9 @@ TEST(InputSpecTest, RejectsBadDimensionsWithExpectedAndGiven) {
   EXPECT_NE(errorOf("3xabc").find("positive integers joined by 'x', but got 'abc'"),
             std::string::npos);
   EXPECT_NE(errorOf("3x").find("but got ''"), std::string::npos);
-  EXPECT_NE(errorOf("99999999999999999999").find("positive integers"), std::string::npos);
+  EXPECT_NE(errorOf("99999999999999999999").find("expected every dimension at most "
+                                                 "9223372036854775807 (INT64_MAX)"),
+            std::string::npos);
 }
 
 TEST(InputSpecTest, RejectsElementCountOverflow) {
@@ -204,6 +209,33 @@ TEST(ModelMetadataTest, NoInputsFromEitherSourceNamesBothWays) {
     EXPECT_NE(message.find("--input"), std::string::npos);
     EXPECT_NE(message.find("_extra_files={\"autobatch/inputs.json\""), std::string::npos);
   }
+}
+
+// Issue 27, row 13: input sizes past 2^63 - 1 bytes.
+// The bytes of an input at a micro-batch, counted without wrapping: an implementation that
+// multiplies in int64 returns a negative or small figure for 2^40 samples of 3x1024x1024 floats,
+// and the runner then asks ATen for it.
+TEST(InputSpecTest, BatchBytesAreExactOrNoneWhenTheyPassInt64) {
+  const InputSpec image = parseInputSpec("3x1024x1024");
+  EXPECT_EQ(batchBytes(image, 1, 4), std::optional<std::int64_t>(12582912));
+  EXPECT_EQ(batchBytes(image, 1, 2), std::optional<std::int64_t>(6291456));  // fed as fp16
+  EXPECT_EQ(batchBytes(image, std::int64_t{1} << 40, 4), std::nullopt);
+  const InputSpec one_bool = parseInputSpec("bool:9223372036854775807");
+  EXPECT_EQ(batchBytes(one_bool, 1, 1),
+            std::optional<std::int64_t>(std::numeric_limits<std::int64_t>::max()));
+  EXPECT_EQ(batchBytes(one_bool, 2, 1), std::nullopt);
+  EXPECT_EQ(batchBytes(parseInputSpec("int64:scalar"), 3, 8), std::optional<std::int64_t>(24));
+  EXPECT_THROW(batchBytes(image, 0, 4), Error);
+}
+
+// A dimension past INT64_MAX is named as too large, not as "not a positive integer".
+TEST(InputSpecTest, ADimensionPastInt64IsTooLargeNotMalformed) {
+  EXPECT_EQ(errorOf("bool:9223372036854775808"),
+            "input spec 'bool:9223372036854775808': expected every dimension at most "
+            "9223372036854775807 (INT64_MAX), but got '9223372036854775808'; one sample of that "
+            "size cannot even be counted, let alone allocated");
+  EXPECT_NE(errorOf("4x9223372036854775807").find("a sample of at most INT64_MAX bytes"),
+            std::string::npos);
 }
 
 }  // namespace

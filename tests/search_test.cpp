@@ -388,9 +388,13 @@ TEST(SearchTest, TrialPredictedPastTheDeadlineIsNotStarted) {
     }
     const bool said = std::ranges::any_of(r.warnings, [](const std::string& w) {
       return w.find("would take about") != std::string::npos &&
-             w.find("s of the time budget left, so it was not started") != std::string::npos;
+             w.find("s were left, so it was not started") != std::string::npos;
     });
     EXPECT_TRUE(said) << toString(strategy);
+    // Issue 27, row 10: the budget was not used up, so no warning may say it ran out.
+    for (const auto& w : r.warnings) {
+      EXPECT_EQ(w.find("ran out"), std::string::npos) << toString(strategy) << ": " << w;
+    }
     EXPECT_TRUE(seenToFit(r, r.max_micro_batch));
   }
 }
@@ -943,6 +947,95 @@ TEST(SearchTest, FittingOnlyAboveTheMarginIsNothingFits) {
   budget.margin_bytes = model.limit_bytes - model.fixed_bytes / 2;
   budget.max_trials = 1;
   EXPECT_EQ(findMaxBatch(probeFor(model), budget).status, SearchStatus::kTrialBudget);
+}
+
+// Issue 27, rows 10 and 21: time budgets.
+
+// The trial times of a Linear(5, 5): a fixed 50 ms per step (the interpreter, the optimizer's
+// loop, thread start-up) and 1 us per sample. Reported, not slept, so no clock decides.
+TrialResult overheadBoundTrial(const MemoryModel& model, const TrialRequest& request) {
+  TrialResult r = model.run(request);
+  if (r.outcome == TrialOutcome::kFits) {
+    r.step_ms = 50.0 + 0.001 * static_cast<double>(request.micro_batch_size);
+  }
+  return r;
+}
+
+// A step time that is mostly fixed overhead says nothing about the time per sample. Guided's
+// second probe jumps from batch 1 to about 1540 here; a predictor that scales batch 1's 50 ms per
+// sample says 154 s for it and stops a 30 s budget after one trial, answering 1 in no time
+// (h5_linear: "batch 46863 would take about 54.8 s", answer 1 after 0.0 s; the whole search takes
+// 1.0 s). The whole search must run, to the same answer as without a budget.
+TEST(SearchTest, OverheadBoundStepTimesDoNotStopTheSearch) {
+  MemoryModel model;
+  model.fixed_bytes = 64 * 1024;
+  model.per_sample_bytes = 1024;
+  model.limit_bytes = model.fixed_bytes + model.per_sample_bytes * 100000 + 512;
+  const Probe probe = [&model](const TrialRequest& request) {
+    return overheadBoundTrial(model, request);
+  };
+  for (Strategy strategy : kAllStrategies) {
+    SearchOptions options = optionsFor(strategy);
+    options.time_limit_s = 30.0;
+    const SearchResult r = findMaxBatch(probe, options);
+    EXPECT_EQ(r.status, SearchStatus::kFound) << toString(strategy);
+    EXPECT_EQ(r.max_micro_batch, expectedMax(strategy, 100000)) << toString(strategy);
+    EXPECT_EQ(r.capped_by, "memory") << toString(strategy);
+    for (const auto& w : r.warnings) {
+      EXPECT_EQ(w.find("not started"), std::string::npos) << toString(strategy) << ": " << w;
+    }
+  }
+  // Guided's jump itself, predicted from batch 1 alone: it must be started.
+  SearchOptions options = optionsFor(Strategy::kGuided);
+  options.time_limit_s = 30.0;
+  const SearchResult r = findMaxBatch(probe, options);
+  ASSERT_GE(r.trials.size(), 2U);
+  EXPECT_GT(r.trials[1].request.micro_batch_size, 1000);
+}
+
+// Once two trials show the time per sample (the larger took over twice the smaller), it predicts:
+// 50 ms + 10 ms per sample, 2 steps, a 30 s budget: no trial above batch 1500 may start.
+TEST(SearchTest, MeasuredTimePerSampleStillStopsATrialPastTheDeadline) {
+  const MemoryModel model = modelWithThreshold(100000);
+  const Probe probe = [&model](const TrialRequest& request) {
+    TrialResult r = model.run(request);
+    r.step_ms = 50.0 + 10.0 * static_cast<double>(request.micro_batch_size);
+    return r;
+  };
+  SearchOptions options = optionsFor(Strategy::kBinsearch);
+  options.time_limit_s = 30.0;
+  const SearchResult r = findMaxBatch(probe, options);
+  EXPECT_EQ(r.status, SearchStatus::kTimeBudget);
+  EXPECT_EQ(r.max_micro_batch, 1024);  // 2, 4, ... 1024 run; 2048 would take 41 s
+  for (const auto& t : r.trials) EXPECT_LE(t.request.micro_batch_size, 1500);
+  const bool said = std::ranges::any_of(r.warnings, [](const std::string& w) {
+    return w.find("stopped the search after") != std::string::npos &&
+           w.find("batch 2048 would take about 41.1 s") != std::string::npos;
+  });
+  EXPECT_TRUE(said) << ::testing::PrintToString(r.warnings);
+}
+
+// Nothing verified when a budget or cancellation stopped the search: capped_by names what
+// stopped it. `--time-limit 0.0001` said AUTOBATCH_CAPPED_BY=memory (row 21), as if memory had
+// ruled batch 1 out.
+TEST(SearchTest, NothingVerifiedBeforeAStopIsCappedByTheStopNotMemory) {
+  const MemoryModel model = modelWithThreshold(1000);
+  SearchOptions options = optionsFor(Strategy::kGuided);
+  options.time_limit_s = 1e-9;
+  const SearchResult timed = findMaxBatch(probeFor(model), options);
+  EXPECT_EQ(timed.status, SearchStatus::kTimeBudget);
+  EXPECT_EQ(timed.max_micro_batch, 0);
+  EXPECT_EQ(timed.capped_by, "time-budget");
+  options.time_limit_s = 0.0;
+  options.cancel = [] { return true; };
+  const SearchResult cancelled = findMaxBatch(probeFor(model), options);
+  EXPECT_EQ(cancelled.status, SearchStatus::kCancelled);
+  EXPECT_EQ(cancelled.capped_by, "cancelled");
+  // Nothing fitting at the minimum batch is memory's, as before.
+  const SearchResult none =
+      findMaxBatch(probeFor(modelWithThreshold(0)), optionsFor(Strategy::kGuided));
+  EXPECT_EQ(none.status, SearchStatus::kNothingFits);
+  EXPECT_EQ(none.capped_by, "memory");
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <new>
 #include <optional>
 
@@ -221,11 +222,11 @@ TEST(TrialRunnerTest, OutOfMemoryInBackwardRecovers) {
 }
 
 TEST(TrialRunnerTest, OutOfMemoryInOptimizerStepRecovers) {
-  // Large parameters, small activations: AdamW's state is the peak. One step per trial, so a
-  // limit at or above the peak of the same step without an optimizer fails in step() only.
+  // Large parameters, small activations: AdamW's state is the peak. A limit at or above the
+  // peak of the steps without an optimizer fails in step 1's step() only (AdamW refuses one
+  // step per trial: its state appears at the first step).
   auto m = mlp(64, 256, kClasses);
   auto spec = specOf("64", LossKind::kCrossEntropy, OptimizerKind::kNone);
-  spec.steps_per_trial = 1;
   const std::int64_t peak_without_step = runOnce(m, spec, kBatch).peak_bytes;
   spec.optimizer = OptimizerKind::kAdamW;
   std::int64_t parameter_bytes = 0;
@@ -744,6 +745,132 @@ TEST(TrialRunnerTest, PrintsPeakTable) {
       }
     }
   }
+}
+
+// Issue 27, rows 8, 11 and 13: what one trial can be evidence of, a limit above the machine's room,
+// inputs too large to count.
+
+// Row 8. An implementation that runs 1 step per trial with an optimizer that keeps state (or with
+// gradients kept as zeros) measures step 1, which holds neither the optimizer's state nor the
+// previous step's gradients: an 8 x Linear(2048, 2048) MLP with AdamW answered 10239 at 1 step and
+// failed there at step 2 (the answer at 2 steps: 5768). Those combinations are refused with the
+// fix; sgd and none with gradients set to None stay allowed, and there 1 step peaks as 2 do.
+TEST(TrialRunnerTest, OneStepPerTrialIsRefusedWhereStepTwoHoldsMore) {
+  auto m = mlp(kIn, kHidden, kClasses);
+  auto refusal = [&m](OptimizerKind optimizer, ZeroGrad zero_grad) {
+    auto spec = specOf("3", LossKind::kCrossEntropy, optimizer);
+    spec.steps_per_trial = 1;
+    spec.zero_grad = zero_grad;
+    try {
+      TrialRunner runner(m, spec, limit(kUnlimited));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  for (const auto optimizer :
+       {OptimizerKind::kSgdMomentum, OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+    const std::string name(toString(optimizer));
+    const std::string message = refusal(optimizer, ZeroGrad::kNone);
+    EXPECT_NE(message.find("steps per trial (--steps-per-trial): expected at least 2 with "
+                           "optimizer " +
+                           name + " and --zero-grad none, but got 1; optimizer " + name +
+                           " creates its state at the first step()"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("use --steps-per-trial 2 (the default), or an optimizer without "
+                           "state (sgd, none)"),
+              std::string::npos)
+        << message;
+  }
+  for (const auto optimizer : {OptimizerKind::kNone, OptimizerKind::kSgd}) {
+    const std::string message = refusal(optimizer, ZeroGrad::kZeros);
+    EXPECT_NE(message.find("--zero-grad zeros keeps the gradients alive from step 2's forward on"),
+              std::string::npos)
+        << toString(optimizer) << ": " << message;
+    EXPECT_EQ(refusal(optimizer, ZeroGrad::kNone), "") << toString(optimizer);
+    auto spec = specOf("3", LossKind::kCrossEntropy, optimizer);
+    spec.steps_per_trial = 1;
+    const TrialResult one = runOnce(m, spec, 64);
+    spec.steps_per_trial = 2;
+    const TrialResult two = runOnce(m, spec, 64);
+    ASSERT_EQ(one.outcome, TrialOutcome::kFits);
+    EXPECT_EQ(one.steps_completed, 1);
+    EXPECT_EQ(one.peak_bytes, two.peak_bytes) << toString(optimizer);
+  }
+}
+
+// Row 11. An explicit limit above what the process can use was kept as the budget (only warned
+// about): with 2^63 - 1 bytes the search's second probe went to batch 767,815,383 of a Linear(5, 5)
+// and grew to 15 GB. It is clipped to the room, as the default limit is, and the source and the
+// warning say so.
+TEST(TrialRunnerTest, MemoryLimitAboveWhatTheProcessCanUseIsClippedToIt) {
+  auto m = mlp(kIn, kHidden, kClasses);
+  const auto spec = specOf("3", LossKind::kCrossEntropy, OptimizerKind::kAdamW);
+  std::int64_t by_default = 0;
+  {
+    TrialRunner runner(m, spec, SearchOptions{});
+    by_default = runner.memoryLimitBytes();
+  }
+  const std::int64_t huge = std::numeric_limits<std::int64_t>::max();
+  TrialRunner runner(m, spec, limit(huge));
+  // The room is measured again for each runner: MemAvailable moves by what others do meanwhile.
+  EXPECT_NEAR(static_cast<double>(runner.memoryLimitBytes()), static_cast<double>(by_default),
+              0.05 * static_cast<double>(by_default));
+  EXPECT_NE(runner.memoryLimitSource().find(
+                "--memory-limit 9223372036854775807, clipped to what this process can use: "),
+            std::string::npos)
+      << runner.memoryLimitSource();
+  const auto warnings = runner.memoryLimitWarnings();
+  ASSERT_EQ(warnings.size(), 1U);
+  EXPECT_NE(warnings[0].find("(9223372036854775807 bytes), is more than this process can use"),
+            std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find("The trials ran under that, as without --memory-limit"),
+            std::string::npos)
+      << warnings[0];
+  const TrialResult r = runner.run({kBatch, 1, {}});
+  EXPECT_EQ(r.outcome, TrialOutcome::kFits);
+  EXPECT_EQ(r.memory_limit_bytes, runner.memoryLimitBytes());
+}
+
+// Row 13. Inputs are sized before they are allocated: a micro-batch whose inputs pass 2^63 - 1
+// bytes, or the room under the limit, is out of memory in the inputs phase. Before, ATen threw
+// "Storage size calculation overflowed" (a model error, exit 1) and a 2^63 - 1 byte request
+// wrapped around the budget's sum and reached malloc (exit 1 with a C++ backtrace).
+TEST(TrialRunnerTest, InputsTooLargeToCountAreOutOfMemoryBeforeAnyAllocation) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  auto m = mlp(kIn, kHidden, kClasses);
+  {
+    TrialRunner runner(m, specOf("3", LossKind::kCrossEntropy, OptimizerKind::kAdamW),
+                       limit(64 << 20));
+    // 2^62 samples of 12 bytes: the count overflows.
+    const TrialResult over = runner.run({std::int64_t{1} << 62, 1, {}});
+    EXPECT_EQ(over.outcome, TrialOutcome::kOutOfMemory) << over.reason;
+    EXPECT_EQ(over.failed_phase, "inputs");
+    EXPECT_NE(over.reason.find("their size passes 2^63 - 1 bytes"), std::string::npos)
+        << over.reason;
+    EXPECT_EQ(over.failed_in_use_bytes, runner.baselineBytes());
+    EXPECT_EQ(over.failed_in_use_bytes + over.failed_request_bytes, kMax);  // no wrap-around
+    EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+    // 2^40 samples: 12 TiB, counted exactly and refused without an allocation.
+    const TrialResult big = runner.run({std::int64_t{1} << 40, 1, {}});
+    EXPECT_EQ(big.outcome, TrialOutcome::kOutOfMemory);
+    EXPECT_EQ(big.failed_phase, "inputs");
+    EXPECT_EQ(big.failed_request_bytes, std::int64_t{12} << 40);
+    EXPECT_NE(big.reason.find("would allocate 13194139533312 bytes"), std::string::npos)
+        << big.reason;
+    EXPECT_EQ(runner.run({kBatch, 1, {}}).outcome, TrialOutcome::kFits);
+  }
+  // One sample of 2^63 - 1 bools: nothing fits, with the need a lower bound that does not wrap.
+  TrialRunner runner(m, specOf("bool:9223372036854775807", LossKind::kMean, OptimizerKind::kSgd),
+                     limit(64 << 20));
+  const MaxBatchResult r = findMaxBatch(runner, limit(64 << 20));
+  EXPECT_EQ(r.search.status, SearchStatus::kNothingFits);
+  EXPECT_EQ(r.search.min_batch_needs_at_least_bytes, kMax);
+  ASSERT_EQ(r.search.trials.size(), 1U);
+  EXPECT_EQ(r.search.trials[0].failed_phase, "inputs");
+  EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
 }
 
 }  // namespace

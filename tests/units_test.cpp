@@ -79,6 +79,9 @@ TEST(UnitsTest, FormatsWithBinaryUnits) {
   EXPECT_EQ(formatBytes(1536), "1.50 KiB");
   EXPECT_EQ(formatBytes(3LL << 30), "3.00 GiB");
   EXPECT_EQ(formatBytes(-(1LL << 20)), "-1.00 MiB");
+  // Issue 27, row 13: 2^63 - 1 bytes read "8388608.00 TiB" when TiB was the largest unit.
+  EXPECT_EQ(formatBytes(1LL << 50), "1.00 PiB");
+  EXPECT_EQ(formatBytes(9223372036854775807LL), "8.00 EiB");
 }
 
 TEST(UnitsTest, IntegersInRange) {

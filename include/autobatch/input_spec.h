@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -108,5 +109,13 @@ std::vector<std::int64_t> parseLengths(std::string_view text);
 
 /// Elements of one sample (product of sample_shape; 1 for a scalar sample).
 std::int64_t sampleElements(const InputSpec& spec);
+
+/// Bytes of the input `spec` at micro-batch `batch`: batch x the sample's elements x
+/// `element_bytes` (the size the runner feeds it in: a float32 input of an fp16 model is 2).
+/// Returns: nullopt when the product passes INT64_MAX, so no allocator can even be asked for it
+/// (the trial runner calls that batch out of memory before allocating anything: issue 27, row 13).
+/// Throws: autobatch::Error for batch < 1 or element_bytes < 1. Thread safety: pure function.
+std::optional<std::int64_t> batchBytes(const InputSpec& spec, std::int64_t batch,
+                                       std::int64_t element_bytes);
 
 }  // namespace autobatch

@@ -102,10 +102,11 @@ struct SearchResult {
   /// peak_bytes when it fit only above the limit less the margin. 0 when unknown.
   std::int64_t min_batch_needs_at_least_bytes = 0;
   /// What bounds max_micro_batch from above: "memory" (a larger batch ran out of memory, or
-  /// nothing fits), "max-batch" (SearchOptions::max_batch: memory may allow more, not searched),
-  /// "dataset-size" (SearchOptions::dataset_size), "size-limit" (the next batch hit a kernel's size
-  /// limit), or, when the search stopped before its bracket closed, "trial-budget", "time-budget"
-  /// or "cancelled" (larger batches were not ruled out).
+  /// nothing fits at the minimum batch; when the search stopped before any batch was verified,
+  /// the budget or cancellation that stopped it), "max-batch" (SearchOptions::max_batch: memory may
+  /// allow more, not searched), "dataset-size" (SearchOptions::dataset_size), "size-limit" (the
+  /// next batch hit a kernel's size limit), or, when the search stopped before its bracket closed,
+  /// "trial-budget", "time-budget" or "cancelled" (larger batches were not ruled out).
   std::string capped_by;
   /// True when a batch failed although a larger one fit (after one retry of the failed size).
   bool non_monotonic = false;

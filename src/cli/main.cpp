@@ -435,7 +435,8 @@ cxxopts::Options makeOptions() {
     ("precision", "fp32, amp-fp16, amp-bf16, fp16, bf16", text()->default_value("fp32"), "NAME")
     ("device", "auto (cuda:0 when a GPU is seen, else cpu), cpu, cuda, cuda:N",
      text()->default_value("auto"), "NAME")
-    ("steps-per-trial", "Optimizer steps per trial (Adam state appears at step 1)",
+    ("steps-per-trial", "Optimizer steps per trial; 1 only with sgd or none and --zero-grad "
+     "none (optimizer state and kept gradients are there from step 2 on)",
      text()->default_value("2"), "N")
     ("accumulation-steps", "Micro-batches per optimizer step in your job (>= 2 runs 2 per trial)",
      text()->default_value("1"), "N")
@@ -842,6 +843,16 @@ void verifySweepMix(const Cli& cli, autobatch::SweepReport& sweep,
   }
 }
 
+// --time-limit is the whole sweep's wall-clock budget: each length gets what is left of it (it
+// was each length's: 21.6 s with --time-limit 8; issue 27, row 10). Once it is spent, a length
+// stops before its first trial with status time-budget. 0: no limit.
+double timeLeftS(double limit_s, std::chrono::steady_clock::time_point start) {
+  if (limit_s <= 0.0) return 0.0;
+  const double spent_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return std::max(limit_s - spent_s, 1e-9);  // 0 would mean no limit
+}
+
 // --lengths: one search per length, longest first, each seeded by the longer length's maximum
 // (it fits: memory grows with the length) and that maximum at the same tokens per micro-batch;
 // then the buckets mixed in one trial (lowered where the mix fails). The report's result is the
@@ -855,11 +866,13 @@ void runSweep(Cli& cli) {
   std::int64_t prev_tokens = 0;  // tokens per sample at prev_length
   std::int64_t prev_max = 0;
   const int world = cli.report.options.world_size;
+  const auto sweep_start = std::chrono::steady_clock::now();
   for (const std::int64_t length : cli.lengths) {
     if (g_signal.load() != 0) break;
     autobatch::ReportData row_report = cli.report;
     row_report.spec.inputs = inputsAtLength(cli, length);
     autobatch::SearchOptions& o = row_report.options;
+    o.time_limit_s = timeLeftS(cli.report.options.time_limit_s, sweep_start);
     autobatch::SweepRow row;
     row.length = length;
     row.tokens_per_sample = autobatch::tokensPerSample(cli.input_texts, length);
@@ -897,7 +910,9 @@ void runSweep(Cli& cli) {
   }
   if (pick != nullptr) {
     cli.report.spec = pick->spec;
+    const double time_limit_s = cli.report.options.time_limit_s;  // the flag, not what was left
     cli.report.options = pick->options;
+    cli.report.options.time_limit_s = time_limit_s;
     cli.report.result = pick->result;
     cli.report.cache = pick->cache;
   }
@@ -1028,11 +1043,12 @@ int run(int argc, char** argv, Cli& cli) {
   return cli.report.exit_code;
 }
 
-// LibTorch appends a C++ backtrace to its messages ("Exception raised from ..."): users need the
-// message, not the frames.
+// LibTorch appends a C++ backtrace to its messages ("Exception raised from ...", or straight
+// "frame #0: ..." lines after an "[enforce fail at ...]" one): users need the message, not the
+// frames (issue 27, row 13: 27 frames in stderr and the JSON).
 std::string withoutBacktrace(std::string message) {
-  if (const auto at = message.find("\nException raised from "); at != std::string::npos) {
-    message.erase(at);
+  for (const char* start : {"\nException raised from ", "\nframe #"}) {
+    if (const auto at = message.find(start); at != std::string::npos) message.erase(at);
   }
   return message;
 }
