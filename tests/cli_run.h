@@ -48,8 +48,8 @@ inline CliRun runCliIn(const std::filesystem::path& dir, const std::string& tag,
                        const std::string& args) {
   const std::filesystem::path out = dir / (tag + ".out");
   const std::filesystem::path err = dir / (tag + ".err");
-  const std::string command = cliPath() + " " + args + " >" + out.string() +
-                              " 2>" + err.string() + " </dev/null";
+  const std::string command =
+      cliPath() + " " + args + " >" + out.string() + " 2>" + err.string() + " </dev/null";
   const int status = std::system(command.c_str());
   CliRun run;
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

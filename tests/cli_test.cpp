@@ -1664,6 +1664,7 @@ TEST_F(CacheCliTest, InvalidEntriesAreMissesNamingTheFieldAndStoreErrorsSayWhy) 
   EXPECT_EQ(store_error.find("Success"), std::string::npos) << store_error;
   EXPECT_NE(folder["warnings"].dump().find("it is a directory"), std::string::npos)
       << folder["warnings"].dump();
+}
 
 // Issue 27, rows 8, 10, 11, 13, 21: answers that hold (search, time budget, limits, sizes).
 

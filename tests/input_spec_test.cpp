@@ -73,8 +73,9 @@ TEST(InputSpecTest, RejectsBadDimensionsWithExpectedAndGiven) {
   EXPECT_NE(errorOf("3xabc").find("positive integers joined by 'x', but got 'abc'"),
             std::string::npos);
   EXPECT_NE(errorOf("3x").find("but got ''"), std::string::npos);
-  EXPECT_NE(errorOf("99999999999999999999").find("expected every dimension at most "
-                                                 "9223372036854775807 (INT64_MAX)"),
+  EXPECT_NE(errorOf("99999999999999999999")
+                .find("expected every dimension at most "
+                      "9223372036854775807 (INT64_MAX)"),
             std::string::npos);
 }
 
