@@ -95,7 +95,8 @@ InputSpec parseInputObject(std::string_view origin, const json& item, const std:
 // True when `name` is a member of an AOTInductor package ("<archive>/data/aotinductor/...").
 bool isPackageMember(std::string_view name) {
   constexpr std::string_view kCode = "data/aotinductor/";
-  return name.starts_with(kCode) || name.find(std::string("/") + std::string(kCode)) != name.npos;
+  return name.starts_with(kCode) ||
+         name.find(std::string("/") + std::string(kCode)) != std::string_view::npos;
 }
 
 // Throws when the zip archive at `path` is not whole (zip_members.h). The message says which

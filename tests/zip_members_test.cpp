@@ -66,7 +66,7 @@ std::string buildZip(const std::vector<Entry>& entries, bool zip64 = false) {
   for (const auto& e : entries) {
     const std::string stored = e.deflate ? rawDeflate(e.data) : e.data;
     const std::uint16_t method = e.deflate ? 8 : e.method;
-    const std::uint16_t flags = static_cast<std::uint16_t>(e.flags | (e.descriptor ? 8U : 0U));
+    const auto flags = static_cast<std::uint16_t>(e.flags | (e.descriptor ? 8U : 0U));
     const std::uint64_t offset = out.size();
     std::string extra;
     if (zip64) {

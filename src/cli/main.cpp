@@ -56,11 +56,15 @@ constexpr const char* kExitCodes = R"(Exit codes:
 )";
 
 // The first SIGINT/SIGTERM asks the search to stop after the step in progress; a second one
-// exits at once (async-signal-safe: only an atomic and _exit).
+// exits at once, removing a pt2 package's files extracted at that moment (async-signal-safe: an
+// atomic, unlink, rmdir and _exit).
 std::atomic<int> g_signal{0};
 
 extern "C" void onSignal(int sig) {
-  if (g_signal.exchange(sig) != 0) _exit(128 + sig);
+  if (g_signal.exchange(sig) != 0) {
+    autobatch::removeScratchFiles();
+    _exit(128 + sig);
+  }
 }
 
 std::string flag(const cxxopts::ParseResult& args, const std::string& name) {

@@ -48,8 +48,8 @@ void checkWhole(std::string_view input, const ZipListing& listing) {
          << 8U);
     const std::uint64_t data = m.local_header_offset + 30 + name_bytes + extra_bytes;
     check(data + m.bytes <= listing.directory_offset, "a whole member's data lies before it");
-    const auto crc = static_cast<std::uint32_t>(
-        ::crc32(0, reinterpret_cast<const Bytef*>(input.data() + data), static_cast<uInt>(m.bytes)));
+    const auto crc = static_cast<std::uint32_t>(::crc32(
+        0, reinterpret_cast<const Bytef*>(input.data() + data), static_cast<uInt>(m.bytes)));
     check(crc == m.crc32, "a whole stored member has its recorded CRC-32");
   }
 }
@@ -69,12 +69,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto names = autobatch::detail::zipLocalNames(*archive, 4);
     check(names.size() <= 4, "zipLocalNames keeps to its limit");
     if (size >= 30 && input.substr(0, 4) == std::string_view("PK\3\4", 4)) {
-      const std::size_t name_bytes = static_cast<unsigned char>(input[26]) |
-                                     (static_cast<std::size_t>(static_cast<unsigned char>(input[27]))
-                                      << 8U);
-      const std::size_t extra_bytes = static_cast<unsigned char>(input[28]) |
-                                      (static_cast<std::size_t>(static_cast<unsigned char>(input[29]))
-                                       << 8U);
+      const std::size_t name_bytes =
+          static_cast<unsigned char>(input[26]) |
+          (static_cast<std::size_t>(static_cast<unsigned char>(input[27])) << 8U);
+      const std::size_t extra_bytes =
+          static_cast<unsigned char>(input[28]) |
+          (static_cast<std::size_t>(static_cast<unsigned char>(input[29])) << 8U);
       if (30 + name_bytes + extra_bytes <= size) {
         check(!names.empty() && names[0] == input.substr(30, name_bytes),
               "the first local header's name is read");
