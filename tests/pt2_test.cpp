@@ -569,8 +569,11 @@ MemberData memberData(const std::string& path, const std::string& suffix,
     if (!m.name.ends_with(suffix) || m.name.find(skip) != std::string::npos) continue;
     std::array<unsigned char, 30> header{};
     EXPECT_TRUE(archive->read(m.local_header_offset, header.size(), header.data()));
-    const std::uint64_t name_bytes = header[26] | (header[27] << 8U);
-    const std::uint64_t extra_bytes = header[28] | (header[29] << 8U);
+    const auto u16 = [&](std::size_t at) {
+      return std::uint64_t{header[at]} | (std::uint64_t{header[at + 1]} << 8U);
+    };
+    const std::uint64_t name_bytes = u16(26);
+    const std::uint64_t extra_bytes = u16(28);
     EXPECT_EQ(m.method, 0) << "expected stored members in the test package";
     return {m.name, m.local_header_offset + 30 + name_bytes + extra_bytes, m.bytes};
   }
