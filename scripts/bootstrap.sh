@@ -12,7 +12,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 debs=(cmake ninja-build ccache g++ python3-venv libspdlog-dev libfmt-dev libcxxopts-dev libgtest-dev
-      libgmock-dev nlohmann-json3-dev clang-14 libclang-rt-14-dev clang-format clang-tidy)
+      libgmock-dev nlohmann-json3-dev zlib1g-dev clang-14 libclang-rt-14-dev clang-format clang-tidy)
 
 install_debs() {
   local missing=()

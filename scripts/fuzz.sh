@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the LibTorch-free parsers (tests/fuzz/parsers_fuzz.cpp: input specs, sizes and numbers,
-# archive metadata; tests/fuzz/cache_entry_fuzz.cpp: the result cache's entries) with libFuzzer +
+# archive metadata; tests/fuzz/cache_entry_fuzz.cpp: the result cache's entries;
+# tests/fuzz/zip_members_fuzz.cpp: the zip member parser of model archives) with libFuzzer +
 # ASan + UBSan (clang-14) for at most SECONDS (default 60) each.
 # Starts from the seeds in tests/fuzz/corpus/ and tests/fuzz/corpus/<target>/ (kept unchanged:
 # each run works on a temporary copy).
@@ -17,7 +18,7 @@ mkdir -p "$dir/artifacts"
 autobatch_clang_configure "fuzz: configure" "$dir" "$flags" "-fsanitize=address,undefined" \
   -DAUTOBATCH_WITH_TORCH=OFF -DAUTOBATCH_FUZZ=ON -DAUTOBATCH_WERROR=ON
 autobatch_timed "fuzz: build" cmake --build "$dir" -j "${AUTOBATCH_JOBS:-$(nproc)}" \
-  --target parsers_fuzz cache_entry_fuzz
+  --target parsers_fuzz cache_entry_fuzz zip_members_fuzz
 corpus="$(mktemp -d)"
 trap 'rm -rf "$corpus"' EXIT
 # fuzz TARGET SEEDS_DIR: SECONDS of TARGET over a fresh copy of the files in SEEDS_DIR.
@@ -30,4 +31,5 @@ fuzz() {
 }
 fuzz parsers_fuzz "$AUTOBATCH_ROOT/tests/fuzz/corpus"
 fuzz cache_entry_fuzz "$AUTOBATCH_ROOT/tests/fuzz/corpus/cache_entry"
+fuzz zip_members_fuzz "$AUTOBATCH_ROOT/tests/fuzz/corpus/zip_members"
 echo "[time] fuzz.sh total: $((SECONDS - t0)) s"

@@ -1,5 +1,6 @@
 #include "autobatch/model_metadata.h"
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "autobatch/error.h"
+#include "zip_members.h"
 
 namespace autobatch {
 namespace {
@@ -88,6 +90,50 @@ InputSpec parseInputObject(std::string_view origin, const json& item, const std:
   } catch (const Error& e) {
     fail(origin, where + " to be a valid input", std::string("an error: ") + e.what());
   }
+}
+
+// True when `name` is a member of an AOTInductor package ("<archive>/data/aotinductor/...").
+bool isPackageMember(std::string_view name) {
+  constexpr std::string_view kCode = "data/aotinductor/";
+  return name.starts_with(kCode) ||
+         name.find(std::string("/") + std::string(kCode)) != std::string_view::npos;
+}
+
+// Throws when the zip archive at `path` is not whole (zip_members.h). The message says which
+// format it is from its members (those before the cut, when the directory is gone): a truncated
+// package was once blamed as "expected a TorchScript archive".
+void checkWholeArchive(const std::string& path) {
+  const auto bytes = detail::zipBytesOfFile(path);
+  if (!bytes) return;  // opened just before: a file that vanished is LibTorch's to report
+  const detail::ZipListing listing = detail::listZipMembers(*bytes);
+  std::string damage = listing.damage;
+  std::vector<std::string> names;
+  for (const auto& member : listing.members) names.push_back(member.name);
+  if (damage.empty()) {
+    damage = detail::zipArchiveDamage(*bytes);
+    if (damage.empty()) return;
+  } else {
+    names = detail::zipLocalNames(*bytes, 1000);
+  }
+  const bool package = std::ranges::any_of(names, isPackageMember);
+  std::string held;
+  if (!listing.damage.empty() && !names.empty()) {
+    std::string first = names.front().substr(0, 200);
+    for (char& c : first) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    }
+    held = package ? " (what is left holds a pt2 package's members, from '" + first + "')"
+                   : " (what is left holds " + std::to_string(names.size()) +
+                         " whole member(s), from '" + first + "')";
+  }
+  throw Error("model file '" + path + "': " + (package ? "package" : "archive") +
+              " damaged: expected a whole zip archive, every member as its central directory "
+              "records it, but " +
+              damage + held +
+              (listing.damage.empty() ? " (the file was altered after it was written)" : "") +
+              "; copy the file again, or " +
+              (package ? "export it again with scripts/autobatch_export.py --format pt2"
+                       : "save it again with torch.jit.save (or scripts/autobatch_export.py)"));
 }
 
 }  // namespace
@@ -209,6 +255,7 @@ void checkModelFile(const std::string& path) {
         ", but it is not a zip archive (both formats are zip archives, starting with 'PK'); " +
         std::string(kExportAdvice));
   }
+  checkWholeArchive(path);
 }
 
 }  // namespace autobatch

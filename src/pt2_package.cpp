@@ -4,7 +4,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/ScopeExit.h>
 #include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/csrc/inductor/aoti_runner/model_container_runner_cpu.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/version.h>
 
@@ -24,6 +24,9 @@
 #include <unordered_map>
 
 #include "autobatch/error.h"
+#include "autobatch/model_metadata.h"
+#include "scratch_files.h"
+#include "zip_members.h"
 
 namespace autobatch::detail {
 namespace {
@@ -36,6 +39,8 @@ constexpr const char* kBatchRangeRecord = "data/autobatch/batch_range.json";
 // The accumulating model's gradient buffers: this prefix, then the stored parameter's name
 // (scripts/autobatch_export.py, PT2_GRAD_PREFIX).
 constexpr std::string_view kGradPrefix = "autobatch_grad.";
+constexpr const char* kDamagedAdvice =
+    "copy the file again, or export it again with scripts/autobatch_export.py --format pt2";
 constexpr const char* kAdvice =
     "export the model with scripts/autobatch_export.py --format pt2 (or use the TorchScript "
     "format)";
@@ -250,6 +255,146 @@ std::string torchVersion() {
          std::to_string(TORCH_VERSION_PATCH);
 }
 
+// The records of compiled model `model` (names as the reader gives them, without the archive's
+// folder): data/aotinductor/<model>/... The slash matters: LibTorch's loader took "model" to
+// include "model2/".
+std::vector<std::string> modelRecords(caffe2::serialize::PyTorchStreamReader& reader,
+                                      const std::string& model) {
+  const std::string folder = "data/aotinductor/" + model + "/";
+  std::vector<std::string> out;
+  for (const auto& name : reader.getAllRecords()) {
+    if (name.starts_with(folder)) out.push_back(name);
+  }
+  return out;
+}
+
+// AOTInductor's metadata of compiled model "model" ("<wrapper>_metadata.json" beside its code, a
+// JSON object of texts), read from the archive as LibTorch's load_metadata_from_package does, but
+// without extracting it into a folder of /tmp (which that call leaves behind when it throws).
+std::unordered_map<std::string, std::string> aotiMetadata(
+    const std::string& path, caffe2::serialize::PyTorchStreamReader& reader) {
+  std::string record;
+  for (const auto& name : modelRecords(reader, "model")) {
+    if (name.ends_with("_metadata.json") && !record.ends_with("wrapper_metadata.json")) {
+      record = name;
+    }
+  }
+  const std::string expected =
+      R"(expected an AOTInductor package with a model named "model" and its metadata)";
+  if (record.empty()) {
+    fail(path, expected + " (data/aotinductor/model/*_metadata.json), but it has none; " + kAdvice);
+  }
+  auto [data, size] = reader.getRecord(record);
+  const auto* text = static_cast<const char*>(data.get());
+  const json doc = json::parse(text, text + size, nullptr, false);
+  if (!doc.is_object()) fail(path, expected + ", but " + record + " is not a JSON object");
+  std::unordered_map<std::string, std::string> raw;
+  for (const auto& [key, value] : doc.items()) {
+    if (!value.is_string()) {
+      fail(path, expected + ", but " + record + " gives \"" + key + "\" as " + value.type_name() +
+                     ", not text");
+    }
+    raw[key] = value.get<std::string>();
+  }
+  return raw;
+}
+
+}  // namespace
+
+// One compiled model of the package, run by LibTorch's CPU runner from its library (what
+// AOTIModelPackageLoader wraps, without its extraction into /tmp).
+class Pt2Model {
+ public:
+  explicit Pt2Model(const std::string& library_path)
+      : runner_(std::make_unique<torch::inductor::AOTIModelContainerRunnerCpu>(library_path)) {}
+
+  // The original names (fully qualified) of the model's constants.
+  std::vector<std::string> constantFqns() const {
+    std::vector<std::string> out;
+    for (const auto& [name, fqn] : runner_->getConstantNamesToOriginalFQNs()) out.push_back(fqn);
+    return out;
+  }
+
+  // Gives the model `constants` (by original name) as AOTIModelPackageLoader::load_constants does.
+  void loadConstants(const std::unordered_map<std::string, at::Tensor>& constants,
+                     bool check_full_update) {
+    std::unordered_map<std::string, std::string> name_of;
+    for (const auto& [name, fqn] : runner_->getConstantNamesToOriginalFQNs()) name_of[fqn] = name;
+    std::unordered_map<std::string, at::Tensor> by_name;
+    for (const auto& [fqn, tensor] : constants) {
+      const auto it = name_of.find(fqn);
+      if (it == name_of.end()) throw Error("model package: no constant named \"" + fqn + "\"");
+      by_name.emplace(it->second, tensor);
+    }
+    runner_->update_constant_buffer(by_name, /*use_inactive=*/false, check_full_update,
+                                    /*user_managed=*/true);
+  }
+
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) {
+    return runner_->run(inputs);
+  }
+
+ private:
+  std::unique_ptr<torch::inductor::AOTIModelContainerRunner> runner_;
+};
+
+namespace {
+
+// The stored weights (data/autobatch/weights.pt, itself a zip archive written by torch.save),
+// unpickled. A damaged archive is named as the package's own members are (zip_members.h); one
+// LibTorch cannot read is a damaged package too, not a runtime error.
+c10::IValue storedWeights(const std::string& path, std::string_view bytes) {
+  const std::string damage = zipArchiveDamage(*zipBytesOf(bytes));
+  if (!damage.empty()) {
+    fail(path, std::string("package damaged: expected ") + kWeightsRecord +
+                   " as a whole torch.save archive, but " + damage + "; " + kDamagedAdvice);
+  }
+  try {
+    return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const c10::OutOfMemoryError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    fail(path, std::string("package damaged: expected ") + kWeightsRecord +
+                   " as a torch.save archive of name -> tensor, but LibTorch cannot read it (" +
+                   message.substr(0, message.find('\n')) + "); " + kDamagedAdvice);
+  }
+}
+
+// Loads compiled model `model` (its metadata name; `index` names its files): its library (and
+// the JSON of the ATen calls beside it) is written into `folder` (a folder of ours under TMPDIR)
+// and loaded from there. The caller removes the folder once the models are loaded: the library
+// stays mapped, and no run, signal or crash after that leaves a file behind. `what` names the
+// model in messages.
+std::unique_ptr<Pt2Model> loadModel(const std::string& path,
+                                    caffe2::serialize::PyTorchStreamReader& reader,
+                                    ScratchFolder& folder, const std::string& model, int index,
+                                    const std::string& what) {
+  std::string library;
+  for (const auto& name : modelRecords(reader, model)) {
+    // Several: AOTInductor's own choice, the wrapper (Triton CPU adds kernel libraries).
+    if (name.ends_with(".so") && (library.empty() || name.ends_with(".wrapper.so"))) {
+      library = name;
+    }
+  }
+  if (library.empty()) {
+    fail(path, "package damaged: expected the compiled code of " + what + " (data/aotinductor/" +
+                   model + "/*.so), but the package has none; export it " +
+                   "again with scripts/autobatch_export.py --format pt2 (a package of C++ " +
+                   "sources to compile at load time is not run)");
+  }
+  // Beside the library, the runner reads "<stem>.json" (the ATen kernels the package calls
+  // through its proxy executor): the package's own, under the same stem.
+  const std::string stem = "model" + std::to_string(index);
+  const std::string calls = library.substr(0, library.size() - 3) + ".json";
+  if (reader.hasRecord(calls)) {
+    auto [data, size] = reader.getRecord(calls);
+    folder.writeFile(stem + ".json", data.get(), size);
+  }
+  auto [data, size] = reader.getRecord(library);
+  return std::make_unique<Pt2Model>(folder.writeFile(stem + ".so", data.get(), size));
+}
+
 }  // namespace
 
 bool isAotiPackage(const std::string& path) {
@@ -278,13 +423,17 @@ bool isExportProgram(const std::string& path) {
 }
 
 Pt2Metadata readPt2Metadata(const std::string& path) {
+  // A whole archive first: every member's CRC-32 (LibTorch's reader checks none), so that a
+  // damaged package is named as such before any of it is read.
+  checkModelFile(path);
   std::unordered_map<std::string, std::string> raw;
   try {
-    raw = torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(path, "model");
-  } catch (const std::exception& e) {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    raw = aotiMetadata(path, reader);
+  } catch (const c10::Error& e) {
     fail(path, std::string("expected an AOTInductor package with a model named \"model\", but its "
                            "metadata could not be read (") +
-                   e.what() + "); " + kAdvice);
+                   e.what_without_backtrace() + "); " + kAdvice);
   }
   const auto it = raw.find(kMetadataKey);
   if (it == raw.end()) {
@@ -416,8 +565,7 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
     }
     auto [data, size] = reader.getRecord(kWeightsRecord);
     const auto* bytes = static_cast<const char*>(data.get());
-    const std::vector<char> buffer(bytes, bytes + size);
-    const c10::IValue value = torch::jit::pickle_load(buffer);
+    const c10::IValue value = storedWeights(path, std::string_view(bytes, size));
     if (!value.isGenericDict()) fail(path, "expected the stored weights as a dict of tensors");
     for (const auto& entry : value.toGenericDict()) {
       if (!entry.key().isString() || !entry.value().isTensor()) {
@@ -425,8 +573,25 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
       }
       stored[entry.key().toStringRef()] = entry.value().toTensor();
     }
+    // The compiled code, loaded from a folder of ours under TMPDIR that is removed at the end of
+    // this block however it ends (the libraries stay mapped): LibTorch's loader extracted into
+    // /tmp whatever TMPDIR said, and left the folder on every exit that skipped its destructor.
+    ScratchFolder folder("autobatch-pt2-");
+    loader_ = loadModel(path, reader, folder, "model", 0, R"(its model "model")");
+    if (!metadata_.accumulate_model.empty()) {
+      const std::string what = R"(the model its metadata names in "accumulate_model" (")" +
+                               metadata_.accumulate_model + "\")";
+      try {
+        accumulate_loader_ = loadModel(path, reader, folder, metadata_.accumulate_model, 1, what);
+      } catch (const c10::Error& e) {
+        const std::string message = e.what_without_backtrace();
+        fail(path, "expected " + what + ", but LibTorch could not load it (" +
+                       message.substr(0, message.find('\n')) +
+                       "); the package is damaged: export it again with "
+                       "scripts/autobatch_export.py --format pt2");
+      }
+    }
   }
-  loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, "model");
   // What the compiled code reads: each tensor in the shape and dtype it had at export, laid out
   // contiguously. Another shape would be read (or written) out of bounds.
   for (auto& [name, tensor] : stored) {
@@ -463,7 +628,7 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
     }
     return it->second;
   };
-  for (const auto& name : loader_->get_constant_fqns()) {
+  for (const auto& name : loader_->constantFqns()) {
     constants[name] = constant(name, "package's");
   }
   std::map<std::string, std::size_t> index;
@@ -485,24 +650,12 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
     if (it == index.end()) fail(path, "expected gradient \"" + name + "\" to name a parameter");
     gradient_owners_.push_back(it->second);
   }
-  loader_->load_constants(constants, /*use_inactive=*/false, /*check_full_update=*/true,
-                          /*user_managed=*/true);
-  if (metadata_.accumulate_model.empty()) return;
+  loader_->loadConstants(constants, /*check_full_update=*/true);
+  if (!accumulate_loader_) return;
   // The same step, adding each gradient into a buffer: the weights now, the buffers (the
   // parameters' .grad tensors) at every call.
-  try {
-    accumulate_loader_ =
-        std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, metadata_.accumulate_model);
-  } catch (const c10::Error& e) {
-    const std::string message = e.what_without_backtrace();
-    fail(path, R"(expected the model its metadata names in "accumulate_model" (")" +
-                   metadata_.accumulate_model + R"("), but LibTorch could not load it ()" +
-                   message.substr(0, message.find('\n')) +
-                   "); the package is damaged: export it again with "
-                   "scripts/autobatch_export.py --format pt2");
-  }
   std::unordered_map<std::string, at::Tensor> weights;
-  for (const auto& name : accumulate_loader_->get_constant_fqns()) {
+  for (const auto& name : accumulate_loader_->constantFqns()) {
     if (name.starts_with(kGradPrefix)) {
       const auto it = index.find(name.substr(kGradPrefix.size()));
       if (it == index.end()) {
@@ -543,8 +696,7 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
                    " that do not match; the package is damaged or was not written by this "
                    "autobatch_export.py: export it again with --format pt2");
   }
-  accumulate_loader_->load_constants(weights, /*use_inactive=*/false,
-                                     /*check_full_update=*/true, /*user_managed=*/true);
+  accumulate_loader_->loadConstants(weights, /*check_full_update=*/true);
   for (auto& slot : accumulate_into_) pointSlot(slot.storage, nullptr);
 }
 
@@ -571,8 +723,7 @@ at::Tensor Pt2Package::runAccumulating(const std::vector<at::Tensor>& inputs) {
   const auto unpoint = c10::make_scope_exit([this] {
     for (auto& slot : accumulate_into_) pointSlot(slot.storage, nullptr);
   });
-  accumulate_loader_->load_constants(pointed, /*use_inactive=*/false,
-                                     /*check_full_update=*/false, /*user_managed=*/true);
+  accumulate_loader_->loadConstants(pointed, /*check_full_update=*/false);
   std::vector<at::Tensor> outputs = call(*accumulate_loader_, inputs);
   if (outputs.size() != 1) {
     throw Error(
@@ -611,8 +762,7 @@ std::vector<at::Tensor> Pt2Package::run(const std::vector<at::Tensor>& inputs) {
   return call(*loader_, inputs);
 }
 
-std::vector<at::Tensor> Pt2Package::call(torch::inductor::AOTIModelPackageLoader& loader,
-                                         const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> Pt2Package::call(Pt2Model& loader, const std::vector<at::Tensor>& inputs) {
   StderrCapture capture;
   std::vector<at::Tensor> outputs;
   try {

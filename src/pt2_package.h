@@ -23,11 +23,9 @@
 #include "autobatch/input_spec.h"
 #include "autobatch/training_spec.h"
 
-namespace torch::inductor {
-class AOTIModelPackageLoader;
-}  // namespace torch::inductor
-
 namespace autobatch::detail {
+
+class Pt2Model;  // one compiled model of the package, loaded (pt2_package.cpp)
 
 /// What scripts/autobatch_export.py wrote into the package's "autobatch" metadata (JSON).
 struct Pt2Metadata {
@@ -86,8 +84,13 @@ Pt2Metadata readPt2Metadata(const std::string& path);
 /// should not be counted (the runner counts them as baseline afterwards).
 class Pt2Package {
  public:
-  /// Loads `path` (checked by readPt2Metadata) on the CPU. Throws autobatch::Error for a package
-  /// whose stored weights do not match what its code asks for; c10::Error from LibTorch's loader.
+  /// Loads `path` (checked by readPt2Metadata: a whole zip archive first) on the CPU. The
+  /// compiled libraries are written into a folder "autobatch-pt2-XXXXXX" under $TMPDIR (else
+  /// /tmp), loaded by LibTorch's CPU runner, and the folder is removed before the constructor
+  /// returns or throws (registered meanwhile for autobatch::removeScratchFiles()). Throws
+  /// autobatch::Error for a damaged package (a missing compiled model, weights.pt that does not
+  /// read) and for stored weights that do not match what its code asks for; c10::Error from
+  /// LibTorch's runner (dlopen).
   explicit Pt2Package(const std::string& path);
   ~Pt2Package();
   Pt2Package(const Pt2Package&) = delete;
@@ -123,12 +126,11 @@ class Pt2Package {
   at::Tensor runAccumulating(const std::vector<at::Tensor>& inputs);
 
  private:
-  static std::vector<at::Tensor> call(torch::inductor::AOTIModelPackageLoader& loader,
-                                      const std::vector<at::Tensor>& inputs);
+  static std::vector<at::Tensor> call(Pt2Model& loader, const std::vector<at::Tensor>& inputs);
 
   Pt2Metadata metadata_;
-  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
-  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> accumulate_loader_;
+  std::unique_ptr<Pt2Model> loader_;
+  std::unique_ptr<Pt2Model> accumulate_loader_;
   /// The accumulating model's gradient buffers: the constant's name, the parameter (index in
   /// parameters_), and the tensor given for it, whose storage points at that parameter's .grad
   /// during a call only.

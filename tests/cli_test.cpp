@@ -155,7 +155,10 @@ TEST(CliTest, BadModelFilesAreUsageErrorsThatSayWhatWasFound) {
       {dir.string(), "but it is a directory"},
       {(dir / "empty.pt").string(), "but it is empty (0 bytes)"},
       {(dir / "text.pt").string(), "but it is not a zip archive"},
-      {(dir / "truncated.pt").string(), "but the zip archive is truncated or corrupt"},
+      // Issue 27: named as a damaged archive, whatever format its members were.
+      {(dir / "truncated.pt").string(),
+       "': archive damaged: expected a whole zip archive, every member as its central directory "
+       "records it, but it has no end-of-central-directory record"},
       {fixtures + "/linear_state_dict.pt",
        "written by torch.save (a pickled module or a state_dict)"},
       {fixtures + "/linear_pickled_module.pt", "written by torch.save"},
@@ -163,8 +166,10 @@ TEST(CliTest, BadModelFilesAreUsageErrorsThatSayWhatWasFound) {
   for (const auto& [path, message] : cases) {
     const CliRun run = runCli("--model " + path + " --input 4 --device cpu --memory-limit 1GiB");
     EXPECT_EQ(run.exit_code, 2) << path << "\n" << run.err;
-    EXPECT_NE(run.err.find("model file '" + path + "': expected a TorchScript archive"),
-              std::string::npos)
+    EXPECT_NE(
+        run.err.find("model file '" + path +
+                     (path.ends_with("truncated.pt") ? "" : "': expected a TorchScript archive")),
+        std::string::npos)
         << run.err;
     EXPECT_NE(run.err.find(message), std::string::npos) << path << "\n" << run.err;
     EXPECT_EQ(run.err.find("Exception raised from"), std::string::npos) << run.err;
@@ -1885,4 +1890,46 @@ TEST(CliTest, SizesThatOverflowAreDoesNotFitWithoutABacktrace) {
                            "got '9223372036854775808'"),
             std::string::npos)
       << parse.err;
+}
+
+// Issue 27, rows 4 and 21: damaged model archives (the TorchScript side of damaged packages)
+
+TEST(CliTest, ADamagedTorchScriptArchiveIsExitTwoNamingTheMember) {
+  // A TorchScript archive is a zip archive too, and LibTorch's reader checks no CRC: three bytes
+  // changed inside the stored weights of mlp.pt ran with those weights (exit 0). Catches a CRC
+  // check on packages only, and a message that does not name the member. A cut-short archive
+  // is named damaged too (was "expected a TorchScript archive, but the zip archive is truncated
+  // or corrupt", which blamed the format).
+  const std::string model = mlpModel();
+  std::string bytes = readFile(model);
+  const std::string member = "mlp/data/0";         // w1, 64 x 256 float32
+  const std::size_t name_at = bytes.find(member);  // its local header's name comes first
+  ASSERT_NE(name_at, std::string::npos);
+  const std::size_t header = name_at - 30;
+  ASSERT_EQ(bytes.substr(header, 4), std::string("PK\3\4"));
+  const std::size_t extra =
+      static_cast<unsigned char>(bytes[header + 28]) |
+      (static_cast<std::size_t>(static_cast<unsigned char>(bytes[header + 29])) << 8U);
+  const std::size_t data = name_at + member.size() + extra;
+  for (std::size_t i = 0; i < 3; ++i)
+    bytes[data + 1000 + i] = static_cast<char>(~bytes[data + 1000 + i]);
+  const fs::path damaged = tmpDir() / "damaged.pt";
+  std::ofstream(damaged, std::ios::binary | std::ios::trunc) << bytes;
+  const CliRun run = runCli("--model " + damaged.string() + " --device cpu --check-batch 2");
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_NE(run.err.find("damaged.pt': archive damaged: expected a whole zip archive"),
+            std::string::npos)
+      << run.err;
+  EXPECT_NE(run.err.find("member 'mlp/data/0' (65536 bytes) has CRC-32 0x"), std::string::npos)
+      << run.err;
+  EXPECT_NE(run.err.find("save it again with torch.jit.save"), std::string::npos) << run.err;
+  const fs::path cut = tmpDir() / "cut.pt";
+  std::ofstream(cut, std::ios::binary | std::ios::trunc) << readFile(model).substr(0, 40000);
+  const CliRun short_run = runCli("--model " + cut.string() + " --device cpu --check-batch 2");
+  EXPECT_EQ(short_run.exit_code, 2) << short_run.err;
+  EXPECT_NE(short_run.err.find("cut.pt': archive damaged: expected a whole zip archive, every "
+                               "member as its central directory records it, but it has no "
+                               "end-of-central-directory record"),
+            std::string::npos)
+      << short_run.err;
 }

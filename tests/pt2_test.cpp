@@ -5,11 +5,22 @@
 
 #include <ATen/ATen.h>
 
+#include <poll.h>
+#include <sys/inotify.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "autobatch/autobatch.h"
@@ -18,6 +29,7 @@
 #include "autobatch/trial_runner.h"
 #include "cli_run.h"
 #include "pt2_package.h"
+#include "zip_members.h"
 
 namespace autobatch {
 namespace {
@@ -455,6 +467,303 @@ TEST(Pt2CliTest, ASearchOnAPackageReportsItsFormatAndKeepsTheWrapperQuiet) {
             std::string::npos)
       << fused_doc["warnings"].dump();
   EXPECT_NE(fused.out.find("warning: pt2 package exported before"), std::string::npos) << fused.out;
+}
+
+// Issue 27, rows 4, 6, 21: damaged packages and their temporary folders
+
+// Sets TMPDIR for the CLI runs of a test (inherited by system() and fork), to a fresh folder of
+// the test's own; restores it after.
+class PrivateTmpdir {
+ public:
+  PrivateTmpdir() {
+    dir_ = testing::testDir("pt2") /
+           ("tmp-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+    std::filesystem::create_directories(dir_);
+    const char* old = std::getenv("TMPDIR");
+    if (old != nullptr) saved_ = old;
+    ::setenv("TMPDIR", dir_.c_str(), 1);
+  }
+  ~PrivateTmpdir() {
+    if (saved_) {
+      ::setenv("TMPDIR", saved_->c_str(), 1);
+    } else {
+      ::unsetenv("TMPDIR");
+    }
+  }
+  PrivateTmpdir(const PrivateTmpdir&) = delete;
+  PrivateTmpdir& operator=(const PrivateTmpdir&) = delete;
+  const std::filesystem::path& path() const { return dir_; }
+  // What is left in the folder (names), "" when empty.
+  std::string left() const {
+    std::string names;
+    for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+      names += e.path().filename().string() + " ";
+    }
+    return names;
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::optional<std::string> saved_;
+};
+
+// The entries created in a folder (inotify(7)) since the watch began: shows where a run
+// extracted its package, though it removes the folder again.
+class FolderWatch {
+ public:
+  explicit FolderWatch(const std::filesystem::path& dir)
+      : fd_(inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) {
+    EXPECT_GE(fd_, 0);
+    EXPECT_GE(inotify_add_watch(fd_, dir.c_str(), IN_CREATE), 0);
+  }
+  ~FolderWatch() { close(fd_); }
+  FolderWatch(const FolderWatch&) = delete;
+  FolderWatch& operator=(const FolderWatch&) = delete;
+  // Names created since the last call; waits up to `wait_ms` for the first one.
+  std::vector<std::string> created(int wait_ms = 0) {
+    pollfd p{fd_, POLLIN, 0};
+    std::vector<std::string> names;
+    if (wait_ms > 0 && poll(&p, 1, wait_ms) <= 0) return names;
+    alignas(inotify_event) std::array<char, 8192> buffer{};
+    ssize_t n = 0;
+    while ((n = read(fd_, buffer.data(), buffer.size())) > 0) {
+      for (ssize_t at = 0; at < n;) {
+        const auto* event = reinterpret_cast<const inotify_event*>(buffer.data() + at);
+        if (event->len > 0) names.emplace_back(event->name);
+        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+      }
+    }
+    return names;
+  }
+
+ private:
+  int fd_;
+};
+
+bool anyExtraction(const std::vector<std::string>& names) {
+  return std::any_of(names.begin(), names.end(),
+                     [](const std::string& n) { return n.starts_with("autobatch-pt2-"); });
+}
+
+// A copy of test package `name` in the test's folder, as `copy_name`.
+std::string packageCopy(const std::string& name, const std::string& copy_name) {
+  const std::filesystem::path copy = testing::testDir("pt2") / copy_name;
+  std::filesystem::copy_file(package(name), copy,
+                             std::filesystem::copy_options::overwrite_existing);
+  return copy.string();
+}
+
+// Where member `suffix` (the first whose name ends so, skipping names holding `skip`) keeps its
+// data in the archive at `path`: {name, offset, bytes}.
+struct MemberData {
+  std::string name;
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+MemberData memberData(const std::string& path, const std::string& suffix,
+                      const std::string& skip = "\x01") {
+  const auto archive = detail::zipBytesOfFile(path);
+  const detail::ZipListing listing = detail::listZipMembers(*archive);
+  EXPECT_EQ(listing.damage, "");
+  for (const auto& m : listing.members) {
+    if (!m.name.ends_with(suffix) || m.name.find(skip) != std::string::npos) continue;
+    std::array<unsigned char, 30> header{};
+    EXPECT_TRUE(archive->read(m.local_header_offset, header.size(), header.data()));
+    const auto u16 = [&](std::size_t at) {
+      return std::uint64_t{header[at]} | (std::uint64_t{header[at + 1]} << 8U);
+    };
+    const std::uint64_t name_bytes = u16(26);
+    const std::uint64_t extra_bytes = u16(28);
+    EXPECT_EQ(m.method, 0) << "expected stored members in the test package";
+    return {m.name, m.local_header_offset + 30 + name_bytes + extra_bytes, m.bytes};
+  }
+  ADD_FAILURE() << "no member ending in " << suffix << " in " << path;
+  return {};
+}
+
+// Writes `bytes` over the file at `path` from `offset`.
+void overwrite(const std::string& path, std::uint64_t offset, const std::string& bytes) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+TEST(Pt2CliTest, ADamagedMemberIsExitTwoNamingItBeforeAnythingIsLoaded) {
+  // The issue's damage to mlp_tiny's compiled library: 144,738 bytes zeroed (SIGSEGV, exit 139,
+  // and the folder left in /tmp), the same filled with 0xCC (SIGTRAP, exit 133), 4 bytes changed
+  // (ran, exit 0); and a corrupt weights.pt (exit 1 with miniz's message). Catches a check that
+  // trusts LibTorch's reader (it checks no CRC), one that samples the data, and one that runs
+  // after the library is mapped or extracted (TMPDIR gets no folder, nothing is left in it).
+  const PrivateTmpdir tmpdir;
+  FolderWatch watch(tmpdir.path());
+  const MemberData so = memberData(package("mlp_tiny"), ".wrapper.so", "/accumulate/");
+  ASSERT_GT(so.bytes, 4U);
+  const std::uint64_t span = std::min<std::uint64_t>(144738, so.bytes / 2);
+  const MemberData weights = memberData(package("mlp_tiny"), "data/autobatch/weights.pt");
+  struct Damage {
+    std::string tag;
+    std::string member;
+    std::uint64_t offset;
+    std::string bytes;
+  };
+  const std::vector<Damage> cases = {
+      {"zeroed", so.name, so.offset + so.bytes / 4, std::string(span, '\0')},
+      {"trap", so.name, so.offset + so.bytes / 4, std::string(span, '\xCC')},
+      {"four-bytes", so.name, so.offset + so.bytes / 2, "\x01\x02\x03\x04"},
+      {"weights", weights.name, weights.offset + weights.bytes / 2, "\xFF\xFE\xFD"},
+  };
+  for (const auto& c : cases) {
+    const std::string copy = packageCopy("mlp_tiny", c.tag + ".pt2");
+    overwrite(copy, c.offset, c.bytes);
+    const CliRun run = runCli(c.tag, "--model " + copy + " --device cpu --check-batch 2");
+    EXPECT_EQ(run.exit_code, 2) << c.tag << ": " << run.err;
+    EXPECT_NE(run.err.find(".pt2': package damaged: expected a whole zip archive"),
+              std::string::npos)
+        << c.tag << ": " << run.err;
+    EXPECT_NE(run.err.find("member '" + c.member + "' (" +
+                           std::to_string(c.member == so.name ? so.bytes : weights.bytes) +
+                           " bytes) has CRC-32 0x"),
+              std::string::npos)
+        << c.tag << ": " << run.err;
+    EXPECT_NE(run.err.find("the file was altered after it was written"), std::string::npos);
+  }
+  EXPECT_FALSE(anyExtraction(watch.created()));
+  EXPECT_EQ(tmpdir.left(), "");
+}
+
+TEST(Pt2CliTest, ATruncatedPackageIsCalledADamagedPackageNotATorchScriptArchive) {
+  // A .pt2 cut at 60% of its bytes has no central directory: LibTorch's reader fails, the file
+  // is not recognised as a package, and the message said "expected a TorchScript archive, but
+  // the zip archive is truncated or corrupt". Catches a format told from the central directory
+  // alone: the local headers left before the cut are a package's.
+  const PrivateTmpdir tmpdir;
+  const std::string copy = packageCopy("mlp_tiny", "cut.pt2");
+  std::filesystem::resize_file(copy, std::filesystem::file_size(copy) * 6 / 10);
+  const CliRun run = runCli("cut", "--model " + copy + " --device cpu --check-batch 2");
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_NE(run.err.find("cut.pt2': package damaged: expected a whole zip archive"),
+            std::string::npos)
+      << run.err;
+  EXPECT_NE(run.err.find("no end-of-central-directory record"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("what is left holds a pt2 package's members"), std::string::npos)
+      << run.err;
+  EXPECT_EQ(run.err.find("expected a TorchScript archive"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("export it again with scripts/autobatch_export.py --format pt2"),
+            std::string::npos);
+  EXPECT_EQ(tmpdir.left(), "");
+}
+
+TEST(Pt2CliTest, ExtractionHonoursTmpdirAndLeavesNothingOnAnyExit) {
+  // LibTorch's loader extracts into /tmp/XXXXXX whatever TMPDIR says and leaves the folder
+  // (890 KB) on every exit that skips its destructor. Now the libraries go to a folder of ours in
+  // TMPDIR, removed once loaded. Catches extraction elsewhere (no folder created in TMPDIR), a
+  // folder left after a run that fits (exit 0), fails (exit 3), or stops at a package without its
+  // accumulating model (exit 2), and an unusable TMPDIR taken silently.
+  const PrivateTmpdir tmpdir;
+  FolderWatch watch(tmpdir.path());
+  const CliRun fits =
+      runCli("fits", "--model " + package("mlp_tiny") + " --device cpu --check-batch 2");
+  EXPECT_EQ(fits.exit_code, 0) << fits.err;
+  EXPECT_TRUE(anyExtraction(watch.created())) << "no folder was created in TMPDIR";
+  EXPECT_EQ(tmpdir.left(), "");
+  const CliRun nothing = runCli("nothing", "--model " + package("mlp_tiny") +
+                                               " --device cpu --memory-limit 1KiB --check-batch 2");
+  EXPECT_EQ(nothing.exit_code, 3) << nothing.err;
+  EXPECT_EQ(tmpdir.left(), "");
+  // The accumulating model's folder renamed in the copy (same length, local headers and central
+  // directory alike: every CRC still holds): the metadata names a model the archive lacks.
+  const std::string copy = packageCopy("mlp_tiny", "no-accumulate.pt2");
+  std::string bytes = readFile(copy);
+  const std::string folder = "data/aotinductor/accumulate/";
+  std::size_t renamed = 0;
+  for (std::size_t at = bytes.find(folder); at != std::string::npos;
+       at = bytes.find(folder, at + 1)) {
+    bytes[at + folder.size() - 2] = 'X';
+    ++renamed;
+  }
+  ASSERT_GE(renamed, 2U);
+  std::ofstream(copy, std::ios::binary | std::ios::trunc) << bytes;
+  watch.created();
+  const CliRun missing = runCli("missing", "--model " + copy + " --device cpu --check-batch 2");
+  EXPECT_EQ(missing.exit_code, 2) << missing.err;
+  EXPECT_NE(missing.err.find(R"(package damaged: expected the compiled code of the model its )"
+                             R"(metadata names in "accumulate_model" ("accumulate"))"),
+            std::string::npos)
+      << missing.err;
+  EXPECT_TRUE(anyExtraction(watch.created())) << "no folder was created in TMPDIR";
+  EXPECT_EQ(tmpdir.left(), "");
+  // A TMPDIR that cannot hold the folder: exit 2 naming it, not a folder elsewhere.
+  ::setenv("TMPDIR", (tmpdir.path() / "missing").c_str(), 1);
+  const CliRun unusable =
+      runCli("unusable", "--model " + package("mlp_tiny") + " --device cpu --check-batch 2");
+  EXPECT_EQ(unusable.exit_code, 2) << unusable.err;
+  EXPECT_NE(unusable.err.find("/missing/autobatch-pt2-XXXXXX': expected to create it"),
+            std::string::npos)
+      << unusable.err;
+}
+
+// Starts the CLI on `args` (fork/exec), waits until it creates its extraction folder in TMPDIR
+// (`watch`), sends `signals` at once, one after the other once the previous one was taken, and
+// returns the exit code.
+int interruptWhileExtracting(FolderWatch& watch, const std::vector<std::string>& args,
+                             const std::vector<int>& signals) {
+  const std::filesystem::path err = testing::testDir("pt2") / "interrupted.err";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<std::string> copy = args;
+    std::string cli = testing::cliPath();
+    std::vector<char*> argv{cli.data()};
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (std::freopen(err.c_str(), "w", stderr) == nullptr) _exit(98);
+    if (std::freopen((err.string() + ".out").c_str(), "w", stdout) == nullptr) _exit(98);
+    execv(cli.c_str(), argv.data());
+    _exit(99);
+  }
+  bool seen = false;
+  int status = 0;
+  bool ended = false;
+  for (int i = 0; i < 600 && !seen && !ended; ++i) {
+    seen = anyExtraction(watch.created(100));
+    ended = !seen && waitpid(pid, &status, WNOHANG) == pid;
+  }
+  EXPECT_TRUE(seen) << "no folder was created in TMPDIR: " << readFile(err);
+  for (const int sig : ended ? std::vector<int>{} : signals) {
+    kill(pid, sig);
+    // Taken once it is pending no more (proc(5)): two pending SIGTERMs would merge into one.
+    for (int i = 0; i < 5000; ++i) {
+      std::ifstream proc_status("/proc/" + std::to_string(pid) + "/status");
+      std::string line;
+      bool pending = false;
+      while (std::getline(proc_status, line)) {
+        if (line.starts_with("SigPnd:") || line.starts_with("ShdPnd:")) {
+          pending = pending || ((std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1U) != 0;
+        }
+      }
+      if (!pending) break;
+      usleep(1000);
+    }
+  }
+  if (!ended) waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(Pt2CliTest, SignalsWhileAPackageIsExtractedLeaveNothingInTmpdir) {
+  // SIGTERM the moment the extraction folder appears: once (the load finishes, the folder is
+  // removed when loaded, the run stops after its step) and twice (the second _exit()s at once:
+  // its handler removes the registered files and folder). Catches a folder kept for the run's
+  // length (the first signal's exit), and a second signal's _exit that skips the removal.
+  const PrivateTmpdir tmpdir;
+  FolderWatch watch(tmpdir.path());
+  const std::vector<std::string> args = {
+      "--model", package("mlp_tiny"), "--device", "cpu", "--memory-limit",
+      "64MiB",   "--max-batch",       "64"};
+  const int once = interruptWhileExtracting(watch, args, {SIGTERM});
+  EXPECT_TRUE(once == 143 || once == 0) << once;
+  EXPECT_EQ(tmpdir.left(), "");
+  const int twice = interruptWhileExtracting(watch, args, {SIGTERM, SIGTERM});
+  EXPECT_EQ(twice, 143);
+  EXPECT_EQ(tmpdir.left(), "");
 }
 
 }  // namespace

@@ -72,6 +72,12 @@ struct MaxBatchResult {
   RunContext context;
 };
 
+/// Removes the files autobatch has on disk for a moment: a pt2 package's compiled code, extracted
+/// under $TMPDIR (else /tmp) while the package loads and removed once it is loaded
+/// (docs/formats.md). For a signal handler about to _exit(), where no destructor runs (the CLI's
+/// second SIGINT/SIGTERM): async-signal-safe (atomics, unlink and rmdir only). Never throws.
+void removeScratchFiles() noexcept;
+
 /// The format of the model file at `path`: "pt2" for an AOTInductor package (a zip archive with a
 /// data/aotinductor/ entry; docs/formats.md), else "torchscript" (what the runner tries to load
 /// otherwise, and whose loader explains a file that is neither). Reads the archive's directory

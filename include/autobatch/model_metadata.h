@@ -68,9 +68,14 @@ inline constexpr std::string_view kExportAdvice =
     "package); a torch.save(model) or torch.save(model.state_dict()) file is neither";
 
 /// Checks that `path` can be a model file before LibTorch reads it: it exists, is a regular file,
-/// is readable, is not empty, and starts with a zip signature ("PK\3\4"), as every torch.jit.save
-/// archive and every pt2 package does. Throws: autobatch::Error naming the path, what was expected,
-/// what was found and how to export a model (kExportAdvice where it applies).
+/// is readable, is not empty, starts with a zip signature ("PK\3\4"), as every torch.jit.save
+/// archive and every pt2 package does, and is a whole zip archive: its central directory reads,
+/// and every member's data has the CRC-32 and sizes the directory records (LibTorch's reader
+/// checks neither; issue 27). Reads the whole file once.
+/// Throws: autobatch::Error naming the path, what was expected, what was found and how to export
+/// a model (kExportAdvice where it applies); a damaged archive is "package damaged" (its members
+/// are a pt2 package's, also when only the start of the file is left) or "archive damaged",
+/// naming the damaged member.
 void checkModelFile(const std::string& path);
 
 }  // namespace autobatch

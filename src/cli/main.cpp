@@ -58,12 +58,16 @@ constexpr const char* kExitCodes = R"(Exit codes:
 )";
 
 // The first SIGINT/SIGTERM asks the run to stop after the step in progress; a second one
-// exits at once (async-signal-safe: only an atomic and _exit). Constant-initialised, so it is
-// valid before any constructor runs.
+// exits at once, removing a pt2 package's files extracted at that moment (async-signal-safe: an
+// atomic, unlink, rmdir and _exit). Constant-initialised, so it is valid before any constructor
+// runs.
 std::atomic<int> g_signal{0};
 
 extern "C" void onSignal(int sig) {
-  if (g_signal.exchange(sig) != 0) _exit(128 + sig);
+  if (g_signal.exchange(sig) != 0) {
+    autobatch::removeScratchFiles();
+    _exit(128 + sig);
+  }
 }
 
 // The process's standard output as it was at start (a descriptor >= 3), where the report, the
