@@ -20,18 +20,12 @@
 
 #include "autobatch/error.h"
 #include "autobatch/result_cache.h"
+#include "fuzz_check.h"
 
 namespace {
 
-[[noreturn]] void violated(const char* property, std::string_view input) {
-  std::fprintf(stderr, "property violated: %s\ninput: '%.*s'\n", property,
-               static_cast<int>(input.size()), input.data());
-  std::abort();
-}
-
-void check(bool ok, const char* property, std::string_view input) {
-  if (!ok) violated(property, input);
-}
+using autobatch::fuzz::check;
+using autobatch::fuzz::violated;
 
 autobatch::CacheKey fuzzKey() {
   autobatch::CacheKey key;

@@ -29,21 +29,15 @@
 #include "autobatch/input_spec.h"
 #include "autobatch/model_metadata.h"
 #include "autobatch/units.h"
+#include "fuzz_check.h"
 #include "process_memory.h"
 
 namespace {
 
 using autobatch::Error;
 
-[[noreturn]] void violated(const char* property, std::string_view input) {
-  std::fprintf(stderr, "property violated: %s\ninput: '%.*s'\n", property,
-               static_cast<int>(input.size()), input.data());
-  std::abort();
-}
-
-void check(bool ok, const char* property, std::string_view input) {
-  if (!ok) violated(property, input);
-}
+using autobatch::fuzz::check;
+using autobatch::fuzz::violated;
 
 // Runs `parse`; an autobatch::Error is an accepted outcome, any other exception is a bug.
 template <typename F>
