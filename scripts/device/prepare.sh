@@ -8,7 +8,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/../env.sh"
 dest="$AUTOBATCH_ROOT/.debs"
 pkgs=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libcxxopts-dev nlohmann-json3-dev
-      libgtest-dev libgmock-dev googletest)
+      libgtest-dev libgmock-dev googletest zlib1g-dev zlib1g)
 rm -rf "$dest" && mkdir -p "$dest/pkgs" "$dest/root"
 (cd "$dest/pkgs" && apt-get download "${pkgs[@]}" >/dev/null)
 for deb in "$dest"/pkgs/*.deb; do dpkg -x "$deb" "$dest/root"; done
