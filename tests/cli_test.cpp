@@ -1312,7 +1312,8 @@ TEST(CliTest, HugeTokenTargetsInASweepAreAnsweredWithCompactPlans) {
   const auto doc = nlohmann::json::parse(readFile(json_path));
   ASSERT_EQ(doc["sweep"]["rows"].size(), 2U);
   for (const auto& row : doc["sweep"]["rows"]) {
-    EXPECT_EQ(row["target_batch"], 1125899906842624 / row["length"].get<std::int64_t>());
+    // Lx5: a sequence is 5 L tokens (row 16: every L dimension of the token input counts).
+    EXPECT_EQ(row["target_batch"], 1125899906842624 / row["tokens_per_sample"].get<std::int64_t>());
     EXPECT_TRUE(row["plan"]["micro_batches"].is_null());
     std::int64_t samples = 0;
     for (const auto& g : row["plan"]["groups"]) {
@@ -1819,7 +1820,7 @@ TEST(CliTest, ATimeLimitThatStopsTheSearchIsNamedAsWhatCappedIt) {
 TEST(CliTest, AMemoryLimitAboveTheMachinesRoomIsClippedAndSaid) {
   const fs::path json_path = tmpDir() / "huge.json";
   const CliRun run = runCli("--model " + mlpModel() +
-                            " --device cpu --memory-limit 9223372036854775807 --max-trials 1 "
+                            " --device cpu --memory-limit 9223372036854775807B --max-trials 1 "
                             "--json " +
                             json_path.string());
   EXPECT_EQ(run.exit_code, 0) << run.err;
