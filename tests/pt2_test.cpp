@@ -451,12 +451,20 @@ TEST(Pt2CliTest, ASearchOnAPackageReportsItsFormatAndKeepsTheWrapperQuiet) {
   EXPECT_EQ(run.err.find("API call failed"), std::string::npos) << run.err;
   EXPECT_EQ(run.err.find("Exception in aoti_torch"), std::string::npos) << run.err;
   EXPECT_NE(run.out.find("(pt2 package)"), std::string::npos) << run.out;
-  // A package exported now runs eager's kernels: no warning about its figures. One exported
-  // before (no "eager_kernels" in its metadata; Inductor fused its loss, normalisations and
-  // activations, 0-17% under an eager loop) carries one, in the JSON and on screen. Catches a
-  // report silent about such a package, and a warning on every package.
+  // A package exported now runs eager's kernels: no warning that it is an old one, but the
+  // measured gap of issue 26 (ConvNeXt-tiny 9.15% under the eager loop), in the JSON and on
+  // screen, until it is closed. One exported before (no "eager_kernels" in its metadata;
+  // Inductor fused its loss, normalisations and activations, 0-17% under an eager loop) carries
+  // the older warning. Catches a report silent about a package's known under-count, and the
+  // old-package warning on every package.
   EXPECT_EQ(doc["warnings"].dump().find("exported before"), std::string::npos)
       << doc["warnings"].dump();
+  EXPECT_NE(doc["warnings"].dump().find("9.15% under it on torchvision's ConvNeXt-tiny"),
+            std::string::npos)
+      << doc["warnings"].dump();
+  EXPECT_NE(run.out.find("warning: pt2 package: its peaks were measured within 0.3%"),
+            std::string::npos)
+      << run.out;
   const std::filesystem::path fused_json = testing::testDir("pt2") / "fused.json";
   const CliRun fused =
       runCli("fused", "--model " + package("fused_package") + " --device cpu --check-batch 2 " +

@@ -145,10 +145,12 @@ class TrialRunner {
   /// "torchscript", or "pt2" for a torch.export + AOTInductor training-step package written by
   /// scripts/autobatch_export.py --format pt2 (docs/formats.md).
   std::string modelFormat() const;
-  /// What the user should know about the model's figures: for a pt2 package exported before
-  /// packages ran eager's kernels (no "eager_kernels" in its metadata), that its peaks are a fused
+  /// What the user should know about the model's figures. For a pt2 package exported before
+  /// packages ran eager's kernels (no "eager_kernels" in its metadata): that its peaks are a fused
   /// compiled step's, 0-17% under an eager loop's on the models measured (docs/formats.md), and
-  /// that exporting it again fixes that. Empty otherwise.
+  /// that exporting it again fixes that. For any other pt2 package: the measured range against
+  /// the eager loop, whose worst figure is an under-count (ConvNeXt-tiny 9.15%, issue 26), and
+  /// the TorchScript archive as the reference. Empty for a TorchScript archive.
   std::vector<std::string> modelWarnings() const;
   /// Bytes held by tensors before every trial (the model, its snapshot excluded), in bytes.
   std::int64_t baselineBytes() const;
