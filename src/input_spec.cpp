@@ -145,7 +145,7 @@ std::vector<std::int64_t> parseShape(std::string_view text, std::string_view sha
 // Parses `text`; error messages name `shown` (the text as the user wrote it, before a sweep put
 // its length in for L).
 InputSpec parseSpecShown(std::string_view text, std::string_view shown) {
-  if (text.empty()) fail(shown, "an input spec " + std::string(kSyntax), text);
+  if (text.empty()) fail(shown, "an input spec " + std::string(kSyntax), std::string_view{});
 
   // Split on ':' into at most three fields.
   std::vector<std::string_view> fields;

@@ -865,7 +865,7 @@ std::string errnoText(int error) { return std::strerror(error); }
 fs::path reportTarget(const std::string& path) {
   std::error_code ec;
   if (fs::is_symlink(fs::symlink_status(path, ec))) {
-    const fs::path resolved = fs::canonical(path, ec);
+    fs::path resolved = fs::canonical(path, ec);
     if (!ec) return resolved;
   }
   return path;

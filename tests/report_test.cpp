@@ -24,8 +24,8 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path testDir() {
-  const fs::path dir = fs::path(AUTOBATCH_TEST_TMP) / "report" /
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  fs::path dir = fs::path(AUTOBATCH_TEST_TMP) / "report" /
+                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

@@ -54,10 +54,9 @@ std::string errorOf(const json& entry) {
 
 // A folder of its own per run (ctest runs the tests of a file in parallel processes).
 fs::path freshDir(const std::string& name) {
-  const fs::path dir =
-      fs::path(AUTOBATCH_TEST_TMP) / "result_cache" /
-      (name + "-" + std::to_string(::getpid()) + "-" +
-       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  fs::path dir = fs::path(AUTOBATCH_TEST_TMP) / "result_cache" /
+                 (name + "-" + std::to_string(::getpid()) + "-" +
+                  std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
   fs::create_directories(dir);
   return dir;
 }

@@ -968,7 +968,7 @@ TrialResult overheadBoundTrial(const MemoryModel& model, const TrialRequest& req
 // 1.0 s). The whole search must run, to the same answer as without a budget.
 TEST(SearchTest, OverheadBoundStepTimesDoNotStopTheSearch) {
   MemoryModel model;
-  model.fixed_bytes = 64 * 1024;
+  model.fixed_bytes = std::int64_t{64} * 1024;
   model.per_sample_bytes = 1024;
   model.limit_bytes = model.fixed_bytes + model.per_sample_bytes * 100000 + 512;
   const Probe probe = [&model](const TrialRequest& request) {
