@@ -103,6 +103,10 @@ PT2_WEIGHTS = "data/autobatch/weights.pt"   # inside the package's archive folde
 PT2_METADATA_KEY = "autobatch"               # aot_inductor.metadata key holding our JSON
 # {"low": N, "high": M or null, "eager_batch1_error": "..." when eager fails at batch 1}
 PT2_BATCH_RANGE = "data/autobatch/batch_range.json"
+# {"status": "passed" | "over" | "not-run", "reason": text or null, "rows": [{"batch": N,
+#  "eager_peak_bytes": N, "package_peak_bytes": N}, ...]}: the export's own check of the package's
+# peaks against the eager step's (issue 26; memory_check below)
+PT2_MEMORY_CHECK = "data/autobatch/memory_check.json"
 PT2_ACCUMULATE_MODEL = "accumulate"  # the package's second model: gradients added in place
 PT2_GRAD_PREFIX = "autobatch_grad."  # its buffers: the gradient accumulated into, per parameter
 
@@ -727,6 +731,185 @@ def joint_gradient_check(wrapped: torch.nn.Module, joint, args: Sequence[torch.T
     return {"max_relative_diff": float(f"{worst:.3g}"), "worst": worst_name}
 
 
+# ---- The export's memory check (issue 26) ----
+
+# Inductor settings applied last to the package's compile: empty here. tests/python/
+# pt2_export_test.py puts Inductor's locality pass back ({"reorder_for_locality": True}) to make a
+# package that under-counts, which the memory check must refuse.
+_INDUCTOR_OVERRIDES: Dict[str, object] = {}
+
+# A package whose peak is under the eager step's by more than MEMORY_UNDER_PCT is not written (an
+# under-count is an out-of-memory error in the user's job at the batch called safe); over by more
+# than MEMORY_OVER_PCT it is written with a warning (a cautious answer). Differences of
+# MEMORY_FLOOR_BYTES or less are within both: a tiny model's peak is a few KB, where one
+# bookkeeping tensor is a percent, and no GPU job fails on 64 KiB.
+MEMORY_UNDER_PCT = 0.5
+MEMORY_OVER_PCT = 1.0
+MEMORY_FLOOR_BYTES = 64 * 1024
+
+
+def _batch_of(example_inputs: Sequence[torch.Tensor], batch: int,
+              int_high: Optional[Dict[int, int]]) -> tuple:
+    """Random inputs like the examples at another batch: float as randn, integers below the
+    bound the metadata gives them (input_spec), as the runner makes them."""
+    int_high = int_high or {}
+    made = []
+    for i, t in enumerate(example_inputs):
+        shape = (batch, *t.shape[1:])
+        if t.dtype in (torch.int64, torch.int32):
+            high = int_high.get(i)
+            if high is None:
+                high = int(t.max().item()) + 1 if t.numel() else 1
+            made.append(torch.randint(0, high, shape, dtype=t.dtype))
+        elif t.dtype == torch.bool:
+            made.append(torch.randint(0, 2, shape).bool())
+        else:
+            made.append(torch.randn(shape, dtype=t.dtype))
+    return tuple(made)
+
+
+def _target_maker(model: torch.nn.Module, example_inputs, loss: str):
+    """A function batch -> the loss's random targets at that batch (as _example_targets makes
+    them at the example batch), from one no-grad forward on the examples."""
+    if loss not in ("cross-entropy", "mse"):
+        return lambda batch: ()
+    with torch.no_grad():
+        out = model(*example_inputs)
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    tail = tuple(out.shape[1:])
+    if loss == "cross-entropy":
+        classes = int(out.shape[-1])
+        return lambda batch: (torch.randint(0, classes, (batch, *tail[:-1])),)
+    return lambda batch: (torch.randn((batch, *tail)),)
+
+
+def eager_step_peak(model: torch.nn.Module, loss: str, example_inputs: Sequence[torch.Tensor],
+                    batch: int, int_high: Optional[Dict[int, int]] = None, steps: int = 2) -> int:
+    """The peak bytes of the user's job at ``batch``: an eager loop with PyTorch's defaults, as the
+    runner replays it (CPU, fp32, AdamW in its per-parameter loop, PyTorch's CPU default;
+    ``zero_grad(set_to_none=True)``; the output dropped before backward; ``steps`` steps, so the
+    optimizer state is there in the second). Measured as scripts/bench/fidelity.py measures the
+    eager column: torch.profiler's CPU allocation events ("[memory]", signed byte counts) summed
+    in time order, the maximum taken, plus the parameters and buffers alive before.
+
+    Trains ``model`` in place (its weights change): pass a copy. Raises what the step raises."""
+    from torch.profiler import ProfilerActivity, profile
+
+    n_inputs = len(example_inputs)
+    wrapped = _WithLoss(model, loss, n_inputs).train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3,
+                                  foreach=False)
+    before = sum(t.numel() * t.element_size()
+                 for t in list(model.parameters()) + list(model.buffers()))
+    make_targets = _target_maker(model, example_inputs, loss)  # its forward before the profile
+    x = None  # the loop's variables: alive until rebound, as in a user's script
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for _ in range(steps):
+            optimizer.zero_grad(set_to_none=True)
+            x = _batch_of(example_inputs, batch, int_high)
+            targets = make_targets(batch)
+            (value,) = wrapped(*x, *targets)
+            value.backward()
+            del value, targets
+            optimizer.step()
+    del x
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+              and str(e.device_type()).endswith("CPU")]
+    events.sort(key=lambda e: e.start_ns())
+    current = peak = 0
+    for e in events:
+        current += e.nbytes()
+        peak = max(peak, current)
+    return before + peak
+
+
+def find_cli(cli: Optional[str] = None) -> Optional[str]:
+    """The autobatch executable the memory check runs: ``cli`` when given, else $AUTOBATCH_CLI,
+    else this checkout's build (build/bin/autobatch beside scripts/), else ``autobatch`` on PATH;
+    None when there is none. Raises ValueError when ``cli`` or $AUTOBATCH_CLI names no
+    executable file (a wrong path is a mistake, not a reason to skip the check)."""
+    import os
+    import shutil
+
+    for given, what in ((cli, "the autobatch executable given"),
+                        (os.environ.get("AUTOBATCH_CLI"), "$AUTOBATCH_CLI")):
+        if given:
+            if not (os.path.isfile(given) and os.access(given, os.X_OK)):
+                raise ValueError(f"{what} ({given}) is not an executable file; build it with "
+                                 f"scripts/build.sh or give the path of bin/autobatch")
+            return given
+    here = os.path.dirname(os.path.abspath(__file__))
+    build_dir = os.environ.get("AUTOBATCH_BUILD_DIR", os.path.join(here, "..", "build"))
+    built = os.path.join(build_dir, "bin", "autobatch")
+    if os.path.isfile(built) and os.access(built, os.X_OK):
+        return built
+    return shutil.which("autobatch")
+
+
+def package_step_peak(cli: str, package: str, batch: int, limit_bytes: int) -> int:
+    """The package's peak at ``batch`` as autobatch measures it: ``--check-batch`` with the
+    defaults eager_step_peak replays (AdamW loop, zero_grad none, output dropped, margin 0),
+    trials[0].peak_allocated_bytes of its JSON report. Raises ValueError when the run fails
+    (with its exit code and the end of its error output)."""
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="autobatch-export-check-") as folder:
+        report = os.path.join(folder, "check.json")
+        command = [cli, "--model", package, "--device", "cpu", "--check-batch", str(batch),
+                   "--margin", "0", "--memory-limit", f"{limit_bytes}B", "--optimizer", "adamw",
+                   "--optimizer-impl", "loop", "--zero-grad", "none", "--keep-output", "no",
+                   "--json", report, "-q"]
+        run = subprocess.run(command, capture_output=True, text=True, check=False)
+        if run.returncode != 0 or not os.path.exists(report):
+            tail = "\n".join(run.stderr.strip().splitlines()[-5:])
+            raise ValueError(f"the memory check could not run the package at batch {batch} "
+                             f"({' '.join(command)}: exit {run.returncode}): {tail}")
+        with open(report) as f:
+            return int(json.load(f)["trials"][0]["peak_allocated_bytes"])
+
+
+def memory_check(model: torch.nn.Module, package: str, loss: str,
+                 example_inputs: Sequence[torch.Tensor], int_high: Optional[Dict[int, int]],
+                 batches: Sequence[int], cli: Optional[str]) -> dict:
+    """Measures the eager step (eager_step_peak, on a copy of ``model``) and the finished package
+    (package_step_peak) at each of ``batches``; returns the document stored as PT2_MEMORY_CHECK.
+    Status "passed" (every batch within the bounds above), "over" (some batch over by more than
+    MEMORY_OVER_PCT: written, with a warning), "not-run" (no autobatch executable: ``reason`` says
+    so and a run on the package warns). Raises ValueError naming both peaks when the package is
+    under the eager step's by more than MEMORY_UNDER_PCT at any batch."""
+    import copy
+
+    found = find_cli(cli)
+    if found is None:
+        return {"status": "not-run", "rows": [],
+                "reason": "no autobatch executable was found to run the package (give "
+                          "--autobatch PATH or set AUTOBATCH_CLI)"}
+    rows, status = [], "passed"
+    for batch in batches:
+        torch.manual_seed(0)
+        eager = eager_step_peak(copy.deepcopy(model), loss, example_inputs, batch, int_high)
+        package_peak = package_step_peak(found, package, batch, max(4 << 30, 4 * eager))
+        difference = package_peak - eager
+        pct = 100.0 * difference / eager
+        rows.append({"batch": batch, "eager_peak_bytes": eager,
+                     "package_peak_bytes": package_peak})
+        if abs(difference) <= MEMORY_FLOOR_BYTES:
+            continue
+        if pct < -MEMORY_UNDER_PCT:
+            raise ValueError(
+                f"the compiled package's peak at batch {batch} is {package_peak:,} bytes, "
+                f"{-pct:.2f}% under the eager step's {eager:,} (more than the "
+                f"{MEMORY_UNDER_PCT}% allowed): sized with it, your job would run out of memory "
+                f"at the batch called safe. No package was written; export the model in the "
+                f"TorchScript format (--format torchscript), and please report the model")
+        if pct > MEMORY_OVER_PCT:
+            status = "over"
+    return {"status": status, "rows": rows, "reason": None}
+
+
 # c10::toString(ScalarType) of the dtypes a stored tensor may have ("" for others: unchecked).
 _C10_DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
                     torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
@@ -735,7 +918,8 @@ _C10_DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float
 
 
 def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch.Tensor],
-               loss: str = "mean", int_high: Optional[Dict[int, int]] = None) -> str:
+               loss: str = "mean", int_high: Optional[Dict[int, int]] = None,
+               check_memory: bool = True, cli: Optional[str] = None) -> str:
     """Exports ``model`` with its loss as an AOTInductor package of one training step.
 
     The package's call takes the inputs then the loss's targets, with one batch dimension
@@ -743,8 +927,17 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
     "gradients" names them in order). The weights are not compiled in
     (``package_constants_in_so=False``): they are stored in the archive at ``PT2_WEIGHTS``
     and the runner supplies them. CPU and fp32 only here. Returns the metadata JSON.
-    Raises ValueError when the model does not export (with the reason) or on bad arguments.
+
+    Before the package is written at ``path`` (it is compiled under a temporary name beside it),
+    its peaks are checked against the eager step's (memory_check: at the example batch and at
+    four times it, through the autobatch executable ``cli`` or the one find_cli finds; a copy of
+    the model, with its weights, is held for that). ``check_memory=False`` skips the check: the
+    package then says it was not run, and every run on it warns. Writes ``path`` only on success.
+    Raises ValueError when the model does not export (with the reason), when the package is under
+    the eager step's peak (memory_check), or on bad arguments.
     """
+    import copy
+    import os
     import zipfile
 
     import torch._inductor
@@ -752,7 +945,28 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
 
     example_inputs = tuple(example_inputs)
     base = json.loads(metadata(example_inputs, loss, int_high))
+    if not path.endswith(".pt2"):
+        raise ValueError(f"a package's path must end in .pt2 (AOTInductor's rule), got {path}")
     model = model.train()
+    eager_model = copy.deepcopy(model) if check_memory else None  # tied, as the user's job has it
+    partial = os.path.join(os.path.dirname(os.path.abspath(path)),
+                           f".{os.path.basename(path)[:-4]}.partial-{os.getpid()}.pt2")
+    try:
+        return _export_pt2(model, path, partial, example_inputs, loss, int_high, base,
+                           eager_model, cli, check_memory)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+
+
+def _export_pt2(model, path, partial, example_inputs, loss, int_high, base, eager_model, cli,
+                check_memory) -> str:
+    """export_pt2's work, compiling into ``partial`` and renaming it to ``path`` at the end."""
+    import os
+    import zipfile
+
+    from torch.export import Dim
+
     tied = untie_parameters(model)
     targets, target_specs = _example_targets(model, example_inputs, loss)
     args = example_inputs + tuple(targets)
@@ -794,7 +1008,7 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
     programs = {"model": joint, PT2_ACCUMULATE_MODEL: accumulating_program(joint, tied_names)}
     with _unguarded_acc_helper(), _hinted_conv_backend():
         package = _compile_package(
-            path, programs,
+            partial, programs,
             {"aot_inductor.metadata": {PT2_METADATA_KEY: text},
              "aot_inductor.package_constants_in_so": False,
              # else a parameter of <= 8 elements (a bias) is baked into a kernel as its
@@ -802,7 +1016,17 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
              "always_keep_tensor_constants": True,
              # the patches above change the generated code: no cached artifact compiled
              # without them may be reused
-             "fx_graph_cache": False})
+             "fx_graph_cache": False,
+             # autograd's order, as the eager backward runs it (issue 26): Inductor compiles
+             # the joint step as an inference graph, and its locality pass (torch 2.11,
+             # torch/_inductor/fx_passes/post_grad.py, reorder_for_locality) moves every node
+             # whose only user is a later node, walking back from the output, to just before
+             # that user: each parameter's gradient to the end of the step. ConvNeXt-tiny's
+             # weight gradients were then made after the peak instead of before it (-9.15%
+             # under the eager loop), a stack of its blocks held the activations they read
+             # to the end instead (+9.1%)
+             "reorder_for_locality": False,
+             **_INDUCTOR_OVERRIDES})
     # A low bound of 2 is torch.export's own: its batch symbol starts at [2, inf) (sizes 0 and 1
     # are special to it) even under Dim("B", min=1); the code stays symbolic and runs batch 1
     # (tests/python/pt2_export_test.py compares its gradients with eager at batch 1).
@@ -831,6 +1055,32 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
         archive.writestr(f"{folder}/{PT2_WEIGHTS}", buffer.getvalue())
         archive.writestr(f"{folder}/{PT2_BATCH_RANGE}",
                          json.dumps({"low": low, "high": high, "eager_batch1_error": batch1}))
+    if check_memory:
+        second = max(4 * example_batch, 8)
+        if high is not None:
+            second = min(second, high)
+        batches = [example_batch] + ([second] if second > example_batch else [])
+        memory = memory_check(eager_model, package, loss, example_inputs, int_high, batches,
+                              cli)
+    else:
+        memory = {"status": "not-run", "rows": [],
+                 "reason": "the export was asked not to check (check_memory=False, "
+                           "--no-memory-check)"}
+    with zipfile.ZipFile(package, "a") as archive:
+        archive.writestr(f"{folder}/{PT2_MEMORY_CHECK}", json.dumps(memory))
+    if memory["status"] != "passed":
+        import warnings
+        if memory["status"] == "over":
+            worst = max(memory["rows"],
+                        key=lambda r: r["package_peak_bytes"] / r["eager_peak_bytes"])
+            pct = 100.0 * (worst["package_peak_bytes"] / worst["eager_peak_bytes"] - 1)
+            warnings.warn(f"{path}: the package's peak is {pct:.2f}% over the eager step's at "
+                          f"batch {worst['batch']} (more than {MEMORY_OVER_PCT}%): its answers "
+                          f"will be cautious", stacklevel=3)
+        else:
+            warnings.warn(f"{path}: its peaks were not checked against the eager step: "
+                          f"{memory['reason']}", stacklevel=3)
+    os.replace(package, path)
     return text
 
 
@@ -843,15 +1093,25 @@ def main() -> None:
     parser.add_argument("--format", default="torchscript", choices=("torchscript", "pt2"),
                         help="torchscript: a TorchScript archive (.pt); pt2: a torch.export + "
                              "AOTInductor package of one training step (.pt2, CPU, fp32)")
+    parser.add_argument("--autobatch", metavar="PATH",
+                        help="pt2: the autobatch executable that checks the package's peaks "
+                             "against the eager step's (default: $AUTOBATCH_CLI, this checkout's "
+                             "build/bin/autobatch, or autobatch on PATH)")
+    parser.add_argument("--no-memory-check", action="store_true",
+                        help="pt2: write the package without that check (every run on it warns)")
     args = parser.parse_args()
     import torchvision
 
     net = getattr(torchvision.models, args.model)(weights=None)
     example = torch.randn(2, 3, args.image_size, args.image_size)
-    if args.format == "pt2":
-        print(export_pt2(net, args.out, (example,), loss=args.loss))
-    else:
-        print(export(net, args.out, (example,), loss=args.loss))
+    try:
+        if args.format == "pt2":
+            print(export_pt2(net, args.out, (example,), loss=args.loss,
+                             check_memory=not args.no_memory_check, cli=args.autobatch))
+        else:
+            print(export(net, args.out, (example,), loss=args.loss))
+    except ValueError as error:
+        raise SystemExit(f"autobatch_export.py: error: {error}") from None
 
 
 if __name__ == "__main__":

@@ -38,6 +38,9 @@ Names:
   truncated_so        mlp_tiny with its compiled library (.so) cut short inside a valid zip
   foreign_so          mlp_tiny whose compiled library's ELF header names another machine
   blank_batch1_error  mlp_tiny whose batch_range.json holds a blank eager batch-1 error
+  memory_unchecked, memory_over, memory_predates, memory_malformed   mlp_tiny whose
+                      memory_check.json says the check did not run, says 4% over at batch 12, is
+                      absent (exported before the check), holds a status the export never writes
   @tests              the set tests/pt2_test.cpp uses (TEST_SET)
 """
 
@@ -130,6 +133,91 @@ def _vision64(name):
     return make
 
 
+class UNetSmall(nn.Module):
+    """A small U-Net of the kind issue 26 measured (+3.26% as a package before its fix): GroupNorm,
+    SiLU, a stride-2 conv down, ConvTranspose2d up, a concatenated skip, a 1x1 conv out, MSE."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+
+        def block(cin, cout):
+            return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.GroupNorm(8, cout),
+                                 nn.SiLU(), nn.Conv2d(cout, cout, 3, padding=1),
+                                 nn.GroupNorm(8, cout), nn.SiLU())
+
+        self.enc1 = block(3, width)
+        self.down = nn.Conv2d(width, 2 * width, 3, stride=2, padding=1)
+        self.enc2 = block(2 * width, 2 * width)
+        self.up = nn.ConvTranspose2d(2 * width, width, 2, stride=2)
+        self.dec = block(2 * width, width)
+        self.out = nn.Conv2d(width, 3, 1)
+
+    def forward(self, x):
+        skip = self.enc1(x)
+        x = self.enc2(self.down(skip))
+        return self.out(self.dec(torch.cat([self.up(x), skip], dim=1)))
+
+
+class LogitsOnly(nn.Module):
+    """A Hugging Face causal LM as a module that returns its logits tensor: torch.jit.trace and
+    torch.export take tensors, not a CausalLMOutputWithPast (issue 29). ``use_cache=False``: a
+    training step keeps no key/value cache."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids):
+        return self.lm(input_ids=ids, use_cache=False).logits
+
+
+def _hf_lm(kind: str):
+    """A small GPT-2 or Llama from a config (transformers, nothing downloaded): 2 layers, width
+    256, 4 heads, vocabulary 8000, 128 tokens; PyTorch's attention (sdpa), training mode."""
+    def make():
+        import transformers
+
+        if kind == "gpt2":
+            config = transformers.GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=8000,
+                                             n_positions=128, attn_implementation="sdpa")
+            lm = transformers.GPT2LMHeadModel(config)
+        else:
+            config = transformers.LlamaConfig(hidden_size=256, intermediate_size=688,
+                                              num_hidden_layers=2, num_attention_heads=4,
+                                              num_key_value_heads=4, vocab_size=8000,
+                                              max_position_embeddings=128,
+                                              attn_implementation="sdpa")
+            lm = transformers.LlamaForCausalLM(config)
+        return (LogitsOnly(lm.train()), (torch.randint(0, 8000, (2, 128)),), "cross-entropy",
+                {0: 8000})
+    return make
+
+
+def _vit_small_64():
+    import torchvision
+
+    model = torchvision.models.VisionTransformer(image_size=64, patch_size=8, num_layers=4,
+                                                 num_heads=4, hidden_dim=256, mlp_dim=1024)
+    return (model, (torch.randn(2, 3, 64, 64),), "cross-entropy", None)
+
+
+# The wider fidelity set (issue 26, item 4; scripts/bench/fidelity.py --set wide): models as users
+# build them (default stochastic depth and dropout), at small resolutions and lengths.
+WIDE_MODELS = {
+    "convnext_tiny_64": _vision64("convnext_tiny"),
+    "efficientnet_b0_64": _vision64("efficientnet_b0"),
+    "regnet_y_400mf_64": _vision64("regnet_y_400mf"),
+    "swin_t_64": _vision64("swin_t"),
+    "vit_small_64": _vit_small_64,
+    "densenet121_64": _vision64("densenet121"),
+    "shufflenet_v2_64": _vision64("shufflenet_v2_x1_0"),
+    "unet_96": lambda: (UNetSmall(), (torch.randn(2, 3, 96, 96),), "mse", None),
+    "gpt2_lm_small": _hf_lm("gpt2"),
+    "llama_lm_small": _hf_lm("llama"),
+}
+# Models that torch.jit.script cannot compile (Hugging Face's): their TorchScript archive traced.
+TRACED = {"gpt2_lm_small", "llama_lm_small"}
+
 MODELS = {
     "mlp_tiny": lambda: (MlpTiny(), (torch.randn(3, 8),), "cross-entropy", None),
     "frozen_tiny": lambda: (_frozen_tiny(), (torch.randn(3, 8),), "cross-entropy", None),
@@ -143,6 +231,7 @@ MODELS = {
     "mlp_8x2048": em.MODELS["mlp_8x2048"],
     "decoder_lm_small": em.MODELS["decoder_lm_small"],
     "decoder_lm_small_1024": lambda: em.decoder_lm_small(1024),
+    **WIDE_MODELS,
 }
 
 
@@ -165,7 +254,8 @@ TEST_SET = ["mlp_tiny", "frozen_tiny", "convbn_tiny", "convbn_tiny.ts", "bn1d_ti
             "tied_lm_tiny", "mlp_wide_tiny", "mlp_wide_tiny.ts", "program_only",
             "inference_package", "other_torch", "other_isa", "other_machine", "narrow_range",
             "wrong_weights", "inverted_range", "malformed_range", "truncated_so", "foreign_so",
-            "blank_batch1_error", "fused_package"]
+            "blank_batch1_error", "fused_package", "memory_unchecked", "memory_over",
+            "memory_predates", "memory_malformed"]
 
 # mlp_tiny with one metadata field changed: (AOTInductor key or "autobatch.<field>", value).
 REWRITES = {
@@ -184,6 +274,16 @@ REWRITES = {
     "truncated_so": ("so", "0.6"),
     # its ELF header saying AArch64 (e_machine 183): dlopen said "No such file or directory"
     "foreign_so": ("so_machine", "183"),
+    # the export's memory check (issue 26): not run, with its reason; over by 4% at batch 12;
+    # absent, as in packages exported before the check; a status it never writes
+    "memory_unchecked": ("memory_check", '{"status": "not-run", "rows": [], "reason": '
+                                         '"no autobatch executable was found"}'),
+    "memory_over": ("memory_check", '{"status": "over", "reason": null, "rows": [{"batch": 3, '
+                                    '"eager_peak_bytes": 1000, "package_peak_bytes": 1001}, '
+                                    '{"batch": 12, "eager_peak_bytes": 50000, '
+                                    '"package_peak_bytes": 52000}]}'),
+    "memory_predates": ("memory_check", None),
+    "memory_malformed": ("memory_check", '{"status": "under", "rows": []}'),
     # an eager batch-1 error of blanks (autobatch_export.py writes "Type: message" or null)
     "blank_batch1_error": ("batch_range", '{"low": 2, "high": null, "eager_batch1_error": " \\n "}'),
 }
@@ -199,6 +299,11 @@ def rewrite_metadata(src: str, dst: str, key: str, value: str) -> None:
             data = a.read(info.filename)
             if key == "batch_range":
                 if info.filename.endswith(ab.PT2_BATCH_RANGE):
+                    data = value.encode()
+            elif key == "memory_check":
+                if info.filename.endswith(ab.PT2_MEMORY_CHECK):
+                    if value is None:
+                        continue  # a package from before the check: no record
                     data = value.encode()
             elif key in ("so", "so_machine"):
                 # the plain model's library only (the accumulating model's stays whole)
@@ -267,7 +372,9 @@ def build(name: str, path: str) -> None:
     model, example, loss, int_high = MODELS[base or (name[:-3] if torchscript else name)]()
     if torchscript:
         # The pt2 export unties shared weights; the TorchScript archive keeps the model as it is.
-        ab.export(model, path, example, loss=loss, int_high=int_high)
+        base_name = name[:-3]
+        ab.export(model, path, example, loss=loss, int_high=int_high,
+                  method="trace" if base_name in TRACED else "script")
     elif variant in ("fused", "reordered"):
         import contextlib
 
@@ -275,15 +382,19 @@ def build(name: str, path: str) -> None:
         ab._eager_order = contextlib.nullcontext
         if variant == "fused":
             ab.EAGER_KERNELS = ()
+        staged = path[:-len(".pt2")] + ".variant.pt2"
         try:
-            ab.export_pt2(model, path + ".tmp", example, loss=loss, int_high=int_high)
+            # a variant differs from the eager step on purpose (docs/formats.md compares them):
+            # the memory check would refuse it, so it says it was not run
+            ab.export_pt2(model, staged, example, loss=loss, int_high=int_high,
+                          check_memory=False)
         finally:
             ab.EAGER_KERNELS, ab._eager_order = kernels, order
         if variant == "fused":
-            rewrite_metadata(path + ".tmp", path, "autobatch.eager_kernels", None)
-            os.remove(path + ".tmp")
+            rewrite_metadata(staged, path, "autobatch.eager_kernels", None)
+            os.remove(staged)
         else:
-            os.replace(path + ".tmp", path)
+            os.replace(staged, path)
     else:
         ab.export_pt2(model, path, example, loss=loss, int_high=int_high)
 

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 
 #include "autobatch/error.h"
 #include "autobatch/model_metadata.h"
@@ -36,6 +37,7 @@ using nlohmann::json;
 constexpr const char* kMetadataKey = "autobatch";
 constexpr const char* kWeightsRecord = "data/autobatch/weights.pt";
 constexpr const char* kBatchRangeRecord = "data/autobatch/batch_range.json";
+constexpr const char* kMemoryCheckRecord = "data/autobatch/memory_check.json";
 // The accumulating model's gradient buffers: this prefix, then the stored parameter's name
 // (scripts/autobatch_export.py, PT2_GRAD_PREFIX).
 constexpr std::string_view kGradPrefix = "autobatch_grad.";
@@ -147,19 +149,56 @@ std::string batchRangeProblem(const json& range) {
   return "";
 }
 
-// batch_range.json's "eager_batch1_error" for a one-line report: control characters (a NUL would
-// cut it, escapes would reach the terminal) become spaces, and more than kMaxChars is cut. Blank
-// text is a damaged package: autobatch_export.py writes "ExceptionType: message" or null.
-std::string eagerErrorText(const std::string& path, std::string text) {
+// What is wrong with memory_check.json's document, or "" when it is well formed: "status" one of
+// "passed", "over", "not-run"; "reason" text or null; "rows" a list of {"batch",
+// "eager_peak_bytes", "package_peak_bytes"}, each a positive integer.
+std::string memoryCheckProblem(const json& check) {
+  if (check.is_discarded()) return "it is not JSON";
+  if (!check.is_object()) return "it is " + std::string(check.type_name()) + ", not an object";
+  const auto shown = [](const char* key, const json& value) {
+    std::string text = value.dump();
+    if (text.size() > 80) text = text.substr(0, 77) + "...";
+    return std::string("\"") + key + "\" is " + text;
+  };
+  if (!check.contains("status")) return R"("status" is missing)";
+  const json& status = check["status"];
+  if (!status.is_string() || (status != "passed" && status != "over" && status != "not-run")) {
+    return shown("status", status) + R"( (expected "passed", "over" or "not-run"))";
+  }
+  if (check.contains("reason") && !check["reason"].is_null() && !check["reason"].is_string()) {
+    return shown("reason", check["reason"]) + " (expected text or null)";
+  }
+  if (!check.contains("rows") || !check["rows"].is_array()) return R"("rows" is not a list)";
+  for (const json& row : check["rows"]) {
+    for (const char* key : {"batch", "eager_peak_bytes", "package_peak_bytes"}) {
+      if (!row.is_object() || !row.contains(key) || !row[key].is_number_integer() ||
+          row[key].get<std::int64_t>() < 1) {
+        return std::string("a row's \"") + key + "\" is missing or not a positive integer";
+      }
+    }
+  }
+  return "";
+}
+
+// Text from the package for a one-line report: control characters (a NUL would cut it, escapes
+// would reach the terminal) become spaces, and more than kMaxChars is cut.
+std::string oneLine(std::string text) {
   constexpr std::size_t kMaxChars = 1000;
   for (char& c : text) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
   }
+  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "... (cut)";
+  return text;
+}
+
+// batch_range.json's "eager_batch1_error", one line (oneLine). Blank text is a damaged package:
+// autobatch_export.py writes "ExceptionType: message" or null.
+std::string eagerErrorText(const std::string& path, std::string text) {
+  text = oneLine(std::move(text));
   if (text.find_first_not_of(' ') == std::string::npos) {
     fail(path, std::string(R"(expected "eager_batch1_error" in )") + kBatchRangeRecord +
                    " as the error's text or null, but it is blank; " + kAdvice);
   }
-  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "... (cut)";
   return text;
 }
 
@@ -561,6 +600,27 @@ Pt2Package::Pt2Package(const std::string& path) : metadata_(readPt2Metadata(path
                          std::to_string(metadata_.batch_low) + " to " +
                          std::to_string(metadata_.batch_high) + "; " + kAdvice);
         }
+      }
+    }
+    if (reader.hasRecord(kMemoryCheckRecord)) {
+      auto [check_data, check_size] = reader.getRecord(kMemoryCheckRecord);
+      const auto* text = static_cast<const char*>(check_data.get());
+      const json check = json::parse(text, text + check_size, nullptr, false);
+      const std::string problem = memoryCheckProblem(check);
+      if (!problem.empty()) {
+        fail(path, std::string("expected ") + kMemoryCheckRecord +
+                       R"( as {"status": "passed", "over" or "not-run", "reason": text or null, )"
+                       R"("rows": [...]}, but )" +
+                       problem + "; " + kAdvice);
+      }
+      metadata_.memory_check = check["status"].get<std::string>();
+      if (check.contains("reason") && check["reason"].is_string()) {
+        metadata_.memory_check_reason = oneLine(check["reason"].get<std::string>());
+      }
+      for (const json& row : check["rows"]) {
+        metadata_.memory_check_rows.push_back({row["batch"].get<std::int64_t>(),
+                                               row["eager_peak_bytes"].get<std::int64_t>(),
+                                               row["package_peak_bytes"].get<std::int64_t>()});
       }
     }
     auto [data, size] = reader.getRecord(kWeightsRecord);

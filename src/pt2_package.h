@@ -63,6 +63,20 @@ struct Pt2Metadata {
   /// packages exported before that, where Inductor fused them: their peaks were 0-17% under an
   /// eager loop's (docs/formats.md).
   bool eager_kernels = false;
+  /// The export's check of the package's peaks against the eager step's
+  /// (data/autobatch/memory_check.json, scripts/autobatch_export.py memory_check, issue 26):
+  /// "passed" (within -0.5% / +1% at each batch, or 64 KiB), "over" (over by more than 1% at some
+  /// batch), "not-run" (memory_check_reason says why), "" when the package has no such record
+  /// (exported before the check).
+  std::string memory_check;
+  std::string memory_check_reason;
+  /// Its rows: the batch, the eager step's peak and the package's (bytes).
+  struct MemoryCheckRow {
+    std::int64_t batch = 0;
+    std::int64_t eager_peak_bytes = 0;
+    std::int64_t package_peak_bytes = 0;
+  };
+  std::vector<MemoryCheckRow> memory_check_rows;
 };
 
 /// True when `path` is a zip archive with a data/aotinductor/ entry (an AOTInductor package),

@@ -148,9 +148,11 @@ class TrialRunner {
   /// What the user should know about the model's figures. For a pt2 package exported before
   /// packages ran eager's kernels (no "eager_kernels" in its metadata): that its peaks are a fused
   /// compiled step's, 0-17% under an eager loop's on the models measured (docs/formats.md), and
-  /// that exporting it again fixes that. For any other pt2 package: the measured range against
-  /// the eager loop, whose worst figure is an under-count (ConvNeXt-tiny 9.15%, issue 26), and
-  /// the TorchScript archive as the reference. Empty for a TorchScript archive.
+  /// that exporting it again fixes that. For any other pt2 package, what the export's own check
+  /// of its peaks against the eager step's found (data/autobatch/memory_check.json, issue 26):
+  /// nothing when it passed; the worst figure when the package was over by more than 1%; that it
+  /// was not run (and why), or that the package predates it, with the 9.15% under-count of such
+  /// packages (ConvNeXt-tiny) and the way out. Empty for a TorchScript archive.
   std::vector<std::string> modelWarnings() const;
   /// Bytes held by tensors before every trial (the model, its snapshot excluded), in bytes.
   std::int64_t baselineBytes() const;

@@ -426,6 +426,106 @@ def test_constants_stored(workdir: str) -> None:
         check(worst <= 1e-5, f"rotary B={batch}: gradients vs eager, max abs diff {worst:.2e}")
 
 
+class HeavyHead(torch.nn.Module):
+    """Activations near the input, parameters near the output: a ConvNeXt in small (issue 26).
+    Backward makes the head's weight gradients first and frees the conv's activations last, so
+    the eager step's peak holds both; a package that makes its weight gradients at the end of the
+    step (Inductor's locality pass) holds them one after the other, and peaks lower."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 32, 3, padding=1)
+        self.fc1 = torch.nn.Linear(32, 512)
+        self.fc2 = torch.nn.Linear(512, 512)
+        self.fc3 = torch.nn.Linear(512, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.conv(x)).mean((2, 3))
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+HEAVY_HEAD_EXAMPLE = (8, 3, 32, 32)
+
+
+def export_under_count(path: str) -> None:
+    """--export-under-count PATH: HeavyHead exported with Inductor's locality pass put back, which
+    moves every weight gradient to the end of the step (what packages did before issue 26's fix).
+    Run in a child process by test_memory_check, which reads its exit code and error output."""
+    ab._INDUCTOR_OVERRIDES["reorder_for_locality"] = True
+    torch.manual_seed(0)
+    try:
+        ab.export_pt2(HeavyHead(), path, (torch.randn(*HEAVY_HEAD_EXAMPLE),), loss="cross-entropy")
+    except ValueError as error:
+        raise SystemExit(f"autobatch_export: error: {error}") from None
+
+
+def _memory_rows(path: str) -> dict:
+    with zipfile.ZipFile(path) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(ab.PT2_MEMORY_CHECK))
+        return json.loads(archive.read(name))
+
+
+def test_memory_check(workdir: str) -> None:
+    """Issue 26, item 2: the export measures the eager step's peak and the package's (through the
+    autobatch executable) at the example batch and at four times it, stores both, and refuses a
+    package that is under. Catches: an export that never runs the package (no record, or rows
+    without both figures); a check whose comparison cannot fail (the locality-pass package below
+    is refused, with both peaks named, and no file, not even a partial one, is left); Inductor's
+    locality pass left on in the export (HeavyHead's own package would then be refused: 9% under
+    at batch 8 when this test was written); a check that skips silently when no executable is
+    found (the record must say "not-run" and why)."""
+    import subprocess
+
+    path = os.path.join(workdir, "heavy_head.pt2")
+    torch.manual_seed(0)
+    ab.export_pt2(HeavyHead(), path, (torch.randn(*HEAVY_HEAD_EXAMPLE),), loss="cross-entropy")
+    memory = _memory_rows(path)
+    batches = [r["batch"] for r in memory["rows"]]
+    check(memory["status"] == "passed" and batches == [8, 32],
+          f"heavy head: the check passed at the example batch and 4x: {memory}")
+    for row in memory["rows"]:
+        pct = 100.0 * (row["package_peak_bytes"] - row["eager_peak_bytes"]) / row["eager_peak_bytes"]
+        check(row["eager_peak_bytes"] > 4_000_000 and -0.5 <= pct <= 1.0,
+              f"heavy head B={row['batch']}: package {row['package_peak_bytes']:,} vs eager "
+              f"{row['eager_peak_bytes']:,} bytes ({pct:+.3f}%)")
+
+    under = os.path.join(workdir, "heavy_head_locality.pt2")
+    run = subprocess.run([sys.executable, os.path.abspath(__file__), "--export-under-count", under],
+                         capture_output=True, text=True, check=False)
+    message = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else ""
+    import re
+    figures = re.findall(r"\d{1,3}(?:,\d{3})+", message)
+    check(run.returncode != 0 and "under the eager step's" in message and len(figures) >= 2
+          and "No package was written" in message,
+          f"locality-pass package refused (exit {run.returncode}): {message[:300]}")
+    leftovers = [n for n in os.listdir(workdir) if n.startswith(".heavy_head_locality")]
+    check(not os.path.exists(under) and not leftovers,
+          f"locality-pass package: no file written, no partial left: {leftovers}")
+
+    skipped = os.path.join(workdir, "heavy_head_unchecked.pt2")
+    saved = {k: os.environ.get(k) for k in ("AUTOBATCH_CLI", "AUTOBATCH_BUILD_DIR", "PATH")}
+    os.environ.pop("AUTOBATCH_CLI", None)
+    os.environ["AUTOBATCH_BUILD_DIR"] = os.path.join(workdir, "no-build-here")
+    os.environ["PATH"] = os.path.join(workdir, "no-bin-here")
+    try:
+        found = ab.find_cli()
+        result = ab.memory_check(HeavyHead(), skipped, "cross-entropy",
+                                 (torch.randn(*HEAVY_HEAD_EXAMPLE),), None, [8], None)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    check(found is None and result["status"] == "not-run" and "--autobatch" in result["reason"],
+          f"no executable: the check says it did not run, and how to run it: {result}")
+    try:
+        ab.find_cli(os.path.join(workdir, "no-such-autobatch"))
+        check(False, "a wrong --autobatch path: expected ValueError")
+    except ValueError as error:
+        check("not an executable file" in str(error), f"a wrong --autobatch path: {error}")
+
+
 def test_does_not_export(workdir: str) -> None:
     try:
         ab.export_pt2(DataDependent(), os.path.join(workdir, "bad.pt2"), (torch.randn(2, 4),))
@@ -438,7 +538,11 @@ def test_does_not_export(workdir: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workdir", default="")
+    parser.add_argument("--export-under-count", metavar="PATH", help=export_under_count.__doc__)
     args = parser.parse_args()
+    if args.export_under_count:
+        export_under_count(args.export_under_count)
+        return 0
     workdir = args.workdir or tempfile.mkdtemp(prefix="pt2_export_test_")
     os.makedirs(workdir, exist_ok=True)
     test_mlp(workdir)
@@ -449,6 +553,7 @@ def main() -> int:
     test_wrong_gradients_refused(workdir)
     test_does_not_export(workdir)
     test_constants_stored(workdir)
+    test_memory_check(workdir)
     print(f"{len(FAILURES)} failure(s)")
     return 1 if FAILURES else 0
 
