@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Dict, Optional, Sequence
 
 import torch
@@ -356,7 +357,9 @@ def accumulating_program(joint, tied=()):
             raise RuntimeError(f"joint graph: expected parameter {stored} among its inputs")
         target = PT2_GRAD_PREFIX + stored
         with graph.inserting_before(first_user):
-            buffer = graph.placeholder("b_" + target.replace(".", "_"))
+            # a Python identifier: FX writes the name into generated code, and module names
+            # need not be one (torchvision's RegNet: "block1-0" failed with a SyntaxError)
+            buffer = graph.placeholder("b_" + re.sub(r"\W", "_", target))
         buffer.meta = dict(parameter_node[stored].meta)
         made = sorted((gradient_node[n] for n in names), key=position.__getitem__)
         total = made[0]
@@ -621,7 +624,6 @@ def batch_range(package_path: str):
     """The batch sizes the compiled package accepts: (low, high or None), read from the input
     checks AOTInductor writes into its wrapper ("dim value is too small at 0, expected it to be >=
     N"): what Inductor's guards left of Dim("B", min=1)."""
-    import re
     import zipfile
 
     low, high = 1, None

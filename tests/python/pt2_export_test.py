@@ -436,12 +436,15 @@ class HeavyHead(torch.nn.Module):
         super().__init__()
         self.conv = torch.nn.Conv2d(3, 32, 3, padding=1)
         self.fc1 = torch.nn.Linear(32, 512)
-        self.fc2 = torch.nn.Linear(512, 512)
+        # a module name that is no Python identifier, as torchvision's RegNet has ("block1-0"):
+        # the accumulating program named its gradient buffer after it, and FX's generated code
+        # failed to compile (SyntaxError: invalid decimal literal)
+        self.add_module("fc-2", torch.nn.Linear(512, 512))
         self.fc3 = torch.nn.Linear(512, 10)
 
     def forward(self, x):
         x = torch.relu(self.conv(x)).mean((2, 3))
-        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+        return self.fc3(torch.relu(getattr(self, "fc-2")(torch.relu(self.fc1(x)))))
 
 
 HEAVY_HEAD_EXAMPLE = (8, 3, 32, 32)
