@@ -27,7 +27,9 @@
 #include "autobatch/error.h"
 #include "autobatch/report.h"
 #include "autobatch/trial_runner.h"
+#include "cli_golden.h"
 #include "cli_run.h"
+#include "golden.h"
 #include "pt2_package.h"
 #include "zip_members.h"
 
@@ -469,6 +471,25 @@ TEST(Pt2CliTest, ASearchOnAPackageReportsItsFormatAndKeepsTheWrapperQuiet) {
             std::string::npos)
       << fused_doc["warnings"].dump();
   EXPECT_NE(fused.out.find("warning: pt2 package exported before"), std::string::npos) << fused.out;
+}
+
+// The CLI JSON golden of a package (issue 28 item 1, tests/cli_golden.h, update mode
+// AUTOBATCH_UPDATE_GOLDEN=1): a guided search on convbn_tiny under a 1 MiB CPU budget with a plan
+// (--plan auto: the default rule would pick the plan, and the verifying trial, by step times).
+// Catches a restructured runner or pt2 step that changes the trials (batches, outcomes), the call's
+// peaks ("forward-backward", "forward-backward-activations", "optimizer-step") or the failed phase.
+// The package is compiled for this torch and instruction set (scripts/pt2_packages.py keys its
+// cache by them): another torch or ISA may change its peaks, and the golden is then rewritten.
+TEST(Pt2GoldenTest, SearchOnConvbnTinyKeepsItsTrials) {
+  const std::filesystem::path json = testing::testDir("pt2") / "golden.json";
+  const testing::ThreadsForGolden threads;
+  const CliRun run = runCli("golden", "--model " + package("convbn_tiny") +
+                                          " --device cpu --memory-limit 1MiB --target-batch 256 "
+                                          "--plan auto -q --json " +
+                                          json.string());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  testing::expectGolden("cli/pt2_convbn_tiny_search.json",
+                        testing::normalisedCliJson(nlohmann::json::parse(readFile(json))));
 }
 
 TEST(Pt2CliTest, WhatTheExportsMemoryCheckFoundIsSaidOnEveryRun) {
