@@ -198,6 +198,10 @@ def untie_parameters(model: torch.nn.Module):
 #   B x T x vocab tensor less at the loss (decoder_lm_small at 1024 tokens: -14% / -17% of the
 #   eager loop at commit 8d1f277; -0.000% now, docs/fidelity-pt2.md). A user's compiled model
 #   computes its loss outside the compiled code too. No C shim: AOTInductor calls them through its proxy executor.
+# - concatenation. Eager's cat makes each input, then copies them into a new tensor; Inductor can
+#   lower cat to a buffer its producers write into (ConcatKernel), where the inputs are never made
+#   on their own. Kept as eager's kernel since issue 26; no effect measured yet (DenseNet-121 is
+#   0.69% under with and without it, docs/formats.md).
 # docs/formats.md, "Exporting a package"; metadata "eager_kernels" lists those a package calls.
 EAGER_KERNELS = (
     "_scaled_dot_product_flash_attention_for_cpu",
@@ -209,6 +213,7 @@ EAGER_KERNELS = (
     "relu", "threshold_backward", "gelu", "gelu_backward", "silu", "silu_backward",
     "hardswish", "hardswish_backward", "hardsigmoid", "hardsigmoid_backward",
     "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "embedding_dense_backward",
+    "cat",
 )
 
 

@@ -283,10 +283,19 @@ def main() -> int:
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 when a row is off by more than {TOLERANCE_PCT}% or autobatch "
                              f"is below eager by more than {UNDER_PCT}%")
+    parser.add_argument("--only", nargs="+", metavar="MODEL",
+                        help="only the set's cases of these models (in the order given)")
     args = parser.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     cases = {"test": test_cases, "full": full_cases, "pt2": pt2_cases,
              "wide": wide_cases}[args.set]()
+    if args.only:
+        known = {c.model for c in cases}
+        unknown = [m for m in args.only if m not in known]
+        if unknown:
+            parser.error(f"--only: {', '.join(unknown)} not in --set {args.set} "
+                         f"(its models: {', '.join(sorted(known))})")
+        cases = [c for m in args.only for c in cases if c.model == m]
     if args.set in ("pt2", "wide"):
         return pt2_main(cases, args)
     rows = []
