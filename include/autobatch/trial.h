@@ -43,12 +43,66 @@ enum class TrialOutcome {
 /// "fits", "out-of-memory" or "size-limit".
 std::string_view toString(TrialOutcome outcome);
 
+/// The part of a training step that a trial's memory is attributed to (TrialResult::phase_peaks,
+/// TrialResult::failed_phase). A TorchScript step runs kInputs, kForward, kLoss, kBackward per
+/// micro-batch, then kOptimizerStep. A pt2 (AOTInductor) package runs kInputs, then
+/// kForwardBackward, its one call (forward, loss and backward together), then kOptimizerStep.
+/// kCallActivations is not a phase of its own but a measure of that call, recorded beside it: its
+/// peak counting none of the gradients it returns (the bytes held when the call started, plus the
+/// largest sum of its other allocations alive at once). Like eager's forward, it grows with the
+/// batch where forward-backward's peak, reached at small batches with every gradient held, reads
+/// flat; the search bounds forward-backward's slope by it (docs/search.md, docs/formats.md).
+/// kIdle: between steps (never reported).
+enum class TrialPhase {
+  kIdle,
+  kInputs,
+  kForward,
+  kLoss,
+  kBackward,
+  kOptimizerStep,
+  kForwardBackward,
+  kCallActivations
+};
+
+/// The phase's name as the JSON writes it (trials[].phase_peaks[].phase, PhasePeak::phase,
+/// TrialResult::failed_phase): "inputs", "forward", "loss", "backward", "optimizer-step",
+/// "forward-backward" (a package's call), "forward-backward-activations" (that call less its
+/// gradients), "idle" (between steps). "unknown" for a value outside the enumeration. Never throws.
+inline const char* phaseKey(TrialPhase phase) {
+  switch (phase) {
+    case TrialPhase::kIdle:
+      return "idle";
+    case TrialPhase::kInputs:
+      return "inputs";
+    case TrialPhase::kForward:
+      return "forward";
+    case TrialPhase::kLoss:
+      return "loss";
+    case TrialPhase::kBackward:
+      return "backward";
+    case TrialPhase::kOptimizerStep:
+      return "optimizer-step";
+    case TrialPhase::kForwardBackward:
+      return "forward-backward";
+    case TrialPhase::kCallActivations:
+      return "forward-backward-activations";
+  }
+  return "unknown";
+}
+
+namespace detail {
+// The spellings the library's own sources used before the vocabulary became public (issue 28).
+using autobatch::phaseKey;
+using autobatch::TrialPhase;
+}  // namespace detail
+
 /// The peak of one phase of one micro-batch within a trial (the largest over its steps).
 struct PhasePeak {
-  /// "inputs", "forward", "loss", "backward" or "optimizer-step"; for a pt2 package "inputs",
-  /// "forward-backward" (its one call), "optimizer-step", and "forward-backward-activations": not
-  /// a phase but a measure of that call, its peak counting none of the gradients it returns
-  /// (never above forward-backward's; the search reads its slope, docs/formats.md).
+  /// phaseKey() of the phase: "inputs", "forward", "loss", "backward" or "optimizer-step"; for a
+  /// pt2 package "inputs", "forward-backward" (its one call), "optimizer-step", and
+  /// "forward-backward-activations": not a phase but a measure of that call, its peak counting
+  /// none of the gradients it returns (never above forward-backward's; the search reads its
+  /// slope, docs/formats.md).
   std::string phase;
   /// 0-based micro-batch within the optimizer step (0 for the optimizer step).
   int micro_batch_index = 0;
