@@ -48,6 +48,8 @@ MaxBatchResult searchWith(TrialRunner& runner, const SearchOptions& options) {
   // Every search trial runs the user's job as it will run: with accumulation, two micro-batches
   // per optimizer step (gradients alive during the second forward; N >= 2 peaks like 2).
   o.micro_batches_per_step = runner.microBatchesPerTrial();
+  // The units its allocator reserves in: the CUDA caching allocator's (the CPU keeps them too).
+  o.allocation_units = runner.allocatorInfo().allocation_units;
   MaxBatchResult result;
   result.search = findMaxBatch(runner.probe(), o);
   result.memory = breakdownOf(runner);

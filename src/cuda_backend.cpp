@@ -30,7 +30,7 @@ namespace {
 
 // kLargeBuffer in c10/cuda/CUDACachingAllocator.cpp: expandable segments map large blocks in
 // pages of this size.
-constexpr std::int64_t kExpandablePageBytes = 20971520;
+constexpr std::int64_t kExpandablePageBytes = kCudaCachingAllocatorUnits.page_bytes;
 
 std::string deviceName(int index) { return "cuda:" + std::to_string(index); }
 
@@ -210,6 +210,8 @@ class CudaBackend final : public MemoryBackend {
 
  private:
   void recordConfig(const CudaAllocatorFacts& facts) {
+    // What the search reads the peaks in (SearchOptions::allocation_units).
+    setup_.allocation_units = kCudaCachingAllocatorUnits;
     setup_.pytorch_alloc_conf = facts.pytorch_alloc_conf;
     setup_.pytorch_cuda_alloc_conf = facts.pytorch_cuda_alloc_conf;
     if (facts.pytorch_alloc_conf) {

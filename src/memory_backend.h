@@ -16,48 +16,9 @@
 
 namespace autobatch::detail {
 
-/// The part of a training step an allocation belongs to (fault injection, tests/faults_test.cpp).
-/// kForwardBackward: an AOTInductor package's one call (forward, loss and backward together).
-/// kCallActivations: not a phase of its own but a measure of that call, recorded beside it: its
-/// peak counting none of the gradients it returns (the bytes held when the call started, plus
-/// the largest sum of its other allocations alive at once). Like eager's forward, it grows with
-/// the batch where forward-backward's peak, reached at small batches with every gradient held,
-/// reads flat (src/search.cpp bounds forward-backward's slope by it).
-enum class TrialPhase {
-  kIdle,
-  kInputs,
-  kForward,
-  kLoss,
-  kBackward,
-  kOptimizerStep,
-  kForwardBackward,
-  kCallActivations
-};
-
-/// "inputs", "forward", "loss", "backward", "optimizer-step", "forward-backward" (a package's
-/// call), "forward-backward-activations" (that call less its gradients), "idle" between steps:
-/// the JSON's trials[].phase_peaks[].phase.
-inline const char* phaseKey(TrialPhase phase) {
-  switch (phase) {
-    case TrialPhase::kIdle:
-      return "idle";
-    case TrialPhase::kInputs:
-      return "inputs";
-    case TrialPhase::kForward:
-      return "forward";
-    case TrialPhase::kLoss:
-      return "loss";
-    case TrialPhase::kBackward:
-      return "backward";
-    case TrialPhase::kOptimizerStep:
-      return "optimizer-step";
-    case TrialPhase::kForwardBackward:
-      return "forward-backward";
-    case TrialPhase::kCallActivations:
-      return "forward-backward-activations";
-  }
-  return "unknown";
-}
+// TrialPhase and phaseKey (the part of a training step an allocation belongs to, and its JSON
+// name) live in the public autobatch/trial.h, which also declares them in this namespace
+// (detail::TrialPhase, detail::phaseKey) for the backends, the runner and fault injection.
 
 /// The peak of tensor bytes while one phase of one micro-batch ran (the largest over the trial's
 /// steps), in bytes.

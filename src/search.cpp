@@ -1,24 +1,34 @@
+// The search's driver: it owns the bracket, the trial and time budgets, cancellation, retries of
+// contradicted failures, the safe phase, the plan verification and the guarantees (never an
+// unverified answer, non-monotonic memory reported, bounds kept). Which batch comes next is the
+// strategy's question (search_strategy.h).
 #include "autobatch/search.h"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <utility>
 
 #include "autobatch/error.h"
 #include "autobatch/units.h"
-#include "memory_backend.h"
+#include "search_strategy.h"
 
 namespace autobatch {
 namespace {
+
+using detail::Bracket;
+using detail::kNoBudget;
+using detail::kUnbounded;
+using detail::MeasuredFit;
+using detail::SearchGoal;
+using detail::SearchStrategy;
 
 std::string oneDecimal(double value) {
   std::ostringstream out;
@@ -28,15 +38,8 @@ std::string oneDecimal(double value) {
   return out.str();
 }
 
-// Stands for "no upper bound known"; far below overflow of lo * 4 and (lo + hi) / 2.
-constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max() / 8;
 // The fastest batch must beat the largest by this factor before a warning: step times are noisy.
 constexpr double kFasterFactor = 1.05;
-// Guided search: how far to go towards a prediction extrapolated far beyond its secant. Tuned with
-// tests/bench/search_bench.cpp.
-constexpr double kFarJumpFraction = 0.95;
-// "No budget": the largest peak compares below it.
-constexpr std::int64_t kNoBudget = std::numeric_limits<std::int64_t>::max();
 
 using Clock = std::chrono::steady_clock;
 
@@ -69,30 +72,41 @@ void validate(const SearchOptions& o) {
          "time limit: expected >= 0 seconds (0: none), but got " + std::to_string(o.time_limit_s));
   expect(o.target_batch >= 0,
          "target batch: expected >= 0 (0: no plan), but got " + std::to_string(o.target_batch));
+  expect(o.allocation_units.block_bytes >= 1 && o.allocation_units.page_bytes >= 1,
+         "allocation units: expected blocks and pages of >= 1 byte, but got " +
+             std::to_string(o.allocation_units.block_bytes) + " and " +
+             std::to_string(o.allocation_units.page_bytes));
   if (o.target_batch > 0) planAccumulation(1, o.target_batch, o.world_size);  // throws its message
 }
 
-/// One search over one kind of trial (micro-batches per step): what was seen, and the bracket.
+/// The strategy for `goal` of a search (the one place it is chosen).
+std::unique_ptr<SearchStrategy> makeStrategy(const SearchOptions& options, SearchGoal goal) {
+  switch (options.strategy) {
+    case Strategy::kGuided:
+      return detail::makeGuidedStrategy(options, goal);
+    case Strategy::kBinsearch:
+      return detail::makeDoublingStrategy(options, goal, true);
+    case Strategy::kPower:
+      return detail::makeDoublingStrategy(options, goal, false);
+  }
+  throw Error("strategy: expected guided, binsearch or power, but got value " +
+              std::to_string(static_cast<int>(options.strategy)));
+}
+
+/// One search over one kind of trial (micro-batches per step): what was seen, and the bracket;
+/// the strategy for each goal comes from makeStrategy.
 class Search {
  public:
   Search(const Probe& probe, const SearchOptions& options)
       : probe_(probe), options_(options), start_(Clock::now()) {
-    cap_ = kUnbounded - 1;
-    if (options.max_batch > 0) cap_ = std::min(cap_, options.max_batch);
-    if (options.dataset_size > 0) cap_ = std::min(cap_, options.dataset_size);
+    trials_.cap = kUnbounded - 1;
+    if (options.max_batch > 0) trials_.cap = std::min(trials_.cap, options.max_batch);
+    if (options.dataset_size > 0) trials_.cap = std::min(trials_.cap, options.dataset_size);
     result_.micro_batches_per_step = options.micro_batches_per_step;
   }
 
   SearchResult run() {
-    switch (options_.strategy) {
-      case Strategy::kGuided:
-        runGuided();
-        break;
-      case Strategy::kBinsearch:
-      case Strategy::kPower:
-        runDoubling(options_.strategy == Strategy::kBinsearch);
-        break;
-    }
+    drive(SearchGoal::kMaximum, 0);
     finishMax();
     if (result_.max_micro_batch > 0) runSafe();
     if (options_.target_batch > 0 && result_.max_micro_batch > 0) {
@@ -147,7 +161,7 @@ class Search {
       result_.trials.push_back(*r.classification_rerun);
       if (options_.on_trial) options_.on_trial(result_.trials.back());
     }
-    if (r.memory_limit_bytes > 0) limit_ = r.memory_limit_bytes;
+    if (r.memory_limit_bytes > 0) trials_.limit_bytes = r.memory_limit_bytes;
     result_.trials.push_back(std::move(r));
     const TrialResult& last = result_.trials.back();
     if (options_.on_trial) options_.on_trial(last);
@@ -201,27 +215,13 @@ class Search {
     return step_s * steps;
   }
 
-  /// A fitting trial as the memory model sees it.
-  struct Measured {
-    std::int64_t peak = 0;   // TrialResult::peak_bytes, compared with the limit
-    std::int64_t limit = 0;  // the limit the trial ran under (0: unknown)
-    // peak less the largest phase peak: reserved but unallocated, outside the allocator.
-    std::int64_t overhead = 0;
-    // "backward#0" -> the phase's peak allocated bytes; {"" -> peak} without phase peaks.
-    std::map<std::string, std::int64_t> phases;
-  };
-
-  static std::string phaseKeyOf(const std::string& phase, int micro_batch_index) {
-    return phase + "#" + std::to_string(micro_batch_index);
-  }
-
-  static Measured measure(const TrialResult& r) {
-    Measured m;
+  static MeasuredFit measure(const TrialResult& r) {
+    MeasuredFit m;
     m.peak = r.peak_bytes;
     m.limit = r.memory_limit_bytes;
     std::int64_t top = 0;
     for (const auto& p : r.phase_peaks) {
-      auto& bytes = m.phases[phaseKeyOf(p.phase, p.micro_batch_index)];
+      auto& bytes = m.phases[detail::phaseKeyOf(p.phase, p.micro_batch_index)];
       bytes = std::max(bytes, p.peak_allocated_bytes);
       top = std::max(top, p.peak_allocated_bytes);
     }
@@ -234,34 +234,36 @@ class Search {
   }
 
   /// The budget of the maximum search: the limit in force (no budget when unknown).
-  std::int64_t maxBudget() const { return limit_ > 0 ? limit_ : kNoBudget; }
+  std::int64_t maxBudget() const {
+    return trials_.limit_bytes > 0 ? trials_.limit_bytes : kNoBudget;
+  }
   /// A fit counts under `budget` when its peak is within it; for the maximum also when the limit
   /// did not fall since it ran (a peak over the limit is a trial's own business: the allocator
   /// let it fit), but not after a fall (a CPU allocator that lost room after a failure).
   /// The safe batch's search is strict: only a peak within the budget counts.
-  bool counts(const Measured& m, std::int64_t budget, bool strict) const {
+  bool counts(const MeasuredFit& m, std::int64_t budget, bool strict) const {
     if (m.peak <= budget) return true;
-    return !strict && (m.limit <= 0 || m.limit <= limit_);
+    return !strict && (m.limit <= 0 || m.limit <= trials_.limit_bytes);
   }
   /// The largest fit that counts under `budget`; 0 when none.
   std::int64_t lowUnder(std::int64_t budget, bool strict) const {
-    const auto it = std::find_if(fits_.rbegin(), fits_.rend(), [&](const auto& entry) {
-      return counts(entry.second, budget, strict);
-    });
-    return it == fits_.rend() ? 0 : it->first;
+    const auto it =
+        std::find_if(trials_.fits.rbegin(), trials_.fits.rend(),
+                     [&](const auto& entry) { return counts(entry.second, budget, strict); });
+    return it == trials_.fits.rend() ? 0 : it->first;
   }
   /// The smallest batch above `low` known not to fit under `budget` (a failure, or a fit that
   /// does not count), or the cap + 1.
   std::int64_t highAbove(std::int64_t budget, bool strict, std::int64_t low) const {
-    std::int64_t high = cap_ + 1;
-    for (auto it = fits_.upper_bound(low); it != fits_.end(); ++it) {
+    std::int64_t high = trials_.cap + 1;
+    for (auto it = trials_.fits.upper_bound(low); it != trials_.fits.end(); ++it) {
       if (!counts(it->second, budget, strict)) {
         high = std::min(high, it->first);
         break;
       }
     }
-    const auto fail = fails_.upper_bound(low);
-    if (fail != fails_.end()) high = std::min(high, *fail);
+    const auto fail = trials_.fails.upper_bound(low);
+    if (fail != trials_.fails.end()) high = std::min(high, *fail);
     return high;
   }
   std::int64_t lo() const { return lowUnder(maxBudget(), false); }
@@ -281,20 +283,21 @@ class Search {
     if (r == nullptr) return false;
     switch (r->outcome) {
       case TrialOutcome::kFits: {
-        fits_[batch] = measure(*r);
-        fails_.erase(batch);
+        trials_.fits[batch] = measure(*r);
+        trials_.fails.erase(batch);
         // A failure at or below a fit: re-try the smallest such failure once.
-        if (!fails_.empty() && *fails_.begin() <= batch) retryFailure(*fails_.begin(), batch);
+        if (!trials_.fails.empty() && *trials_.fails.begin() <= batch)
+          retryFailure(*trials_.fails.begin(), batch);
         return true;
       }
       case TrialOutcome::kOutOfMemory: {
-        if (batch == options_.min_batch && fits_.empty()) {
+        if (batch == options_.min_batch && trials_.fits.empty()) {
           result_.min_batch_needs_at_least_bytes = r->peak_bytes + r->failed_request_bytes;
         }
-        fails_.insert(batch);
+        trials_.fails.insert(batch);
         if (!r->failed_phase.empty() && r->failed_in_use_bytes > 0) {
-          bounds_[batch] = {phaseKeyOf(r->failed_phase, r->failed_micro_batch_index),
-                            r->failed_in_use_bytes + r->failed_request_bytes};
+          trials_.bounds[batch] = {detail::phaseKeyOf(r->failed_phase, r->failed_micro_batch_index),
+                                   r->failed_in_use_bytes + r->failed_request_bytes};
         }
         if (lo() >= batch) retryFailure(batch, lo());
         return false;
@@ -304,7 +307,7 @@ class Search {
           result_.size_limit_batch = batch;
           result_.size_limit_reason = r->reason;
         }
-        if (batch > lo()) cap_ = std::min(cap_, batch - 1);
+        if (batch > lo()) trials_.cap = std::min(trials_.cap, batch - 1);
         return false;
       }
     }
@@ -316,9 +319,9 @@ class Search {
     const TrialResult* r = trial(failed, options_.micro_batches_per_step);
     if (r == nullptr) return;
     if (r->outcome == TrialOutcome::kFits) {
-      fits_[failed] = measure(*r);
-      fails_.erase(failed);
-      bounds_.erase(failed);
+      trials_.fits[failed] = measure(*r);
+      trials_.fails.erase(failed);
+      trials_.bounds.erase(failed);
       result_.warnings.push_back("batch " + std::to_string(failed) +
                                  " failed once and fit when re-tried (a transient failure)");
       return;
@@ -331,284 +334,38 @@ class Search {
         "fit");
   }
 
-  /// Prediction of the largest batch whose peak stays <= budget_bytes, on the max-of-phases model:
-  /// each phase (and micro-batch) is affine on its own, the peak is the largest of them plus the
-  /// anchor's overhead, so the boundary is the smallest batch at which any phase reaches the
-  /// budget. Each phase's slope is the secant from the anchor (the largest fit <= `below`) to the
-  /// largest fit at or below half of it (else the smallest fit), raised to what any point above the
-  /// anchor proves: a measured fit there, or an out-of-memory trial's lower bound on the phase that
-  /// failed (bytes in use plus the refused request). A phase below the others still gives its
-  /// slope. 0 when no phase has a usable slope.
-  std::int64_t predict(std::int64_t budget_bytes, std::int64_t below) {
-    far_jump_ = false;
-    window_ = 0.0;
-    if (budget_bytes <= 0 || budget_bytes == kNoBudget) return 0;
-    auto anchor = fits_.upper_bound(below);
-    if (anchor == fits_.begin()) return 0;
-    --anchor;
-    const std::int64_t a = anchor->first;
-    const Measured& at_a = anchor->second;
-    const Measured* ref = nullptr;
-    std::int64_t b = 0;
-    auto it = fits_.upper_bound(a / 2);
-    if (it != fits_.begin()) {
-      --it;
-      if (it->first != a) std::tie(b, ref) = std::pair{it->first, &it->second};
-    } else if (fits_.begin()->first != a) {
-      std::tie(b, ref) = std::pair{fits_.begin()->first, &fits_.begin()->second};
+  /// The bracket of `goal`: the maximum's under the limit in force (a fit whose limit did not fall
+  /// since counts), the safe batch's under `budget` (strict), below the maximum.
+  Bracket bracket(SearchGoal goal, std::int64_t budget) const {
+    Bracket b;
+    if (goal == SearchGoal::kMaximum) {
+      b.low = lo();
+      b.high = hi();
+      b.budget_bytes = maxBudget();
+      b.closed = closed(b.low, b.high);
+      return b;
     }
-    // The caching allocator reserves whole 2 MiB blocks (20 MiB expandable-segment pages): when
-    // every measured peak is a multiple of one, a batch fits while its need rounded up stays
-    // under the budget rounded down, and the anchor's overhead is that rounding (less one unit,
-    // whatever lies beyond it: fragmentation, outside growth).
-    const std::int64_t unit = quantum();
-    const std::int64_t block = phaseQuantum();
-    std::int64_t overhead = at_a.overhead;
-    if (unit > 1) {
-      budget_bytes = budget_bytes / unit * unit;
-      overhead = std::max<std::int64_t>(0, overhead - unit + 1);
-    }
-    struct Slope {
-      double bytes_per_sample = -std::numeric_limits<double>::infinity();  // none yet
-      bool bounded = false;  // a point above the anchor set it
-    };
-    std::map<std::string, Slope> slopes;
-    for (const auto& [key, value] : at_a.phases) {
-      Slope& slope = slopes[key];
-      // Measured points above the anchor (fits over the budget) bracket the boundary: their
-      // secants interpolate, and the steepest is the safe one. Without them, the secant below.
-      for (auto up = std::next(anchor); up != fits_.end(); ++up) {
-        const auto there = up->second.phases.find(key);
-        if (there == up->second.phases.end()) continue;
-        const double s =
-            static_cast<double>(there->second - value) / static_cast<double>(up->first - a);
-        if (s > slope.bytes_per_sample) slope = {s, true};
-      }
-      if (!slope.bounded && ref != nullptr) {
-        const auto there = ref->phases.find(key);
-        if (there != ref->phases.end()) {
-          double s = static_cast<double>(value - there->second) / static_cast<double>(a - b);
-          // Far beyond the secant, its error matters: each end may be off by one allocation
-          // unit, so take the steepest slope they allow (a short secant over 2 MiB blocks may
-          // read flat where the phase grows).
-          const auto room = static_cast<double>(budget_bytes - overhead - value);
-          if (block > 1 && (s <= 0.0 || room / s > 4.0 * static_cast<double>(a - b))) {
-            s += static_cast<double>(2 * block) / static_cast<double>(a - b);
-          }
-          slope.bytes_per_sample = s;
-        }
-      }
-      for (auto up = bounds_.upper_bound(a); up != bounds_.end(); ++up) {
-        if (up->second.first != key) continue;
-        const double s =
-            static_cast<double>(up->second.second - value) / static_cast<double>(up->first - a);
-        if (s > slope.bytes_per_sample) slope = {s, true};
-      }
-    }
-    // Backward starts with every activation forward saved still alive: at large batches its peak
-    // grows at least as fast as forward's. Its own secant from a small batch may not show it (at
-    // small batches backward peaks at its end, when the weight gradients are all allocated), and
-    // then it overshoots: mlp_8x2048's backward rises 24.6 KB per sample from 1 to 2, 73.5 KB
-    // from 2 to 7072, and 90.1 KB, forward's slope, near 7258.
-    // A package's one call is the same: its peak counting none of the gradients it returns
-    // ("forward-backward-activations", src/trial_runner.cpp) plays forward's part. Without it
-    // ResNet-18's package jumped from batch 2 to 265 and 244 (both out of memory; the answer was
-    // 75) on a forward-backward secant of 0.43 MiB per sample.
-    using detail::phaseKey;
-    using detail::TrialPhase;
-    static const std::array<std::pair<std::string, std::string>, 2> bounded_by = {{
-        {std::string(phaseKey(TrialPhase::kBackward)) + "#",
-         std::string(phaseKey(TrialPhase::kForward)) + "#"},
-        {std::string(phaseKey(TrialPhase::kForwardBackward)) + "#",
-         std::string(phaseKey(TrialPhase::kCallActivations)) + "#"},
-    }};
-    for (auto& [key, slope] : slopes) {
-      if (slope.bounded) continue;
-      for (const auto& [prefix, by_prefix] : bounded_by) {
-        if (!key.starts_with(prefix)) continue;
-        const auto by = slopes.find(by_prefix + key.substr(prefix.size()));
-        if (by != slopes.end()) {
-          slope.bytes_per_sample = std::max(slope.bytes_per_sample, by->second.bytes_per_sample);
-        }
-      }
-    }
-    double best = std::numeric_limits<double>::infinity();
-    bool best_bounded = false;  // the binding phase's slope came from a point above the anchor
-    for (const auto& [key, slope] : slopes) {
-      if (slope.bytes_per_sample == -std::numeric_limits<double>::infinity()) continue;
-      const std::int64_t value = at_a.phases.at(key);
-      const auto room = static_cast<double>(budget_bytes - overhead - value);
-      if (slope.bytes_per_sample <= 0.0) {
-        if (room < 0.0) best = std::min(best, static_cast<double>(a) - 1.0);
-        continue;  // flat: this phase does not bind
-      }
-      const double extra = std::floor(room / slope.bytes_per_sample);
-      if (static_cast<double>(a) + extra < best) {
-        best = static_cast<double>(a) + extra;
-        best_bounded = slope.bounded;
-        // A phase rounded to whole blocks hides up to a block of its need: that many batches.
-        window_ = static_cast<double>(block) / slope.bytes_per_sample;
-      }
-    }
-    if (best == std::numeric_limits<double>::infinity()) return 0;
-    // A slope from a point above the anchor makes the step an interpolation, never a far jump.
-    far_jump_ = !best_bounded && ref != nullptr &&
-                best - static_cast<double>(a) > 4.0 * static_cast<double>(a - b);
-    return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::clamp(best, -1e15, 1e15)));
+    b.low = lowUnder(budget, true);
+    b.high = std::min(highAbove(budget, true, b.low), result_.max_micro_batch + 1);
+    b.budget_bytes = budget;
+    b.closed = closed(b.low, b.high) || (b.low == 0 && b.high <= options_.min_batch);
+    return b;
   }
 
-  /// The allocation unit every measured peak is a multiple of: 20 MiB (expandable-segment pages,
-  /// when two peaks differ), 2 MiB (the caching allocator's blocks), else 1 (the CPU budget
-  /// allocator counts bytes).
-  std::int64_t quantum() const {
-    for (const std::int64_t unit : {std::int64_t{20} << 20, std::int64_t{2} << 20}) {
-      std::set<std::int64_t> peaks;
-      bool all = !fits_.empty();
-      for (const auto& [batch, m] : fits_) {
-        all = all && m.peak > 0 && m.peak % unit == 0;
-        peaks.insert(m.peak);
-      }
-      if (all && (unit == (std::int64_t{2} << 20) || peaks.size() >= 2)) return unit;
-    }
-    return 1;
-  }
-
-  /// The unit every measured phase peak is a multiple of: 2 MiB when the allocator hands out
-  /// whole blocks, else 1.
-  std::int64_t phaseQuantum() const {
-    constexpr std::int64_t kBlock = std::int64_t{2} << 20;
-    bool all = !fits_.empty();
-    for (const auto& [batch, m] : fits_) {
-      for (const auto& [key, bytes] : m.phases) all = all && bytes > 0 && bytes % kBlock == 0;
-    }
-    return all ? kBlock : 1;
-  }
-
-  /// Where repeated fits at the predicted boundary push the next step: from the fifth, doubling
-  /// steps (+2, +4, ...).
-  std::int64_t gallop(std::int64_t low) const {
-    if (streak_ < 5) return low + 1;
-    return low + (std::int64_t{1} << std::min(streak_ - 4, 40));
-  }
-
-  /// The geometric midpoint of (low, high), rounded; the arithmetic one when low is 0.
-  static std::int64_t logMidpoint(std::int64_t low, std::int64_t high) {
-    if (low <= 0) return high / 2;
-    return static_cast<std::int64_t>(
-        std::llround(std::sqrt(static_cast<double>(low) * static_cast<double>(high))));
-  }
-
-  /// The next batch inside (low, high) for a model-guided step towards `pred` (0: no model),
-  /// with galloping when outcomes keep landing on one side and bisection when the bracket does
-  /// not shrink fast enough.
-  std::int64_t guidedNext(std::int64_t low, std::int64_t high, std::int64_t pred) {
-    std::int64_t x = 0;
-    if (pred > 0 && pred <= low + 1 && window_ >= 2.0) {
-      // The model puts the boundary at the anchor, but block rounding hides up to window_
-      // batches above it: bisect what is left of that window.
-      const double width = std::min(window_, static_cast<double>(high - low - 1));
-      x = low + std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(width / 2.0)));
-      return std::clamp(x, low + 1, std::min(high, cap_ + 1) - 1);
-    }
-    if (pred > low && far_jump_) {
-      // Extrapolating far beyond a short secant: rounding of the small probes' peaks makes the
-      // slope uncertain, so aim short; a fit there is a far anchor for an accurate next secant.
-      pred = low + static_cast<std::int64_t>(kFarJumpFraction * static_cast<double>(pred - low));
-    }
-    if (high >= kUnbounded) {
-      // pred in (0, low]: the model puts the boundary at the anchor; confirm it by low + 1.
-      x = pred > low ? pred : (pred > 0 ? low + 1 : low * 4);
-      x = std::max(x, gallop(low));
-    } else {
-      const std::int64_t width = high - low;
-      if (pred <= 0 || (width_before_ > 0 && width * 2 > width_before_ && stalls_ >= 2)) {
-        x = low + width / 2;
-        stalls_ = 0;
-      } else if (pred >= high || (streak_ < 0 && streak_ <= -2)) {
-        // The model puts the boundary at or above a batch that failed (contradicted: its limit
-        // or slopes are wrong, e.g. under a real allocator's limit it cannot see), or a second
-        // failure in a row: bisect in log space (a far-off slope is off by a factor, not by a few
-        // percent), or go to the model's batch when it is lower.
-        x = logMidpoint(low, high);
-        if (pred > low) x = std::min(x, pred);
-      } else {
-        x = pred;
-        x = std::max(x, gallop(low));
-        if (streak_ <= -2) {
-          x = std::min(x, high - (std::int64_t{1} << std::min(-streak_ - 1, 40)));
-        }
-      }
-    }
-    return std::clamp(x, low + 1, std::min(high, cap_ + 1) - 1);
-  }
-
-  void noteOutcome(bool fit, std::int64_t width_before, std::int64_t width_after) {
-    // A short-aimed far jump is not a guess at the boundary: it starts no gallop.
-    streak_ = fit ? (far_jump_ ? 0 : std::max(streak_, 0) + 1) : std::min(streak_, 0) - 1;
-    if (width_before < kUnbounded / 2 && width_after * 2 > width_before) {
-      ++stalls_;
-    } else {
-      stalls_ = 0;
-    }
-    width_before_ = width_before;
-  }
-
-  void runGuided() {
-    const std::int64_t b1 = options_.min_batch;
-    if (!options_.seed_batches.empty()) {
-      for (const std::int64_t seed : options_.seed_batches) {
-        const std::int64_t x = std::clamp(seed, b1, cap_);
-        if (fits_.contains(x) || fails_.contains(x) || x <= lo() || x >= hi()) continue;
-        tryBatch(x);
-        if (stop_ != Stop::kNone) return;
-      }
-      if (fits_.empty() && !tryBatch(b1)) return;
-      runGuidedSteps();
-      return;
-    }
-    if (!tryBatch(b1)) return;
-    if (b1 >= cap_) return;
-    // Under peak(B) = fixed + per_sample * B with fixed >= 0, peak(k * b1) <= k * peak(b1): the
-    // largest k with k * peak(b1) <= limit is the largest multiple the first probe proves safe.
-    std::int64_t b2 = 2 * b1;
-    const std::int64_t p1 = fits_.begin()->second.peak;
-    if (limit_ > 0 && p1 > 0 && p1 < limit_) {
-      b2 = std::max(b2, b1 * (limit_ / p1));
-    }
-    b2 = std::min(b2, cap_);
-    if (!tryBatch(b2) && stop_ != Stop::kNone) return;
-    runGuidedSteps();
-  }
-
-  /// The model-guided steps, once there is at least one fit.
-  void runGuidedSteps() {
-    while (stop_ == Stop::kNone && !closed(lo(), hi())) {
-      const std::int64_t low = lo();
-      const std::int64_t high = hi();
-      const std::int64_t x = guidedNext(low, high, predict(limit_, low));
-      const bool fit = tryBatch(x);
+  /// The one driver loop, for the maximum (`budget` unused) and the safe batch: asks the
+  /// strategy for a batch, tries it, tells the strategy the outcome, until the strategy has none
+  /// or a budget or the cancel hook stops the search.
+  void drive(SearchGoal goal, std::int64_t budget) {
+    const std::unique_ptr<SearchStrategy> strategy = makeStrategy(options_, goal);
+    while (stop_ == Stop::kNone) {
+      const Bracket before = bracket(goal, budget);
+      const std::int64_t x = strategy->next(trials_, before);
+      if (x == 0) return;
+      bool fit = tryBatch(x);
       if (stop_ != Stop::kNone) return;
-      noteOutcome(fit, high - low, hi() - lo());
+      if (goal == SearchGoal::kSafe) fit = fit && trials_.fits.at(x).peak <= budget;
+      strategy->noteOutcome(fit, before, bracket(goal, budget));
     }
-  }
-
-  void runDoubling(bool bisect) {
-    std::int64_t x = std::clamp(options_.initial_batch, options_.min_batch, cap_);
-    // Lightning: halve until something fits, then double until the first failure.
-    while (true) {
-      const bool fit = tryBatch(x);
-      if (stop_ != Stop::kNone) return;
-      if (fit) break;
-      if (x <= options_.min_batch) return;  // nothing fits
-      x = std::max(options_.min_batch, std::min(x / 2, hi() - 1));
-    }
-    while (lo() < cap_ && fails_.upper_bound(lo()) == fails_.end()) {
-      x = std::min(lo() * 2, cap_);
-      tryBatch(x);
-      if (stop_ != Stop::kNone) return;
-    }
-    if (!bisect) return;
-    while (stop_ == Stop::kNone && !closed(lo(), hi())) tryBatch(lo() + (hi() - lo()) / 2);
   }
 
   void finishMax() {
@@ -617,10 +374,10 @@ class Search {
       result_.status = SearchStatus::kNothingFits;
     }
     result_.capped_by = cappedBy();
-    if (limit_ <= 0 && options_.memory_limit_bytes > 0) {
-      limit_ = options_.memory_limit_bytes - options_.reserve_bytes;
+    if (trials_.limit_bytes <= 0 && options_.memory_limit_bytes > 0) {
+      trials_.limit_bytes = options_.memory_limit_bytes - options_.reserve_bytes;
     }
-    result_.memory_limit_bytes = std::max<std::int64_t>(limit_, 0);
+    result_.memory_limit_bytes = std::max<std::int64_t>(trials_.limit_bytes, 0);
     result_.margin_bytes = marginBytes(options_, result_.memory_limit_bytes);
   }
 
@@ -645,8 +402,8 @@ class Search {
     // Nothing verified: a budget or cancellation that stopped the search before a fit is what
     // bounds it, not memory (`--time-limit 0.0001` said "memory", issue 27 row 21).
     if (max == 0) return stop_ == Stop::kNone ? "memory" : stopName();
-    const auto above = fails_.upper_bound(max);
-    if (above != fails_.end() && *above == max + 1) return "memory";
+    const auto above = trials_.fails.upper_bound(max);
+    if (above != trials_.fails.end() && *above == max + 1) return "memory";
     if (result_.size_limit_batch == max + 1) return "size-limit";
     const std::int64_t bound_max = options_.max_batch > 0 ? options_.max_batch : kUnbounded;
     const std::int64_t bound_data = options_.dataset_size > 0 ? options_.dataset_size : kUnbounded;
@@ -655,7 +412,7 @@ class Search {
     if (stop_ != Stop::kNone) return stopName();
     // A closed bracket (relative tolerance) or a size limit further up: the failure above rules.
     if (result_.size_limit_batch > max &&
-        (above == fails_.end() || *above > result_.size_limit_batch)) {
+        (above == trials_.fails.end() || *above > result_.size_limit_batch)) {
       return "size-limit";
     }
     return "memory";
@@ -668,41 +425,10 @@ class Search {
       return;
     }
     const std::int64_t budget = result_.memory_limit_bytes - result_.margin_bytes;
-    auto safe_lo = [&] { return lowUnder(budget, true); };
-    auto safe_hi = [&](std::int64_t low) {
-      return std::min(highAbove(budget, true, low), result_.max_micro_batch + 1);
-    };
-    streak_ = 0;
-    stalls_ = 0;
-    width_before_ = 0;
-    while (stop_ == Stop::kNone) {
-      const std::int64_t low = safe_lo();
-      const std::int64_t high = safe_hi(low);
-      if (closed(low, high) || (low == 0 && high <= options_.min_batch)) break;
-      std::int64_t x = 0;
-      switch (options_.strategy) {
-        case Strategy::kGuided:
-          // From the model at the budget, anchored at the safe batch so far and interpolating
-          // towards the fits measured over the budget.
-          x = guidedNext(low, high, predict(budget, low));
-          break;
-        case Strategy::kBinsearch:
-          x = low + (high - low) / 2;
-          break;
-        case Strategy::kPower:
-          // The powers below the maximum were all tried; only halve when none was safe.
-          if (low > 0) break;
-          x = std::max(options_.min_batch, high / 2);
-          break;
-      }
-      if (x == 0) break;
-      const bool fit = tryBatch(x);
-      if (stop_ != Stop::kNone) break;
-      const bool safe = fit && fits_.at(x).peak <= budget;
-      const std::int64_t new_low = safe_lo();
-      noteOutcome(safe, high - low, safe_hi(new_low) - new_low);
-    }
-    result_.safe_micro_batch = safe_lo();
+    // From the fits so far: the guided model anchors at the safe batch so far and interpolates
+    // towards the fits measured over the budget.
+    drive(SearchGoal::kSafe, budget);
+    result_.safe_micro_batch = lowUnder(budget, true);
     if (result_.safe_micro_batch == 0) {
       result_.warnings.push_back("no batch was seen to fit under the limit less the margin (" +
                                  bytesText(budget) + ")");
@@ -710,8 +436,9 @@ class Search {
       // what the minimum batch measured (issue 27: it said "found" with a micro-batch of 0).
       if (stop_ == Stop::kNone) {
         result_.status = SearchStatus::kNothingFits;
-        const auto at_min = fits_.find(options_.min_batch);
-        if (at_min != fits_.end()) result_.min_batch_needs_at_least_bytes = at_min->second.peak;
+        const auto at_min = trials_.fits.find(options_.min_batch);
+        if (at_min != trials_.fits.end())
+          result_.min_batch_needs_at_least_bytes = at_min->second.peak;
       }
     }
   }
@@ -861,7 +588,7 @@ class Search {
     double sy = 0;
     double sxx = 0;
     double sxy = 0;
-    for (const auto& [batch, m] : fits_) {
+    for (const auto& [batch, m] : trials_.fits) {
       if (m.peak <= 0) continue;
       const auto x = static_cast<double>(batch);
       const auto y = static_cast<double>(m.peak);
@@ -910,7 +637,7 @@ class Search {
     result_.fit = fitAffine();
     if (result_.max_micro_batch > 0) {
       result_.predicted_peak_bytes = result_.fit.predictBytes(result_.max_micro_batch);
-      result_.measured_peak_bytes = fits_.at(result_.max_micro_batch).peak;
+      result_.measured_peak_bytes = trials_.fits.at(result_.max_micro_batch).peak;
     }
     // Throughput of the search's own mode; the last measurement of each size counts.
     const std::map<std::int64_t, double> rate = measuredRates();
@@ -949,19 +676,9 @@ class Search {
   Clock::time_point start_;
   SearchResult result_;
   Stop stop_ = Stop::kNone;
-  std::string not_started_;  // the trial the time budget did not start, and why (else empty)
-  std::int64_t cap_ = 0;     // largest batch allowed (bounds and size limits), inclusive
-  std::int64_t limit_ = 0;   // bytes, from the trials
-  std::map<std::int64_t, Measured> fits_;  // batch -> what its trial measured, search mode
-  // Out-of-memory batch -> (phase key, lower bound on that phase's peak allocated bytes).
-  std::map<std::int64_t, std::pair<std::string, std::int64_t>> bounds_;
-  std::set<std::int64_t> fails_;  // out-of-memory batches, search mode
-  std::set<std::int64_t> retried_;
-  int streak_ = 0;  // > 0: consecutive fits of guided steps; < 0: consecutive failures
-  int stalls_ = 0;  // consecutive guided steps that did not halve the bracket
-  std::int64_t width_before_ = 0;
-  bool far_jump_ = false;  // the last prediction extrapolated far beyond its secant
-  double window_ = 0.0;    // batches the last prediction cannot resolve (block rounding)
+  std::string not_started_;         // the trial the time budget did not start, and why (else empty)
+  detail::SearchTrials trials_;     // fits, failures, bounds, cap and limit, search mode
+  std::set<std::int64_t> retried_;  // failed batches re-tried once
 };
 
 }  // namespace

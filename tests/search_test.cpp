@@ -1038,5 +1038,46 @@ TEST(SearchTest, NothingVerifiedBeforeAStopIsCappedByTheStopNotMemory) {
   EXPECT_EQ(none.capped_by, "memory");
 }
 
+// The allocator's units reach the search as data (SearchOptions::allocation_units, issue 28): on
+// curves rounded to 2 MiB blocks, the default (the CUDA caching allocator's units) and {1, 1}
+// (peaks read as bytes) both find the exact answer, and the units change the walk. Catches a
+// search that ignores the option (the units hard-coded again): every walk would be the same.
+TEST(SearchTest, AllocationUnitsFromTheOptionsSteerTheGuidedSteps) {
+  std::mt19937_64 rng(11);
+  int walks_that_differ = 0;
+  for (int i = 0; i < 40; ++i) {
+    testing::PhasedModel model = testing::randomPhasedModel(
+        rng, testing::CurveFamily::kCrossingBelow, 16.0, 8192.0, 2 * testing::kMiB);
+    const std::int64_t threshold = model.threshold();
+    SearchOptions options = optionsFor(Strategy::kGuided);
+    ASSERT_EQ(options.allocation_units.block_bytes, 2 * testing::kMiB);
+    ASSERT_EQ(options.allocation_units.page_bytes, 20 * testing::kMiB);
+    const SearchResult cuda = findMaxBatch(testing::probeFor(model), options);
+    options.allocation_units = {1, 1};
+    const SearchResult bytes = findMaxBatch(testing::probeFor(model), options);
+    EXPECT_EQ(cuda.max_micro_batch, threshold) << "model " << i;
+    EXPECT_EQ(bytes.max_micro_batch, threshold) << "model " << i;
+    std::vector<std::int64_t> cuda_walk;
+    std::vector<std::int64_t> bytes_walk;
+    for (const auto& t : cuda.trials) cuda_walk.push_back(t.request.micro_batch_size);
+    for (const auto& t : bytes.trials) bytes_walk.push_back(t.request.micro_batch_size);
+    if (cuda_walk != bytes_walk) ++walks_that_differ;
+  }
+  EXPECT_GT(walks_that_differ, 0);
+}
+
+// Catches units outside their documented range (>= 1 byte) accepted silently.
+TEST(SearchTest, AllocationUnitsBelowOneByteThrow) {
+  SearchOptions options;
+  options.allocation_units = {0, 1};
+  try {
+    findMaxBatch(probeFor(modelWithThreshold(10)), options);
+    FAIL() << "expected autobatch::Error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "allocation units: expected blocks and pages of >= 1 byte, but got 0 and 1");
+  }
+}
+
 }  // namespace
 }  // namespace autobatch

@@ -129,8 +129,8 @@ std::int64_t marginBytes(const SearchOptions& options, std::int64_t memory_limit
 /// is a status, not an exception.
 /// Throws: autobatch::Error for invalid options (min_batch < 1, max_batch or dataset_size below
 /// min_batch, margin_fraction outside [0, 1), negative relative_tolerance, micro_batches_per_step
-/// not 1 or 2, an impossible target/world size — the planner's message); any exception thrown by
-/// the probe, unchanged.
+/// not 1 or 2, allocation units below 1 byte, a strategy outside the enumeration, an impossible
+/// target/world size — the planner's message); any exception thrown by the probe, unchanged.
 SearchResult findMaxBatch(const Probe& probe, const SearchOptions& options);
 
 }  // namespace autobatch

@@ -78,6 +78,12 @@ struct SearchOptions {
   /// maximum scaled to the same tokens per micro-batch). Each is still a trial: a size is reported
   /// only when seen to fit. Clamped into [min_batch, bounds]. Empty: start at min_batch.
   std::vector<std::int64_t> seed_batches;
+  /// The units the probe's allocator reserves memory in, as the search reads the measured peaks
+  /// (AllocationUnits, docs/search.md). findMaxBatch(TrainingSpec) and findMaxBatch(TrialRunner&)
+  /// set it from the trial runner (TrialRunner::allocatorInfo()). A probe whose allocator counts
+  /// bytes may pass {1, 1}. Each unit >= 1. Default: kCudaCachingAllocatorUnits (2 MiB blocks,
+  /// 20 MiB pages), taken only where every measured peak is a multiple of the unit.
+  AllocationUnits allocation_units = kCudaCachingAllocatorUnits;
   /// Stop when hi <= lo * (1 + relative_tolerance); 0 is exact (lo + 1 == hi). Default: 0.
   double relative_tolerance = 0.0;
   /// Most trials to run; 0 means no budget. Default: 0.

@@ -43,12 +43,66 @@ enum class TrialOutcome {
 /// "fits", "out-of-memory" or "size-limit".
 std::string_view toString(TrialOutcome outcome);
 
+/// The part of a training step that a trial's memory is attributed to (TrialResult::phase_peaks,
+/// TrialResult::failed_phase). A TorchScript step runs kInputs, kForward, kLoss, kBackward per
+/// micro-batch, then kOptimizerStep. A pt2 (AOTInductor) package runs kInputs, then
+/// kForwardBackward, its one call (forward, loss and backward together), then kOptimizerStep.
+/// kCallActivations is not a phase of its own but a measure of that call, recorded beside it: its
+/// peak counting none of the gradients it returns (the bytes held when the call started, plus the
+/// largest sum of its other allocations alive at once). Like eager's forward, it grows with the
+/// batch where forward-backward's peak, reached at small batches with every gradient held, reads
+/// flat; the search bounds forward-backward's slope by it (docs/search.md, docs/formats.md).
+/// kIdle: between steps (never reported).
+enum class TrialPhase {
+  kIdle,
+  kInputs,
+  kForward,
+  kLoss,
+  kBackward,
+  kOptimizerStep,
+  kForwardBackward,
+  kCallActivations
+};
+
+/// The phase's name as the JSON writes it (trials[].phase_peaks[].phase, PhasePeak::phase,
+/// TrialResult::failed_phase): "inputs", "forward", "loss", "backward", "optimizer-step",
+/// "forward-backward" (a package's call), "forward-backward-activations" (that call less its
+/// gradients), "idle" (between steps). "unknown" for a value outside the enumeration. Never throws.
+inline const char* phaseKey(TrialPhase phase) {
+  switch (phase) {
+    case TrialPhase::kIdle:
+      return "idle";
+    case TrialPhase::kInputs:
+      return "inputs";
+    case TrialPhase::kForward:
+      return "forward";
+    case TrialPhase::kLoss:
+      return "loss";
+    case TrialPhase::kBackward:
+      return "backward";
+    case TrialPhase::kOptimizerStep:
+      return "optimizer-step";
+    case TrialPhase::kForwardBackward:
+      return "forward-backward";
+    case TrialPhase::kCallActivations:
+      return "forward-backward-activations";
+  }
+  return "unknown";
+}
+
+namespace detail {
+// The spellings the library's own sources used before the vocabulary became public (issue 28).
+using autobatch::phaseKey;
+using autobatch::TrialPhase;
+}  // namespace detail
+
 /// The peak of one phase of one micro-batch within a trial (the largest over its steps).
 struct PhasePeak {
-  /// "inputs", "forward", "loss", "backward" or "optimizer-step"; for a pt2 package "inputs",
-  /// "forward-backward" (its one call), "optimizer-step", and "forward-backward-activations": not
-  /// a phase but a measure of that call, its peak counting none of the gradients it returns
-  /// (never above forward-backward's; the search reads its slope, docs/formats.md).
+  /// phaseKey() of the phase: "inputs", "forward", "loss", "backward" or "optimizer-step"; for a
+  /// pt2 package "inputs", "forward-backward" (its one call), "optimizer-step", and
+  /// "forward-backward-activations": not a phase but a measure of that call, its peak counting
+  /// none of the gradients it returns (never above forward-backward's; the search reads its
+  /// slope, docs/formats.md).
   std::string phase;
   /// 0-based micro-batch within the optimizer step (0 for the optimizer step).
   int micro_batch_index = 0;
@@ -115,6 +169,28 @@ struct TrialResult {
   bool cancelled = false;
 };
 
+/// The units an allocator reserves memory in, as the search reads the measured peaks
+/// (docs/search.md, "The caching allocator's units"). The search takes a unit only when the
+/// trials show it: when every fitting trial's peak_bytes is a multiple of page_bytes (and two of
+/// them differ), else of block_bytes, it rounds the budget down to that unit; when every phase
+/// peak is a multiple of block_bytes, it allows a short secant an error of one block at each end.
+/// A unit of 1 is never taken: the peaks are read as bytes.
+struct AllocationUnits {
+  /// The allocator reserves whole multiples of this, in bytes. Range: >= 1.
+  std::int64_t block_bytes = 1;
+  /// Expandable segments map memory in pages of this size, in bytes. Range: >= 1.
+  std::int64_t page_bytes = 1;
+};
+
+/// The CUDA caching allocator's units (LibTorch 2.11; c10/cuda/CUDACachingAllocator.cpp, with its
+/// constants in c10/core/AllocatorConfig.h): block_bytes 2 MiB, because every segment it reserves
+/// is a multiple of 2 MiB: requests up to kSmallSize (1 MiB) share kSmallBuffer (2 MiB) segments,
+/// requests below kMinLargeAlloc (10 MiB) get a kLargeBuffer (20 MiB) segment, larger ones are
+/// rounded up to kRoundLarge (2 MiB); page_bytes 20 MiB, kLargeBuffer, the page size in which
+/// expandable segments map the large pool.
+inline constexpr AllocationUnits kCudaCachingAllocatorUnits{std::int64_t{2} << 20,
+                                                            std::int64_t{20} << 20};
+
 /// How the CUDA caching allocator was configured for the trials (docs/trial_runner.md).
 struct AllocatorInfo {
   /// PYTORCH_ALLOC_CONF's value, else "PYTORCH_CUDA_ALLOC_CONF=<value>", else "".
@@ -129,6 +205,12 @@ struct AllocatorInfo {
   bool expandable_segments = false;
   /// The memory fraction of totalGlobalMem the trials ran under; 1.0: no cap (and on the CPU).
   double fraction = 1.0;
+  /// The units the trials' allocator reserves in, for the search (SearchOptions::
+  /// allocation_units): the CUDA caching allocator's. The CPU budget allocator counts bytes but
+  /// keeps this default, so a CPU search reads its peaks exactly as before the units became data
+  /// (issue 28): byte counts are multiples of 2 MiB only by chance, and then the search takes the
+  /// unit as it always did.
+  AllocationUnits allocation_units = kCudaCachingAllocatorUnits;
 };
 
 /// Runs one trial. Returns its result for fits / out-of-memory / size-limit outcomes.
