@@ -23,10 +23,9 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path freshDir(const std::string& name) {
-  const fs::path dir =
-      fs::path(AUTOBATCH_TEST_TMP) / "cached_search" /
-      (name + "-" + std::to_string(::getpid()) + "-" +
-       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  fs::path dir = fs::path(AUTOBATCH_TEST_TMP) / "cached_search" /
+                 (name + "-" + std::to_string(::getpid()) + "-" +
+                  std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
   fs::create_directories(dir);
   return dir;
 }

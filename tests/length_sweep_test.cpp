@@ -198,7 +198,7 @@ Planned planned() {
   p.row.status = "found";
   p.row.safe_micro_batch = 20;
   p.row.tokens_per_sample = 512;
-  p.row.tokens_per_micro_batch = 20 * 512;
+  p.row.tokens_per_micro_batch = std::int64_t{20} * 512;
   p.row.plan = p.search.plan;
   return p;
 }

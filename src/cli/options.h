@@ -47,8 +47,8 @@ std::string flag(const cxxopts::ParseResult& args, const std::string& name);
 std::string flagBeforeParsing(int argc, char** argv, const std::string& name,
                               const std::string& short_name = "");
 
-/// Reads every flag but --json, --env, --help, --version, -v and -q into `config` (in the order
+/// Reads every flag but --json, --env, --help, --version, -v and -q into `cli` (in the order
 /// of the flag groups; the first invalid flag throws). Throws: autobatch::Error naming the flag.
-void readOptions(const cxxopts::ParseResult& args, CliConfig& config);
+void readOptions(const cxxopts::ParseResult& args, CliConfig& cli);
 
 }  // namespace autobatch::cli
