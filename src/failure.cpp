@@ -413,4 +413,11 @@ bool isFatalDeviceError(std::string_view message) {
   return lineWithAny(errorLines(message), kFatal).has_value();
 }
 
+std::string withoutBacktrace(std::string message) {
+  for (const char* start : {"\nException raised from ", "\nframe #"}) {
+    if (const auto at = message.find(start); at != std::string::npos) message.erase(at);
+  }
+  return message;
+}
+
 }  // namespace autobatch

@@ -53,4 +53,15 @@ grep -Eq "^plan: [0-9+]+ = 4000 samples per step \((uniform|balanced), [2-9][0-9
   || fail "no accumulation plan for 4000"
 [ "$(grep -c '^step [123]: .* 4000 samples, loss [0-9.]*$' "$out")" = 3 ] || fail "not 3 steps"
 grep -q "^trained 3 optimizer steps of 4000 samples" "$out" || fail "did not finish"
+
+# The cached search from C++ (findMaxBatchCached): a miss searches and stores, a repeat answers
+# from the folder with one confirming trial.
+for outcome in miss hit; do
+  env -u LD_LIBRARY_PATH "$work/launcher/launcher" "$work/tiny.pt" --memory-limit 12MiB \
+    --target-batch 4000 --steps 1 --cache "$work/results" >"$out" 2>"$work/launcher.err" \
+    || { cat "$out" "$work/launcher.err"; fail "launcher --cache exited $?"; }
+  grep -q "^findMaxBatchCached (cache $outcome): found, .*safe micro-batch [1-9]" "$out" \
+    || { cat "$out"; fail "no cache $outcome"; }
+done
+grep -q "(1 trials, limit" "$out" || { cat "$out"; fail "a hit ran more than its confirming trial"; }
 echo "install test passed"

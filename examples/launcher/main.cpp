@@ -1,15 +1,18 @@
 // An example training launcher: loads a TorchScript model, asks autobatch for the largest
-// micro-batch that trains on this device (findMaxBatch on the loaded module), then trains a few
-// optimizer steps with the planned micro-batches and gradient accumulation.
+// micro-batch that trains on this device (findMaxBatch on the loaded module; with --cache DIR,
+// findMaxBatchCached on the file: a repeat run answers from the folder with one confirming
+// trial), then trains a few optimizer steps with the planned micro-batches and gradient
+// accumulation.
 //
 // Usage: launcher MODEL.pt [--device cpu|cuda:N] [--memory-limit SIZE] [--target-batch N]
-//                          [--steps N]
+//                          [--steps N] [--cache DIR]
 // The model must carry its input description (scripts/autobatch_export.py writes it).
 // Exit codes: 0 trained, 2 bad arguments, 3 the plan does not fit, 1 anything else.
 #include <torch/script.h>
 #include <torch/torch.h>
 
 #include <autobatch/autobatch.h>
+#include <autobatch/cached_search.h>
 #include <autobatch/error.h>
 #include <autobatch/model_metadata.h>
 #include <autobatch/units.h>
@@ -28,6 +31,7 @@ struct Args {
   std::int64_t memory_limit_bytes = 0;
   std::int64_t target_batch = 0;
   int steps = 3;
+  std::string cache_dir;  ///< --cache: the result cache's folder; "" searches every time
 };
 
 Args parseArgs(int argc, char** argv) {
@@ -44,6 +48,8 @@ Args parseArgs(int argc, char** argv) {
       args.memory_limit_bytes = autobatch::parseBytes(value(), a);
     } else if (a == "--target-batch") {
       args.target_batch = autobatch::parseInteger(value(), a, 1, std::int64_t{1} << 40);
+    } else if (a == "--cache") {
+      args.cache_dir = value();
     } else if (a == "--steps") {
       args.steps = static_cast<int>(autobatch::parseInteger(value(), a, 1, 1000));
     } else if (args.model.empty() && a.rfind("--", 0) != 0) {
@@ -123,15 +129,27 @@ int run(const Args& args) {
             << module.parameters().size() << " parameter tensors\n";
 
   const Snapshot before = snapshot(module);
-  const autobatch::MaxBatchResult found = autobatch::findMaxBatch(module, spec, options);
+  autobatch::MaxBatchResult found;
+  std::string call = "findMaxBatch";
+  if (args.cache_dir.empty()) {
+    found = autobatch::findMaxBatch(module, spec, options);
+  } else {
+    // Keyed by the model file's SHA-1, the inputs, the options, the device and the versions.
+    autobatch::ResultCacheOptions cache;
+    cache.dir = args.cache_dir;
+    autobatch::CachedSearchResult cached = autobatch::findMaxBatchCached(spec, options, cache);
+    found = std::move(cached.result);
+    call = "findMaxBatchCached (cache " + cached.cache.outcome + ")";
+  }
   const auto& search = found.search;
-  std::cout << "findMaxBatch: " << autobatch::toString(search.status) << ", max micro-batch "
+  std::cout << call << ": " << autobatch::toString(search.status) << ", max micro-batch "
             << search.max_micro_batch << ", safe micro-batch " << search.safe_micro_batch << " ("
             << search.trials.size() << " trials, limit "
             << autobatch::formatBytes(search.memory_limit_bytes) << ")\n";
   const bool unchanged = sameAs(before, snapshot(module));
-  std::cout << "module after findMaxBatch: weights, buffers and training mode "
-            << (unchanged ? "unchanged" : "CHANGED") << "\n";
+  std::cout << "module after " << call.substr(0, call.find(' '))
+            << ": weights, buffers and training mode " << (unchanged ? "unchanged" : "CHANGED")
+            << "\n";
   if (!unchanged) return 1;
   if (search.safe_micro_batch == 0) {
     std::cerr << "launcher: nothing fits under the limit; not training\n";

@@ -1,0 +1,136 @@
+#include "autobatch/cached_search.h"
+
+#include <array>
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <utility>
+#include <vector>
+
+#include "autobatch/error.h"
+#include "autobatch/result_cache.h"
+#include "autobatch/trial_runner.h"
+
+namespace autobatch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string utcNow() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  std::array<char, 32> text{};
+  std::strftime(text.data(), text.size(), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text.data();
+}
+
+bool cancelled(const SearchOptions& options) { return options.cancel && options.cancel(); }
+
+// The key of this run: what the answer depends on, from the set-up runner's facts.
+CacheKey cacheKeyOf(const TrainingSpec& spec, const SearchOptions& options,
+                    const ResultCacheOptions& cache, const TrialRunner& runner) {
+  ReportData data;
+  data.spec = spec;
+  data.options = options;
+  data.build = cache.build ? *cache.build : buildInfo();
+  data.model_sha1 = cache.model_sha1;
+  data.model_file_bytes = cache.model_file_bytes;
+  if (data.model_sha1.empty()) {
+    data.model_file_bytes = static_cast<std::int64_t>(std::filesystem::file_size(spec.model_path));
+    data.model_sha1 = fileSha1(spec.model_path);
+  }
+  data.result = runnerFacts(runner);
+  CacheKey key = cacheKeyFields(data);
+  key.hash = sha1Hex(key.canonicalText());
+  return key;
+}
+
+// The confirming trial of a hit (none when trusted), through the search's hooks.
+std::optional<TrialResult> confirmHit(const CachedResult& entry, const SearchOptions& options,
+                                      TrialRunner& runner, bool trust) {
+  if (trust) return std::nullopt;
+  const TrialRequest request = confirmRequest(entry, options, runner.microBatchesPerTrial());
+  if (options.before_trial) options.before_trial(request);
+  TrialResult confirm = runner.run(request);
+  if (options.on_trial) options.on_trial(confirm);
+  return confirm;
+}
+
+// A hit that confirmed (or was trusted): the cached answer.
+CachedSearchResult answerHit(const CachedResult& entry, const SearchOptions& options,
+                             const TrialRunner& runner, const std::optional<TrialResult>& confirm,
+                             CacheReport cache, std::vector<std::string> warnings,
+                             Clock::time_point start) {
+  cache.outcome = "hit";
+  cache.trusted = !confirm.has_value();
+  cache.stored_at = entry.stored_at;
+  cache.cached_trials = entry.trials;
+  cache.cached_search_s = entry.search_s;
+  CachedSearchResult out{runnerFacts(runner), std::move(cache)};
+  out.result.search = searchResultFromCache(entry, options, confirm);
+  out.result.search.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+  out.result.search.warnings = std::move(warnings);
+  return out;
+}
+
+// A confirming trial that did not confirm: the entry is dropped, unless the trial was interrupted
+// (the signal may have come while the model loaded): then it neither confirms nor refutes.
+void refuteHit(const CachedResult& entry, const TrialResult& confirm, CacheReport& cache,
+               std::vector<std::string>& warnings) {
+  if (confirm.cancelled) {
+    warnings.push_back("result cache: the confirming trial was interrupted; the entry of " +
+                       entry.stored_at + " is kept");
+    cache.outcome = "miss";
+    return;
+  }
+  dropCachedResult(cache.dir, cache.key);
+  warnings.push_back("result cache: the entry of " + entry.stored_at + " did not confirm (batch " +
+                     std::to_string(confirm.request.micro_batch_size) + " x " +
+                     std::to_string(confirm.request.micro_batches_per_step) + ": " +
+                     std::string(toString(confirm.outcome)) + "); dropped it and searched again");
+  cache.outcome = "confirm-failed";
+}
+
+}  // namespace
+
+CachedSearchResult findMaxBatchCached(const TrainingSpec& spec, const SearchOptions& options,
+                                      const ResultCacheOptions& cache_options) {
+  if (cache_options.dir.empty()) {
+    throw Error("result cache: expected a folder, but got an empty path");
+  }
+  const auto start = Clock::now();
+  TrialRunner runner(spec, options);
+  if (cache_options.on_setup) cache_options.on_setup(runnerFacts(runner));
+  CacheReport cache;
+  cache.dir = cache_options.dir;
+  cache.key = cacheKeyOf(spec, options, cache_options, runner);
+  std::vector<std::string> warnings;
+  std::optional<TrialResult> failed_confirm;
+  if (auto entry = loadCachedResult(cache.dir, cache.key, warnings)) {
+    SearchOptions o = options;
+    o.micro_batches_per_step = runner.microBatchesPerTrial();
+    std::optional<TrialResult> confirm = confirmHit(*entry, o, runner, cache_options.trust);
+    if (cache_options.trust || confirms(*entry, *confirm)) {
+      return answerHit(*entry, o, runner, confirm, std::move(cache), std::move(warnings), start);
+    }
+    refuteHit(*entry, *confirm, cache, warnings);
+    failed_confirm = confirm;
+  } else {
+    cache.outcome = "miss";
+  }
+  MaxBatchResult result = findMaxBatch(runner, options);
+  if (failed_confirm) result.search.trials.insert(result.search.trials.begin(), *failed_confirm);
+  result.search.warnings.insert(result.search.warnings.begin(), warnings.begin(), warnings.end());
+  if (!cancelled(options)) {
+    if (auto stored = cachedResultOf(result.search, utcNow())) {
+      cache.store_error = storeCachedResult(cache.dir, cache.key, *stored);
+      if (!cache.store_error.empty()) {
+        result.search.warnings.push_back("result cache: not stored: " + cache.store_error);
+      }
+    }
+  }
+  return {std::move(result), std::move(cache)};
+}
+
+}  // namespace autobatch
