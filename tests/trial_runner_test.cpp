@@ -659,37 +659,6 @@ TEST(TrialRunnerTest, CgroupLimitIsKeptInAChildProcess) {
   }
 }
 
-// Prints the peak table of docs/trial_runner.md (AUTOBATCH_PRINT_PEAKS=1).
-TEST(TrialRunnerTest, PrintsPeakTable) {
-  if (std::getenv("AUTOBATCH_PRINT_PEAKS") == nullptr) GTEST_SKIP() << "AUTOBATCH_PRINT_PEAKS";
-  struct Case {
-    const char* name;
-    torch::jit::Module module;
-    const char* inputs;
-    std::vector<std::int64_t> batches;
-  };
-  std::vector<Case> cases{
-      {"convnet-bn c16 3x32x32", convNet(16), "3x32x32", {8, 16, 32}},
-      {"convnet c32 3x32x32", testing::plainConvNet(32), "3x32x32", {8, 16, 32}},
-      {"transformer d64 v512 T64", tinyTransformer(512, 64), "int64:64:<512", {4, 8, 16}}};
-  for (auto& c : cases) {
-    for (const auto precision : {Precision::kFp32, Precision::kAmpBf16}) {
-      for (const auto optimizer : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
-        TrialRunner runner(c.module,
-                           specOf(c.inputs, LossKind::kCrossEntropy, optimizer, precision),
-                           limit(kUnlimited));
-        std::cout << c.name << " | " << toString(precision) << " | " << toString(optimizer)
-                  << " | params " << runner.parameterBytes() << " B |";
-        for (const auto b : c.batches) {
-          const auto r = runner.run({b, 1, {}});
-          std::cout << " B=" << b << ": " << r.peak_bytes;
-        }
-        std::cout << "\n";
-      }
-    }
-  }
-}
-
 // Issue 27, rows 8, 11 and 13: what one trial can be evidence of, a limit above the machine's room,
 // inputs too large to count.
 
