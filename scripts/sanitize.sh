@@ -31,7 +31,7 @@ if [ "${AUTOBATCH_SANITIZE_TORCH:-1}" = 1 ]; then
   autobatch_clang_configure "sanitize: configure torch" "$dir/torch" "$tflags" "$tflags" \
     -DCMAKE_PREFIX_PATH="$torch_prefix" -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_PYTHON="$AUTOBATCH_PYTHON"
   autobatch_timed "sanitize: build torch tests" cmake --build "$dir/torch" -j "$jobs" \
-    --target trial_runner_test faults_test
+    --target trial_runner_test faults_test failure_torch_test autobatch_test
   # LibTorch's own allocations are not instrumented and some of its one-time globals are never
   # freed: leaks are checked by the budget allocator's count in the tests themselves. A real
   # allocator failure must come back as std::bad_alloc, not an ASan abort.

@@ -22,7 +22,6 @@
 
 #include "autobatch/autobatch.h"
 #include "autobatch/error.h"
-#include "autobatch/failure.h"
 #include "autobatch/model_metadata.h"
 #include "autobatch/units.h"
 #include "child_process.h"
@@ -112,32 +111,6 @@ void expectRecovered(const std::optional<Point>& p) {
   // refused), and the search's lower bound on the failed phase's peak.
   EXPECT_LE(p->result.failed_in_use_bytes, p->limit_bytes);
   EXPECT_GT(p->result.failed_in_use_bytes + p->result.failed_request_bytes, p->limit_bytes);
-}
-
-TEST(ClassifyExceptionTest, SyntheticExceptionsOfEachType) {
-  auto classify = [](auto thrower, FailureContext context = {}) {
-    try {
-      thrower();
-    } catch (...) {
-      return classifyException(std::current_exception(), context);
-    }
-    return FailureClass{};
-  };
-  const auto oom = classify([] {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 1.50 KiB");
-  });
-  EXPECT_EQ(oom.kind, FailureKind::kOutOfMemory);
-  EXPECT_EQ(oom.failed_request_bytes, 1536);
-  EXPECT_EQ(classify([] { throw std::bad_alloc(); }).kind, FailureKind::kRethrow);
-  EXPECT_EQ(classify([] { throw std::bad_alloc(); }, {false, true}).kind,
-            FailureKind::kOutOfMemory);
-  EXPECT_EQ(classify([] { TORCH_CHECK(false, "CUDNN_STATUS_NOT_SUPPORTED"); }).kind,
-            FailureKind::kSizeLimit);
-  EXPECT_EQ(classify([] { throw std::runtime_error("RuntimeError: CUDA out of memory."); }).kind,
-            FailureKind::kOutOfMemory);
-  EXPECT_EQ(classify([] { TORCH_CHECK(false, "Expected 4-dimensional input"); }).kind,
-            FailureKind::kRethrow);
-  EXPECT_EQ(classify([] { throw 42; }, {true, true}).kind, FailureKind::kRethrow);
 }
 
 // Per-phase peaks (issue 17): every phase of every micro-batch is recorded, the largest of them is
@@ -451,36 +424,6 @@ TEST(TrialRunnerTest, DdpHoldsOneGradientSizedCopyInEveryTrial) {
   EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
 }
 
-// The launcher's contract (issue 9): after findMaxBatch() on a borrowed module, the module has its
-// weights, buffers and mode, and trains right away.
-TEST(FindMaxBatchTest, BorrowedModuleIsUnchangedAndTrainsRightAfter) {
-  auto m = convNet();
-  m.eval();
-  std::vector<torch::Tensor> before;
-  for (const auto& p : m.parameters()) before.push_back(p.detach().clone());
-  for (const auto& b : m.buffers()) before.push_back(b.detach().clone());
-  const auto spec = specOf("3x16x16", LossKind::kCrossEntropy, OptimizerKind::kAdamW);
-  SearchOptions options = limit(24 << 20);
-  options.max_trials = 6;
-  const MaxBatchResult found = findMaxBatch(m, spec, options);
-  EXPECT_GT(found.search.safe_micro_batch, 0);
-  std::size_t i = 0;
-  for (const auto& p : m.parameters()) EXPECT_TRUE(torch::equal(p, before[i++]));
-  for (const auto& b : m.buffers()) EXPECT_TRUE(torch::equal(b, before[i++])) << "buffer";
-  EXPECT_FALSE(m.is_training());
-
-  m.train();
-  std::vector<torch::Tensor> params;
-  for (const auto& p : m.parameters()) params.push_back(p);
-  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-2));
-  const auto batch = std::min<std::int64_t>(found.search.safe_micro_batch, 16);
-  const auto out = m.forward({torch::randn({batch, 3, 16, 16})}).toTensor();
-  torch::nn::functional::cross_entropy(out, torch::randint(10, {batch})).backward();
-  optimizer.step();
-  EXPECT_FALSE(torch::equal(m.parameters().begin().operator*(), before[0]));
-  EXPECT_TRUE(torch::isfinite(m.parameters().begin().operator*()).all().item<bool>());
-}
-
 TEST(TrialRunnerTest, ModelCastToBf16IsUndoneOnTheCallersModule) {
   auto m = convNet();
   const torch::Tensor w = (*m.parameters().begin()).detach().clone();
@@ -713,37 +656,6 @@ TEST(TrialRunnerTest, CgroupLimitIsKeptInAChildProcess) {
   EXPECT_EQ(oom_line, "oom_kill 0") << dir;
   for (int i = 0; i < 50 && std::filesystem::exists(dir); ++i) {
     if (rmdir(dir.c_str()) != 0) usleep(100000);  // the child's exit is still being accounted
-  }
-}
-
-// Prints the peak table of docs/trial_runner.md (AUTOBATCH_PRINT_PEAKS=1).
-TEST(TrialRunnerTest, PrintsPeakTable) {
-  if (std::getenv("AUTOBATCH_PRINT_PEAKS") == nullptr) GTEST_SKIP() << "AUTOBATCH_PRINT_PEAKS";
-  struct Case {
-    const char* name;
-    torch::jit::Module module;
-    const char* inputs;
-    std::vector<std::int64_t> batches;
-  };
-  std::vector<Case> cases{
-      {"convnet-bn c16 3x32x32", convNet(16), "3x32x32", {8, 16, 32}},
-      {"convnet c32 3x32x32", testing::plainConvNet(32), "3x32x32", {8, 16, 32}},
-      {"transformer d64 v512 T64", tinyTransformer(512, 64), "int64:64:<512", {4, 8, 16}}};
-  for (auto& c : cases) {
-    for (const auto precision : {Precision::kFp32, Precision::kAmpBf16}) {
-      for (const auto optimizer : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
-        TrialRunner runner(c.module,
-                           specOf(c.inputs, LossKind::kCrossEntropy, optimizer, precision),
-                           limit(kUnlimited));
-        std::cout << c.name << " | " << toString(precision) << " | " << toString(optimizer)
-                  << " | params " << runner.parameterBytes() << " B |";
-        for (const auto b : c.batches) {
-          const auto r = runner.run({b, 1, {}});
-          std::cout << " B=" << b << ": " << r.peak_bytes;
-        }
-        std::cout << "\n";
-      }
-    }
   }
 }
 

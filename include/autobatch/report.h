@@ -137,7 +137,7 @@ std::string peakPhase(const TrialResult& trial);
 /// The JSON document (pretty-printed, 2 spaces, trailing newline).
 std::string toJson(const ReportData& data);
 
-/// The human report: trials, result, plans (primary marked), memory breakdown.
+/// The human report: model, trials, result, plans (primary marked), memory, ranks, sweep, check.
 std::string humanReport(const ReportData& data);
 
 /// Shell lines for `eval`: AUTOBATCH_MICRO_BATCH, AUTOBATCH_ACCUM_STEPS,
