@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "memory_backend.h"
+#include "autobatch/trial.h"
 #include "report_internal.h"
 
 namespace autobatch {
@@ -19,7 +19,7 @@ std::string peakPhase(const TrialResult& t) {
   const PhasePeak* top = nullptr;
   for (const auto& p : t.phase_peaks) {
     // A measure of a package's forward-backward call, never the phase that set the peak.
-    if (p.phase == detail::phaseKey(detail::TrialPhase::kCallActivations)) continue;
+    if (p.phase == phaseKey(TrialPhase::kCallActivations)) continue;
     if (top == nullptr || p.peak_allocated_bytes > top->peak_allocated_bytes) top = &p;
   }
   if (top == nullptr) return "";
