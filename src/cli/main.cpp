@@ -26,6 +26,7 @@
 #include "autobatch/error.h"
 #include "autobatch/failure.h"
 #include "autobatch/input_spec.h"
+#include "autobatch/model_format.h"
 #include "autobatch/rank_group.h"
 #include "autobatch/ranks.h"
 #include "autobatch/report.h"
@@ -224,10 +225,9 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
         "--model: expected the path of a TorchScript archive (torch.jit.save) or a pt2 package "
         "(scripts/autobatch_export.py --format pt2), but got none");
   }
-  const bool is_package = std::filesystem::is_regular_file(spec.model_path) &&
-                          autobatch::modelFormatOf(spec.model_path) == "pt2";
+  const autobatch::ModelFormat& model_format = autobatch::modelFormatAt(spec.model_path);
   if (args.count("lengths") != 0U) {
-    if (is_package) {
+    if (!model_format.capabilities.varying_shapes) {
       throw Error("--lengths: expected a TorchScript model, but '" + spec.model_path +
                   "' is a pt2 package, whose input shapes are fixed at export (length sweeps on "
                   "packages are not supported yet)");
@@ -281,7 +281,7 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
                 "optimizer step; no: it drops it before backward)");
   }
   spec.keep_output = keep == "yes";
-  if (is_package) {
+  if (!model_format.returns_output) {
     // A package returns only the loss and the gradients: its output is never held.
     if (args.count("keep-output") != 0U && spec.keep_output) {
       throw Error(
@@ -306,8 +306,8 @@ void readOptions(const cxxopts::ParseResult& args, Cli& cli) {
   const auto& gpus = cli.report.build.cuda_devices;
   if (device == "auto") {
     // Packages run on the CPU only for now (docs/formats.md): auto is the CPU for them.
-    device = gpus.empty() || is_package ? "cpu" : "cuda";
-    if (is_package && !gpus.empty()) {
+    device = gpus.empty() || model_format.cpu_only ? "cpu" : "cuda";
+    if (model_format.cpu_only && !gpus.empty()) {
       spdlog::info("--device auto: cpu, since '{}' is a pt2 package (CPU only for now)",
                    spec.model_path);
     }
