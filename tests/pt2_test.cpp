@@ -346,6 +346,41 @@ TEST(Pt2RunnerTest, ABatchTheEagerStepRefusesFailsAsTheEagerStepWould) {
   EXPECT_EQ(mlp.run({1, 1, {}}).outcome, TrialOutcome::kFits);
 }
 
+TEST(Pt2RunnerTest, AMixedTrialIsRefusedByTheLibraryOnAPackage) {
+  // A package's compiled code reads the shapes it was exported with, so a mix of shapes (a length
+  // sweep's mixed verification) cannot run on it. Before issue 28 only the CLI's --lengths refused
+  // it; a launcher calling runMixed ran the package's shapes regardless. Catches a runner that
+  // runs the mixed trial (here even one with the package's own shapes), that refuses it with
+  // another type or a message that names neither the file nor the reason, or that runs a trial
+  // before refusing (bytes left held, the next trial's peak changed). The TorchScript archive of
+  // the same model runs the same mixed trial.
+  const std::string path = package("convbn_tiny");
+  {  // one CPU runner per process at a time
+    TrialRunner runner(specFor(path), limit(kUnlimited));
+    ASSERT_EQ(runner.inputs().size(), 1U);
+    const std::vector<MixedStep> mix{{4, runner.inputs()}, {2, runner.inputs()}};
+    const std::int64_t before = runner.run({4, 1, {}}).peak_bytes;
+    try {
+      (void)runner.runMixed(mix, 1);
+      ADD_FAILURE() << "runMixed ran on a pt2 package";
+    } catch (const Error& e) {
+      EXPECT_EQ(
+          std::string(e.what()),
+          "mixed trial: expected a model whose input shapes can vary from step to step, but '" +
+              path +
+              "' is a pt2 package, whose input shapes are fixed at export; verify a mix of "
+              "shapes on the model's TorchScript archive");
+    }
+    EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+    EXPECT_EQ(runner.run({4, 1, {}}).peak_bytes, before);
+  }
+
+  TrialRunner archive(specFor(package("convbn_tiny.ts")), limit(kUnlimited));
+  const TrialResult mixed = archive.runMixed({{4, archive.inputs()}, {2, archive.inputs()}}, 1);
+  EXPECT_EQ(mixed.outcome, TrialOutcome::kFits);
+  EXPECT_EQ(mixed.steps_completed, 2);
+}
+
 // ---- The CLI ----
 
 CliRun runCli(const std::string& tag, const std::string& args) {

@@ -1,10 +1,15 @@
-// autobatch/trial_runner.h — runs real training steps of a TorchScript model at a micro-batch B.
+// autobatch/trial_runner.h — runs real training steps of a model at a micro-batch B: a
+// TorchScript archive or module, or a pt2 training-step package (autobatch/model_format.h,
+// docs/formats.md).
 //
 // Contract: a TrialRunner owns (or borrows) one model on one device and runs trials: each trial
 // is `steps_per_trial` optimizer steps of `micro_batches_per_step` forward/loss/backward passes
 // on synthetic inputs, from the same weights, buffers and a fresh optimizer every time. It
 // reports whether the trial fits and its peak memory (autobatch/trial.h). Out-of-memory and
 // kernel size limits are results; model errors and fatal device errors leave `run` unchanged.
+// What differs between the formats (loading, inputs and loss, the micro-step, the batch range a
+// package was compiled for) is a step program per format inside the runner; the runner never
+// branches on the format, and refuses what the format cannot do (ModelFormat::capabilities).
 // Memory: on the CPU a budget allocator (c10::SetCPUAllocator) counts every tensor's bytes and
 // refuses allocations above the limit; on CUDA the caching allocator's statistics are read and
 // its memory fraction emulates a smaller card. See docs/trial_runner.md.
@@ -30,6 +35,10 @@ namespace torch::jit {
 struct Module;
 }  // namespace torch::jit
 
+namespace autobatch::detail {
+class StepSource;  // src/step_program.h
+}  // namespace autobatch::detail
+
 namespace autobatch {
 
 /// One optimizer step of a mixed trial (TrialRunner::runMixed): a micro-batch of
@@ -45,9 +54,12 @@ struct MixedStep {
 
 class TrialRunner {
  public:
-  /// Loads `spec.model_path` with torch::jit::load onto `spec.device` and prepares the trials.
-  /// Inputs and loss: `spec.inputs` / `spec.loss` when given, else the archive's
-  /// "autobatch/inputs.json" (autobatch/model_metadata.h), else loss "mean".
+  /// Loads `spec.model_path` onto `spec.device` in its format (modelFormatAt,
+  /// autobatch/model_format.h) and prepares the trials: a TorchScript archive with
+  /// torch::jit::load, its inputs and loss `spec.inputs` / `spec.loss` when given, else the
+  /// archive's "autobatch/inputs.json" (autobatch/model_metadata.h), else loss "mean"; a pt2
+  /// package with its own inputs, loss and precision (flags may only repeat them) on the CPU only
+  /// (docs/formats.md, "How a package runs").
   /// `options`: memory_limit_bytes (0: the device's) and reserve_bytes are used; the rest is the
   /// search's, except min_batch (the warm-up's micro-batch). `spec.device` "cuda" means
   /// cuda:<current device>, resolved once here (device() tells it). Side effects: installs the
@@ -57,7 +69,9 @@ class TrialRunner {
   /// and sets the memory fraction (docs/trial_runner.md, "The CUDA backend"); precision fp16/bf16
   /// casts the model.
   /// Throws: autobatch::Error for an invalid spec (steps_per_trial or accumulation_steps < 1, an
-  /// unknown device, no inputs from either source, a bad metadata file, another CPU runner alive);
+  /// unknown device, no inputs from either source, a bad metadata file, another CPU runner alive;
+  /// for a pt2 package: a device other than the CPU, flags that contradict the package, a damaged
+  /// or foreign package);
   /// c10::Error from torch::jit::load for an unreadable archive; on CUDA, autobatch::Error for
   /// PYTORCH_NO_CUDA_MEMORY_CACHING=1, backend:cudaMallocAsync or a limit the memory outside the
   /// allocator already fills, and the model's own error when the warm-up step raises one.
@@ -100,8 +114,11 @@ class TrialRunner {
   /// verification"). spec.steps_per_trial is not used. Returns: as run(); request.micro_batch_size
   /// is the largest step's; on out of memory, failed_step_index names the step. It does not
   /// change what run() knows of earlier trials (the batch re-run to classify an ambiguous failure).
-  /// Throws: autobatch::Error for no steps, micro_batches_per_step < 1, a step with
-  /// micro_batch_size < 1 or inputs of another count or dtypes than inputs(); otherwise as run().
+  /// Throws: autobatch::Error for a model whose format fixes its input shapes (a pt2 package:
+  /// FormatCapabilities::varying_shapes false; "mixed trial: expected a model whose input shapes
+  /// can vary from step to step, but '<path>' is a pt2 package, ..."; nothing is run), no steps,
+  /// micro_batches_per_step < 1, a step with micro_batch_size < 1 or inputs of another count or
+  /// dtypes than inputs(); otherwise as run().
   TrialResult runMixed(const std::vector<MixedStep>& steps, int micro_batches_per_step,
                        const CancelHook& cancel = {});
 
@@ -175,6 +192,10 @@ class TrialRunner {
   const TrainingSpec& spec() const;
 
  private:
+  /// The constructors' common part: the model and its format come from `source`.
+  TrialRunner(const TrainingSpec& spec, const SearchOptions& options,
+              const detail::StepSource& source);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -11,6 +11,7 @@
 #include "autobatch/autobatch.h"
 #include "autobatch/error.h"
 #include "autobatch/input_spec.h"
+#include "autobatch/model_format.h"
 #include "autobatch/planner.h"
 #include "autobatch/ranks.h"
 #include "autobatch/result_cache.h"
@@ -104,13 +105,9 @@ void readRankOptions(const cxxopts::ParseResult& args, CliConfig& cli) {
   }
 }
 
-// The model file is a pt2 package (docs/formats.md).
-bool isPt2Package(const std::string& path) {
-  return std::filesystem::is_regular_file(path) && autobatch::modelFormatOf(path) == "pt2";
-}
-
-// --model and --lengths; returns whether the model is a pt2 package, whose input shapes are fixed.
-bool readModel(const cxxopts::ParseResult& args, CliConfig& cli) {
+// --model and --lengths; returns the model's format (autobatch/model_format.h: a pt2 package's
+// input shapes are fixed, it holds no output, it runs on the CPU only).
+const autobatch::ModelFormat& readModel(const cxxopts::ParseResult& args, CliConfig& cli) {
   autobatch::TrainingSpec& spec = cli.report.spec;
   spec.model_path = args.count("model") != 0U ? flag(args, "model") : "";
   if (spec.model_path.empty()) {
@@ -118,16 +115,16 @@ bool readModel(const cxxopts::ParseResult& args, CliConfig& cli) {
         "--model: expected the path of a TorchScript archive (torch.jit.save) or a pt2 package "
         "(scripts/autobatch_export.py --format pt2), but got none");
   }
-  const bool is_package = isPt2Package(spec.model_path);
+  const autobatch::ModelFormat& model_format = autobatch::modelFormatAt(spec.model_path);
   if (args.count("lengths") != 0U) {
-    if (is_package) {
+    if (!model_format.capabilities.varying_shapes) {
       throw Error("--lengths: expected a TorchScript model, but '" + spec.model_path +
                   "' is a pt2 package, whose input shapes are fixed at export (length sweeps on "
                   "packages are not supported yet)");
     }
     cli.lengths = autobatch::parseLengths(flag(args, "lengths"));
   }
-  return is_package;
+  return model_format;
 }
 
 // --input, each checked at every length of a sweep.
@@ -165,7 +162,7 @@ void readInputs(const cxxopts::ParseResult& args, CliConfig& cli) {
 
 // --loss, --optimizer, --optimizer-impl, --zero-grad and --keep-output.
 void readLossAndOptimizer(const cxxopts::ParseResult& args, autobatch::TrainingSpec& spec,
-                          bool is_package) {
+                          const autobatch::ModelFormat& model_format) {
   if (args.count("loss") != 0U) spec.loss = autobatch::parseLossKind(flag(args, "loss"));
   spec.optimizer = autobatch::parseOptimizerKind(flag(args, "optimizer"));
   spec.optimizer_impl = autobatch::parseOptimizerImpl(flag(args, "optimizer-impl"));
@@ -184,7 +181,7 @@ void readLossAndOptimizer(const cxxopts::ParseResult& args, autobatch::TrainingS
                 "optimizer step; no: it drops it before backward)");
   }
   spec.keep_output = keep == "yes";
-  if (is_package) {
+  if (!model_format.returns_output) {
     // A package returns only the loss and the gradients: its output is never held.
     if (args.count("keep-output") != 0U && spec.keep_output) {
       throw Error(
@@ -212,14 +209,15 @@ void readStep(const cxxopts::ParseResult& args, autobatch::TrainingSpec& spec) {
 }
 
 // --device: auto is a GPU when one is seen (the CPU for a package); each rank on its own GPU.
-void readDevice(const cxxopts::ParseResult& args, CliConfig& cli, bool is_package) {
+void readDevice(const cxxopts::ParseResult& args, CliConfig& cli,
+                const autobatch::ModelFormat& model_format) {
   autobatch::TrainingSpec& spec = cli.report.spec;
   std::string device = flag(args, "device");
   const auto& gpus = cli.report.build.cuda_devices;
   if (device == "auto") {
     // Packages run on the CPU only for now (docs/formats.md): auto is the CPU for them.
-    device = gpus.empty() || is_package ? "cpu" : "cuda";
-    if (is_package && !gpus.empty()) {
+    device = gpus.empty() || model_format.cpu_only ? "cpu" : "cuda";
+    if (model_format.cpu_only && !gpus.empty()) {
       spdlog::info("--device auto: cpu, since '{}' is a pt2 package (CPU only for now)",
                    spec.model_path);
     }
@@ -355,11 +353,11 @@ std::string flagBeforeParsing(int argc, char** argv, const std::string& name,
 void readOptions(const cxxopts::ParseResult& args, CliConfig& cli) {
   readRankOptions(args, cli);
   cli.report.spec.ddp = args["ddp"].as<bool>();
-  const bool is_package = readModel(args, cli);
+  const autobatch::ModelFormat& model_format = readModel(args, cli);
   readInputs(args, cli);
-  readLossAndOptimizer(args, cli.report.spec, is_package);
+  readLossAndOptimizer(args, cli.report.spec, model_format);
   readStep(args, cli.report.spec);
-  readDevice(args, cli, is_package);
+  readDevice(args, cli, model_format);
   readMemory(args, cli.report.options);
   readSearch(args, cli.report.options);
   readTargets(args, cli);
