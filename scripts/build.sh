@@ -20,12 +20,32 @@ first=0
 [ -x "$AUTOBATCH_BUILD_DIR/bin/autobatch" ] || first=1
 [ "$first" = 0 ] ||
   echo "build: configuring $AUTOBATCH_BUILD_DIR (CMake and LibTorch's config, seconds)"
+# The same definitions serve this configure and the Python package's (below), so that pip's
+# configure of the same tree changes no compile flag and rebuilds nothing.
+defs=(-DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" -DCMAKE_PREFIX_PATH="$torch_prefix"
+      -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DAUTOBATCH_WERROR=ON -DAUTOBATCH_PYTHON="$AUTOBATCH_PYTHON"
+      -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_PYTHON_MODULE=ON -DPython_EXECUTABLE="$AUTOBATCH_PYTHON")
+# -U SKBUILD*: the variables pip's configure leaves in the cache (the wheel's install rules).
 autobatch_timed "configure" cmake -S "$AUTOBATCH_ROOT" -B "$AUTOBATCH_BUILD_DIR" -G Ninja \
-  -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" -DCMAKE_PREFIX_PATH="$torch_prefix" \
-  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DAUTOBATCH_WERROR=ON -DAUTOBATCH_PYTHON="$AUTOBATCH_PYTHON" \
+  -U 'SKBUILD*' "${defs[@]}" \
   >"$AUTOBATCH_BUILD_DIR/configure.log" 2>&1 || { cat "$AUTOBATCH_BUILD_DIR/configure.log"; exit 1; }
 # ninja prints [done/total] per step.
 [ "$first" = 0 ] ||
   echo "build: compiling (${AUTOBATCH_JOBS:-$(nproc)} jobs); the files that include LibTorch" \
        "take 20-50 s each: 3 to 5 minutes on 2 cores the first time, less with a warm ccache"
 autobatch_timed "build" cmake --build "$AUTOBATCH_BUILD_DIR" -j "${AUTOBATCH_JOBS:-$(nproc)}"
+
+# The Python package (pyproject.toml: scikit-build-core) installed into the project's environment
+# the way a user installs it, pip install --no-build-isolation, on the tree just built: its
+# configure repeats the definitions above, so only the wheel is assembled (seconds).
+install_package() {
+  local log="$AUTOBATCH_BUILD_DIR/pip-install.log" config=() d
+  for d in "${defs[@]}"; do config+=(-C "cmake.define.${d#-D}"); done
+  config+=(-C "cmake.build-type=${CMAKE_BUILD_TYPE:-RelWithDebInfo}" -C install.strip=true)
+  if ! "$AUTOBATCH_PYTHON" -m pip install --no-build-isolation --no-deps --force-reinstall \
+       -C build-dir="$AUTOBATCH_BUILD_DIR" "${config[@]}" "$AUTOBATCH_ROOT" >"$log" 2>&1; then
+    cat "$log"
+    return 1
+  fi
+}
+autobatch_timed "python package" install_package

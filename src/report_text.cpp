@@ -40,6 +40,12 @@ void headerSection(std::ostream& out, const ReportData& d, const RunContext& ctx
   if (m != nullptr && !m->optimizer_impl.empty()) optimizer_impl = " (" + m->optimizer_impl + ")";
   out << fmt::format("device {} ({}), limit {} ({})\n", ctx.device, ctx.backend,
                      formatBytes(ctx.memory_limit_bytes), ctx.memory_limit_source);
+  if (!d.step_description.empty()) {  // a step the library did not build (the Python package's)
+    out << fmt::format("model {}: {}, {} steps per trial, {} micro-batch(es) per step\n",
+                       d.spec.model_path, d.step_description, d.spec.steps_per_trial,
+                       ctx.micro_batches_per_trial);
+    return;
+  }
   out << fmt::format(
       "model {}{}: inputs {}, loss {}, optimizer {}{}, zero_grad {}, output {}, {}, {} steps "
       "per trial, {} micro-batch(es) per step\n",

@@ -108,6 +108,10 @@ struct ReportData {
   std::string model_sha1;
   /// Bytes of the model file; 0 when unknown.
   std::int64_t model_file_bytes = 0;
+  /// The training step when the library did not build it from `spec` (the Python package's
+  /// eager step, docs/python.md: "the user's loss and optimizer, ..."): the human report's model
+  /// line names it instead of spec's inputs, loss, optimizer and precision. "" (the CLI) otherwise.
+  std::string step_description;
   /// Search mode.
   std::optional<MaxBatchResult> result;
   /// --check-batch mode.

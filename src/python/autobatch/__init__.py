@@ -1,0 +1,39 @@
+"""autobatch: the largest micro-batch a PyTorch model trains with, measured by real training steps.
+
+    import torch, autobatch
+    result = autobatch.find(model, example_batch, optimizer=lambda p: torch.optim.AdamW(p),
+                            memory_limit="8GiB", target_batch=512)
+    print(result.safe_micro_batch, result.plan)
+
+The trial is the user's own eager step (forward, loss, backward, optimizer step) on the real device;
+the search, the planner and the report are the C++ library's (autobatch._core), the same as the
+`autobatch` command's. docs/python.md describes every option, the result and the errors.
+"""
+# torch first: its libraries (c10, torch_cpu, and the CUDA runtime of a CUDA build) must be the
+# ones the extension binds to. Importing the extension first maps a second libcudart when the
+# CUDA toolkit is on its RUNPATH (issue 29, measured).
+import torch  # noqa: F401  (imported for its side effect: LibTorch loaded first)
+
+from . import _core
+from ._errors import AutobatchError, Cancelled, DoesNotFit, ModelError, UsageError
+from ._find import check_batch, find, fingerprint
+from ._result import Plan, Result, Trial
+
+__version__ = "0.1.0"
+
+
+def plan(max_micro_batch: int, target_batch: int, world_size: int = 1, kind: str = "auto") -> Plan:
+    """The accumulation plan for `target_batch` samples per optimizer step over `world_size` ranks
+    whose micro-batch may be at most `max_micro_batch` (kind "auto", "uniform" or "balanced"; the
+    library's planner, docs/planner.md). Raises UsageError for an impossible target."""
+    import json
+
+    try:
+        plans = json.loads(_core.plan(int(max_micro_batch), int(target_batch), int(world_size), kind))
+    except _core.Error as e:
+        raise UsageError(str(e)) from None
+    return Plan.from_json(plans[plans["primary"]])
+
+
+__all__ = ["find", "check_batch", "fingerprint", "plan", "Result", "Plan", "Trial", "AutobatchError",
+           "DoesNotFit", "UsageError", "ModelError", "Cancelled"]

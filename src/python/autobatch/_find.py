@@ -1,0 +1,360 @@
+"""autobatch.find: the C++ search, planner and report, with the user's own eager step as the trial."""
+import contextlib
+import hashlib
+import json
+import logging
+
+import torch
+
+from . import _core
+from ._errors import Cancelled, DoesNotFit, UsageError
+from ._result import Result, Trial
+from ._state import ModelState
+from ._trial import CpuMeter, CudaMeter, EagerProbe, leading_size
+
+log = logging.getLogger("autobatch")
+
+_PRECISIONS = {None: None, "fp32": None, torch.float32: None, "amp-bf16": torch.bfloat16,
+               "bf16": torch.bfloat16, torch.bfloat16: torch.bfloat16, "amp-fp16": torch.float16,
+               "fp16": torch.float16, torch.float16: torch.float16}
+
+
+def _bytes(value, what):
+    """An int (bytes) or a string with a unit ("512MiB", "8GB", "1e9")."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise UsageError(f"{what}: expected bytes as an int or a string such as '8GiB', but got "
+                         f"{value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise UsageError(f"{what}: expected >= 0 bytes, but got {value}")
+        return value
+    try:
+        return _core.parse_bytes(value)
+    except _core.Error as e:
+        raise UsageError(f"{what}: {e}") from None
+
+
+def _margin(margin):
+    """(fraction, bytes): a float in [0, 1) or "5%" is a fraction; an int or "256MiB" bytes."""
+    if margin is None:
+        return 0.05, -1
+    if isinstance(margin, float):
+        if not 0.0 <= margin < 1.0:
+            raise UsageError(f"margin: expected a fraction in [0, 1) such as 0.05, or bytes, but "
+                             f"got {margin}")
+        return margin, -1
+    if isinstance(margin, str) and margin.strip().endswith("%"):
+        try:
+            pct = float(margin.strip()[:-1])
+        except ValueError:
+            pct = -1.0
+        if not 0.0 <= pct < 100.0:
+            raise UsageError(f"margin: expected a percentage in [0, 100) such as '5%', but got "
+                             f"{margin!r}")
+        return pct / 100.0, -1
+    return 0.05, _bytes(margin, "margin")
+
+
+def _optimizer_factory(optimizer, params):
+    """A function that builds a fresh optimizer over `params` for each trial: the user's factory,
+    or one rebuilt from an optimizer instance (its class, param groups' options and defaults;
+    foreach/fused as set), or AdamW with PyTorch's defaults for None; "none": no optimizer step."""
+    if optimizer == "none":
+        return lambda: None, "none"
+    if optimizer is None:
+        return (lambda: torch.optim.AdamW(params)), "torch.optim.AdamW (default)"
+    if isinstance(optimizer, torch.optim.Optimizer):
+        cls, defaults = type(optimizer), dict(optimizer.defaults)
+        index = {id(p): p for p in params}
+        groups = []
+        for g in optimizer.param_groups:
+            options = {k: v for k, v in g.items() if k != "params"}
+            mine = [index[id(p)] for p in g["params"] if id(p) in index]
+            if mine:
+                groups.append({**options, "params": mine})
+        if not groups:
+            raise UsageError("optimizer: none of its parameters is a trainable parameter of the "
+                             "model; pass the optimizer built over model.parameters()")
+        return (lambda: cls(groups, **defaults)), f"{cls.__module__}.{cls.__qualname__}"
+    if callable(optimizer):
+        def build():
+            opt = optimizer(params)
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise UsageError(f"optimizer: the factory returned {type(opt).__name__}; expected "
+                                 "a torch.optim.Optimizer, e.g. lambda p: torch.optim.AdamW(p)")
+            return opt
+        name = getattr(optimizer, "__qualname__", type(optimizer).__name__)
+        return build, name
+    raise UsageError(f"optimizer: expected a torch.optim.Optimizer, a factory such as "
+                     f"lambda params: torch.optim.AdamW(params), 'none' or None, but got "
+                     f"{type(optimizer).__name__}")
+
+
+def _impl(make_optimizer, device):
+    opt = make_optimizer()
+    if opt is None:
+        return ""
+    d = opt.defaults
+    if d.get("fused"):
+        return "fused"
+    if d.get("foreach") or (d.get("foreach") is None and device.type == "cuda"):
+        return "foreach"
+    return "loop"
+
+
+def fingerprint(model, example_batch=None, **options):
+    """SHA-1 (hex) of the model's structure (module types and names; parameter and buffer names,
+    shapes, dtypes, requires_grad), the example batch's shapes and dtypes, torch's version and the
+    options: two models with equal fingerprints train with the same memory under the same options
+    (the result cache's key, docs/python.md). Values of weights are not hashed."""
+    h = hashlib.sha1()
+
+    def put(*items):
+        h.update(repr(items).encode())
+        h.update(b"\n")
+
+    put("autobatch-python-1", torch.__version__)
+    for name, m in model.named_modules():
+        put("module", name, type(m).__module__, type(m).__qualname__)
+    for name, p in model.named_parameters():
+        put("parameter", name, tuple(p.shape), str(p.dtype), p.requires_grad)
+    for name, b in model.named_buffers():
+        put("buffer", name, tuple(b.shape), str(b.dtype))
+
+    def shapes(x):
+        if isinstance(x, torch.Tensor):
+            return ("tensor", tuple(x.shape), str(x.dtype))
+        if isinstance(x, dict):
+            return tuple((k, shapes(v)) for k, v in sorted(x.items()))
+        if isinstance(x, (list, tuple)):
+            return tuple(shapes(v) for v in x)
+        return repr(type(x))
+    put("example", shapes(example_batch))
+    put("options", sorted((k, repr(v)) for k, v in options.items()))
+    return h.hexdigest()
+
+
+def _device_of(model, device):
+    params = list(model.parameters())
+    if not params:
+        raise UsageError("model: it has no parameters, so there is nothing to train")
+    where = {p.device for p in params}
+    if device is None:
+        if len(where) > 1:
+            raise UsageError(f"device: the model's parameters are on {sorted(map(str, where))}; "
+                             "autobatch sizes a model on one device: pass device=")
+        return next(iter(where))
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if any(d != device for d in where):
+        raise UsageError(f"device: the model is on {sorted(map(str, where))} but device={device} "
+                         f"was asked; move it first (model.to('{device}')): autobatch never moves "
+                         "the user's model")
+    return device
+
+
+def _autocast(device, precision):
+    if precision not in _PRECISIONS:
+        raise UsageError(f"precision: expected None / 'fp32', 'amp-bf16' or 'amp-fp16' (autocast "
+                         f"around forward and loss), but got {precision!r}")
+    dtype = _PRECISIONS[precision]
+    if dtype is None:
+        return contextlib.nullcontext, "fp32"
+    name = "amp-bf16" if dtype == torch.bfloat16 else "amp-fp16"
+    return (lambda: torch.autocast(device.type, dtype=dtype)), name
+
+
+_FIND_DOC = """
+    model: a torch.nn.Module on `device` (never moved; restored bitwise afterwards).
+    example_batch: a tensor, a tuple/list or a dict (as Hugging Face models take it) whose tensors
+      share the leading (batch) dimension; batches of size B repeat its samples along dimension 0.
+    optimizer: a factory `lambda params: torch.optim.X(params, ...)`, an optimizer instance (a
+      fresh one of its class and options is built per trial; the instance is not touched), None
+      (AdamW with PyTorch's defaults, the `autobatch` command's default) or "none".
+    loss_fn: `loss_fn(output, batch) -> scalar`; default: output.loss / output["loss"] / a scalar
+      output / the output's mean.
+    precision: None/"fp32", "amp-bf16" or "amp-fp16" (autocast around forward and loss).
+    device: default the model's. memory_limit: bytes (int) or "8GiB"; default the device's (CPU:
+      the room this process has). margin: headroom, a fraction (0.05, the default) or "5%", or
+      bytes. target_batch, world_size: the effective batch to plan for and the ranks that share it.
+    time_limit: seconds for the whole search. steps_per_trial: optimizer steps per trial (2: the
+      optimizer state exists from the first step on). min_batch, max_batch, dataset_size,
+      max_trials, strategy ("guided", "binsearch", "power"), plan ("auto", "uniform", "balanced",
+      "fastest"), reserve (bytes kept free for the rest of the job) as the command's flags.
+"""
+
+
+class _Session:
+    """One use of the user's model: validated options, the meter installed, the model's state
+    captured; `run(fn)` calls fn(probe, facts) and always puts everything back."""
+
+    def __init__(self, model, example_batch, optimizer=None, loss_fn=None, precision=None,
+                 device=None, memory_limit=None, margin=None, target_batch=None, world_size=1,
+                 time_limit=None, steps_per_trial=2, min_batch=1, max_batch=None,
+                 dataset_size=None, max_trials=None, strategy="guided", plan="auto", reserve=None):
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
+        self.n0 = leading_size(example_batch)
+        if not self.n0:
+            raise UsageError("example_batch: expected a tensor, tuple, list or dict holding at "
+                             "least one tensor with a leading batch dimension (e.g. "
+                             "torch.randn(1, 3, 224, 224), or {'input_ids': ids, 'labels': ids} "
+                             "with ids of shape (1, T))")
+        if isinstance(steps_per_trial, bool) or not isinstance(steps_per_trial, int) \
+                or steps_per_trial < 1:
+            raise UsageError(f"steps_per_trial: expected an int >= 1, but got {steps_per_trial!r}")
+        self.model, self.example, self.loss_fn = model, example_batch, loss_fn
+        self.steps = steps_per_trial
+        self.device = _device_of(model, device)
+        self.autocast, self.precision = _autocast(self.device, precision)
+        fraction, margin_bytes = _margin(margin)
+        self.trained = [p for p in model.parameters() if p.requires_grad]
+        if not self.trained:
+            raise UsageError("model: no parameter requires grad, so there is nothing to train")
+        self.make_optimizer, self.optimizer_name = _optimizer_factory(optimizer, self.trained)
+        self.options = {
+            "memory_limit_bytes": _bytes(memory_limit, "memory_limit"),
+            "reserve_bytes": _bytes(reserve, "reserve"), "margin_fraction": fraction,
+            "margin_bytes": margin_bytes, "min_batch": min_batch, "max_batch": max_batch or 0,
+            "dataset_size": dataset_size or 0, "strategy": strategy, "plan": plan,
+            "target_batch": target_batch or 0, "world_size": world_size,
+            "time_limit_s": float(time_limit or 0.0), "max_trials": max_trials or 0}
+        if self.device.type == "cuda":  # the caching allocator's units (autobatch/trial.h)
+            self.options.update(block_bytes=2 << 20, page_bytes=20 << 20)
+        self.key = fingerprint(model, example_batch, device=str(self.device),
+                               optimizer=self.optimizer_name, precision=self.precision,
+                               steps=steps_per_trial, **self.options)
+
+    def run(self, fn):
+        state = ModelState(self.model)
+        meter = None
+        try:
+            limit, reserve = self.options["memory_limit_bytes"], self.options["reserve_bytes"]
+            try:
+                meter = (CudaMeter(self.device, limit, reserve) if self.device.type == "cuda"
+                         else CpuMeter(limit, reserve))
+            except _core.Error as e:
+                raise UsageError(str(e)) from None
+            state.detach_grads()
+            self.model.train()
+            meter.finish_setup(state.untracked_bytes())
+            probe = EagerProbe(self.model, self.example, self.n0, self.device, self.make_optimizer,
+                               self.loss_fn, self.autocast, meter, state, self.steps)
+            probe.facts = _facts(self, state, meter)
+            try:
+                return fn(probe, probe.facts)
+            except _core.Error as e:
+                raise UsageError(str(e)) from None
+        finally:
+            state.restore()
+            if meter is not None:
+                meter.remove()
+
+
+def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, device=None,
+         memory_limit=None, margin=None, target_batch=None, world_size=1, time_limit=None,
+         steps_per_trial=2, min_batch=1, max_batch=None, dataset_size=None, max_trials=None,
+         strategy="guided", plan="auto", reserve=None):
+    session = _Session(model, example_batch, optimizer, loss_fn, precision, device, memory_limit,
+                       margin, target_batch, world_size, time_limit, steps_per_trial, min_batch,
+                       max_batch, dataset_size, max_trials, strategy, plan, reserve)
+    probes = []
+
+    def search(probe, facts):
+        probes.append(probe)
+        return _core.search(probe, session.options, facts, probe.cancel)
+    out = session.run(search)
+    result = Result.from_report(json.loads(out["json"]), out["text"], out["env"], session.key)
+    if probes[0].interrupted:
+        raise Cancelled("interrupted: the search stopped at Ctrl-C; the model is restored", result)
+    if result.safe_micro_batch == 0 and result.status == "nothing-fits":
+        raise DoesNotFit(_nothing_fits_message(result), result)
+    return result
+
+
+find.__doc__ = """Finds the largest micro-batch with which `model` trains, by running the user's
+    own training step at the sizes the search picks, and plans gradient accumulation for
+    `target_batch`.
+""" + _FIND_DOC + """
+    Returns a Result. Raises DoesNotFit (nothing fits at min_batch), UsageError (bad arguments),
+    ModelError (the step raised an error that is not out of memory), Cancelled (Ctrl-C; the model
+    is restored and .result holds the best verified size). Side effects: on the CPU the budget
+    allocator is installed in this process for the search and removed after; on CUDA the memory
+    fraction is set and put back to 1.0. Trial progress goes to the "autobatch" logger (INFO).
+"""
+
+
+def check_batch(model, example_batch, micro_batch, *, micro_batches_per_step=1, **options):
+    """Runs one trial of the user's step at `micro_batch` (the `autobatch --check-batch` of the
+    Python package) with the options of find(), and returns it as a Trial (outcome "fits",
+    "out-of-memory" or "size-limit"; peaks in bytes). Raises as find() does, but never DoesNotFit.
+    """
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+        raise UsageError(f"micro_batch: expected an int >= 1, but got {micro_batch!r}")
+    session = _Session(model, example_batch, **options)
+    record = session.run(lambda probe, facts: probe(micro_batch, micro_batches_per_step))
+    record.setdefault("outcome", "fits")
+    record.update(micro_batch_size=micro_batch, micro_batches_per_step=micro_batches_per_step)
+    if record.get("cancelled"):
+        raise Cancelled("interrupted: the trial stopped at Ctrl-C; the model is restored")
+    return Trial.from_json(record)
+
+
+def _nothing_fits_message(result):
+    r = result.raw.get("result") or {}
+    if result.max_micro_batch > 0:
+        return (f"nothing fits under the margin: micro-batch {result.max_micro_batch} fits, but "
+                f"its peak is above the limit of {result.memory_limit_bytes} bytes less the margin "
+                f"of {result.margin_bytes} bytes")
+    return (f"nothing fits: micro-batch 1 does not fit under {result.memory_limit_bytes} bytes; it "
+            f"needs at least {r.get('min_batch_needs_at_least_bytes', 0)} bytes")
+
+
+def _facts(session, state, meter):
+    """What the report says of the model and the run (MemoryBreakdown and RunContext's fields)."""
+    def distinct_bytes(tensors):
+        seen, total = set(), 0
+        for t in tensors:
+            st = t.untyped_storage()
+            if st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                total += st.nbytes()
+        return total
+    device, model = session.device, session.model
+    baseline = (state.untracked_bytes() if device.type == "cpu"
+                else torch.cuda.memory_allocated(device))
+    loss = "loss_fn" if session.loss_fn is not None else "the output's .loss, else its mean"
+    first = session.make_optimizer()
+    optimizer = (f"{type(first).__module__}.{type(first).__qualname__}" if first is not None
+                 else "none")
+    del first
+    return {
+        "name": f"{type(model).__module__}.{type(model).__qualname__}",
+        "device": str(device), "steps_per_trial": session.steps, "fingerprint": session.key,
+        "step": f"the user's eager step: inputs {_describe(session.example)}, loss {loss}, "
+                f"optimizer {optimizer}, {session.precision}",
+        "model": {"parameter_count": sum(p.numel() for p in session.trained),
+                  "parameter_bytes": distinct_bytes(model.parameters()),
+                  "gradient_bytes": distinct_bytes(session.trained), "optimizer_state_bytes": 0,
+                  "baseline_bytes": baseline,
+                  "optimizer_impl": _impl(session.make_optimizer, device),
+                  "model_format": "python"},
+        "context": {"device": str(device), "backend": meter.backend,
+                    "memory_limit_bytes": meter.limit_bytes(),
+                    "memory_limit_source": meter.limit_source(), "micro_batches_per_trial": 1,
+                    "warnings": meter.warnings()},
+    }
+
+
+def _describe(x):
+    if isinstance(x, torch.Tensor):
+        dims = "x".join(str(d) for d in x.shape[1:]) or "scalar"
+        return f"{str(x.dtype).replace('torch.', '')}:{dims}"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k}: {_describe(v)}" for k, v in x.items()) + "}"
+    if isinstance(x, (list, tuple)):
+        return "(" + ", ".join(_describe(v) for v in x) + ")"
+    return type(x).__name__

@@ -1,0 +1,132 @@
+"""Result, Plan and Trial: the JSON report of the search (docs/report.md) as Python objects.
+`Result.raw` is the whole dict, with the schema the `autobatch` command writes with --json."""
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One accumulation plan: `micro_batches` (samples, per optimizer step on one rank) sum to
+    `per_rank_batch`; `loss_weights[i]` = micro_batches[i] / per_rank_batch (scale each
+    micro-batch's mean loss by it so the accumulated gradient is the mean over the effective
+    batch); `effective_batch` = per_rank_batch x world_size, the target."""
+
+    kind: str  # "uniform" (equal micro-batches) or "balanced" (fewest steps, sizes differ by <= 1)
+    micro_batch_size: int  # the largest micro-batch, samples
+    accumulation_steps: int
+    micro_batches: List[int]
+    loss_weights: List[float]
+    world_size: int
+    per_rank_batch: int
+    effective_batch: int
+
+    @classmethod
+    def from_json(cls, p):
+        weights = []
+        for g in p["groups"]:
+            weights += [g["loss_weight"]] * g["count"]
+        return cls(p["kind"], p["micro_batch_size"], p["accumulation_steps"], list(p["micro_batches"]),
+                   weights, p["world_size"], p["per_rank_batch"], p["effective_batch"])
+
+    def __str__(self):
+        sizes = (f"{self.micro_batch_size}" if len(set(self.micro_batches)) == 1
+                 else "+".join(str(b) for b in self.micro_batches))
+        return (f"{self.kind} plan: micro-batch {sizes} x {self.accumulation_steps} accumulation "
+                f"steps x {self.world_size} rank(s) = {self.effective_batch}")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial: `micro_batch_size` samples x `micro_batches_per_step`; `outcome` "fits",
+    "out-of-memory" or "size-limit"; peaks in bytes; `phase_peaks` {phase: bytes} (largest over
+    micro-batches); `failed_phase` and `failed_in_use_bytes` for an out-of-memory trial."""
+
+    micro_batch_size: int
+    micro_batches_per_step: int
+    outcome: str
+    peak_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_phase: str
+    phase_peaks: dict
+    failed_phase: str
+    failed_in_use_bytes: int
+    failed_request_bytes: int
+    step_ms: float
+    reason: str
+    cancelled: bool
+
+    @classmethod
+    def from_json(cls, t):
+        phases = {}
+        for p in t.get("phase_peaks", []):
+            phases[p["phase"]] = max(phases.get(p["phase"], 0), p["peak_allocated_bytes"])
+        return cls(t["micro_batch_size"], t["micro_batches_per_step"], t["outcome"], t["peak_bytes"],
+                   t["peak_allocated_bytes"], t["peak_reserved_bytes"], t.get("peak_phase", ""),
+                   phases, t.get("failed_phase", ""), t.get("failed_in_use_bytes", 0),
+                   t.get("failed_request_bytes", 0), t.get("step_ms", 0.0), t.get("reason", ""),
+                   t.get("cancelled", False))
+
+
+@dataclass
+class Result:
+    """What autobatch.find measured. Batch sizes are micro-batch sizes in samples.
+
+    status: "found", "nothing-fits", "trial-budget", "time-budget" or "cancelled".
+    max_micro_batch: the largest micro-batch seen to fit (raw, no headroom); 0 when none.
+    safe_micro_batch: the largest seen to fit with its peak under the limit less the margin.
+    plan: the primary accumulation plan for target_batch (None without a target); plans: both.
+    trials: every trial in the order run. memory: the model's own bytes (parameters, gradients,
+    optimizer state, baseline). fingerprint: the hash of the model's structure and the options.
+    raw: the JSON report as a dict; text: the human report; env: the shell lines (AUTOBATCH_*).
+    """
+
+    status: str
+    max_micro_batch: int
+    safe_micro_batch: int
+    memory_limit_bytes: int
+    margin_bytes: int
+    capped_by: str
+    plan: Optional[Plan]
+    plans: dict
+    plan_verified: bool
+    trials: List[Trial]
+    memory: dict
+    fingerprint: str
+    warnings: List[str]
+    raw: dict = field(repr=False)
+    text: str = field(repr=False)
+    env: str = field(repr=False)
+
+    @property
+    def micro_batch(self) -> int:
+        """The micro-batch to train with: the safe one (under the margin)."""
+        return self.safe_micro_batch
+
+    @property
+    def accumulation_steps(self) -> int:
+        """The primary plan's accumulation steps (1 without a target)."""
+        return self.plan.accumulation_steps if self.plan else 1
+
+    @classmethod
+    def from_report(cls, doc, text, env, fingerprint):
+        r = doc.get("result") or {}
+        plans_doc = doc.get("plans")
+        plans, plan = {}, None
+        if plans_doc:
+            for kind in ("uniform", "balanced"):
+                if plans_doc.get(kind):
+                    plans[kind] = Plan.from_json(plans_doc[kind])
+            plan = plans.get(plans_doc.get("primary"))
+        return cls(status=r.get("search_status", doc.get("status", "")),
+                   max_micro_batch=r.get("max_micro_batch", 0),
+                   safe_micro_batch=r.get("safe_micro_batch", 0),
+                   memory_limit_bytes=r.get("memory_limit_bytes", 0),
+                   margin_bytes=r.get("margin_bytes", 0), capped_by=r.get("capped_by", ""),
+                   plan=plan, plans=plans, plan_verified=bool(plans_doc and plans_doc.get("verified")),
+                   trials=[Trial.from_json(t) for t in doc.get("trials", [])],
+                   memory=doc.get("model") or {}, fingerprint=fingerprint,
+                   warnings=list(doc.get("warnings", [])), raw=doc, text=text, env=env)
+
+    def __str__(self):
+        return self.text

@@ -1,0 +1,335 @@
+// autobatch._core: the library's search, planner, report, failure classification and CPU budget
+// allocator, for the Python package (src/python/autobatch, docs/python.md).
+//
+// Only plain data crosses the boundary: integers, floats, strings, lists, dicts and JSON text. No
+// tensor and no torch object does, so the extension links the library, c10 and torch_cpu but not
+// libtorch_python (pybind11's own headers, not torch's copy, are used). The user's training step
+// is a Python callable (the probe) that the C++ search calls once per trial with the GIL held; it
+// returns a plain dict (see trialFromDict) and must never let an out-of-memory error cross into
+// C++: the Python side turns it into a record and clears its frames first (a failed step's tensors
+// stay alive as long as the exception does).
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autobatch/error.h"
+#include "autobatch/failure.h"
+#include "autobatch/planner.h"
+#include "autobatch/report.h"
+#include "autobatch/search.h"
+#include "autobatch/units.h"
+#include "autobatch/version.h"
+#include "memory_backend.h"
+
+namespace py = pybind11;
+using autobatch::TrialPhase;
+
+namespace {
+
+template <typename T>
+T get(const py::dict& d, const char* key, T fallback) {
+  if (!d.contains(key) || d[key].is_none()) return fallback;
+  return d[key].cast<T>();
+}
+
+// The probe's answer (a dict with TrialResult's field names; docs/python.md) as a TrialResult.
+autobatch::TrialResult trialFromDict(const autobatch::TrialRequest& request, const py::dict& d) {
+  autobatch::TrialResult r;
+  r.request = request;
+  const auto outcome = get<std::string>(d, "outcome", "fits");
+  if (outcome == "fits") {
+    r.outcome = autobatch::TrialOutcome::kFits;
+  } else if (outcome == "out-of-memory") {
+    r.outcome = autobatch::TrialOutcome::kOutOfMemory;
+  } else if (outcome == "size-limit") {
+    r.outcome = autobatch::TrialOutcome::kSizeLimit;
+  } else {
+    throw autobatch::Error(
+        "probe: outcome must be \"fits\", \"out-of-memory\" or \"size-limit\", "
+        "but got \"" +
+        outcome + "\"");
+  }
+  r.reason = get<std::string>(d, "reason", "");
+  r.peak_allocated_bytes = get<std::int64_t>(d, "peak_allocated_bytes", 0);
+  r.peak_reserved_bytes = get<std::int64_t>(d, "peak_reserved_bytes", r.peak_allocated_bytes);
+  r.peak_bytes = get<std::int64_t>(d, "peak_bytes", r.peak_reserved_bytes);
+  r.memory_limit_bytes = get<std::int64_t>(d, "memory_limit_bytes", 0);
+  r.failed_request_bytes = get<std::int64_t>(d, "failed_request_bytes", 0);
+  r.failed_phase = get<std::string>(d, "failed_phase", "");
+  r.failed_micro_batch_index = get<int>(d, "failed_micro_batch_index", 0);
+  r.failed_step_index = get<int>(d, "failed_step_index", 0);
+  r.failed_in_use_bytes = get<std::int64_t>(d, "failed_in_use_bytes", 0);
+  r.allocator_retries = get<std::int64_t>(d, "allocator_retries", 0);
+  r.output_bytes = get<std::int64_t>(d, "output_bytes", 0);
+  r.step_ms = get<double>(d, "step_ms", 0.0);
+  r.steps_completed = get<int>(d, "steps_completed", 0);
+  r.cancelled = get<bool>(d, "cancelled", false);
+  if (d.contains("phase_peaks")) {
+    for (const auto& item : d["phase_peaks"].cast<py::list>()) {
+      const auto p = item.cast<py::dict>();
+      r.phase_peaks.push_back({get<std::string>(p, "phase", ""),
+                               get<int>(p, "micro_batch_index", 0),
+                               get<std::int64_t>(p, "peak_allocated_bytes", 0)});
+    }
+  }
+  return r;
+}
+
+// SearchOptions from the dict autobatch.find builds (keys as SearchOptions' fields; strategy and
+// plan by their CLI names). Validation is the search's own (autobatch::Error, a ValueError).
+autobatch::SearchOptions optionsFromDict(const py::dict& d) {
+  autobatch::SearchOptions o;
+  o.memory_limit_bytes = get<std::int64_t>(d, "memory_limit_bytes", 0);
+  o.reserve_bytes = get<std::int64_t>(d, "reserve_bytes", 0);
+  o.margin_fraction = get<double>(d, "margin_fraction", o.margin_fraction);
+  o.margin_bytes = get<std::int64_t>(d, "margin_bytes", -1);
+  o.min_batch = get<std::int64_t>(d, "min_batch", 1);
+  o.max_batch = get<std::int64_t>(d, "max_batch", 0);
+  o.dataset_size = get<std::int64_t>(d, "dataset_size", 0);
+  o.initial_batch = get<std::int64_t>(d, "initial_batch", o.initial_batch);
+  o.strategy = autobatch::parseStrategy(get<std::string>(d, "strategy", "guided"));
+  o.micro_batches_per_step = get<int>(d, "micro_batches_per_step", 1);
+  o.relative_tolerance = get<double>(d, "relative_tolerance", 0.0);
+  o.max_trials = get<int>(d, "max_trials", 0);
+  o.time_limit_s = get<double>(d, "time_limit_s", 0.0);
+  o.target_batch = get<std::int64_t>(d, "target_batch", 0);
+  o.world_size = get<int>(d, "world_size", 1);
+  o.plan = autobatch::parsePlanKind(get<std::string>(d, "plan", "auto"));
+  o.allocation_units.block_bytes = get<std::int64_t>(d, "block_bytes", 1);
+  o.allocation_units.page_bytes = get<std::int64_t>(d, "page_bytes", 1);
+  return o;
+}
+
+autobatch::MemoryBreakdown memoryFromDict(const py::dict& d) {
+  autobatch::MemoryBreakdown m;
+  m.parameter_count = get<std::int64_t>(d, "parameter_count", 0);
+  m.parameter_bytes = get<std::int64_t>(d, "parameter_bytes", 0);
+  m.gradient_bytes = get<std::int64_t>(d, "gradient_bytes", 0);
+  m.optimizer_state_bytes = get<std::int64_t>(d, "optimizer_state_bytes", 0);
+  m.baseline_bytes = get<std::int64_t>(d, "baseline_bytes", 0);
+  m.optimizer_impl = get<std::string>(d, "optimizer_impl", "");
+  m.model_format = get<std::string>(d, "model_format", "python");
+  return m;
+}
+
+autobatch::RunContext contextFromDict(const py::dict& d) {
+  autobatch::RunContext c;
+  c.device = get<std::string>(d, "device", "cpu");
+  c.backend = get<std::string>(d, "backend", "cpu-budget");
+  c.memory_limit_bytes = get<std::int64_t>(d, "memory_limit_bytes", 0);
+  c.memory_limit_source = get<std::string>(d, "memory_limit_source", "");
+  c.micro_batches_per_trial = get<int>(d, "micro_batches_per_trial", 1);
+  if (d.contains("warnings")) c.warnings = d["warnings"].cast<std::vector<std::string>>();
+  return c;
+}
+
+// The status, exit code and texts of a finished search, as the CLI writes them.
+py::dict reportOf(autobatch::ReportData& data) {
+  py::dict out;
+  out["json"] = autobatch::toJson(data);
+  out["text"] = autobatch::humanReport(data);
+  out["env"] = autobatch::envLines(data);
+  return out;
+}
+
+// Runs the C++ search with a Python probe. `facts` holds "model" (MemoryBreakdown's fields),
+// "context" (RunContext's), "name" (the model's description for the report), "fingerprint" (the
+// structure hash), "step" (the header's description of the user's step), "steps_per_trial",
+// "device".
+py::dict search(const py::function& probe, const py::dict& options_dict, const py::dict& facts,
+                const py::object& cancel) {
+  autobatch::SearchOptions options = optionsFromDict(options_dict);
+  if (!cancel.is_none()) {
+    options.cancel = [cancel]() -> bool { return cancel().cast<bool>(); };
+  }
+  autobatch::Probe cpp_probe = [&probe](const autobatch::TrialRequest& request) {
+    const py::object answer = probe(request.micro_batch_size, request.micro_batches_per_step);
+    return trialFromDict(request, answer.cast<py::dict>());
+  };
+  autobatch::ReportData data;
+  data.build = autobatch::buildInfo();
+  data.spec.model_path = get<std::string>(facts, "name", "python model");
+  data.spec.device = get<std::string>(facts, "device", "cpu");
+  data.spec.steps_per_trial = get<int>(facts, "steps_per_trial", 2);
+  data.model_sha1 = get<std::string>(facts, "fingerprint", "");
+  data.step_description = get<std::string>(facts, "step", "");
+  data.options = options;
+  autobatch::MaxBatchResult result;
+  result.search = autobatch::findMaxBatch(cpp_probe, options);
+  // Read after the trials: the probe fills in what only a step shows (the optimizer's state).
+  result.memory = memoryFromDict(facts["model"].cast<py::dict>());
+  result.context = contextFromDict(facts["context"].cast<py::dict>());
+  const auto& s = result.search;
+  data.status = std::string(autobatch::toString(s.status));
+  data.exit_code = s.safe_micro_batch > 0 ? 0 : 3;  // docs/errors.md: 3 when nothing is verified
+  data.result = std::move(result);
+  return reportOf(data);
+}
+
+// Both accumulation plans for `target_batch` on `max_micro_batch`, as the JSON report's "plans".
+std::string plan(std::int64_t max_micro_batch, std::int64_t target_batch, int world_size,
+                 const std::string& kind) {
+  autobatch::ReportData data;
+  data.options.target_batch = target_batch;
+  data.options.world_size = world_size;
+  data.options.plan = autobatch::parsePlanKind(kind);
+  autobatch::MaxBatchResult result;
+  result.search.max_micro_batch = max_micro_batch;
+  result.search.safe_micro_batch = max_micro_batch;
+  result.search.plan_max_micro_batch = max_micro_batch;
+  result.search.plan =
+      autobatch::planAccumulation(max_micro_batch, target_batch, world_size, data.options.plan);
+  data.result = std::move(result);
+  const auto doc = nlohmann::json::parse(autobatch::toJson(data));
+  return doc["plans"].dump();
+}
+
+// The library's classification of a failed step (autobatch/failure.h): kind, reason, bytes.
+py::dict classify(const std::string& type, const std::string& message, bool process_limit_near,
+                  bool after_larger_oom) {
+  autobatch::ExceptionType t = autobatch::ExceptionType::kOther;
+  if (type == "out-of-memory") t = autobatch::ExceptionType::kOutOfMemoryError;
+  if (type == "bad-alloc") t = autobatch::ExceptionType::kBadAlloc;
+  const auto c = autobatch::classifyFailure(t, message, {process_limit_near, after_larger_oom});
+  py::dict out;
+  out["kind"] = std::string(autobatch::toString(c.kind));
+  out["reason"] = c.reason;
+  out["failed_request_bytes"] = c.failed_request_bytes;
+  out["failed_in_use_bytes"] = c.failed_in_use_bytes;
+  return out;
+}
+
+TrialPhase phaseNamed(const std::string& name) {
+  for (const auto phase : {TrialPhase::kIdle, TrialPhase::kInputs, TrialPhase::kForward,
+                           TrialPhase::kLoss, TrialPhase::kBackward, TrialPhase::kOptimizerStep}) {
+    if (name == autobatch::phaseKey(phase)) return phase;
+  }
+  throw autobatch::Error(
+      "phase: expected idle, inputs, forward, loss, backward or optimizer-step, "
+      "but got \"" +
+      name + "\"");
+}
+
+// The CPU budget allocator installed in this process for one search (memory_backend.h).
+class Budget {
+ public:
+  Budget(std::int64_t limit_bytes, std::int64_t reserve_bytes)
+      : backend_(autobatch::detail::makeCpuBudgetBackend(limit_bytes, reserve_bytes)) {}
+  std::int64_t limitBytes() const { return alive().limitBytes(); }
+  std::string limitSource() const { return alive().limitSource(); }
+  std::int64_t currentBytes() const { return alive().currentBytes(); }
+  void finishSetup(std::int64_t untracked_bytes) { alive().finishSetup(untracked_bytes); }
+  void beginTrial() { alive().beginTrial(); }
+  void setPoint(const std::string& phase, std::int64_t micro_batch_size, int micro_batch_index,
+                int step) {
+    alive();
+    autobatch::detail::TrialPoint point;
+    point.phase = phaseNamed(phase);
+    point.micro_batch_size = micro_batch_size;
+    point.micro_batch_index = micro_batch_index;
+    point.step = step;
+    autobatch::detail::setTrialPoint(point);
+  }
+  py::dict endTrial() {
+    const auto peaks = alive().endTrial();
+    py::dict out;
+    out["peak_allocated_bytes"] = peaks.peak_allocated_bytes;
+    out["peak_reserved_bytes"] = peaks.peak_reserved_bytes;
+    out["peak_bytes"] = peaks.peak_bytes;
+    py::list phases;
+    for (const auto& p : peaks.phase_peaks) {
+      py::dict d;
+      d["phase"] = autobatch::phaseKey(p.phase);
+      d["micro_batch_index"] = p.micro_batch_index;
+      d["peak_allocated_bytes"] = p.peak_bytes;
+      phases.append(d);
+    }
+    out["phase_peaks"] = phases;
+    return out;
+  }
+  void releaseCaches() { alive().releaseCaches(); }
+  bool processLimitNear(std::int64_t peak_bytes, std::int64_t failed_request_bytes) const {
+    return alive().processLimitNear(peak_bytes, failed_request_bytes);
+  }
+  std::vector<std::string> limitWarnings() const { return alive().limitWarnings(); }
+  void remove() { backend_.reset(); }
+  bool installed() const { return backend_ != nullptr; }
+
+ private:
+  autobatch::detail::MemoryBackend& alive() const {
+    if (!backend_) throw autobatch::Error("budget allocator: already removed");
+    return *backend_;
+  }
+  std::unique_ptr<autobatch::detail::MemoryBackend> backend_;
+};
+
+// A `with` scope in which this thread's CPU allocations are not counted (host snapshots).
+class Untracked {
+ public:
+  Untracked() = default;
+  Untracked(const Untracked&) = delete;
+  Untracked& operator=(const Untracked&) = delete;
+  void enter() { scopes_.push_back(std::make_unique<autobatch::detail::UntrackedCpuScope>()); }
+  void exit() {
+    if (!scopes_.empty()) scopes_.pop_back();
+  }
+
+ private:
+  std::vector<std::unique_ptr<autobatch::detail::UntrackedCpuScope>> scopes_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "autobatch's C++ search, planner, report and CPU budget allocator (plain data only)";
+  py::register_exception<autobatch::Error>(m, "Error", PyExc_ValueError);
+  m.def("search", &search, py::arg("probe"), py::arg("options"), py::arg("facts"),
+        py::arg("cancel") = py::none(),
+        "Runs the search with a Python probe; returns {'json', 'text', 'env'}.");
+  m.def("plan", &plan, py::arg("max_micro_batch"), py::arg("target_batch"),
+        py::arg("world_size") = 1, py::arg("kind") = "auto",
+        "Both accumulation plans as the JSON report's \"plans\" (JSON text).");
+  m.def("classify", &classify, py::arg("type"), py::arg("message"),
+        py::arg("process_limit_near") = false, py::arg("after_larger_oom") = false);
+  m.def("parse_bytes",
+        [](const std::string& text) { return autobatch::parseBytes(text, "memory"); });
+  m.def("format_bytes", &autobatch::formatBytes);
+  m.def("version", [] { return autobatch::versionText(autobatch::buildInfo()); });
+  // A storage's data_ptr() from Python is an address as an integer: the one cast of the module.
+  m.def("is_tracked", [](std::uintptr_t data) {
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): the address is only compared, never read
+    return autobatch::detail::isBudgetTracked(reinterpret_cast<const void*>(data));
+  });
+  m.def("refusals", [] { return autobatch::detail::budgetRefusals().first; });
+  py::class_<Budget>(m, "Budget")
+      .def(py::init<std::int64_t, std::int64_t>(), py::arg("limit_bytes"),
+           py::arg("reserve_bytes") = 0)
+      .def("limit_bytes", &Budget::limitBytes)
+      .def("limit_source", &Budget::limitSource)
+      .def("current_bytes", &Budget::currentBytes)
+      .def("finish_setup", &Budget::finishSetup)
+      .def("begin_trial", &Budget::beginTrial)
+      .def("set_point", &Budget::setPoint, py::arg("phase"), py::arg("micro_batch_size") = 0,
+           py::arg("micro_batch_index") = 0, py::arg("step") = 0)
+      .def("end_trial", &Budget::endTrial)
+      .def("release_caches", &Budget::releaseCaches)
+      .def("process_limit_near", &Budget::processLimitNear)
+      .def("limit_warnings", &Budget::limitWarnings)
+      .def("remove", &Budget::remove)
+      .def("installed", &Budget::installed);
+  py::class_<Untracked>(m, "Untracked")
+      .def(py::init<>())
+      .def("__enter__", [](Untracked& u) { u.enter(); })
+      .def("__exit__", [](Untracked& u, const py::args&) {
+        u.exit();
+        return false;
+      });
+}

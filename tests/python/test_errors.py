@@ -1,0 +1,102 @@
+"""Each exception of autobatch.find, and Ctrl-C (issue 29). Each test names the wrong
+implementation it catches."""
+import pytest
+import torch
+
+import autobatch
+import tiny_models
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+
+# Catches: a limit below the model's own needs reported as a found size 0 (a "safe" answer of
+# nothing), or as a model error; and an exception without the result.
+def test_nothing_fits_raises_does_not_fit_with_the_result():
+    with pytest.raises(autobatch.DoesNotFit) as e:
+        autobatch.find(mlp(), torch.randn(1, 32), memory_limit=20_000)
+    assert e.value.result.status == "nothing-fits"
+    assert e.value.result.raw["result"]["min_batch_needs_at_least_bytes"] > 20_000
+    assert e.value.exit_code == 3
+
+
+# Catches: bad arguments accepted (a search run on nonsense) or reported as model errors.
+@pytest.mark.parametrize("kwargs,words", [
+    ({"memory_limit": "lots"}, "memory_limit"),
+    ({"memory_limit": -5}, "memory_limit"),
+    ({"margin": 2.0}, "margin"),
+    ({"margin": "120%"}, "margin"),
+    ({"precision": "fp8"}, "precision"),
+    ({"steps_per_trial": 0}, "steps_per_trial"),
+    ({"optimizer": 3}, "optimizer"),
+    ({"target_batch": 10, "world_size": 3}, "world size"),
+    ({"strategy": "fastest"}, "strateg"),
+    ({"device": "meta"}, "device"),
+])
+def test_usage_errors(kwargs, words):
+    with pytest.raises(autobatch.UsageError) as e:
+        autobatch.find(mlp(), torch.randn(1, 32), memory_limit=kwargs.pop("memory_limit", "64MiB"),
+                       **kwargs)
+    assert words in str(e.value)
+
+
+# Catches: an example batch without a tensor, and a model that is not a module, accepted.
+def test_usage_errors_for_the_model_and_batch():
+    with pytest.raises(autobatch.UsageError, match="example_batch"):
+        autobatch.find(mlp(), {"x": 3})
+    with pytest.raises(autobatch.UsageError, match="torch.nn.Module"):
+        autobatch.find(lambda x: x, torch.randn(1, 32))
+
+
+# Catches: a model error (shape mismatch) classified as out of memory (the search would go on
+# and report a size), and a model left changed after the error.
+def test_a_model_error_is_not_out_of_memory():
+    model = mlp()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(autobatch.ModelError) as e:
+        autobatch.find(model, torch.randn(1, 31), memory_limit="64MiB")
+    assert isinstance(e.value.__cause__, RuntimeError)
+    assert "mat1 and mat2" in str(e.value)
+    assert e.value.micro_batch >= 1
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+# Catches: Ctrl-C lost inside a trial (the search goes on), a cancelled trial counted as fitting,
+# and a model left in the interrupted trial's state.
+def test_ctrl_c_cancels_the_search_and_restores_the_model():
+    model, example = tiny_models.gpt2()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = []
+
+    def loss_fn(output, batch):
+        calls.append(batch["input_ids"].shape[0])
+        if len(calls) == 7:  # during the 4th trial (2 steps per trial)
+            raise KeyboardInterrupt
+        return output.loss
+    with pytest.raises(autobatch.Cancelled) as e:
+        autobatch.find(model, example, memory_limit="40MiB", loss_fn=loss_fn)
+    r = e.value.result
+    assert r.status == "cancelled"
+    assert len(r.trials) == 4 and r.trials[-1].cancelled
+    assert r.max_micro_batch == max(t.micro_batch_size for t in r.trials[:3] if t.outcome == "fits")
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+# Catches: a planner that is not the library's (not exact), and an impossible target accepted.
+def test_plan():
+    p = autobatch.plan(100, 512)
+    assert p.accumulation_steps * p.micro_batch_size == 512 and p.micro_batch_size <= 100
+    with pytest.raises(autobatch.UsageError, match="world size"):
+        autobatch.plan(100, 100, world_size=3)
+
+
+# Catches: a fingerprint blind to the structure (a changed layer size or dtype) or to the options.
+def test_fingerprint():
+    a = autobatch.fingerprint(mlp(), torch.randn(1, 32), memory_limit=1)
+    assert a == autobatch.fingerprint(mlp(), torch.randn(1, 32), memory_limit=1)
+    assert a != autobatch.fingerprint(mlp().double(), torch.randn(1, 32), memory_limit=1)
+    assert a != autobatch.fingerprint(mlp(), torch.randn(1, 32), memory_limit=2)
+    other = torch.nn.Sequential(torch.nn.Linear(32, 65), torch.nn.ReLU(), torch.nn.Linear(65, 4))
+    assert a != autobatch.fingerprint(other, torch.randn(1, 32), memory_limit=1)
