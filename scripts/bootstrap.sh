@@ -56,6 +56,7 @@ autobatch_timed "bootstrap: Python environment" install_venv
 export_models() {
   local models="$AUTOBATCH_ROOT/models" stamp
   stamp="$(cat "$AUTOBATCH_ROOT/scripts/export_models.py" "$AUTOBATCH_ROOT/scripts/autobatch_export.py" \
+           "$AUTOBATCH_ROOT/src/python/autobatch/_export.py" \
            "$AUTOBATCH_ROOT/requirements.txt" | sha256sum | cut -c1-16)"
   if [ "$(cat "$models/.complete" 2>/dev/null)" = "$stamp" ]; then
     echo "bootstrap: models ready in $models"

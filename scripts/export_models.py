@@ -122,7 +122,8 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     digest = hashlib.sha256()
-    for script in (__file__, os.path.join(os.path.dirname(__file__), "autobatch_export.py")):
+    import autobatch_export  # the shim: its __file__ is the export's code in the package
+    for script in (__file__, autobatch_export.__file__):
         with open(script, "rb") as f:
             digest.update(f.read())
     stamp = digest.hexdigest()[:16] + " torch " + torch.__version__

@@ -5,7 +5,7 @@ use, on demand, into a cache under the environment root.
 
 prints one line per name: ``NAME PATH`` (the package, or the TorchScript archive for a name ending
 in ``.ts``). The cache folder is ``$AUTOBATCH_ENV_ROOT/pt2/<key>`` (default root
-``~/.cache/autobatch``), where the key hashes this script, autobatch_export.py and export_models.py,
+``~/.cache/autobatch``), where the key hashes this script, the export's code (src/python/autobatch/_export.py) and export_models.py,
 the torch version and the CPU instruction set Inductor compiles for: a package is built once per
 key and reused (about 15-80 s each on 2 cores cold). Not run by bootstrap or the demo.
 
@@ -338,7 +338,9 @@ def rewrite_metadata(src: str, dst: str, key: str, value: str) -> None:
 
 def cache_key() -> str:
     digest = hashlib.sha256()
-    for name in ("pt2_packages.py", "autobatch_export.py", "export_models.py"):
+    # The export's code is in the package (src/python/autobatch/_export.py; the shim in scripts/
+    # only loads it): hash the file that holds it.
+    for name in ("pt2_packages.py", ab.__file__, "export_models.py"):
         with open(os.path.join(HERE, name), "rb") as f:
             digest.update(f.read())
     from torch._inductor.cpu_vec_isa import pick_vec_isa

@@ -1,0 +1,51 @@
+"""The export helpers in the package (issue 29 item 5): a transformers model exports with one call,
+its dict batch and ModelOutput unwrapped, and the `autobatch` command sizes the archive."""
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+import autobatch
+import tiny_models
+
+
+def cli():
+    exe = os.path.join(os.path.dirname(sys.executable), "autobatch")  # installed by the package
+    assert os.access(exe, os.X_OK), exe
+    return exe
+
+
+# Catches: an export that needs a hand-written wrapper for a Hugging Face model (script fails on
+# LlamaConfig, trace on CausalLMOutputWithPast), a dict batch exported in another order than its
+# metadata says, and a ModelOutput unwrapped to the logits although the model computes the loss.
+def test_llama_exports_with_one_call_and_the_command_sizes_it(tmp_path):
+    model, example = tiny_models.llama()
+    path = str(tmp_path / "llama.pt")
+    meta = json.loads(autobatch.export(model, path, example, int_high={0: 512, 1: 512}))
+    assert meta["loss"] == "model"
+    assert meta["inputs"] == [f"int64:{tiny_models.TOKENS}:<512"] * 2
+    out = subprocess.run([cli(), "--model", path, "--memory-limit", "40MiB", "--keep-output", "no",
+                          "--json", "-", "-q"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["result"]["max_micro_batch"] > 4
+    # The loss the archive computes is the model's own: one forward of the traced archive equals
+    # the module's loss on the same batch.
+    archive = torch.jit.load(path)
+    archive.eval()
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(archive(example["input_ids"], example["labels"]),
+                              model(**example).loss)
+
+
+# Catches: a plain module wrapped or traced needlessly (script is the default for it).
+def test_a_plain_module_is_scripted_as_before(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    path = str(tmp_path / "mlp.pt")
+    meta = json.loads(autobatch.export(model, path, (torch.randn(2, 8),), loss="cross-entropy"))
+    assert meta == {"version": 1, "inputs": ["8"], "loss": "cross-entropy"}
+    assert isinstance(torch.jit.load(path), torch.jit.ScriptModule)
+    assert "Sequential" in torch.jit.load(path).original_name
