@@ -100,3 +100,19 @@ def test_fingerprint():
     assert a != autobatch.fingerprint(mlp(), torch.randn(1, 32), memory_limit=2)
     other = torch.nn.Sequential(torch.nn.Linear(32, 65), torch.nn.ReLU(), torch.nn.Linear(65, 4))
     assert a != autobatch.fingerprint(other, torch.randn(1, 32), memory_limit=1)
+
+
+# Catches: a JSON report that describes the command's default step instead of the one that ran
+# (options.precision "fp32" under autocast, keep_output true, optimizer "adamw" for an SGD), and
+# a progress option that shows nothing.
+def test_the_report_names_the_step_that_ran(capsys):
+    model, example = tiny_models.gpt2()
+    r = autobatch.find(model, example, memory_limit="40MiB", precision="amp-bf16", max_batch=8,
+                       optimizer=lambda p: torch.optim.SGD(p, lr=0.1), progress=True)
+    o = r.raw["options"]
+    assert (o["precision"], o["keep_output"], o["loss"], o["optimizer"]) == (
+        "amp-bf16", False, "model", "torch.optim.sgd.SGD")
+    assert o["inputs"] == ["int64:64", "int64:64"]
+    assert r.raw["fingerprint"]["model_sha1"] == r.fingerprint
+    assert "the user's eager step" in r.text and "amp-bf16" in r.text
+    assert f"{len(r.trials)}trial" in capsys.readouterr().err.replace(" ", "")

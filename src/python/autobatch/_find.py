@@ -228,6 +228,24 @@ class _Session:
                                optimizer=self.optimizer_name, precision=self.precision,
                                steps=steps_per_trial, **self.options)
 
+    def describe(self, doc, probe):
+        """The JSON report with the options of the step that ran (the C++ report writes the
+        command's training spec there: inputs, loss, optimizer, precision, output kept)."""
+        step = {"model": doc["options"].get("model"), "inputs": _inputs(self.example),
+                "loss": "loss_fn" if self.loss_fn is not None else probe.loss_rule,
+                "optimizer": probe.facts["optimizer"],
+                "optimizer_impl": probe.facts["model"]["optimizer_impl"] or "none",
+                "zero_grad": "none", "keep_output": False, "precision": self.precision,
+                "steps_per_trial": self.steps, "device": str(self.device),
+                "learning_rate": None, "cudnn_benchmark": None, "optimize_graph": None,
+                "seed": None, "step": "python-eager"}
+        doc["options"].update(step)
+        if isinstance(doc.get("fingerprint"), dict):
+            doc["fingerprint"]["options"] = doc["options"]
+            doc["fingerprint"]["inputs"] = step["inputs"]
+            doc["fingerprint"]["loss"] = step["loss"]
+        return doc
+
     def run(self, fn):
         state = ModelState(self.model)
         meter = None
@@ -257,7 +275,7 @@ class _Session:
 def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, device=None,
          memory_limit=None, margin=None, target_batch=None, world_size=1, time_limit=None,
          steps_per_trial=2, min_batch=1, max_batch=None, dataset_size=None, max_trials=None,
-         strategy="guided", plan="auto", reserve=None):
+         strategy="guided", plan="auto", reserve=None, progress=None):
     session = _Session(model, example_batch, optimizer, loss_fn, precision, device, memory_limit,
                        margin, target_batch, world_size, time_limit, steps_per_trial, min_batch,
                        max_batch, dataset_size, max_trials, strategy, plan, reserve)
@@ -265,9 +283,15 @@ def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, 
 
     def search(probe, facts):
         probes.append(probe)
-        return _core.search(probe, session.options, facts, probe.cancel)
+        probe.bar = _progress_bar(progress)
+        try:
+            return _core.search(probe, session.options, facts, probe.cancel)
+        finally:
+            if probe.bar is not None:
+                probe.bar.close()
     out = session.run(search)
-    result = Result.from_report(json.loads(out["json"]), out["text"], out["env"], session.key)
+    result = Result.from_report(session.describe(json.loads(out["json"]), probes[0]),
+                                out["text"], out["env"], session.key)
     if probes[0].interrupted:
         raise Cancelled("interrupted: the search stopped at Ctrl-C; the model is restored", result)
     if result.safe_micro_batch == 0 and result.status == "nothing-fits":
@@ -283,8 +307,24 @@ find.__doc__ = """Finds the largest micro-batch with which `model` trains, by ru
     ModelError (the step raised an error that is not out of memory), Cancelled (Ctrl-C; the model
     is restored and .result holds the best verified size). Side effects: on the CPU the budget
     allocator is installed in this process for the search and removed after; on CUDA the memory
-    fraction is set and put back to 1.0. Trial progress goes to the "autobatch" logger (INFO).
+    fraction is set and put back to 1.0. Trial progress goes to the "autobatch" logger (INFO) and,
+    with progress=True (default: when tqdm is installed and stderr is a terminal), a tqdm bar.
 """
+
+
+def _progress_bar(progress):
+    """A tqdm bar of trials when `progress` is True, or None (auto) and tqdm is installed and
+    stderr is a terminal; else None."""
+    import sys
+    if progress is False or (progress is None and not sys.stderr.isatty()):
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        if progress:
+            raise UsageError("progress=True needs tqdm (pip install tqdm)") from None
+        return None
+    return tqdm(desc="autobatch", unit="trial")
 
 
 def check_batch(model, example_batch, micro_batch, *, micro_batches_per_step=1, **options):
@@ -332,6 +372,7 @@ def _facts(session, state, meter):
                  else "none")
     del first
     return {
+        "optimizer": optimizer,
         "name": f"{type(model).__module__}.{type(model).__qualname__}",
         "device": str(device), "steps_per_trial": session.steps, "fingerprint": session.key,
         "step": f"the user's eager step: inputs {_describe(session.example)}, loss {loss}, "
@@ -347,6 +388,14 @@ def _facts(session, state, meter):
                     "memory_limit_source": meter.limit_source(), "micro_batches_per_trial": 1,
                     "warnings": meter.warnings()},
     }
+
+
+def _inputs(x):
+    """The example's tensors as input specs of the command's syntax (docs/inputs.md), in order."""
+    if isinstance(x, torch.Tensor):
+        return [_describe(x)]
+    values = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else ()
+    return [spec for v in values for spec in _inputs(v)]
 
 
 def _describe(x):

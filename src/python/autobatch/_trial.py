@@ -60,18 +60,21 @@ def call_model(model, batch):
     return model(batch)
 
 
-def default_loss(output):
+def default_loss(output, rule=None):
     """The loss when no loss_fn is given: the output's `.loss` (a transformers ModelOutput), its
     ["loss"] (a dict), a scalar output itself, a tuple's first element; else the mean of the
     output tensor (the `autobatch` command's default loss, "mean")."""
+    rule = rule if rule is not None else []
     loss = getattr(output, "loss", None)
     if loss is None and isinstance(output, dict):
         loss = output.get("loss")
     if loss is not None:
+        rule.append("model")  # the model computed it (the command's --loss model)
         return loss
     if isinstance(output, (list, tuple)) and output:
-        return default_loss(output[0])
+        return default_loss(output[0], rule)
     if isinstance(output, torch.Tensor):
+        rule.append("model" if output.dim() == 0 else "mean")
         return output if output.dim() == 0 else output.float().mean()
     raise TypeError(
         f"the model returned {type(output).__name__}, from which no loss can be taken: expected "
@@ -237,6 +240,8 @@ class EagerProbe:
         self.count = 0
         self.optimizer_state_bytes = 0  # the largest seen after a step, for the report
         self.facts = None  # the report's facts (find's), updated after each trial
+        self.loss_rule = None  # "model" or "mean": how default_loss took the loss
+        self.bar = None  # a tqdm bar (find's progress option), one step per trial
 
     def cancel(self):
         return self.interrupted
@@ -258,8 +263,10 @@ class EagerProbe:
                 with self.autocast():
                     output = call_model(self.model, batch)
                     self._enter("loss", size, micro, step)
+                    rule = []
                     loss = (self.loss_fn(output, batch) if self.loss_fn is not None
-                            else default_loss(output))
+                            else default_loss(output, rule))
+                    self.loss_rule = rule[0] if rule else self.loss_rule
                 del output, batch  # dropped before backward, as a training_step returns the loss
                 self._enter("backward", size, micro, step)
                 (loss / micro_batches).backward()
@@ -344,5 +351,9 @@ class EagerProbe:
     def _log(self, size, micro_batches, r):
         outcome = "cancelled" if r.get("cancelled") else r.get("outcome", "fits")
         where = f" in {r['failed_phase']}" if r.get("failed_phase") else ""
+        peak = _core.format_bytes(int(r.get("peak_bytes", 0)))
         log.info("trial %d: micro-batch %d x%d: %s%s, peak %s", self.count, size, micro_batches,
-                 outcome, where, _core.format_bytes(int(r.get("peak_bytes", 0))))
+                 outcome, where, peak)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(f"B={size} {outcome}{where}, peak {peak}")
