@@ -891,6 +891,13 @@ def eager_step_peak(model: torch.nn.Module, loss: str, example_inputs: Sequence[
             del value, targets
             optimizer.step()
     del x
+    return before + profiled_peak(prof)
+
+
+def profiled_peak(prof) -> int:
+    """The largest sum of CPU bytes alive at once over a torch.profiler run with
+    profile_memory=True: its "[memory]" events (allocations +, frees -) summed in time order.
+    Bytes allocated before the profile started are not in it (the caller adds them)."""
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
               and str(e.device_type()).endswith("CPU")]
     events.sort(key=lambda e: e.start_ns())
@@ -898,7 +905,7 @@ def eager_step_peak(model: torch.nn.Module, loss: str, example_inputs: Sequence[
     for e in events:
         current += e.nbytes()
         peak = max(peak, current)
-    return before + peak
+    return peak
 
 
 def find_cli(cli: Optional[str] = None) -> Optional[str]:
