@@ -276,7 +276,7 @@ def main() -> int:
     parser.add_argument("--md", help="write the table as markdown to this file")
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 when a row is off by more than {TOLERANCE_PCT}%% or autobatch "
-                             f"is below eager by more than {UNDER_PCT}%")
+                             f"is below eager by more than {UNDER_PCT}%%")
     parser.add_argument("--only", nargs="+", metavar="MODEL",
                         help="only the set's cases of these models (in the order given)")
     args = parser.parse_args()
