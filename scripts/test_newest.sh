@@ -33,11 +33,14 @@ make_env() {
 install_package() {
   local log="$build.pip-install.log"
   mkdir -p "$build"
-  # ccache shares what it can with the first build (the same flags; LibTorch's headers differ).
+  # ccache shares what it can with the first build: the same build type and flags (scripts/build.sh;
+  # GCC 12 at -O3, the wheel's default Release, warns falsely (-Wrestrict) inside std::string, and
+  # -Werror is on here), while the files that include LibTorch's headers are compiled anew.
   if ! CCACHE_BASEDIR="$AUTOBATCH_ROOT" CCACHE_NOHASHDIR=1 \
        CMAKE_BUILD_PARALLEL_LEVEL="${AUTOBATCH_JOBS:-$(nproc)}" \
        "$py" -m pip install --no-build-isolation --no-deps --force-reinstall \
-       -C build-dir="$build" -C cmake.define.AUTOBATCH_WERROR=ON "$AUTOBATCH_ROOT" >"$log" 2>&1; then
+       -C build-dir="$build" -C cmake.build-type=RelWithDebInfo -C cmake.define.AUTOBATCH_WERROR=ON \
+       "$AUTOBATCH_ROOT" >"$log" 2>&1; then
     tail -n 60 "$log"
     return 1
   fi

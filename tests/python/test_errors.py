@@ -116,3 +116,11 @@ def test_the_report_names_the_step_that_ran(capsys):
     assert r.raw["fingerprint"]["model_sha1"] == r.fingerprint
     assert "the user's eager step" in r.text and "amp-bf16" in r.text
     assert f"{len(r.trials)}trial" in capsys.readouterr().err.replace(" ", "")
+
+
+# Catches: a search stopped by its time budget before any batch was verified returned as an
+# answer (safe micro-batch 0 taken as a size), instead of the command's exit status 3.
+def test_a_budget_that_verifies_nothing_does_not_fit():
+    with pytest.raises(autobatch.DoesNotFit, match="time budget") as e:
+        autobatch.find(mlp(), torch.randn(1, 32), memory_limit="64MiB", time_limit=1e-6)
+    assert e.value.result.status == "time-budget" and e.value.result.safe_micro_batch == 0

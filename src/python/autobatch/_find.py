@@ -294,7 +294,7 @@ def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, 
                                 out["text"], out["env"], session.key)
     if probes[0].interrupted:
         raise Cancelled("interrupted: the search stopped at Ctrl-C; the model is restored", result)
-    if result.safe_micro_batch == 0 and result.status == "nothing-fits":
+    if result.safe_micro_batch == 0:  # the command's exit status 3, whatever ended the search
         raise DoesNotFit(_nothing_fits_message(result), result)
     return result
 
@@ -345,6 +345,10 @@ def check_batch(model, example_batch, micro_batch, *, micro_batches_per_step=1, 
 
 def _nothing_fits_message(result):
     r = result.raw.get("result") or {}
+    if result.status in ("trial-budget", "time-budget"):
+        budget = "trial" if result.status == "trial-budget" else "time"
+        return (f"no micro-batch was verified before the {budget} budget ran out "
+                f"({len(result.trials)} trial(s)); raise time_limit / max_trials")
     if result.max_micro_batch > 0:
         return (f"nothing fits under the margin: micro-batch {result.max_micro_batch} fits, but "
                 f"its peak is above the limit of {result.memory_limit_bytes} bytes less the margin "
