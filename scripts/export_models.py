@@ -4,9 +4,10 @@ torchvision ResNet-18, ResNet-50, MobileNetV3-Large, ViT-B/16 (random weights: m
 depend on their values) and a GPT-style decoder-only language model (vocabulary 32000, context
 256, 12 layers of width 768, tied embeddings: about 110M parameters), and a small one of the same
 code for the CPU benchmark (decoder_lm_small: vocabulary 8000, context 128, 4 layers of width 256,
-about 5.2M parameters), and mlp_8x2048 (8 x (Linear(2048, 2048) + ReLU), mean loss: the
-optimizer step sets its peak). Each archive carries its
-input specs and loss (autobatch/inputs.json), so no --input flag is needed.
+about 5.2M parameters), mlp_8x2048 (8 x (Linear(2048, 2048) + ReLU), mean loss: the optimizer
+step sets its peak) and vgg11_cifar (a CIFAR-style VGG-11 with BatchNorm at 3x32x32, 9.5M
+parameters: the optimizer step sets its peak at small batches, the activations above it). Each
+archive carries its input specs and loss (autobatch/inputs.json), so no --input flag is needed.
 
 A model is exported again only when these scripts or torch changed since it was written (a stamp file
 per model holds their hash). Run by scripts/bootstrap.sh with the project's Python environment.
@@ -94,6 +95,34 @@ def _mlp_8x2048():
     return (nn.Sequential(*layers), (torch.randn(2, 2048),), "mean", None)
 
 
+class VggCifar(nn.Module):
+    """CIFAR-style VGG-11: conv 3x3 stacks with BatchNorm and ReLU, max-pooling between stages, a
+    small classifier: [batch, 3, 32, 32] float32 -> logits [batch, 10]."""
+
+    STAGES = [[64], [128], [256, 256], [512, 512], [512, 512]]
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        layers, width = [], 3
+        for stage in self.STAGES:
+            for out in stage:
+                layers += [nn.Conv2d(width, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU()]
+                width = out
+            layers.append(nn.MaxPool2d(2))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(width, 512), nn.ReLU(),
+                                        nn.Linear(512, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def _vgg11_cifar():
+    # 9.5M parameters (37 MB): with AdamW the optimizer step sets the peak at small batches and the
+    # activations (about 2 MB per sample) above, the shape of issue 28 item 7's VGG case.
+    return (VggCifar(), (torch.randn(2, 3, 32, 32),), "cross-entropy", None)
+
+
 def _decoder_lm():
     return (DecoderLM(), (torch.randint(0, 32000, (2, 256)),), "cross-entropy", {0: 32000})
 
@@ -112,6 +141,7 @@ MODELS = {
     "decoder_lm": _decoder_lm,
     "decoder_lm_small": decoder_lm_small,
     "mlp_8x2048": _mlp_8x2048,
+    "vgg11_cifar": _vgg11_cifar,
 }
 
 

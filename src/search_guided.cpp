@@ -22,6 +22,9 @@ namespace {
 // How far to go towards a prediction extrapolated far beyond its secant. Tuned with
 // tests/bench/search_bench.cpp.
 constexpr double kFarJumpFraction = 0.95;
+// After an extrapolation beyond the fits failed, how far to go towards the model's batch (issue
+// 28 item 7). Tuned with tests/bench/search_bench.cpp.
+constexpr double kBackOff = 0.8;
 // A phase's slope before any point gave one.
 constexpr double kNoSlope = -std::numeric_limits<double>::infinity();
 
@@ -181,7 +184,9 @@ void boundByActivations(std::map<std::string, Slope>& slopes) {
 class GuidedStrategy final : public SearchStrategy {
  public:
   GuidedStrategy(const SearchOptions& options, SearchGoal goal)
-      : options_(options), stage_(goal == SearchGoal::kMaximum ? Stage::kSeeds : Stage::kSteps) {}
+      : options_(options),
+        goal_(goal),
+        stage_(goal == SearchGoal::kMaximum ? Stage::kSeeds : Stage::kSteps) {}
 
   std::int64_t next(const SearchTrials& trials, const Bracket& bracket) override {
     stepped_ = false;
@@ -258,6 +263,9 @@ class GuidedStrategy final : public SearchStrategy {
     if (bracket.closed) return 0;
     stepped_ = true;
     const std::int64_t pred = predict(trials, bracket.budget_bytes, bracket.low);
+    // The maximum's bracket closed by an out-of-memory trial (the safe goal starts from fits
+    // near the maximum: its steps interpolate).
+    high_failed_ = goal_ == SearchGoal::kMaximum && trials.fails.contains(bracket.high);
     return guidedNext(trials.cap, bracket.low, bracket.high, pred);
   }
 
@@ -272,6 +280,18 @@ class GuidedStrategy final : public SearchStrategy {
     return low + (std::int64_t{1} << std::min(streak_ - 4, 40));
   }
 
+  /// The step after an extrapolation far beyond the fits ran out of memory (issue 28 item 7):
+  /// `target`, the model's batch with its slopes raised to the failures' lower bounds (a batch
+  /// just under the failure when the refused request was small), drawn towards `low` by kBackOff
+  /// (0.8; 0.64 after a second failure in a row). A secant from small probes was off by 21% (a
+  /// CIFAR VGG, 1648 for 1366) and 35% (tests/golden/cli/torchscript_search.json, 3273 for
+  /// 2414): a fit there anchors a long secant, where a log-space bisection down to the small
+  /// probes landed 20x below the answer and climbed back.
+  std::int64_t backOff(std::int64_t low, std::int64_t target) const {
+    const double fraction = streak_ <= -2 ? kBackOff * kBackOff : kBackOff;
+    return low + static_cast<std::int64_t>(fraction * static_cast<double>(target - low));
+  }
+
   /// The geometric midpoint of (low, high), rounded; the arithmetic one when low is 0.
   static std::int64_t logMidpoint(std::int64_t low, std::int64_t high) {
     if (low <= 0) return high / 2;
@@ -280,14 +300,16 @@ class GuidedStrategy final : public SearchStrategy {
   }
 
   const SearchOptions& options_;
+  SearchGoal goal_;
   Stage stage_;
   std::size_t seed_index_ = 0;  // the next seed to consider
   bool stepped_ = false;        // the last batch given came from a model-guided step
   int streak_ = 0;              // > 0: consecutive fits of guided steps; < 0: consecutive failures
   int stalls_ = 0;              // consecutive guided steps that did not halve the bracket
   std::int64_t width_before_ = 0;
-  bool far_jump_ = false;  // the last prediction extrapolated far beyond its secant
-  double window_ = 0.0;    // batches the last prediction cannot resolve (block rounding)
+  bool far_jump_ = false;     // the last prediction extrapolated far beyond its secant
+  bool high_failed_ = false;  // the bracket's high is an out-of-memory trial
+  double window_ = 0.0;       // batches the last prediction cannot resolve (block rounding)
 };
 
 /// Prediction of the largest batch whose peak stays <= budget_bytes, on the max-of-phases model:
@@ -346,8 +368,9 @@ std::int64_t GuidedStrategy::boundary(const SearchTrials& trials, const Anchor& 
 }
 
 /// The next batch inside (low, high) for a model-guided step towards `pred` (0: no model), with
-/// galloping when outcomes keep landing on one side and bisection when the bracket does not shrink
-/// fast enough; never above `cap`.
+/// galloping when outcomes keep landing on one side, a step back from one or two out-of-memory
+/// failures far beyond the fits (backOff), and bisection when the bracket does not shrink fast
+/// enough or a third failure follows; never above `cap`.
 std::int64_t GuidedStrategy::guidedNext(std::int64_t cap, std::int64_t low, std::int64_t high,
                                         std::int64_t pred) {
   const std::int64_t top = std::min(high, cap + 1) - 1;
@@ -374,6 +397,9 @@ std::int64_t GuidedStrategy::guidedNext(std::int64_t cap, std::int64_t low, std:
     if (pred <= 0 || (width_before_ > 0 && width * 2 > width_before_ && stalls_ >= 2)) {
       x = low + width / 2;
       stalls_ = 0;
+    } else if (streak_ < 0 && streak_ >= -2 && high_failed_ && high > 8 * low) {
+      // Out of memory far beyond the largest fit: an extrapolation from small probes failed.
+      x = backOff(low, pred > low ? std::min(pred, high - 1) : high - 1);
     } else if (pred >= high || (streak_ < 0 && streak_ <= -2)) {
       // The model puts the boundary at or above a batch that failed (contradicted: its limit or
       // slopes are wrong, e.g. under a real allocator's limit it cannot see), or a second failure

@@ -324,6 +324,31 @@ inline PhasedModel mlp8x2048AdamWAt1GiB() {
   return m;
 }
 
+/// A replica of issue 28 item 7's CIFAR-style VGG (3x32x32, AdamW) at 700 MiB, B* = 1366: the
+/// optimizer step (230 MB) sets the peak at batches 1 and 3, so the second probe is 3; backward is
+/// the larger of its end-of-backward line (every weight gradient held, flat) and its activation
+/// line (0.387 MB per sample, 1.29x forward's 0.3 MB), which crosses it near batch 26. The secant
+/// from 1 to 3 reads forward's slope and predicts 1735 (far jump 1648, out of memory); a refused
+/// backward piece of a twelfth of its activations (chunks 12) is a weak bound, just above the
+/// limit. Its guided walk before item 7 was the issue's measured one in shape: 1, 3, 1648x,
+/// 1639x, 70, 854, 1366, 1367x (the issue: 1, 3, 1648x, 1572x, 69, 820, 1366, 1367x).
+inline PhasedModel vggCifarAt700MiB() {
+  PhasedModel m;
+  m.limit_bytes = 700 * kMiB;
+  const std::int64_t end_peak_at_3 = m.limit_bytes - 519750000;  // forward's slope: 1732.5 more
+  const std::int64_t activations_fixed = 204000000;
+  const std::int64_t inputs_per_sample = 12288;  // the inputs kept alive: 3x32x32 float32
+  const std::int64_t per_sample = (m.limit_bytes - activations_fixed) * 2 / 2733;  // B* 1366
+  m.phases = {{"inputs", 150000000, inputs_per_sample, false},
+              {"forward", 160000000, 300000, false},
+              {"loss", 150000000, 20000, false},
+              {"backward", end_peak_at_3 - 3 * inputs_per_sample, inputs_per_sample, false},
+              {"backward", activations_fixed, per_sample, false},
+              {"optimizer-step", 230000000, inputs_per_sample, false}};
+  m.chunks = 12;
+  return m;
+}
+
 /// A probe over a phased model (the model must outlive the probe; drift changes it).
 inline Probe probeFor(PhasedModel& model) {
   return [&model](const TrialRequest& request) { return model.run(request); };

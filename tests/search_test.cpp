@@ -169,6 +169,27 @@ TEST(SearchTest, MlpRecipeFindsTheExactBoundaryInFiveTrials) {
   EXPECT_LE(longestFailureRun(r), 1);
 }
 
+// Issue 28 item 7: a CIFAR VGG whose first two probes are optimizer-bound (the replica in
+// fake_probe.h). The secant from the small probes is 29% too flat, so the far jump (1648) runs
+// out of memory with a bound just above the limit. Catches the fall-back it replaced: the bound
+// alone put the next batch just under the failure (1639, out of memory again) and the second
+// failure bisected in log space down to the small fits (70, 854, then 1366, 1367): 8 trials, 3 of
+// them out of memory. Stepping back from the bounds' prediction lands a fit (1311) whose long
+// secant finds 1366: 1, 3, 1648x, 1311, 1367x, 1366.
+TEST(SearchTest, VggFallsBackFromTheFailuresBoundsNotToTheSmallFits) {
+  testing::PhasedModel model = testing::vggCifarAt700MiB();
+  ASSERT_EQ(model.threshold(), 1366);
+  const SearchResult r = findMaxBatch(testing::probeFor(model), optionsFor(Strategy::kGuided));
+  EXPECT_EQ(r.max_micro_batch, 1366);
+  EXPECT_TRUE(seenToFit(r, 1366));
+  EXPECT_LE(r.trials.size(), 6U);
+  // Nothing between the small probes and 1000: no bisection down to them.
+  const auto far_below = std::count_if(r.trials.begin(), r.trials.end(), [](const auto& t) {
+    return t.request.micro_batch_size > 3 && t.request.micro_batch_size < 1000;
+  });
+  EXPECT_EQ(far_below, 0);
+}
+
 // ResNet-18's pt2 package at 3x64x64 under 300 MiB (AdamW, loop; lines through the
 // --check-batch phase peaks at batches 1, 2, 12, 22 and 69, docs/formats.md). A package's one
 // forward-backward call peaks at small batches at the end of the backward with every gradient

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates the real-model table of docs/search.md: guided and binsearch on mlp_8x2048 (1 GiB),
-# ResNet-50 (the demo), MobileNetV3-Large and decoder_lm_small, on the CPU budget allocator
-# (scripts/bench/search_real.py). Builds autobatch and exports the models first. Wall times are
-# measured: run it on a quiet machine. Extra arguments go to search_real.py (e.g. --cases
-# mlp_8x2048.pt).
+# ResNet-50 (the demo), MobileNetV3-Large, decoder_lm_small and vgg11_cifar (700 MiB), on the CPU
+# budget allocator (scripts/bench/search_real.py). Builds autobatch and exports the models first.
+# Wall times are measured: run it on a quiet machine. Extra arguments go to search_real.py (e.g.
+# --cases mlp_8x2048.pt).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/../env.sh"
