@@ -22,10 +22,11 @@ function(autobatch_torch_from_python python)
     "import torch, torch.utils; print(torch.utils.cmake_prefix_path); print(torch.__version__)"
     OUTPUT_VARIABLE _out OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc ERROR_VARIABLE _err)
   if(NOT _rc EQUAL 0)
-    message(FATAL_ERROR "autobatch builds against the torch of the Python that installs it "
-      "(${python}), and that Python cannot import torch:\n${_err}\n"
-      "Install torch first (pip install torch), then run pip install --no-build-isolation . "
-      "(without --no-build-isolation pip builds in a fresh environment that has no torch).")
+    message(FATAL_ERROR "autobatch builds against the torch of the environment that installs "
+      "it, and the Python running this build (${python}) cannot import torch. If you ran pip "
+      "install without --no-build-isolation, pip built in an isolated environment of its own, "
+      "which has no torch: run pip install --no-build-isolation . instead. Otherwise install torch "
+      "into this environment first (pip install torch).\n${_err}")
   endif()
   string(REPLACE "\n" ";" _lines "${_out}")
   list(GET _lines 0 _prefix)

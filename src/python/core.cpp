@@ -299,8 +299,12 @@ PYBIND11_MODULE(_core, m) {
         "Both accumulation plans as the JSON report's \"plans\" (JSON text).");
   m.def("classify", &classify, py::arg("type"), py::arg("message"),
         py::arg("process_limit_near") = false, py::arg("after_larger_oom") = false);
-  m.def("parse_bytes",
-        [](const std::string& text) { return autobatch::parseBytes(text, "memory"); });
+  m.def(
+      "parse_bytes",
+      [](const std::string& text, const std::string& what) {
+        return autobatch::parseBytes(text, what);
+      },
+      py::arg("text"), py::arg("what") = "size");
   m.def("format_bytes", &autobatch::formatBytes);
   m.def("version", [] { return autobatch::versionText(autobatch::buildInfo()); });
   // A storage's data_ptr() from Python is an address as an integer: the one cast of the module.

@@ -124,3 +124,22 @@ def test_a_budget_that_verifies_nothing_does_not_fit():
     with pytest.raises(autobatch.DoesNotFit, match="time budget") as e:
         autobatch.find(mlp(), torch.randn(1, 32), memory_limit="64MiB", time_limit=1e-6)
     assert e.value.result.status == "time-budget" and e.value.result.safe_micro_batch == 0
+
+
+# Catches (found by a new user's run): torch's own errors for a device autobatch cannot measure
+# (an unknown type, CUDA without a GPU, a meta model) instead of a UsageError, and target_batch=0
+# silently taken as "no plan".
+@pytest.mark.parametrize("kwargs,words", [
+    ({"device": "tpu"}, "expected 'cpu', 'cuda'"),
+    ({"device": "cpu:3"}, "no index"),
+    ({"target_batch": 0}, "target_batch"),
+    ({"margin": "lots"}, "percentage"),
+])
+def test_usage_errors_a_new_user_met(kwargs, words):
+    with pytest.raises(autobatch.UsageError, match=words):
+        autobatch.find(mlp(), torch.randn(1, 32), memory_limit="64MiB", **kwargs)
+    if not torch.cuda.is_available():
+        with pytest.raises(autobatch.UsageError, match="is_available"):
+            autobatch.find(mlp(), torch.randn(1, 32), device="cuda")
+    with pytest.raises(autobatch.UsageError, match="meta device"):
+        autobatch.find(mlp().to("meta"), torch.randn(1, 32))

@@ -19,8 +19,8 @@ _PRECISIONS = {None: None, "fp32": None, torch.float32: None, "amp-bf16": torch.
                "fp16": torch.float16, torch.float16: torch.float16}
 
 
-def _bytes(value, what):
-    """An int (bytes) or a string with a unit ("512MiB", "8GB", "1e9")."""
+def _bytes(value, what, hint=""):
+    """An int (bytes) or a string with a unit ("512MiB", "8GB", "1e9"); `hint` ends a message."""
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -31,9 +31,9 @@ def _bytes(value, what):
             raise UsageError(f"{what}: expected >= 0 bytes, but got {value}")
         return value
     try:
-        return _core.parse_bytes(value)
+        return _core.parse_bytes(value, what)
     except _core.Error as e:
-        raise UsageError(f"{what}: {e}") from None
+        raise UsageError(f"{e}{hint}") from None
 
 
 def _margin(margin):
@@ -54,7 +54,18 @@ def _margin(margin):
             raise UsageError(f"margin: expected a percentage in [0, 100) such as '5%', but got "
                              f"{margin!r}")
         return pct / 100.0, -1
-    return 0.05, _bytes(margin, "margin")
+    return 0.05, _bytes(margin, "margin", "; a margin is also a fraction (0.05) or a percentage "
+                                          "('5%')")
+
+
+def _target(target_batch):
+    """target_batch: None (no plan) or an int >= 1."""
+    if target_batch is None:
+        return 0
+    if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1:
+        raise UsageError(f"target_batch: expected an int >= 1 (samples per optimizer step over "
+                         f"all ranks) or None for no plan, but got {target_batch!r}")
+    return target_batch
 
 
 def _optimizer_factory(optimizer, params):
@@ -136,19 +147,50 @@ def fingerprint(model, example_batch=None, **options):
     return h.hexdigest()
 
 
+def _checked_device(device):
+    """torch.device(device), or a UsageError naming what exists: a device string torch does not
+    parse, CUDA without a usable GPU, a CUDA index past the devices there are, anything but
+    cpu / cuda (the devices autobatch measures)."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise UsageError(f"device: expected 'cpu', 'cuda' or 'cuda:N', but got {device!r} ({e})"
+                         ) from None
+    if device.type == "cpu":
+        if device.index not in (None, 0):
+            raise UsageError(f"device: expected 'cpu', but got {str(device)!r} (the CPU has no "
+                             "index)")
+        return torch.device("cpu")
+    if device.type != "cuda":
+        raise UsageError(f"device: autobatch measures 'cpu' and 'cuda' devices, not "
+                         f"{device.type!r}")
+    if not torch.cuda.is_available():
+        raise UsageError(f"device: {str(device)!r} was asked, but torch.cuda.is_available() is "
+                         "False here (no NVIDIA driver or GPU, or a CPU-only torch); use "
+                         "device='cpu'")
+    count = torch.cuda.device_count()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index >= count:
+        raise UsageError(f"device: cuda:{index} was asked, but this machine has {count} CUDA "
+                         f"device(s) (cuda:0 to cuda:{count - 1})")
+    return torch.device("cuda", index)
+
+
 def _device_of(model, device):
     params = list(model.parameters())
     if not params:
         raise UsageError("model: it has no parameters, so there is nothing to train")
     where = {p.device for p in params}
+    if any(d.type == "meta" for d in where):
+        raise UsageError("model: its parameters are on the meta device (shapes without data); "
+                         "materialize it first (model.to_empty(device=...) and load or "
+                         "initialize its weights)")
     if device is None:
         if len(where) > 1:
             raise UsageError(f"device: the model's parameters are on {sorted(map(str, where))}; "
                              "autobatch sizes a model on one device: pass device=")
-        return next(iter(where))
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = next(iter(where))
+    device = _checked_device(device)
     if any(d != device for d in where):
         raise UsageError(f"device: the model is on {sorted(map(str, where))} but device={device} "
                          f"was asked; move it first (model.to('{device}')): autobatch never moves "
@@ -220,7 +262,7 @@ class _Session:
             "reserve_bytes": _bytes(reserve, "reserve"), "margin_fraction": fraction,
             "margin_bytes": margin_bytes, "min_batch": min_batch, "max_batch": max_batch or 0,
             "dataset_size": dataset_size or 0, "strategy": strategy, "plan": plan,
-            "target_batch": target_batch or 0, "world_size": world_size,
+            "target_batch": _target(target_batch), "world_size": world_size,
             "time_limit_s": float(time_limit or 0.0), "max_trials": max_trials or 0}
         if self.device.type == "cuda":  # the caching allocator's units (autobatch/trial.h)
             self.options.update(block_bytes=2 << 20, page_bytes=20 << 20)
