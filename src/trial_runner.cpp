@@ -31,6 +31,7 @@
 #include "optimizers.h"
 #include "step_program.h"
 #include "step_progress.h"
+#include "storage_bytes.h"
 #include "weight_snapshot.h"
 
 namespace autobatch {
@@ -320,20 +321,12 @@ struct TrialRunner::Impl final : detail::StepHost {
 
   // The caller's CPU tensors were allocated before the budget allocator: counted as baseline.
   std::int64_t untrackedModelBytes() const {
-    std::int64_t untracked_bytes = 0;
     if (!device.is_cpu()) return 0;
-    std::unordered_set<const void*> storages;
-    auto add = [&](const at::Tensor& t) {
-      if (!t.defined() || !t.has_storage()) return;
-      const void* data = t.storage().data();
-      if (data == nullptr || !storages.insert(data).second || detail::isBudgetTracked(data)) {
-        return;
-      }
-      untracked_bytes += static_cast<std::int64_t>(t.storage().nbytes());
-    };
-    for (const auto& p : step->parameters()) add(p);
-    for (const auto& b : step->buffers()) add(b);
-    return untracked_bytes;
+    detail::DistinctStorages untracked(
+        [](const void* data) { return !detail::isBudgetTracked(data); });
+    for (const auto& p : step->parameters()) untracked.add(p);
+    for (const auto& b : step->buffers()) untracked.add(b);
+    return untracked.bytes();
   }
 
   // optimizer.zero_grad(set_to_none=...): kNone drops every gradient; kZeros keeps them
