@@ -25,7 +25,8 @@
 
 namespace autobatch::detail {
 
-class Pt2Model;  // one compiled model of the package, loaded (pt2_package.cpp)
+class Pt2Model;          // one compiled model of the package, loaded (pt2_package.cpp)
+class Pt2StoredTensors;  // the stored weights by name, tied copies resolved (pt2_package.cpp)
 
 /// What scripts/autobatch_export.py wrote into the package's "autobatch" metadata (JSON).
 struct Pt2Metadata {
@@ -141,6 +142,14 @@ class Pt2Package {
 
  private:
   static std::vector<at::Tensor> call(Pt2Model& loader, const std::vector<at::Tensor>& inputs);
+  // The constructor's steps: the parameters, buffers and gradient owners from the stored tensors
+  // (returns each stored parameter's index in parameters_); the accumulating model's weights and
+  // gradient slots; the check that every trained parameter has one slot.
+  std::map<std::string, std::size_t> bindParameters(const std::string& path,
+                                                    Pt2StoredTensors& tensors);
+  void bindAccumulating(const std::string& path, const Pt2StoredTensors& tensors,
+                        const std::map<std::string, std::size_t>& index);
+  void checkGradientBuffers(const std::string& path) const;
 
   Pt2Metadata metadata_;
   std::unique_ptr<Pt2Model> loader_;
