@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -30,16 +29,14 @@
 #include "step_program.h"
 #include "step_progress.h"
 #include "storage_bytes.h"
+#include "trained_parameters.h"
 #include "trial_classification.h"
 #include "trial_inputs.h"
+#include "trial_plan.h"
 #include "weight_snapshot.h"
 
 namespace autobatch {
 namespace {
-
-std::int64_t bytesOf(const at::Tensor& t) {
-  return t.numel() * static_cast<std::int64_t>(t.element_size());
-}
 
 // What the runner lends its step program: the CPU budget allocator's log and refusal count
 // (memory_backend.h), which a step whose call hides its allocations and errors reads (pt2).
@@ -55,12 +52,6 @@ class BudgetAllocationLog final : public detail::AllocationLog {
   }
 };
 
-// One optimizer step of a trial: its micro-batch and the inputs it is made of.
-struct PlannedStep {
-  std::int64_t batch = 1;
-  const std::vector<InputSpec>* inputs = nullptr;
-};
-
 }  // namespace
 
 struct TrialRunner::Impl final : detail::StepHost {
@@ -74,15 +65,13 @@ struct TrialRunner::Impl final : detail::StepHost {
   std::unique_ptr<detail::StepProgram> step;
   detail::WeightSnapshot snapshot;
   BudgetAllocationLog allocation_log;
-  std::vector<at::Tensor> trained;
-  std::int64_t parameter_bytes = 0;
+  detail::TrainedParameters parameters;
   std::int64_t baseline_bytes = 0;
   // The last out of memory and the largest fit: evidence for classifying an ambiguous failure.
   detail::TrialEvidence evidence;
   // A fatal device error (sticky CUDA error) was seen: no device work any more, not even in the
   // destructor (a weight restore on a dead context throws, and from a destructor that terminates).
   bool poisoned = false;
-  std::int64_t ddp_bucket_bytes = 0;
   OptimizerImpl optimizer_impl = OptimizerImpl::kLoop;  // spec.optimizer_impl, auto resolved
   // A training loop's `x, y` between micro-batches: the inputs (and a package's targets).
   std::vector<at::Tensor> held_inputs;
@@ -122,7 +111,7 @@ struct TrialRunner::Impl final : detail::StepHost {
     if (spec.precision == Precision::kFp16 || spec.precision == Precision::kBf16) {
       step->castTo(detail::modelFloatType(spec.precision));
     }
-    countParameters();
+    parameters = detail::TrainedParameters(step->parameters(), spec.ddp, spec.model_path);
     const std::int64_t untracked_bytes = untrackedModelBytes();
     if (backend->needsWarmUp()) warmUp(std::max<std::int64_t>(options.min_batch, 1));
     backend->finishSetup(untracked_bytes);
@@ -173,24 +162,6 @@ struct TrialRunner::Impl final : detail::StepHost {
     }
   }
 
-  // The parameters' bytes (after a precision cast) and the trained ones, each tensor once.
-  void countParameters() {
-    std::unordered_set<const c10::TensorImpl*> counted;
-    for (const auto& p : step->parameters()) {
-      if (!counted.insert(p.unsafeGetTensorImpl()).second) continue;
-      parameter_bytes += bytesOf(p);
-      if (p.requires_grad()) trained.push_back(p);
-    }
-    if (spec.ddp) {
-      for (const auto& p : trained) ddp_bucket_bytes += bytesOf(p);
-    }
-    if (trained.empty()) {
-      throw Error("model '" + spec.model_path +
-                  "': expected parameters that require grad, but got none; autobatch sizes "
-                  "training steps");
-    }
-  }
-
   // The caller's CPU tensors were allocated before the budget allocator: counted as baseline.
   std::int64_t untrackedModelBytes() const {
     if (!device.is_cpu()) return 0;
@@ -201,19 +172,6 @@ struct TrialRunner::Impl final : detail::StepHost {
     return untracked.bytes();
   }
 
-  // optimizer.zero_grad(set_to_none=...): kNone drops every gradient; kZeros keeps them
-  // allocated, zero-filled and detached (torch/optim/optimizer.py, zero_grad).
-  void zeroGrad(ZeroGrad mode) {
-    for (auto& p : trained) {
-      if (mode == ZeroGrad::kNone || !p.grad().defined()) {
-        p.mutable_grad() = at::Tensor();
-      } else {
-        p.mutable_grad().detach_();
-        p.mutable_grad().zero_();
-      }
-    }
-  }
-
   // What a training loop's variables hold between its micro-batches, released at the trial's end.
   void releaseHeld() {
     held_inputs.clear();
@@ -221,7 +179,8 @@ struct TrialRunner::Impl final : detail::StepHost {
   }
 
   std::unique_ptr<detail::TrialOptimizer> makeOptimizer() const {
-    return detail::makeTrialOptimizer(spec.optimizer, optimizer_impl, trained, spec.learning_rate);
+    return detail::makeTrialOptimizer(spec.optimizer, optimizer_impl, parameters.tensors(),
+                                      spec.learning_rate);
   }
 
   at::Tensor makeInput(const InputSpec& input, std::int64_t batch, at::Generator& gen) const {
@@ -290,51 +249,16 @@ struct TrialRunner::Impl final : detail::StepHost {
     return runOnce(request);
   }
 
-  // The one change of behaviour of issue 28: a format whose input shapes are fixed (pt2) is
-  // refused here, in the library, not only by the CLI's --lengths.
+  // A mix of shapes, planned (and refused for a format whose input shapes are fixed) by
+  // planMixedTrial (trial_plan.h).
   TrialResult runMixed(const std::vector<MixedStep>& steps, int micro_batches_per_step,
                        const CancelHook& cancel) {
-    const ModelFormat& format = step->format();
-    if (!format.capabilities.varying_shapes) {
-      throw Error(
-          "mixed trial: expected a model whose input shapes can vary from step to step, "
-          "but '" +
-          spec.model_path + "' is a " + std::string(format.name) + " " +
-          std::string(format.file_kind) +
-          ", whose input shapes are fixed at export; verify a mix of shapes on the "
-          "model's TorchScript archive");
-    }
-    if (steps.empty() || micro_batches_per_step < 1) {
-      throw Error(
-          "mixed trial: expected at least one step and micro_batches_per_step >= 1, but got " +
-          std::to_string(steps.size()) + " steps and " + std::to_string(micro_batches_per_step));
-    }
-    std::vector<PlannedStep> plan;
-    TrialRequest request;
-    request.micro_batches_per_step = micro_batches_per_step;
-    request.cancel = cancel;
-    const std::vector<InputSpec>& inputs = step->inputs();
-    for (std::size_t i = 0; i < steps.size(); ++i) {
-      const MixedStep& mixed = steps[i];
-      bool same_kinds = mixed.inputs.size() == inputs.size();
-      for (std::size_t k = 0; same_kinds && k < inputs.size(); ++k) {
-        same_kinds = mixed.inputs[k].dtype == inputs[k].dtype;
-      }
-      if (mixed.micro_batch_size < 1 || !same_kinds) {
-        throw Error(
-            "mixed trial step " + std::to_string(i) +
-            ": expected micro_batch_size >= 1 and inputs of the runner's count and dtypes (" +
-            std::to_string(inputs.size()) + "), but got micro-batch " +
-            std::to_string(mixed.micro_batch_size) + " and " + std::to_string(mixed.inputs.size()) +
-            " inputs");
-      }
-      plan.push_back({mixed.micro_batch_size, &mixed.inputs});
-      request.micro_batch_size = std::max(request.micro_batch_size, mixed.micro_batch_size);
-    }
+    const detail::MixedPlan plan = detail::planMixedTrial(
+        steps, micro_batches_per_step, cancel, step->inputs(), step->format(), spec.model_path);
     checkUsable();
     // A mixed trial neither reads nor changes what single-batch trials taught (largest fit,
     // last out of memory).
-    PlanRun outcome = runPlan(request, plan, /*after_larger_oom=*/false);
+    PlanRun outcome = runPlan(plan.request, plan.steps, /*after_larger_oom=*/false);
     if (outcome.error) std::rethrow_exception(outcome.error);
     return std::move(outcome.result);
   }
@@ -358,8 +282,9 @@ struct TrialRunner::Impl final : detail::StepHost {
   }
 
   TrialResult runOnce(const TrialRequest& request) {
-    const std::vector<PlannedStep> plan(static_cast<std::size_t>(spec.steps_per_trial),
-                                        PlannedStep{request.micro_batch_size, &step->inputs()});
+    const std::vector<detail::PlannedStep> plan(
+        static_cast<std::size_t>(spec.steps_per_trial),
+        detail::PlannedStep{request.micro_batch_size, &step->inputs()});
     PlanRun outcome = runPlan(request, plan, evidence.afterLargerOom(request.micro_batch_size));
     if (outcome.error) {
       evidence.forgetOutOfMemory();
@@ -379,7 +304,7 @@ struct TrialRunner::Impl final : detail::StepHost {
   // Runs `plan` as one trial: the optimizer and its state live across its steps, and the
   // allocator's cache is emptied only after the last one. `after_larger_oom`: the trial before
   // ran out of memory at a larger batch (evidence for classifying an ambiguous failure).
-  PlanRun runPlan(const TrialRequest& request, const std::vector<PlannedStep>& plan,
+  PlanRun runPlan(const TrialRequest& request, const std::vector<detail::PlannedStep>& plan,
                   bool after_larger_oom) {
     PlanRun outcome;
     TrialResult& result = outcome.result;
@@ -400,7 +325,7 @@ struct TrialRunner::Impl final : detail::StepHost {
     detail::StepsRun steps = runSteps(request, plan, result);
     std::exception_ptr& error = steps.error;
     enter(detail::TrialPhase::kIdle);
-    zeroGrad(ZeroGrad::kNone);
+    parameters.zeroGrad(ZeroGrad::kNone);
     releaseHeld();
     result.output_bytes = step->outputBytes();
     at::autocast::clear_cache();
@@ -431,8 +356,8 @@ struct TrialRunner::Impl final : detail::StepHost {
 
   // The trial's steps, in order; an error stops them and is kept with the point it was raised at.
   // The optimizer and its state, DDP's buckets and the generator are gone when this returns.
-  detail::StepsRun runSteps(const TrialRequest& request, const std::vector<PlannedStep>& plan,
-                            TrialResult& result) {
+  detail::StepsRun runSteps(const TrialRequest& request,
+                            const std::vector<detail::PlannedStep>& plan, TrialResult& result) {
     detail::StepsRun run;
     std::unique_ptr<detail::TrialOptimizer> optimizer;
     at::Tensor ddp_buckets;  // --ddp: DDP's gradient buckets, alive for the whole trial
@@ -442,8 +367,9 @@ struct TrialRunner::Impl final : detail::StepHost {
       gen = at::make_generator<at::CPUGeneratorImpl>(spec.seed);
     }
     try {
-      if (ddp_bucket_bytes > 0) {
-        ddp_buckets = at::empty({ddp_bucket_bytes}, at::TensorOptions(at::kByte).device(device));
+      if (parameters.ddpBucketBytes() > 0) {
+        ddp_buckets =
+            at::empty({parameters.ddpBucketBytes()}, at::TensorOptions(at::kByte).device(device));
       }
       optimizer = makeOptimizer();
       const int steps = static_cast<int>(plan.size());
@@ -473,7 +399,7 @@ struct TrialRunner::Impl final : detail::StepHost {
   }
 
   // One optimizer step: its micro-batches, the optimizer's step, the gradients zeroed.
-  void runOptimizerStep(int index, const PlannedStep& planned, int micro_batches,
+  void runOptimizerStep(int index, const detail::PlannedStep& planned, int micro_batches,
                         detail::TrialOptimizer* optimizer, at::Generator& gen) {
     point.micro_batch_size = planned.batch;
     for (int micro = 0; micro < micro_batches; ++micro) {
@@ -484,7 +410,7 @@ struct TrialRunner::Impl final : detail::StepHost {
     enter(detail::TrialPhase::kOptimizerStep);
     if (optimizer != nullptr) optimizer->step();
     enter(detail::TrialPhase::kIdle);
-    zeroGrad(spec.zero_grad);
+    parameters.zeroGrad(spec.zero_grad);
     backend->synchronize();
   }
 
@@ -527,31 +453,13 @@ int TrialRunner::microBatchesPerTrial() const {
   return std::min(impl_->spec.accumulation_steps, 2);
 }
 
-std::int64_t TrialRunner::parameterCount() const {
-  std::int64_t n = 0;
-  for (const auto& p : impl_->trained) n += p.numel();
-  return n;
-}
-std::int64_t TrialRunner::parameterBytes() const { return impl_->parameter_bytes; }
-std::int64_t TrialRunner::gradientBytes() const {
-  std::int64_t n = 0;
-  for (const auto& p : impl_->trained) n += bytesOf(p);
-  return n;
-}
+std::int64_t TrialRunner::parameterCount() const { return impl_->parameters.count(); }
+std::int64_t TrialRunner::parameterBytes() const { return impl_->parameters.parameterBytes(); }
+std::int64_t TrialRunner::gradientBytes() const { return impl_->parameters.gradientBytes(); }
 std::int64_t TrialRunner::optimizerStateBytes() const {
-  switch (impl_->spec.optimizer) {
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kAdamW:
-      return 2 * gradientBytes();
-    case OptimizerKind::kSgdMomentum:
-      return gradientBytes();
-    case OptimizerKind::kSgd:
-    case OptimizerKind::kNone:
-      return 0;
-  }
-  return 0;
+  return impl_->parameters.optimizerStateBytes(impl_->spec.optimizer);
 }
-std::int64_t TrialRunner::ddpBucketBytes() const { return impl_->ddp_bucket_bytes; }
+std::int64_t TrialRunner::ddpBucketBytes() const { return impl_->parameters.ddpBucketBytes(); }
 std::string TrialRunner::optimizerImpl() const {
   if (impl_->spec.optimizer == OptimizerKind::kNone) return "";
   return std::string(toString(impl_->optimizer_impl));
