@@ -12,7 +12,6 @@
 namespace autobatch::detail {
 namespace {
 
-
 std::string readWholeFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
