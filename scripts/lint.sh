@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Runs clang-format (check only) and clang-tidy on our sources, never on LibTorch; fails on findings.
+# Also prints the longest functions in src/ and fails on one over 80 lines (outside named tables).
 # Needs a configured build tree with compile_commands.json (scripts/test.sh makes one).
 # Usage: scripts/lint.sh [files...]   (default: every tracked .cpp/.h under src, include, tests)
 set -euo pipefail
@@ -15,6 +16,33 @@ if [ "$enabled" -ne "$expected_checks" ]; then
        "update expected_checks in scripts/lint.sh when a check was added on purpose)"
   exit 1
 fi
+
+# Function lengths (Universal Ctags' line: and end: fields): the 10 longest in src/ are printed,
+# and any over max_function_lines fails, except the pure tables named here with their reason.
+max_function_lines=80
+allowed_long_functions=(
+  # src/cli/options.cpp: the CLI's option table, one cxxopts entry per flag with its help text;
+  # splitting it would scatter the flags' documentation.
+  "src/cli/options.cpp:makeOptions"
+)
+command -v ctags >/dev/null || { echo "lint: ctags (Universal Ctags) missing: apt-get install universal-ctags"; exit 1; }
+mapfile -t sources < <(git ls-files 'src/*.cpp' 'src/*.h')
+lengths="$(ctags --fields=+ne -o - --sort=no --kinds-c++=f "${sources[@]}" \
+  | awk -F'\t' '{ l = ""; e = ""
+      for (i = 4; i <= NF; ++i) { if ($i ~ /^line:/) l = substr($i, 6); if ($i ~ /^end:/) e = substr($i, 5) }
+      if (l != "" && e != "") printf "%d\t%s:%s\t%s\n", e - l + 1, $2, l, $1 }' \
+  | sort -t$'\t' -k1,1nr)"
+echo "lint: the 10 longest functions in src/ (lines, file:line, name)"
+head -n 10 <<<"$lengths" | sed 's/^/  /'
+long=0
+while IFS=$'\t' read -r n where name; do
+  [ "$n" -gt "$max_function_lines" ] || break
+  key="${where%%:*}:$name"
+  if printf '%s\n' "${allowed_long_functions[@]}" | grep -qxF "$key"; then continue; fi
+  echo "lint: $where $name is $n lines, over $max_function_lines: split it into named steps"
+  long=1
+done <<<"$lengths"
+[ "$long" = 0 ] || exit 1
 
 if [ $# -gt 0 ]; then files=("$@"); else
   mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.h' 'include/*.h' 'tests/*.cpp' 'tests/*.h' \

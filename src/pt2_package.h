@@ -20,64 +20,12 @@
 #include <utility>
 #include <vector>
 
-#include "autobatch/input_spec.h"
-#include "autobatch/training_spec.h"
+#include "pt2_metadata.h"
 
 namespace autobatch::detail {
 
-class Pt2Model;  // one compiled model of the package, loaded (pt2_package.cpp)
-
-/// What scripts/autobatch_export.py wrote into the package's "autobatch" metadata (JSON).
-struct Pt2Metadata {
-  std::vector<InputSpec> inputs;   ///< one per model input, batch dimension left out
-  std::vector<InputSpec> targets;  ///< the loss's targets, package inputs after the model's
-  LossKind loss = LossKind::kMean;
-  std::vector<std::string>
-      gradients;  ///< parameter names, in the call's output order (after the loss)
-  std::vector<std::string> parameters;  ///< every parameter name (tied copies included)
-  std::vector<std::string> buffers;
-  /// Names of one parameter in the original model; the first is the stored one.
-  std::vector<std::vector<std::string>> tied;
-  std::string torch_version;  ///< e.g. "2.11.0"
-  std::string precision;      ///< "fp32"
-  std::string cpu_isa;        ///< AOTInductor's AOTI_CPU_ISA, e.g. "AVX512 AVX512_VNNI"; "" unknown
-  /// The package's second model, the same step adding each gradient into a buffer
-  /// ("autobatch_grad.<parameter>") instead of returning it; "" in packages without one.
-  std::string accumulate_model;
-  /// Each stored tensor's shape and dtype (c10::toString, e.g. "Float"; "" unchecked) as the
-  /// compiled code reads it; empty in packages written before this field.
-  std::map<std::string, std::pair<std::vector<std::int64_t>, std::string>> tensors;
-  /// The batch sizes the compiled code is valid for (data/autobatch/batch_range.json: what
-  /// Inductor's guards left of Dim("B"); the package computes wrong values outside it). A low of 2
-  /// is torch.export's own bound and batch 1 runs; batch_high 0: no upper bound.
-  std::int64_t batch_low = 1;
-  std::int64_t batch_high = 0;
-  /// What the model's eager step raised at batch 1 when it was exported (batch_range.json
-  /// "eager_batch1_error", e.g. BatchNorm's "Expected more than 1 value per channel when
-  /// training"); "" when it ran. torch.export traces at batch >= 2, so such a check is not in the
-  /// compiled code: the runner fails batch 1 with this message, as the eager job would.
-  std::string eager_batch1_error;
-  /// True when the metadata lists "eager_kernels": the package calls ATen's own kernels for the
-  /// loss, normalisations, activations, pooling and CPU attention, compiled in autograd's order
-  /// (scripts/autobatch_export.py EAGER_KERNELS), so its peaks are the eager step's. False in
-  /// packages exported before that, where Inductor fused them: their peaks were 0-17% under an
-  /// eager loop's (docs/formats.md).
-  bool eager_kernels = false;
-  /// The export's check of the package's peaks against the eager step's
-  /// (data/autobatch/memory_check.json, scripts/autobatch_export.py memory_check, issue 26):
-  /// "passed" (within -0.5% / +1% at each batch, or 64 KiB), "over" (over by more than 1% at some
-  /// batch), "not-run" (memory_check_reason says why), "" when the package has no such record
-  /// (exported before the check).
-  std::string memory_check;
-  std::string memory_check_reason;
-  /// Its rows: the batch, the eager step's peak and the package's (bytes).
-  struct MemoryCheckRow {
-    std::int64_t batch = 0;
-    std::int64_t eager_peak_bytes = 0;
-    std::int64_t package_peak_bytes = 0;
-  };
-  std::vector<MemoryCheckRow> memory_check_rows;
-};
+class Pt2Model;          // one compiled model of the package, loaded (pt2_package.cpp)
+class Pt2StoredTensors;  // the stored weights by name, tied copies resolved (pt2_package.cpp)
 
 /// True when `path` is a zip archive with a data/aotinductor/ entry (an AOTInductor package),
 /// whoever wrote it. False for anything else (a TorchScript archive, a plain torch.export
@@ -87,12 +35,6 @@ bool isAotiPackage(const std::string& path);
 /// True when `path` is a torch.export program archive (torch.export.save: models/*.json, no
 /// compiled code): neither format autobatch runs. Never throws.
 bool isExportProgram(const std::string& path);
-
-/// Reads and checks the package's metadata without loading its code. Throws autobatch::Error
-/// naming the cause: not written by autobatch_export.py --format pt2 (an inference-only package,
-/// no "autobatch" metadata), a bad metadata field, another torch version than this LibTorch's, an
-/// instruction set this CPU lacks, a precision other than fp32.
-Pt2Metadata readPt2Metadata(const std::string& path);
 
 /// A loaded package with its weights. Construct under detail::UntrackedCpuScope when its weights
 /// should not be counted (the runner counts them as baseline afterwards).
@@ -141,6 +83,14 @@ class Pt2Package {
 
  private:
   static std::vector<at::Tensor> call(Pt2Model& loader, const std::vector<at::Tensor>& inputs);
+  // The constructor's steps: the parameters, buffers and gradient owners from the stored tensors
+  // (returns each stored parameter's index in parameters_); the accumulating model's weights and
+  // gradient slots; the check that every trained parameter has one slot.
+  std::map<std::string, std::size_t> bindParameters(const std::string& path,
+                                                    Pt2StoredTensors& tensors);
+  void bindAccumulating(const std::string& path, const Pt2StoredTensors& tensors,
+                        const std::map<std::string, std::size_t>& index);
+  void checkGradientBuffers(const std::string& path) const;
 
   Pt2Metadata metadata_;
   std::unique_ptr<Pt2Model> loader_;

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <unordered_set>
 #include <utility>
 
 #include "autobatch/error.h"
@@ -15,6 +14,7 @@
 #include "autobatch/trial_runner.h"
 #include "pt2_package.h"
 #include "step_program.h"
+#include "storage_bytes.h"
 
 namespace autobatch {
 namespace detail {
@@ -104,31 +104,24 @@ at::Tensor modelLoss(const c10::IValue& output) {
   return loss->reshape({});
 }
 
-// Bytes of the distinct storages `value` references (a tensor, or the tensors of a tuple, list or
-// dict, nested): what keeping it alive costs.
-void collectStorages(const c10::IValue& value, std::unordered_set<const void*>& seen,
-                     std::int64_t& bytes) {
+// Adds the storages `value` references (a tensor, or the tensors of a tuple, list or dict,
+// nested) to `storages`: what keeping it alive costs.
+void collectStorages(const c10::IValue& value, DistinctStorages& storages) {
   if (value.isTensor()) {
-    const at::Tensor& t = value.toTensor();
-    if (!t.defined() || !t.has_storage()) return;
-    const void* data = t.storage().data();
-    if (data != nullptr && seen.insert(data).second) {
-      bytes += static_cast<std::int64_t>(t.storage().nbytes());
-    }
+    storages.add(value.toTensor());
   } else if (value.isTuple()) {
-    for (const auto& e : value.toTupleRef().elements()) collectStorages(e, seen, bytes);
+    for (const auto& e : value.toTupleRef().elements()) collectStorages(e, storages);
   } else if (value.isList()) {
-    for (const auto& e : value.toListRef()) collectStorages(e, seen, bytes);
+    for (const auto& e : value.toListRef()) collectStorages(e, storages);
   } else if (value.isGenericDict()) {
-    for (const auto& entry : value.toGenericDict()) collectStorages(entry.value(), seen, bytes);
+    for (const auto& entry : value.toGenericDict()) collectStorages(entry.value(), storages);
   }
 }
 
 std::int64_t storageBytes(const c10::IValue& value) {
-  std::unordered_set<const void*> seen;
-  std::int64_t bytes = 0;
-  collectStorages(value, seen, bytes);
-  return bytes;
+  DistinctStorages storages;
+  collectStorages(value, storages);
+  return storages.bytes();
 }
 
 class TorchScriptStep final : public StepProgram {

@@ -15,123 +15,28 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
-#include <mutex>
 #include <optional>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "autobatch/error.h"
 #include "autobatch/failure.h"
 #include "autobatch/model_format.h"
-#include "cuda_api.h"
-#include "cuda_device.h"
 #include "memory_backend.h"
 #include "optimizers.h"
+#include "rng_state_guard.h"
+#include "runner_checks.h"
 #include "step_program.h"
 #include "step_progress.h"
+#include "storage_bytes.h"
+#include "trained_parameters.h"
+#include "trial_classification.h"
+#include "trial_inputs.h"
+#include "trial_plan.h"
 #include "weight_snapshot.h"
 
 namespace autobatch {
 namespace {
-
-/// Saves the default generators' states (dropout draws from them) and restores them: the CPU's,
-/// and the device's own when the trial runs on CUDA (through at::globalContext(), so this file
-/// needs no CUDA header; a CUDA generator's state is a small CPU tensor of seed and offset).
-class RngStateGuard {
- public:
-  explicit RngStateGuard(const at::Device& device) {
-    const detail::UntrackedCpuScope untracked;
-    save(at::globalContext().defaultGenerator(at::Device(at::kCPU)));
-    if (device.is_cuda()) save(at::globalContext().defaultGenerator(device));
-  }
-  ~RngStateGuard() {
-    for (auto& [gen, state] : saved_) {
-      const std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(state);
-    }
-  }
-  RngStateGuard(const RngStateGuard&) = delete;
-  RngStateGuard& operator=(const RngStateGuard&) = delete;
-
- private:
-  void save(at::Generator gen) {
-    const std::lock_guard<std::mutex> lock(gen.mutex());
-    at::Tensor state = gen.get_state();
-    saved_.emplace_back(std::move(gen), std::move(state));
-  }
-  std::vector<std::pair<at::Generator, at::Tensor>> saved_;
-};
-
-at::ScalarType toScalarType(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return at::kFloat;
-    case DType::kFloat16:
-      return at::kHalf;
-    case DType::kBFloat16:
-      return at::kBFloat16;
-    case DType::kInt64:
-      return at::kLong;
-    case DType::kInt32:
-      return at::kInt;
-    case DType::kBool:
-      return at::kBool;
-  }
-  return at::kFloat;
-}
-
-// "cuda" becomes cuda:<current device> here, once: every later use (the device check of the
-// model's tensors, the limit, statistics, fraction, guards, RNG and the report) sees one index.
-at::Device parseDevice(const std::string& text) {
-  if (text != "cpu" && text != "cuda" && text.rfind("cuda:", 0) != 0) {
-    throw Error("device: expected cpu, cuda or cuda:N, but got '" + text + "'");
-  }
-  const std::string resolved =
-      detail::resolveDeviceName(text, text == "cuda" ? detail::cudaCurrentDevice() : 0);
-  try {
-    return {resolved};
-  } catch (const c10::Error&) {
-    throw Error("device: expected cpu, cuda or cuda:N, but got '" + text + "'");
-  }
-}
-
-std::int64_t bytesOf(const at::Tensor& t) {
-  return t.numel() * static_cast<std::int64_t>(t.element_size());
-}
-
-// One step cannot be a trial's evidence when step 2 holds more than step 1: an optimizer that
-// keeps state creates it lazily at step 1's step(), so only step 2's forward and backward run with
-// it (and AdamW's exp_avg, exp_avg_sq are two parameter-sized sets); gradients zero-filled and
-// kept (--zero-grad zeros) are alive from step 2's forward on. Found on an 8 x Linear(2048, 2048)
-// MLP at 1 GiB, AdamW, --zero-grad zeros, margin 0: 1 step answered 10239, which then failed at
-// step 2 (2 steps: 5768; issue 27, row 8). Plain SGD and no optimizer with gradients set to None
-// repeat step 1 exactly, so 1 step is their whole story.
-void checkStepsPerTrial(const TrainingSpec& spec) {
-  if (spec.steps_per_trial != 1) return;
-  const bool stateful = spec.optimizer == OptimizerKind::kSgdMomentum ||
-                        spec.optimizer == OptimizerKind::kAdam ||
-                        spec.optimizer == OptimizerKind::kAdamW;
-  const bool kept_gradients = spec.zero_grad == ZeroGrad::kZeros;
-  if (!stateful && !kept_gradients) return;
-  std::string why;
-  if (stateful) {
-    why = "optimizer " + std::string(toString(spec.optimizer)) +
-          " creates its state at the first step(), so only step 2 runs with it";
-  }
-  if (kept_gradients) {
-    why += std::string(why.empty() ? "" : ", and ") +
-           "--zero-grad zeros keeps the gradients alive from step 2's forward on";
-  }
-  throw Error("steps per trial (--steps-per-trial): expected at least 2 with optimizer " +
-              std::string(toString(spec.optimizer)) + " and --zero-grad " +
-              std::string(toString(spec.zero_grad)) + ", but got 1; " + why +
-              ": a batch that fits one step may fail the next; use --steps-per-trial 2 (the "
-              "default)" +
-              (kept_gradients ? std::string()
-                              : std::string(", or an optimizer without state (sgd, none)")));
-}
 
 // What the runner lends its step program: the CPU budget allocator's log and refusal count
 // (memory_backend.h), which a step whose call hides its allocations and errors reads (pt2).
@@ -147,43 +52,6 @@ class BudgetAllocationLog final : public detail::AllocationLog {
   }
 };
 
-void checkOptions(const TrainingSpec& spec, const SearchOptions& options) {
-  if (spec.steps_per_trial < 1) {
-    throw Error("steps per trial: expected >= 1, but got " + std::to_string(spec.steps_per_trial));
-  }
-  if (spec.accumulation_steps < 1) {
-    throw Error("accumulation steps: expected >= 1, but got " +
-                std::to_string(spec.accumulation_steps));
-  }
-  if (options.reserve_bytes < 0 || options.memory_limit_bytes < 0) {
-    throw Error("memory limit and reserve: expected >= 0 bytes, but got limit " +
-                std::to_string(options.memory_limit_bytes) + " and reserve " +
-                std::to_string(options.reserve_bytes));
-  }
-  checkStepsPerTrial(spec);
-}
-
-// fp16 / bf16 cast the model; every other precision keeps it in float32.
-at::ScalarType modelFloatType(Precision precision) {
-  if (precision == Precision::kFp16) return at::kHalf;
-  if (precision == Precision::kBf16) return at::kBFloat16;
-  return at::kFloat;
-}
-
-// One optimizer step of a trial: its micro-batch and the inputs it is made of.
-struct PlannedStep {
-  std::int64_t batch = 1;
-  const std::vector<InputSpec>* inputs = nullptr;
-};
-
-// What a trial's steps left behind them: the error they raised (null when none), where it was
-// raised, and the time the completed steps took.
-struct StepsRun {
-  std::exception_ptr error;
-  detail::TrialPoint failed_point;
-  double total_ms = 0.0;
-};
-
 }  // namespace
 
 struct TrialRunner::Impl final : detail::StepHost {
@@ -197,19 +65,13 @@ struct TrialRunner::Impl final : detail::StepHost {
   std::unique_ptr<detail::StepProgram> step;
   detail::WeightSnapshot snapshot;
   BudgetAllocationLog allocation_log;
-  std::vector<at::Tensor> trained;
-  std::int64_t parameter_bytes = 0;
+  detail::TrainedParameters parameters;
   std::int64_t baseline_bytes = 0;
-  std::int64_t last_oom_batch = 0;
-  // The largest micro-batch seen to fit (with its micro-batches per step): where an ambiguous
-  // failure is re-run to classify it.
-  std::int64_t largest_fit_batch = 0;
-  int largest_fit_micro_batches = 1;
-  bool classifying = false;  // inside a re-run to classify: no nested re-run
+  // The last out of memory and the largest fit: evidence for classifying an ambiguous failure.
+  detail::TrialEvidence evidence;
   // A fatal device error (sticky CUDA error) was seen: no device work any more, not even in the
   // destructor (a weight restore on a dead context throws, and from a destructor that terminates).
   bool poisoned = false;
-  std::int64_t ddp_bucket_bytes = 0;
   OptimizerImpl optimizer_impl = OptimizerImpl::kLoop;  // spec.optimizer_impl, auto resolved
   // A training loop's `x, y` between micro-batches: the inputs (and a package's targets).
   std::vector<at::Tensor> held_inputs;
@@ -226,9 +88,9 @@ struct TrialRunner::Impl final : detail::StepHost {
 
   Impl(TrainingSpec given_spec, const SearchOptions& options, const detail::StepSource& source)
       : spec(std::move(given_spec)) {
-    checkOptions(spec, options);
+    detail::checkRunnerOptions(spec, options);
     reserve_bytes = options.reserve_bytes;
-    device = parseDevice(spec.device);
+    device = detail::parseDevice(spec.device);
     const ModelFormat& format = source.format();
     if (format.cpu_only && !device.is_cpu()) {
       throw Error("model " + std::string(format.file_kind) + " '" + spec.model_path +
@@ -247,9 +109,9 @@ struct TrialRunner::Impl final : detail::StepHost {
     snapshot = detail::WeightSnapshot(step->parameters(), step->buffers());
     snapshot.checkDevice(device);
     if (spec.precision == Precision::kFp16 || spec.precision == Precision::kBf16) {
-      step->castTo(modelFloatType(spec.precision));
+      step->castTo(detail::modelFloatType(spec.precision));
     }
-    countParameters();
+    parameters = detail::TrainedParameters(step->parameters(), spec.ddp, spec.model_path);
     const std::int64_t untracked_bytes = untrackedModelBytes();
     if (backend->needsWarmUp()) warmUp(std::max<std::int64_t>(options.min_batch, 1));
     backend->finishSetup(untracked_bytes);
@@ -300,53 +162,14 @@ struct TrialRunner::Impl final : detail::StepHost {
     }
   }
 
-  // The parameters' bytes (after a precision cast) and the trained ones, each tensor once.
-  void countParameters() {
-    std::unordered_set<const c10::TensorImpl*> counted;
-    for (const auto& p : step->parameters()) {
-      if (!counted.insert(p.unsafeGetTensorImpl()).second) continue;
-      parameter_bytes += bytesOf(p);
-      if (p.requires_grad()) trained.push_back(p);
-    }
-    if (spec.ddp) {
-      for (const auto& p : trained) ddp_bucket_bytes += bytesOf(p);
-    }
-    if (trained.empty()) {
-      throw Error("model '" + spec.model_path +
-                  "': expected parameters that require grad, but got none; autobatch sizes "
-                  "training steps");
-    }
-  }
-
   // The caller's CPU tensors were allocated before the budget allocator: counted as baseline.
   std::int64_t untrackedModelBytes() const {
-    std::int64_t untracked_bytes = 0;
     if (!device.is_cpu()) return 0;
-    std::unordered_set<const void*> storages;
-    auto add = [&](const at::Tensor& t) {
-      if (!t.defined() || !t.has_storage()) return;
-      const void* data = t.storage().data();
-      if (data == nullptr || !storages.insert(data).second || detail::isBudgetTracked(data)) {
-        return;
-      }
-      untracked_bytes += static_cast<std::int64_t>(t.storage().nbytes());
-    };
-    for (const auto& p : step->parameters()) add(p);
-    for (const auto& b : step->buffers()) add(b);
-    return untracked_bytes;
-  }
-
-  // optimizer.zero_grad(set_to_none=...): kNone drops every gradient; kZeros keeps them
-  // allocated, zero-filled and detached (torch/optim/optimizer.py, zero_grad).
-  void zeroGrad(ZeroGrad mode) {
-    for (auto& p : trained) {
-      if (mode == ZeroGrad::kNone || !p.grad().defined()) {
-        p.mutable_grad() = at::Tensor();
-      } else {
-        p.mutable_grad().detach_();
-        p.mutable_grad().zero_();
-      }
-    }
+    detail::DistinctStorages untracked(
+        [](const void* data) { return !detail::isBudgetTracked(data); });
+    for (const auto& p : step->parameters()) untracked.add(p);
+    for (const auto& b : step->buffers()) untracked.add(b);
+    return untracked.bytes();
   }
 
   // What a training loop's variables hold between its micro-batches, released at the trial's end.
@@ -356,59 +179,12 @@ struct TrialRunner::Impl final : detail::StepHost {
   }
 
   std::unique_ptr<detail::TrialOptimizer> makeOptimizer() const {
-    return detail::makeTrialOptimizer(spec.optimizer, optimizer_impl, trained, spec.learning_rate);
-  }
-
-  // The dtype an input is fed in: a float32 input of an fp16/bf16 model in the model's, as the
-  // job would.
-  at::ScalarType inputType(const InputSpec& input) const {
-    const at::ScalarType type = toScalarType(input.dtype);
-    return type == at::kFloat ? modelFloatType(spec.precision) : type;
-  }
-
-  // A micro-batch's inputs are sized before any is allocated (the one place they are): when their
-  // bytes pass INT64_MAX or the room under the limit, the micro-batch is out of memory, a trial
-  // result like any refused allocation. ATen would otherwise throw "Storage size calculation
-  // overflowed" (exit 1 for --check-batch 1099511627776 at 3x1024x1024), and a size near 2^63
-  // reached the allocator ("bool:9223372036854775807": exit 1 with a C++ backtrace; issue 27,
-  // row 13). The inputs alone needing more than the limit is a sound out of memory for the batch.
-  void checkInputBytes(std::int64_t batch, const std::vector<InputSpec>& step_inputs) const {
-    std::int64_t total = 0;
-    bool overflows = false;
-    auto add = [&](const InputSpec& input) {
-      const auto bytes =
-          batchBytes(input, batch, static_cast<std::int64_t>(c10::elementSize(inputType(input))));
-      if (!bytes || *bytes > std::numeric_limits<std::int64_t>::max() - total) {
-        overflows = true;
-      } else {
-        total += *bytes;
-      }
-    };
-    for (const auto& input : step_inputs) add(input);
-    for (const auto& target : step->targets()) add(target);
-    const std::int64_t in_use = backend->currentBytes();
-    const std::int64_t budget = backend->limitBytes() - reserve_bytes;
-    if (!overflows && total <= budget - in_use) return;
-    TORCH_CHECK_WITH(
-        OutOfMemoryError, false, "out of memory: the inputs of micro-batch ", batch,
-        " would allocate ", overflows ? std::numeric_limits<std::int64_t>::max() : total,
-        " bytes with ", in_use, " bytes in use under a limit of ", budget, " bytes",
-        overflows ? " (more than that: their size passes 2^63 - 1 bytes), so no allocator can "
-                    "hold them"
-                  : "; not allocated");
+    return detail::makeTrialOptimizer(spec.optimizer, optimizer_impl, parameters.tensors(),
+                                      spec.learning_rate);
   }
 
   at::Tensor makeInput(const InputSpec& input, std::int64_t batch, at::Generator& gen) const {
-    std::vector<std::int64_t> shape{batch};
-    shape.insert(shape.end(), input.sample_shape.begin(), input.sample_shape.end());
-    const at::ScalarType type = inputType(input);
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
-    if (isIntegral(input.dtype)) {
-      t.random_(input.low, input.high, gen);
-    } else {
-      t.normal_(0.0, 1.0, gen);
-    }
-    return device.is_cpu() ? t : t.to(device);
+    return detail::makeInput(input, batch, spec.precision, device, gen);
   }
 
   // One micro-batch of `batch` samples: its inputs (and the targets a format takes as inputs),
@@ -417,7 +193,8 @@ struct TrialRunner::Impl final : detail::StepHost {
   void microStep(std::int64_t batch, const std::vector<InputSpec>& step_inputs,
                  at::Generator& gen) {
     enter(detail::TrialPhase::kInputs);
-    checkInputBytes(batch, step_inputs);
+    detail::checkInputBytes(batch, step_inputs, step->targets(), spec.precision,
+                            backend->currentBytes(), backend->limitBytes() - reserve_bytes);
     const std::vector<InputSpec>& targets = step->targets();
     std::vector<at::Tensor> args;
     args.reserve(step_inputs.size() + targets.size());
@@ -439,8 +216,7 @@ struct TrialRunner::Impl final : detail::StepHost {
                     r.reason);
     }
     trials_run = 0;
-    last_oom_batch = 0;
-    largest_fit_batch = 0;
+    evidence.forgetTrials();
   }
 
   void checkUsable() const {
@@ -473,51 +249,16 @@ struct TrialRunner::Impl final : detail::StepHost {
     return runOnce(request);
   }
 
-  // The one change of behaviour of issue 28: a format whose input shapes are fixed (pt2) is
-  // refused here, in the library, not only by the CLI's --lengths.
+  // A mix of shapes, planned (and refused for a format whose input shapes are fixed) by
+  // planMixedTrial (trial_plan.h).
   TrialResult runMixed(const std::vector<MixedStep>& steps, int micro_batches_per_step,
                        const CancelHook& cancel) {
-    const ModelFormat& format = step->format();
-    if (!format.capabilities.varying_shapes) {
-      throw Error(
-          "mixed trial: expected a model whose input shapes can vary from step to step, "
-          "but '" +
-          spec.model_path + "' is a " + std::string(format.name) + " " +
-          std::string(format.file_kind) +
-          ", whose input shapes are fixed at export; verify a mix of shapes on the "
-          "model's TorchScript archive");
-    }
-    if (steps.empty() || micro_batches_per_step < 1) {
-      throw Error(
-          "mixed trial: expected at least one step and micro_batches_per_step >= 1, but got " +
-          std::to_string(steps.size()) + " steps and " + std::to_string(micro_batches_per_step));
-    }
-    std::vector<PlannedStep> plan;
-    TrialRequest request;
-    request.micro_batches_per_step = micro_batches_per_step;
-    request.cancel = cancel;
-    const std::vector<InputSpec>& inputs = step->inputs();
-    for (std::size_t i = 0; i < steps.size(); ++i) {
-      const MixedStep& mixed = steps[i];
-      bool same_kinds = mixed.inputs.size() == inputs.size();
-      for (std::size_t k = 0; same_kinds && k < inputs.size(); ++k) {
-        same_kinds = mixed.inputs[k].dtype == inputs[k].dtype;
-      }
-      if (mixed.micro_batch_size < 1 || !same_kinds) {
-        throw Error(
-            "mixed trial step " + std::to_string(i) +
-            ": expected micro_batch_size >= 1 and inputs of the runner's count and dtypes (" +
-            std::to_string(inputs.size()) + "), but got micro-batch " +
-            std::to_string(mixed.micro_batch_size) + " and " + std::to_string(mixed.inputs.size()) +
-            " inputs");
-      }
-      plan.push_back({mixed.micro_batch_size, &mixed.inputs});
-      request.micro_batch_size = std::max(request.micro_batch_size, mixed.micro_batch_size);
-    }
+    const detail::MixedPlan plan = detail::planMixedTrial(
+        steps, micro_batches_per_step, cancel, step->inputs(), step->format(), spec.model_path);
     checkUsable();
     // A mixed trial neither reads nor changes what single-batch trials taught (largest fit,
     // last out of memory).
-    PlanRun outcome = runPlan(request, plan, /*after_larger_oom=*/false);
+    PlanRun outcome = runPlan(plan.request, plan.steps, /*after_larger_oom=*/false);
     if (outcome.error) std::rethrow_exception(outcome.error);
     return std::move(outcome.result);
   }
@@ -540,95 +281,17 @@ struct TrialRunner::Impl final : detail::StepHost {
     backend->markPoisoned();
   }
 
-  // An ambiguous failure at `request`: empty the cache and re-run the largest batch already seen
-  // to fit. It fits: the failure was out of memory. The error persists there: it is the model's or
-  // the install's, and `error` leaves unchanged (exit 1). Nothing fitted yet: out of memory (the
-  // failing batch is then the smallest tried; "nothing fits" names the message).
-  void classifyByEvidence(const TrialRequest& request, bool process_limit_near,
-                          FailureClass& failure, std::exception_ptr& error, TrialResult& result) {
-    if (largest_fit_batch == 0 || classifying) {
-      if (classifying) return;  // the outer trial decides; `error` leaves the re-run unchanged
-      failure.kind = FailureKind::kOutOfMemory;
-      failure.reason += " (taken as out of memory: nothing has fitted yet to re-run)";
-      error = nullptr;
-      return;
-    }
-    TrialRequest again;
-    again.micro_batch_size = largest_fit_batch;
-    again.micro_batches_per_step = largest_fit_micro_batches;
-    again.cancel = request.cancel;
-    classifying = true;
-    TrialResult rerun;
-    bool persisted = false;
-    bool inconclusive = false;
-    try {
-      rerun = runOnce(again);
-      persisted =
-          rerun.outcome != TrialOutcome::kFits && rerun.outcome != TrialOutcome::kOutOfMemory;
-    } catch (const std::exception&) {
-      // Near a process limit (RLIMIT_DATA, a cgroup), a re-run that fails with a sign of
-      // exhaustion again (oneDNN "could not create a primitive" after the process's heap grew
-      // past where the batch fit before) says memory is tight, not that the model is broken:
-      // that batch fit before. "Near": this trial came near the limit, or a process limit is set
-      // and this runner has already run out of memory (the search is at the boundary). Otherwise
-      // it persists: the model's error.
-      const FailureClass again_class = classifyException(std::current_exception(), {true, true});
-      const bool at_the_boundary =
-          process_limit_near || (last_oom_batch > 0 && backend->processLimitNear(0, 1));
-      inconclusive = at_the_boundary && (again_class.kind == FailureKind::kOutOfMemory ||
-                                         again_class.kind == FailureKind::kPossibleOutOfMemory);
-      persisted = !inconclusive;
-    }
-    classifying = false;
-    if (inconclusive) {
-      failure.kind = FailureKind::kOutOfMemory;
-      failure.reason += " (taken as out of memory: the re-run at batch " +
-                        std::to_string(largest_fit_batch) +
-                        ", which fit before, failed the same way; memory is tight)";
-      error = nullptr;
-      return;
-    }
-    if (persisted) {
-      spdlog::warn(
-          "batch {} failed with \"{}\", and the re-run at batch {}, which fit before, failed "
-          "too: a model or install error, not out of memory",
-          request.micro_batch_size, failure.reason, largest_fit_batch);
-      return;  // `error` is rethrown by the caller
-    }
-    rerun.reason = "re-run to classify: " + failure.reason;
-    result.classification_rerun = std::make_shared<const TrialResult>(std::move(rerun));
-    failure.kind = FailureKind::kOutOfMemory;
-    failure.reason += " (out of memory: batch " + std::to_string(largest_fit_batch) +
-                      " fit when re-run with the cache emptied)";
-    error = nullptr;
-  }
-
   TrialResult runOnce(const TrialRequest& request) {
-    const std::vector<PlannedStep> plan(static_cast<std::size_t>(spec.steps_per_trial),
-                                        PlannedStep{request.micro_batch_size, &step->inputs()});
-    PlanRun outcome = runPlan(request, plan, last_oom_batch > request.micro_batch_size);
+    const std::vector<detail::PlannedStep> plan(
+        static_cast<std::size_t>(spec.steps_per_trial),
+        detail::PlannedStep{request.micro_batch_size, &step->inputs()});
+    PlanRun outcome = runPlan(request, plan, evidence.afterLargerOom(request.micro_batch_size));
     if (outcome.error) {
-      last_oom_batch = 0;
+      evidence.forgetOutOfMemory();
       std::rethrow_exception(outcome.error);
     }
-    learnFrom(outcome.result);
+    evidence.learnFrom(outcome.result);
     return std::move(outcome.result);
-  }
-
-  // What a single-batch trial teaches the next ones: the last out of memory (evidence for an
-  // ambiguous failure at a smaller batch) and the largest fit (where one is re-run).
-  void learnFrom(const TrialResult& result) {
-    const std::int64_t batch = result.request.micro_batch_size;
-    if (result.outcome == TrialOutcome::kOutOfMemory) {
-      last_oom_batch = std::max(last_oom_batch, batch);
-      return;
-    }
-    if (result.outcome == TrialOutcome::kSizeLimit) return;
-    last_oom_batch = 0;
-    if (!result.cancelled && batch >= largest_fit_batch) {
-      largest_fit_batch = batch;
-      largest_fit_micro_batches = result.request.micro_batches_per_step;
-    }
   }
 
   // A trial's result, and the error that leaves instead of it (null when the trial fit, ran out
@@ -641,7 +304,7 @@ struct TrialRunner::Impl final : detail::StepHost {
   // Runs `plan` as one trial: the optimizer and its state live across its steps, and the
   // allocator's cache is emptied only after the last one. `after_larger_oom`: the trial before
   // ran out of memory at a larger batch (evidence for classifying an ambiguous failure).
-  PlanRun runPlan(const TrialRequest& request, const std::vector<PlannedStep>& plan,
+  PlanRun runPlan(const TrialRequest& request, const std::vector<detail::PlannedStep>& plan,
                   bool after_larger_oom) {
     PlanRun outcome;
     TrialResult& result = outcome.result;
@@ -651,7 +314,7 @@ struct TrialRunner::Impl final : detail::StepHost {
     const c10::DeviceGuard device_guard(device);
     const bool saved_optimize = torch::jit::getGraphExecutorOptimize();
     torch::jit::setGraphExecutorOptimize(spec.optimize_graph);
-    std::optional<RngStateGuard> rng_guard;
+    std::optional<detail::RngStateGuard> rng_guard;
     rng_guard.emplace(device);
     step->beginTrial();
     backend->beginTrial();
@@ -659,37 +322,43 @@ struct TrialRunner::Impl final : detail::StepHost {
     point.micro_batch_size = request.micro_batch_size;
     point.trial_index = trials_run++;
 
-    StepsRun steps = runSteps(request, plan, result);
+    detail::StepsRun steps = runSteps(request, plan, result);
     std::exception_ptr& error = steps.error;
     enter(detail::TrialPhase::kIdle);
-    zeroGrad(ZeroGrad::kNone);
+    parameters.zeroGrad(ZeroGrad::kNone);
     releaseHeld();
     result.output_bytes = step->outputBytes();
     at::autocast::clear_cache();
 
     const detail::MemoryPeaks peaks = readPeaks(error);
     bool near_process_limit = false;
-    FailureClass failure = classify(error, peaks, after_larger_oom, near_process_limit);
+    FailureClass failure;
+    if (!poisoned) {
+      failure =
+          detail::classifyTrialError(error, peaks, after_larger_oom, *backend, near_process_limit);
+    }
     cleanUpAfterTrial(error);
     step->endTrial();
     rng_guard.reset();
     torch::jit::setGraphExecutorOptimize(saved_optimize);
     if (error && !poisoned && failure.kind == FailureKind::kPossibleOutOfMemory) {
-      classifyByEvidence(request, near_process_limit, failure, error, result);
+      evidence.classifyAmbiguous(
+          request, near_process_limit, *backend,
+          [this](const TrialRequest& again) { return runOnce(again); }, failure, error, result);
     }
     if (error) {
       outcome.error = error;
       return outcome;
     }
-    fillResult(result, peaks, failure, steps);
+    detail::fillTrialResult(result, peaks, failure, steps);
     return outcome;
   }
 
   // The trial's steps, in order; an error stops them and is kept with the point it was raised at.
   // The optimizer and its state, DDP's buckets and the generator are gone when this returns.
-  StepsRun runSteps(const TrialRequest& request, const std::vector<PlannedStep>& plan,
-                    TrialResult& result) {
-    StepsRun run;
+  detail::StepsRun runSteps(const TrialRequest& request,
+                            const std::vector<detail::PlannedStep>& plan, TrialResult& result) {
+    detail::StepsRun run;
     std::unique_ptr<detail::TrialOptimizer> optimizer;
     at::Tensor ddp_buckets;  // --ddp: DDP's gradient buckets, alive for the whole trial
     at::Generator gen;
@@ -698,8 +367,9 @@ struct TrialRunner::Impl final : detail::StepHost {
       gen = at::make_generator<at::CPUGeneratorImpl>(spec.seed);
     }
     try {
-      if (ddp_bucket_bytes > 0) {
-        ddp_buckets = at::empty({ddp_bucket_bytes}, at::TensorOptions(at::kByte).device(device));
+      if (parameters.ddpBucketBytes() > 0) {
+        ddp_buckets =
+            at::empty({parameters.ddpBucketBytes()}, at::TensorOptions(at::kByte).device(device));
       }
       optimizer = makeOptimizer();
       const int steps = static_cast<int>(plan.size());
@@ -729,7 +399,7 @@ struct TrialRunner::Impl final : detail::StepHost {
   }
 
   // One optimizer step: its micro-batches, the optimizer's step, the gradients zeroed.
-  void runOptimizerStep(int index, const PlannedStep& planned, int micro_batches,
+  void runOptimizerStep(int index, const detail::PlannedStep& planned, int micro_batches,
                         detail::TrialOptimizer* optimizer, at::Generator& gen) {
     point.micro_batch_size = planned.batch;
     for (int micro = 0; micro < micro_batches; ++micro) {
@@ -740,7 +410,7 @@ struct TrialRunner::Impl final : detail::StepHost {
     enter(detail::TrialPhase::kOptimizerStep);
     if (optimizer != nullptr) optimizer->step();
     enter(detail::TrialPhase::kIdle);
-    zeroGrad(spec.zero_grad);
+    parameters.zeroGrad(spec.zero_grad);
     backend->synchronize();
   }
 
@@ -757,62 +427,6 @@ struct TrialRunner::Impl final : detail::StepHost {
       poison();
     }
     return {};
-  }
-
-  // What `error` was: out of memory and size limits become results (`error` is cleared, freeing
-  // it before the cleanup), anything else stays to be rethrown.
-  FailureClass classify(std::exception_ptr& error, const detail::MemoryPeaks& peaks,
-                        bool after_larger_oom, bool& near_process_limit) const {
-    FailureClass failure;
-    if (!error || poisoned) return failure;
-    const FailureClass loose = classifyException(error, {true, true});
-    FailureContext context;
-    context.process_limit_near =
-        backend->processLimitNear(peaks.peak_bytes, loose.failed_request_bytes);
-    near_process_limit = context.process_limit_near;
-    context.after_larger_oom = after_larger_oom;
-    failure = classifyException(error, context);
-    if (failure.kind == FailureKind::kOutOfMemory || failure.kind == FailureKind::kSizeLimit) {
-      error = nullptr;
-    }
-    return failure;
-  }
-
-  // The trial's figures and outcome, once it fit, ran out of memory or met a size limit.
-  static void fillResult(TrialResult& result, const detail::MemoryPeaks& peaks,
-                         const FailureClass& failure, const StepsRun& steps) {
-    result.peak_allocated_bytes = peaks.peak_allocated_bytes;
-    result.peak_reserved_bytes = peaks.peak_reserved_bytes;
-    result.peak_bytes = peaks.peak_bytes;
-    result.allocator_retries = peaks.allocator_retries;
-    result.outside_growth_bytes = peaks.outside_growth_bytes;
-    for (const auto& p : peaks.phase_peaks) {
-      result.phase_peaks.push_back({detail::phaseKey(p.phase), p.micro_batch_index, p.peak_bytes});
-    }
-    result.step_ms = result.steps_completed > 0
-                         ? steps.total_ms / static_cast<double>(result.steps_completed)
-                         : 0.0;
-    if (failure.kind == FailureKind::kOutOfMemory) {
-      result.outcome = TrialOutcome::kOutOfMemory;
-      result.reason = failure.reason;
-      result.failed_in_use_bytes = failure.failed_in_use_bytes;
-      // A request near 2^63 bytes (an input too large to count, issue 27 row 13): bounded so that
-      // the sums made of it (in use + request, peak + request) stay within int64.
-      result.failed_request_bytes =
-          std::min(failure.failed_request_bytes,
-                   std::numeric_limits<std::int64_t>::max() -
-                       std::max({result.peak_bytes, result.failed_in_use_bytes, std::int64_t{0}}));
-      if (steps.failed_point.phase != detail::TrialPhase::kIdle) {
-        result.failed_phase = detail::phaseKey(steps.failed_point.phase);
-        result.failed_micro_batch_index = steps.failed_point.micro_batch_index;
-        result.failed_step_index = steps.failed_point.step;
-      }
-    } else if (failure.kind == FailureKind::kSizeLimit && !failure.reason.empty()) {
-      result.outcome = TrialOutcome::kSizeLimit;
-      result.reason = failure.reason;
-    } else if (result.cancelled) {
-      result.reason = "cancelled";
-    }
   }
 };
 
@@ -839,31 +453,13 @@ int TrialRunner::microBatchesPerTrial() const {
   return std::min(impl_->spec.accumulation_steps, 2);
 }
 
-std::int64_t TrialRunner::parameterCount() const {
-  std::int64_t n = 0;
-  for (const auto& p : impl_->trained) n += p.numel();
-  return n;
-}
-std::int64_t TrialRunner::parameterBytes() const { return impl_->parameter_bytes; }
-std::int64_t TrialRunner::gradientBytes() const {
-  std::int64_t n = 0;
-  for (const auto& p : impl_->trained) n += bytesOf(p);
-  return n;
-}
+std::int64_t TrialRunner::parameterCount() const { return impl_->parameters.count(); }
+std::int64_t TrialRunner::parameterBytes() const { return impl_->parameters.parameterBytes(); }
+std::int64_t TrialRunner::gradientBytes() const { return impl_->parameters.gradientBytes(); }
 std::int64_t TrialRunner::optimizerStateBytes() const {
-  switch (impl_->spec.optimizer) {
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kAdamW:
-      return 2 * gradientBytes();
-    case OptimizerKind::kSgdMomentum:
-      return gradientBytes();
-    case OptimizerKind::kSgd:
-    case OptimizerKind::kNone:
-      return 0;
-  }
-  return 0;
+  return impl_->parameters.optimizerStateBytes(impl_->spec.optimizer);
 }
-std::int64_t TrialRunner::ddpBucketBytes() const { return impl_->ddp_bucket_bytes; }
+std::int64_t TrialRunner::ddpBucketBytes() const { return impl_->parameters.ddpBucketBytes(); }
 std::string TrialRunner::optimizerImpl() const {
   if (impl_->spec.optimizer == OptimizerKind::kNone) return "";
   return std::string(toString(impl_->optimizer_impl));
