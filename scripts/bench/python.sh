@@ -4,7 +4,8 @@
 # accelerate's find_executable_batch_size, and the CLI on the exported archive of the same model,
 # on ResNet-18 (3x64x64) and the tiny Llama, CPU, every finder under RLIMIT_DATA
 # (scripts/bench/run.py, peers.py). Needs the package installed in the project's environment
-# (scripts/build.sh does it); builds nothing; AUTOBATCH_MODELS: where resnet18.pt is (models/). Wall times are measured: it first waits (polling every 60 s, at most
+# (scripts/build.sh does it); builds nothing; AUTOBATCH_MODELS: where resnet18.pt is (models/).
+# Wall times are measured: it first waits (polling every 60 s, at most
 # AUTOBATCH_BENCH_WAIT_S, default 1800) for a 1-minute load below AUTOBATCH_BENCH_MAX_LOAD (1.5),
 # then runs anyway, and prints the load at the start and the end. The whole run is bounded by
 # AUTOBATCH_BENCH_SECONDS (1800; run.py starts no process after that less 120 s).

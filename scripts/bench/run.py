@@ -168,6 +168,9 @@ class Runner:
         return res
 
     # ---- ground truth ----------------------------------------------------------------------------
+    class Skipped(Exception):
+        """A check the deadline skipped: neither fits nor does not fit."""
+
     def fits(self, case: dict, harness: str, batch: int, mkldnn: str) -> bool:
         key = (case["name"], harness, batch, mkldnn)
         if key in self.truth_cache:
@@ -187,6 +190,8 @@ class Runner:
             r = self.peer(case, f"check-{harness}", ["--batch", str(batch), "--mkldnn", mkldnn],
                           self.cap(case), t)
             ok = r["rc"] == 0 and bool(r["result"] and r["result"].get("fits"))
+        if r["rc"] is None:  # skipped at the deadline: B* stays unknown, never a wrong value
+            raise Runner.Skipped(f"B={batch} not checked (deadline)")
         log(f"  truth {harness} B={batch}: {'fits' if ok else 'does not fit'} ({r['wall_s']} s)")
         self.truth_cache[key] = ok
         return ok
@@ -314,7 +319,11 @@ class Runner:
                 continue
             if a.device != "cpu" and not row["harness"].startswith("autobatch"):
                 continue
-            row["b_star"] = self.ground_truth(case, row["harness"], start, row.get("mkldnn", "on"))
+            try:
+                row["b_star"] = self.ground_truth(case, row["harness"], start,
+                                                  row.get("mkldnn", "on"))
+            except Runner.Skipped as e:
+                row["b_star"], row["error"] = None, (row.get("error") or "") + f"B* unknown: {e}"
             row["offset"] = None if row["b_star"] is None else start - row["b_star"]
             self.rewrite()
         if a.device != "cpu":
@@ -331,8 +340,11 @@ class Runner:
                 row = self.autobatch_row(case, label, ["--memory-limit", f"{case['budget']}B"] + extra,
                                          0, "autobatch-budget")
                 if row["found"]:
-                    row["b_star"] = self.ground_truth(case, "autobatch-budget", row["found"])
-                    row["offset"] = row["found"] - row["b_star"]
+                    try:
+                        row["b_star"] = self.ground_truth(case, "autobatch-budget", row["found"])
+                        row["offset"] = row["found"] - row["b_star"]
+                    except Runner.Skipped as e:
+                        row["error"] = f"B* unknown: {e}"
                 self.add(row)
         if "count" in a.modes:
             c = self.peer(case, "count", [], 0, a.check_timeout)
