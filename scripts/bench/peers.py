@@ -13,14 +13,31 @@ scripts/export_models.py, with AdamW, cross-entropy and the given precision):
   accelerate
       HF accelerate ``find_executable_batch_size`` (multiplies by 0.9 after an OOM) around a plain
       3-step training loop, from --start.
-  check-lightning, check-accelerate
+  autobatch-python
+      The Python package's ``autobatch.find`` (issue 29) on the same eager model, one sample of
+      the same batch, the same cross-entropy (``loss_fn``) and AdamW, --steps-per-trial steps per
+      trial (3: the peers' trial and the ground truth's), ``margin=0.0`` (its answer is its raw
+      maximum, as the CLI rows' ``--margin 0``) and ``memory_limit="1TiB"``: under RLIMIT_DATA the
+      budget is clipped to the room the process has (issue 27, row 11), and the real allocator
+      decides wherever it refuses first. Reports safe_micro_batch (found) and max_micro_batch
+      (raw_max), the trials and steps of its report.
+  check-lightning, check-accelerate, check-autobatch-python
       Ground truth in that finder's harness: --batch B trained for --steps steps in a fresh
-      process (same imports, same loop). Exit 0 when it fits.
+      process (same imports, same loop; for autobatch-python ``autobatch.check_batch`` with the
+      options of its search). Exit 0 when it fits.
   eager
       The eager PyTorch loop at --batch B (autobatch's answer checked as the user trains): fits or
       not, and the CUDA peak allocated / reserved bytes.
   count
       Exact parameter, gradient and AdamW state bytes (after one optimizer step).
+  export
+      Writes the TorchScript archive of a model that scripts/export_models.py does not have (the
+      tiny Llama) to --out with ``autobatch.export``, for the CLI rows. No search.
+
+Models: those of scripts/export_models.py, and ``tiny_llama``: a transformers LlamaForCausalLM
+built from a LlamaConfig (nothing downloaded; hidden 256, 4 layers, 4 heads, 2 KV heads, MLP 1024,
+vocabulary 8000, untied embeddings, use_cache off: 8.3M parameters); its output's ``logits`` go
+into the same cross-entropy as the other language model's.
 """
 
 from __future__ import annotations
@@ -64,23 +81,46 @@ class Recorder:
                 "raw_max": max(fitting) if fitting else None}
 
 
+TINY_LLAMA_VOCAB = 8000
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=TINY_LLAMA_VOCAB, hidden_size=256, intermediate_size=1024,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, use_cache=False)
+    return LlamaForCausalLM(config)
+
+
 def make_model(name: str):
+    if name == "tiny_llama":
+        return tiny_llama()
     model, _, _, _ = MODELS[name]()
     return model
 
 
-def make_batch(args, size: int, device: str):
+def make_inputs(args, size: int, device: str) -> torch.Tensor:
     shape = [int(d) for d in args.shape.split("x")]
     if args.int_high:
-        x = torch.randint(0, args.int_high, (size, *shape), device=device)
-        y = torch.randint(0, args.int_high, (size, *shape), device=device)
-    else:
-        x = torch.randn(size, *shape, device=device)
-        y = torch.randint(0, 1000, (size,), device=device)
-    return x, y
+        return torch.randint(0, args.int_high, (size, *shape), device=device)
+    return torch.randn(size, *shape, device=device)
 
 
-def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def make_targets(args, size: int, device: str) -> torch.Tensor:
+    shape = [int(d) for d in args.shape.split("x")]
+    if args.int_high:
+        return torch.randint(0, args.int_high, (size, *shape), device=device)
+    return torch.randint(0, 1000, (size,), device=device)
+
+
+def make_batch(args, size: int, device: str):
+    return make_inputs(args, size, device), make_targets(args, size, device)
+
+
+def loss_of(out, y: torch.Tensor) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor):  # a transformers ModelOutput
+        out = out.logits
     return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), y.reshape(-1))
 
 
@@ -185,6 +225,62 @@ def run_accelerate(args, rec: Recorder, search: bool) -> dict:
     return {"found": find_executable_batch_size(train, starting_batch_size=args.start)()}
 
 
+def autobatch_python_options(args) -> dict:
+    """find()'s options of the autobatch-python finder and its ground-truth check (one place)."""
+    precision = None if args.precision == "fp32" else args.precision
+
+    def loss_fn(output, inputs):
+        # The peers' targets (random labels, the same shapes), made here since the example batch
+        # is the model's input alone (a tuple would be passed to the model as a second argument).
+        return loss_of(output, make_targets(args, inputs.shape[0], inputs.device))
+
+    return dict(optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3), loss_fn=loss_fn,
+                precision=precision, device=args.device, memory_limit="1TiB", margin=0.0,
+                steps_per_trial=args.steps_per_trial)
+
+
+def run_autobatch_python(args, search: bool) -> dict:
+    import autobatch
+
+    model = make_model(args.model).to(args.device)
+    example = make_inputs(args, 1, args.device)
+    options = autobatch_python_options(args)
+    if not search:
+        options["steps_per_trial"] = args.steps
+        trial = autobatch.check_batch(model, example, args.batch, **options)
+        return {"fits": trial.outcome == "fits", "outcome": trial.outcome,
+                "peak_bytes": trial.peak_bytes}
+    try:
+        result = autobatch.find(model, example, **options)
+    except autobatch.DoesNotFit as e:
+        result = e.result
+    trials = result.trials
+    return {"found": result.safe_micro_batch or None, "raw_max": result.max_micro_batch or None,
+            "status": result.status, "trials": len(trials),
+            "steps": sum(steps_of(t, result.raw) for t in range(len(trials))),
+            "trial_sizes": [t.micro_batch_size for t in trials],
+            "steps_per_trial": options["steps_per_trial"],
+            "memory_limit_bytes": result.memory_limit_bytes,
+            "limit_source": (result.raw.get("result") or {}).get("memory_limit_source"),
+            "warnings": result.warnings[:3]}
+
+
+def steps_of(index: int, report: dict) -> int:
+    """Training steps a trial started: those completed, plus the one that failed."""
+    t = report["trials"][index]
+    return t.get("steps_completed", 0) + (t.get("outcome") != "fits")
+
+
+def run_export(args) -> dict:
+    import autobatch
+
+    model = make_model(args.model)
+    ids = make_inputs(args, 2, "cpu")
+    autobatch.export(model, args.out, {"input_ids": ids, "labels": ids},
+                     int_high={0: args.int_high, 1: args.int_high})
+    return {"archive": args.out, "bytes": os.path.getsize(args.out)}
+
+
 def run_eager(args, rec: Recorder) -> dict:
     model = make_model(args.model).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -214,8 +310,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--finder", required=True,
                         choices=["lightning-binsearch", "lightning-power", "accelerate",
-                                 "check-lightning", "check-accelerate", "eager", "count"])
-    parser.add_argument("--model", required=True, choices=sorted(MODELS))
+                                 "autobatch-python", "check-lightning", "check-accelerate",
+                                 "check-autobatch-python", "eager", "count", "export"])
+    parser.add_argument("--model", required=True, choices=sorted([*MODELS, "tiny_llama"]))
     parser.add_argument("--shape", required=True, help="one sample, e.g. 3x64x64 or 128")
     parser.add_argument("--int-high", type=int, default=0, help="int64 token ids in [0, N)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "amp-bf16", "amp-fp16"])
@@ -227,6 +324,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=0)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--start", type=int, default=512)
+    parser.add_argument("--steps-per-trial", type=int, default=3,
+                        help="autobatch-python: optimizer steps per trial (the peers run 3)")
+    parser.add_argument("--out", default="", help="export: the archive to write")
     args = parser.parse_args()
     args.device_type = torch.device(args.device).type
     torch.backends.mkldnn.enabled = args.mkldnn == "on"
@@ -247,6 +347,10 @@ def main() -> int:
             result.update(run_lightning(args, rec, None))
         elif args.finder in ("accelerate", "check-accelerate"):
             result.update(run_accelerate(args, rec, args.finder == "accelerate"))
+        elif args.finder in ("autobatch-python", "check-autobatch-python"):
+            result.update(run_autobatch_python(args, args.finder == "autobatch-python"))
+        elif args.finder == "export":
+            result.update(run_export(args))
         elif args.finder == "eager":
             result.update(run_eager(args, rec))
         else:
@@ -257,7 +361,8 @@ def main() -> int:
         result["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
         traceback.print_exc(file=sys.stderr)
         code = 3 if args.finder.startswith("check-") or args.finder == "eager" else 1
-    result.update(rec.summary())
+    for key, value in rec.summary().items():  # autobatch-python reports its own from its report
+        result.setdefault(key, value)
     if args.device_type == "cuda" and torch.cuda.is_available():
         result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     result["wall_s"] = round(time.time() - T0, 2)

@@ -14,6 +14,13 @@ still leaves its figures. See docs/benchmarks.md for what is measured and why.
   torch.cuda.set_per_process_memory_fraction for the peers); the ground truth and the eager-loop
   check for autobatch's answers only.
 
+  The Python package (issue 29) is the peer ``autobatch-python`` (peers.py): autobatch.find on the
+  eager model with memory_limit="1TiB", ground truth by autobatch.check_batch in fresh processes
+  (harness autobatch-python). A case with ``export`` (the tiny Llama) has no archive in --models:
+  its archive is written into --workdir by autobatch.export at the start of the case, and the CLI
+  rows run on it with the inputs its metadata describes. --section python writes the tables
+  between the ``bench:python`` markers of --md, so the CLI's tables stay as they are.
+
 Usage: scripts/bench/run.sh (CPU table into docs/benchmarks.md), or run.py --help.
 """
 
@@ -43,6 +50,11 @@ CASES = {
              input="3x64x64", precision="fp32", cap=1536 * MIB, budget=640 * MIB),
         dict(name="decoder-lm-small", model="decoder_lm_small", shape="128", int_high=8000,
              input="int64:128:<8000", precision="fp32", cap=1280 * MIB, budget=512 * MIB),
+        # transformers LlamaForCausalLM from a config (peers.py tiny_llama); the CLI runs the
+        # archive autobatch.export writes from {"input_ids": ids, "labels": ids} (it computes the
+        # model's own loss on its labels; the eager finders the cross-entropy of peers.py).
+        dict(name="tiny-llama", model="tiny_llama", shape="128", int_high=8000, input="",
+             precision="fp32", cap=1408 * MIB, budget=512 * MIB, export=True),
     ],
     "gpu": [
         dict(name="resnet50-bf16", model="resnet50", shape="3x224x224", int_high=0,
@@ -69,6 +81,7 @@ class Runner:
         self.args = args
         self.rows: list[dict] = []
         self.truth_cache: dict[tuple, bool] = {}
+        self.exported: set[str] = set()
         os.makedirs(os.path.dirname(os.path.abspath(args.jsonl)), exist_ok=True)
         open(args.jsonl, "w").close()
 
@@ -104,10 +117,25 @@ class Runner:
                     "stderr": err.read(), "timed_out": fired.is_set(),
                     "max_rss_bytes": usage.ru_maxrss * 1024}
 
+    def archive(self, case: dict) -> str:
+        """The model's TorchScript archive: --models/<model>.pt, or for a case with ``export``
+        the one exported into --workdir (once per run, by peers.py --finder export, no cap)."""
+        if not case.get("export"):
+            return os.path.join(self.args.models, case["model"] + ".pt")
+        path = os.path.abspath(os.path.join(self.args.workdir, case["model"] + ".pt"))
+        if path not in self.exported:
+            r = self.peer(case, "export", ["--out", path], 0, self.args.check_timeout)
+            if r["rc"] != 0:
+                raise RuntimeError(f"export of {case['model']} failed: {failure(r, None)}")
+            self.exported.add(path)
+            log(f"  exported {path} ({r['wall_s']} s)")
+        return path
+
     def autobatch(self, case: dict, extra: list[str], cap: int, timeout: float, tag: str) -> dict:
         path = os.path.join(self.args.workdir, f"{case['name']}-{tag}.json")
-        argv = [self.args.autobatch, "--model", os.path.join(self.args.models, case["model"] + ".pt"),
-                "--input", case["input"], "--optimizer", "adamw", "--precision", case["precision"],
+        inputs = ["--input", case["input"]] if case["input"] else []  # else the archive's own
+        argv = [self.args.autobatch, "--model", self.archive(case),
+                *inputs, "--optimizer", "adamw", "--precision", case["precision"],
                 "--device", self.args.device, "--margin", "0", "--json", path, "-q",
                 # The peers' loops (Lightning's training_step, accelerate's, peers.py's eager
                 # check) drop the model's output before backward; --optimizer-impl auto is
@@ -140,6 +168,9 @@ class Runner:
         return res
 
     # ---- ground truth ----------------------------------------------------------------------------
+    class Skipped(Exception):
+        """A check the deadline skipped: neither fits nor does not fit."""
+
     def fits(self, case: dict, harness: str, batch: int, mkldnn: str) -> bool:
         key = (case["name"], harness, batch, mkldnn)
         if key in self.truth_cache:
@@ -159,6 +190,8 @@ class Runner:
             r = self.peer(case, f"check-{harness}", ["--batch", str(batch), "--mkldnn", mkldnn],
                           self.cap(case), t)
             ok = r["rc"] == 0 and bool(r["result"] and r["result"].get("fits"))
+        if r["rc"] is None:  # skipped at the deadline: B* stays unknown, never a wrong value
+            raise Runner.Skipped(f"B={batch} not checked (deadline)")
         log(f"  truth {harness} B={batch}: {'fits' if ok else 'does not fit'} ({r['wall_s']} s)")
         self.truth_cache[key] = ok
         return ok
@@ -237,7 +270,8 @@ class Runner:
         r = self.peer(case, finder, extra, self.cap(case), self.args.timeout)
         res = r["result"] or {}
         label = finder if mkldnn == "on" else f"{finder} (oneDNN off)"
-        return dict(case=case["name"], finder=label, harness=finder.split("-")[0], mkldnn=mkldnn,
+        harness = finder if finder == "autobatch-python" else finder.split("-")[0]
+        return dict(case=case["name"], finder=label, harness=harness, mkldnn=mkldnn,
                     wall_s=r["wall_s"], found=res.get("found"), raw_max=res.get("raw_max"),
                     trials=res.get("trials"), steps=res.get("steps"),
                     trial_sizes=res.get("trial_sizes"), exit=r["rc"],
@@ -259,6 +293,9 @@ class Runner:
         for label, extra in (("autobatch guided", limit),
                              ("autobatch guided, 3 steps", limit + ["--steps-per-trial", "3"]),
                              ("autobatch guided, real allocator", ["--memory-limit", "1TiB"]),
+                             # the CLI with the options of the autobatch-python peer (3 steps)
+                             ("autobatch guided, real allocator, 3 steps",
+                              ["--memory-limit", "1TiB", "--steps-per-trial", "3"]),
                              ("autobatch binsearch", limit + ["--strategy", "binsearch"])):
             if label not in a.finders_autobatch or (a.device != "cpu" and "real" in label):
                 continue
@@ -277,11 +314,16 @@ class Runner:
         # Ground truth per harness, from each finder's own answer.
         for row in mine + peers:
             start = row["raw_max"] or row["found"]
-            if not start or row["harness"] not in ("autobatch", "lightning", "accelerate"):
+            if not start or row["harness"] not in ("autobatch", "autobatch-python", "lightning",
+                                                   "accelerate"):
                 continue
-            if a.device != "cpu" and row["harness"] != "autobatch":
+            if a.device != "cpu" and not row["harness"].startswith("autobatch"):
                 continue
-            row["b_star"] = self.ground_truth(case, row["harness"], start, row.get("mkldnn", "on"))
+            try:
+                row["b_star"] = self.ground_truth(case, row["harness"], start,
+                                                  row.get("mkldnn", "on"))
+            except Runner.Skipped as e:
+                row["b_star"], row["error"] = None, (row.get("error") or "") + f"B* unknown: {e}"
             row["offset"] = None if row["b_star"] is None else start - row["b_star"]
             self.rewrite()
         if a.device != "cpu":
@@ -298,8 +340,11 @@ class Runner:
                 row = self.autobatch_row(case, label, ["--memory-limit", f"{case['budget']}B"] + extra,
                                          0, "autobatch-budget")
                 if row["found"]:
-                    row["b_star"] = self.ground_truth(case, "autobatch-budget", row["found"])
-                    row["offset"] = row["found"] - row["b_star"]
+                    try:
+                        row["b_star"] = self.ground_truth(case, "autobatch-budget", row["found"])
+                        row["offset"] = row["found"] - row["b_star"]
+                    except Runner.Skipped as e:
+                        row["error"] = f"B* unknown: {e}"
                 self.add(row)
         if "count" in a.modes:
             c = self.peer(case, "count", [], 0, a.check_timeout)
@@ -331,12 +376,14 @@ def render(rows: list[dict], args) -> None:
         return
     out = [f"<!-- generated by scripts/bench/run.py; do not edit by hand -->",
            f"Machine: {machine()}; device {args.device}. Command: `{args.command_line}`"
-           + (" (from `bash scripts/bench/run.sh`)." if args.section == "cpu" else "."), ""]
+           + {"cpu": " (from `bash scripts/bench/run.sh`).",
+              "python": " (from `bash scripts/bench/python.sh`)."}.get(args.section, "."), ""]
+    cpu = args.device == "cpu"
     for case in dict.fromkeys(r["case"] for r in rows):
         rs = [r for r in rows if r["case"] == case]
         out += [f"### {case}", "",
                 "| finder | returns | raw max | B* (own harness) | offset | trials | steps | "
-                f"wall s | {'peak RSS' if args.section == 'cpu' else 'peak reserved'} MiB | exit / error |",
+                f"wall s | {'peak RSS' if cpu else 'peak reserved'} MiB | exit / error |",
                 "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rs:
             if r["harness"] == "count":
@@ -346,10 +393,10 @@ def render(rows: list[dict], args) -> None:
                 err += ": " + r["error"].replace("|", "/").replace("\n", " ")[:120]
             out.append(f"| {r['finder']} | {fmt(r.get('found'))} | {fmt(r.get('raw_max'))} | "
                        f"{fmt(r.get('b_star'))} | {fmt(r.get('offset'))} | {fmt(r.get('trials'))} |"
-                       f" {fmt(r.get('steps'))} | {fmt(r.get('wall_s'))} | {mib(r.get('max_rss_bytes') if args.section == 'cpu' else r.get('peak_reserved_bytes'))} | {err} |")
+                       f" {fmt(r.get('steps'))} | {fmt(r.get('wall_s'))} | {mib(r.get('max_rss_bytes') if cpu else r.get('peak_reserved_bytes'))} | {err} |")
         out.append("")
         ratio_lines = []
-        for label in ("autobatch guided", "autobatch guided (budget)"):
+        for label in ("autobatch guided", "autobatch guided (budget)", "autobatch-python"):
             ours = next((r for r in rs if r["finder"] == label), None)
             for r in rs:
                 if not (ours and r["harness"] in ("lightning", "accelerate") and r.get("trials")
@@ -359,6 +406,15 @@ def render(rows: list[dict], args) -> None:
                     f"- {label} / {r['finder']}: trials {ours['trials']}/{r['trials']} = "
                     f"{ours['trials'] / r['trials']:.2f}, wall time {ours['wall_s']}/{r['wall_s']} s"
                     f" = {ours['wall_s'] / r['wall_s']:.2f}")
+        eager = next((r for r in rs if r["finder"] == "autobatch-python"), None)
+        for r in rs:
+            if eager and r["finder"].startswith("autobatch guided, real allocator"):
+                ratio_lines.append(
+                    f"- eager probe (autobatch-python) against the CLI on the archive "
+                    f"({r['finder']}): found {fmt(eager.get('found'))} (B* {fmt(eager.get('b_star'))}) against "
+                    f"{fmt(r.get('found'))} (B* {fmt(r.get('b_star'))}); trials "
+                    f"{fmt(eager.get('trials'))} against {fmt(r.get('trials'))}, wall time "
+                    f"{fmt(eager.get('wall_s'))} against {fmt(r.get('wall_s'))} s")
         out += ratio_lines + ([""] if ratio_lines else [])
         budget = next((r for r in rs if r["finder"] == "autobatch guided (budget)"), None)
         count = next((r for r in rs if r["harness"] == "count"), None)
@@ -423,7 +479,8 @@ def main() -> int:
     p.add_argument("--jsonl", default=os.path.join(ROOT, "build", "bench", "results.jsonl"))
     p.add_argument("--md", default="", help="write the Markdown tables here")
     p.add_argument("--peers", nargs="*",
-                   default=["lightning-binsearch", "lightning-power", "accelerate"])
+                   default=["lightning-binsearch", "lightning-power", "accelerate",
+                            "autobatch-python"])
     p.add_argument("--finders-autobatch", nargs="*",
                    default=["autobatch guided", "autobatch guided, 3 steps",
                             "autobatch guided, real allocator"])
@@ -435,11 +492,15 @@ def main() -> int:
                    help="stop starting processes this many seconds after the start (0: none)")
     p.add_argument("--cap-mib", type=int, default=0, help="override every case's cap (MiB)")
     p.add_argument("--budget-mib", type=int, default=0, help="override every case's budget")
+    p.add_argument("--section", default="",
+                   help="the markers of --md to write between (default: cpu or gpu by --device; "
+                        "python for the Python package's tables)")
     args = p.parse_args()
     args.deadline = time.time() + (args.deadline_s or 1e9)
     args.command_line = shlex.join(["scripts/bench/run.py", *sys.argv[1:]])
     os.makedirs(args.workdir, exist_ok=True)
-    kind = args.section = "cpu" if args.device == "cpu" else "gpu"
+    kind = "cpu" if args.device == "cpu" else "gpu"
+    args.section = args.section or kind
     cases = [c for c in CASES[kind] if not args.cases or c["name"] in args.cases]
     if not cases:
         p.error(f"no case named {args.cases}; valid: {[c['name'] for c in CASES[kind]]}")
