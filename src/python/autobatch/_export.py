@@ -910,7 +910,9 @@ def profiled_peak(prof) -> int:
 
 def find_cli(cli: Optional[str] = None) -> Optional[str]:
     """The autobatch executable the memory check runs: ``cli`` when given, else $AUTOBATCH_CLI,
-    else this checkout's build (build/bin/autobatch beside scripts/), else ``autobatch`` on PATH;
+    else this checkout's build (build/bin/autobatch) when this file is in a checkout, or the
+    executable installed beside this Python when it is the installed package, else ``autobatch``
+    on PATH;
     None when there is none. Raises ValueError when ``cli`` or $AUTOBATCH_CLI names no
     executable file (a wrong path is a mistake, not a reason to skip the check)."""
     import os
@@ -925,18 +927,18 @@ def find_cli(cli: Optional[str] = None) -> Optional[str]:
             return given
     import sys
 
-    # A checkout's build (this file is src/python/autobatch/_export.py there), then the executable
-    # the package installed beside this Python, then PATH.
+    # In a checkout (this file is src/python/autobatch/_export.py there, loaded by the shim in
+    # scripts/): the checkout's own build, never an executable installed elsewhere. In the
+    # installed package: the executable installed with it, beside this Python. Then PATH.
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.normpath(os.path.join(here, "..", "..", ".."))
-    candidates = []
     if os.path.isfile(os.path.join(root, "CMakeLists.txt")):
         build_dir = os.environ.get("AUTOBATCH_BUILD_DIR", os.path.join(root, "build"))
-        candidates.append(os.path.join(build_dir, "bin", "autobatch"))
-    candidates.append(os.path.join(os.path.dirname(sys.executable), "autobatch"))
-    for built in candidates:
-        if os.path.isfile(built) and os.access(built, os.X_OK):
-            return built
+        built = os.path.join(build_dir, "bin", "autobatch")
+    else:
+        built = os.path.join(os.path.dirname(sys.executable), "autobatch")
+    if os.path.isfile(built) and os.access(built, os.X_OK):
+        return built
     return shutil.which("autobatch")
 
 
