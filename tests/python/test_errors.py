@@ -138,6 +138,10 @@ def test_a_budget_that_verifies_nothing_does_not_fit():
 def test_usage_errors_a_new_user_met(kwargs, words):
     with pytest.raises(autobatch.UsageError, match=words):
         autobatch.find(mlp(), torch.randn(1, 32), memory_limit="64MiB", **kwargs)
+
+
+# Catches: torch's own errors for CUDA without a GPU and a meta model instead of a UsageError.
+def test_usage_errors_for_devices_autobatch_cannot_measure():
     if not torch.cuda.is_available():
         with pytest.raises(autobatch.UsageError, match="is_available"):
             autobatch.find(mlp(), torch.randn(1, 32), device="cuda")

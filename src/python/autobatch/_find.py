@@ -103,8 +103,8 @@ def _optimizer_factory(optimizer, params):
                      f"{type(optimizer).__name__}")
 
 
-def _impl(make_optimizer, device):
-    opt = make_optimizer()
+def _impl(opt, device):
+    """The optimizer implementation that runs: "fused", "foreach" or "loop" ("" for none)."""
     if opt is None:
         return ""
     d = opt.defaults
@@ -413,9 +413,10 @@ def _facts(session, state, meter):
     baseline = (state.untracked_bytes() if device.type == "cpu"
                 else torch.cuda.memory_allocated(device))
     loss = "loss_fn" if session.loss_fn is not None else "the output's .loss, else its mean"
-    first = session.make_optimizer()
+    first = session.make_optimizer()  # built once: its class and implementation for the report
     optimizer = (f"{type(first).__module__}.{type(first).__qualname__}" if first is not None
                  else "none")
+    impl = _impl(first, device)
     del first
     return {
         "optimizer": optimizer,
@@ -427,7 +428,7 @@ def _facts(session, state, meter):
                   "parameter_bytes": distinct_bytes(model.parameters()),
                   "gradient_bytes": distinct_bytes(session.trained), "optimizer_state_bytes": 0,
                   "baseline_bytes": baseline,
-                  "optimizer_impl": _impl(session.make_optimizer, device),
+                  "optimizer_impl": impl,
                   "model_format": "python"},
         "context": {"device": str(device), "backend": meter.backend,
                     "memory_limit_bytes": meter.limit_bytes(),
