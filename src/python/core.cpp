@@ -115,6 +115,7 @@ autobatch::MemoryBreakdown memoryFromDict(const py::dict& d) {
   m.gradient_bytes = get<std::int64_t>(d, "gradient_bytes", 0);
   m.optimizer_state_bytes = get<std::int64_t>(d, "optimizer_state_bytes", 0);
   m.baseline_bytes = get<std::int64_t>(d, "baseline_bytes", 0);
+  m.ddp_bucket_bytes = get<std::int64_t>(d, "ddp_bucket_bytes", 0);
   m.optimizer_impl = get<std::string>(d, "optimizer_impl", "");
   m.model_format = get<std::string>(d, "model_format", "python");
   return m;

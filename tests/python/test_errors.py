@@ -34,6 +34,9 @@ def test_nothing_fits_raises_does_not_fit_with_the_result():
     ({"target_batch": 10, "world_size": 3}, "world size"),
     ({"strategy": "fastest"}, "strateg"),
     ({"device": "meta"}, "device"),
+    ({"step": 3}, "step: expected a function"),
+    ({"step": lambda m, b: m(b).mean(), "loss_fn": lambda o, b: o.mean()}, "pass one"),
+    ({"ddp": "yes"}, "ddp: expected True or False"),
 ])
 def test_usage_errors(kwargs, words):
     with pytest.raises(autobatch.UsageError) as e:
@@ -48,6 +51,14 @@ def test_usage_errors_for_the_model_and_batch():
         autobatch.find(mlp(), {"x": 3})
     with pytest.raises(autobatch.UsageError, match="torch.nn.Module"):
         autobatch.find(lambda x: x, torch.randn(1, 32))
+
+
+# Catches: a step function whose return is not a loss (None, a non-scalar) silently trained
+# on, or taken for out of memory.
+@pytest.mark.parametrize("step", [lambda m, b: None, lambda m, b: m(b)])
+def test_a_step_that_returns_no_loss_is_a_model_error(step):
+    with pytest.raises(autobatch.ModelError, match="expected the micro-batch's loss"):
+        autobatch.find(mlp(), torch.randn(1, 32), memory_limit="64MiB", step=step)
 
 
 # Catches: a model error (shape mismatch) classified as out of memory (the search would go on

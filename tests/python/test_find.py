@@ -174,3 +174,21 @@ def test_activation_checkpointing_shows_the_lower_peak():
     assert ckpt.outcome == plain.outcome == "fits"
     assert ckpt.phase_peaks["backward"] < plain.phase_peaks["backward"]
     assert ckpt.phase_peaks["forward"] < 0.8 * plain.phase_peaks["forward"]
+
+
+# Catches: ddp=True that holds no bucket (a DDP job's answer too large by one gradient copy per
+# trial), or one of the wrong size; and a step function whose loss is not what is trained.
+def test_ddp_buckets_and_a_step_function():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    x = torch.randn(2, 64)
+    plain = autobatch.check_batch(model, x, 100, memory_limit="64MiB")
+    ddp = autobatch.check_batch(model, x, 100, memory_limit="64MiB", ddp=True)
+    gradients = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert ddp.peak_bytes - plain.peak_bytes == gradients
+    step = autobatch.check_batch(model, x, 100, memory_limit="64MiB",
+                                 step=lambda m, b: m(b).float().mean())
+    assert step.outcome == "fits" and step.peak_bytes == plain.peak_bytes  # the same step
+    twice = autobatch.check_batch(model, x, 100, memory_limit="64MiB",
+                                  step=lambda m, b: m(b).mean() + m(b.flip(0)).mean())
+    assert twice.phase_peaks["backward"] > plain.phase_peaks["backward"]

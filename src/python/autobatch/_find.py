@@ -226,6 +226,12 @@ _FIND_DOC = """
       optimizer state exists from the first step on). min_batch, max_batch, dataset_size,
       max_trials, strategy ("guided", "binsearch", "power"), plan ("auto", "uniform", "balanced",
       "fastest"), reserve (bytes kept free for the rest of the job) as the command's flags.
+    step: `step(model, batch) -> loss`, the forward and loss of one micro-batch in place of
+      model(batch) and loss_fn (a framework's own step: autobatch.lightning passes the module's
+      training_step); backward, the optimizer step and zero_grad stay autobatch's.
+    ddp: True when the job wraps the model in DistributedDataParallel: every trial holds one
+      buffer of the trained parameters' gradient bytes (DDP's gradient buckets, unless
+      gradient_as_bucket_view=True) from its start to its end, as `autobatch --ddp` does.
 """
 
 
@@ -236,7 +242,8 @@ class _Session:
     def __init__(self, model, example_batch, optimizer=None, loss_fn=None, precision=None,
                  device=None, memory_limit=None, margin=None, target_batch=None, world_size=1,
                  time_limit=None, steps_per_trial=2, min_batch=1, max_batch=None,
-                 dataset_size=None, max_trials=None, strategy="guided", plan="auto", reserve=None):
+                 dataset_size=None, max_trials=None, strategy="guided", plan="auto", reserve=None,
+                 step=None, ddp=False):
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
         self.n0 = leading_size(example_batch)
@@ -248,8 +255,16 @@ class _Session:
         if isinstance(steps_per_trial, bool) or not isinstance(steps_per_trial, int) \
                 or steps_per_trial < 1:
             raise UsageError(f"steps_per_trial: expected an int >= 1, but got {steps_per_trial!r}")
-        self.model, self.example, self.loss_fn = model, example_batch, loss_fn
-        self.steps = steps_per_trial
+        if step is not None and not callable(step):
+            raise UsageError(f"step: expected a function step(model, batch) -> loss, but got "
+                             f"{type(step).__name__}")
+        if step is not None and loss_fn is not None:
+            raise UsageError("step and loss_fn: pass one; step(model, batch) computes the loss "
+                             "itself (it replaces model(batch) and loss_fn)")
+        if not isinstance(ddp, bool):
+            raise UsageError(f"ddp: expected True or False, but got {ddp!r}")
+        self.model, self.example, self.loss_fn, self.step = model, example_batch, loss_fn, step
+        self.steps, self.ddp = steps_per_trial, ddp
         self.device = _device_of(model, device)
         self.autocast, self.precision = _autocast(self.device, precision)
         fraction, margin_bytes = _margin(margin)
@@ -268,19 +283,20 @@ class _Session:
             self.options.update(block_bytes=2 << 20, page_bytes=20 << 20)
         self.key = fingerprint(model, example_batch, device=str(self.device),
                                optimizer=self.optimizer_name, precision=self.precision,
-                               steps=steps_per_trial, **self.options)
+                               steps=steps_per_trial, step=_name(step), ddp=ddp, **self.options)
 
     def describe(self, doc, probe):
         """The JSON report with the options of the step that ran (the C++ report writes the
         command's training spec there: inputs, loss, optimizer, precision, output kept)."""
         step = {"model": doc["options"].get("model"), "inputs": _inputs(self.example),
-                "loss": "loss_fn" if self.loss_fn is not None else probe.loss_rule,
+                "loss": _loss_name(self, probe.loss_rule),
                 "optimizer": probe.facts["optimizer"],
                 "optimizer_impl": probe.facts["model"]["optimizer_impl"] or "none",
                 "zero_grad": "none", "keep_output": False, "precision": self.precision,
                 "steps_per_trial": self.steps, "device": str(self.device),
                 "learning_rate": None, "cudnn_benchmark": None, "optimize_graph": None,
-                "seed": None, "step": "python-eager"}
+                "seed": None, "ddp": self.ddp,
+                "step": "python-eager" if self.step is None else f"python-eager: {_name(self.step)}"}
         doc["options"].update(step)
         if isinstance(doc.get("fingerprint"), dict):
             doc["fingerprint"]["options"] = doc["options"]
@@ -302,7 +318,8 @@ class _Session:
             self.model.train()
             meter.finish_setup(state.untracked_bytes())
             probe = EagerProbe(self.model, self.example, self.n0, self.device, self.make_optimizer,
-                               self.loss_fn, self.autocast, meter, state, self.steps)
+                               self.loss_fn, self.autocast, meter, state, self.steps, self.step,
+                               self.ddp)
             probe.facts = _facts(self, state, meter)
             try:
                 return fn(probe, probe.facts)
@@ -317,10 +334,10 @@ class _Session:
 def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, device=None,
          memory_limit=None, margin=None, target_batch=None, world_size=1, time_limit=None,
          steps_per_trial=2, min_batch=1, max_batch=None, dataset_size=None, max_trials=None,
-         strategy="guided", plan="auto", reserve=None, progress=None):
+         strategy="guided", plan="auto", reserve=None, progress=None, step=None, ddp=False):
     session = _Session(model, example_batch, optimizer, loss_fn, precision, device, memory_limit,
                        margin, target_batch, world_size, time_limit, steps_per_trial, min_batch,
-                       max_batch, dataset_size, max_trials, strategy, plan, reserve)
+                       max_batch, dataset_size, max_trials, strategy, plan, reserve, step, ddp)
     probes = []
 
     def search(probe, facts):
@@ -412,7 +429,7 @@ def _facts(session, state, meter):
     device, model = session.device, session.model
     baseline = (state.untracked_bytes() if device.type == "cpu"
                 else torch.cuda.memory_allocated(device))
-    loss = "loss_fn" if session.loss_fn is not None else "the output's .loss, else its mean"
+    loss = _loss_name(session, "the output's .loss, else its mean")
     first = session.make_optimizer()  # built once: its class and implementation for the report
     optimizer = (f"{type(first).__module__}.{type(first).__qualname__}" if first is not None
                  else "none")
@@ -428,6 +445,7 @@ def _facts(session, state, meter):
                   "parameter_bytes": distinct_bytes(model.parameters()),
                   "gradient_bytes": distinct_bytes(session.trained), "optimizer_state_bytes": 0,
                   "baseline_bytes": baseline,
+                  "ddp_bucket_bytes": distinct_bytes(session.trained) if session.ddp else 0,
                   "optimizer_impl": impl,
                   "model_format": "python"},
         "context": {"device": str(device), "backend": meter.backend,
@@ -435,6 +453,19 @@ def _facts(session, state, meter):
                     "memory_limit_source": meter.limit_source(), "micro_batches_per_trial": 1,
                     "warnings": meter.warnings()},
     }
+
+
+def _name(fn):
+    """A function's qualified name for reports and the fingerprint (never its address)."""
+    if fn is None:
+        return None
+    return getattr(fn, "__qualname__", type(fn).__qualname__)
+
+
+def _loss_name(session, rule):
+    if session.step is not None:
+        return f"step {_name(session.step)}"
+    return "loss_fn" if session.loss_fn is not None else rule
 
 
 def _inputs(x):

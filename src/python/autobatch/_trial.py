@@ -95,6 +95,14 @@ def state_bytes(optimizer):
     return total
 
 
+def _check_loss(loss, step):
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
+        what = (type(loss).__name__ if not isinstance(loss, torch.Tensor)
+                else f"a tensor of shape {tuple(loss.shape)}, requires_grad={loss.requires_grad}")
+        raise TypeError(f"step {getattr(step, '__qualname__', step)!r} returned {what}; expected "
+                        "the micro-batch's loss: a scalar tensor that requires grad")
+
+
 # ---- memory ---------------------------------------------------------------------------------
 
 class CpuMeter:
@@ -229,8 +237,10 @@ class EagerProbe:
     """The probe the C++ search calls: probe(B, micro_batches_per_step) -> a plain dict."""
 
     def __init__(self, model, example, n0, device, make_optimizer, loss_fn, autocast, meter,
-                 state, steps_per_trial):
+                 state, steps_per_trial, step=None, ddp=False):
         self.model, self.example, self.n0, self.device = model, example, n0, device
+        self.step, self.ddp_bytes = step, (sum(p.numel() * p.element_size() for p in state.params)
+                                           if ddp else 0)
         self.make_optimizer, self.loss_fn, self.autocast = make_optimizer, loss_fn, autocast
         self.meter, self.state, self.steps = meter, state, steps_per_trial
         self.point = ("idle", 0, 0)
@@ -261,12 +271,18 @@ class EagerProbe:
                 batch = make_batch(self.example, size, self.n0, self.device)
                 self._enter("forward", size, micro, step)
                 with self.autocast():
-                    output = call_model(self.model, batch)
-                    self._enter("loss", size, micro, step)
-                    rule = []
-                    loss = (self.loss_fn(output, batch) if self.loss_fn is not None
-                            else default_loss(output, rule))
-                    self.loss_rule = rule[0] if rule else self.loss_rule
+                    if self.step is not None:  # forward and loss in one call: the framework's
+                        output = None
+                        loss = self.step(self.model, batch)
+                        self._enter("loss", size, micro, step)
+                        _check_loss(loss, self.step)
+                    else:
+                        output = call_model(self.model, batch)
+                        self._enter("loss", size, micro, step)
+                        rule = []
+                        loss = (self.loss_fn(output, batch) if self.loss_fn is not None
+                                else default_loss(output, rule))
+                        self.loss_rule = rule[0] if rule else self.loss_rule
                 del output, batch  # dropped before backward, as a training_step returns the loss
                 self._enter("backward", size, micro, step)
                 (loss / micro_batches).backward()
@@ -293,7 +309,11 @@ class EagerProbe:
         record = {"memory_limit_bytes": self.meter.limit_bytes(), "steps_completed": 0}
         failure = None
         self.meter.begin()
+        buckets = None
         try:
+            if self.ddp_bytes:  # DDP's gradient buckets: counted, and able to fail the trial
+                self._enter("inputs", size)
+                buckets = torch.empty(self.ddp_bytes, dtype=torch.uint8, device=self.device)
             done, total_ms = self._steps(size, micro_batches)
             record["steps_completed"] = done
             record["step_ms"] = total_ms / done if done else 0.0
@@ -307,6 +327,7 @@ class EagerProbe:
                 self.model_error = e
             del e
         finally:
+            del buckets  # freed with the trial, as DDP's buckets would be with the job
             for p in self.state.params:
                 p.grad = None
             self._enter("idle", size)

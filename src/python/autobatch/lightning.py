@@ -1,0 +1,262 @@
+"""autobatch for Lightning: `AutobatchFinder`, a Callback that stands where Lightning's
+`BatchSizeFinder` stands and sets the micro-batch and `accumulate_grad_batches` for an exact
+effective batch, with the module's own `training_step` and `configure_optimizers` as the trial.
+
+    trainer = L.Trainer(callbacks=[autobatch.lightning.AutobatchFinder(target_batch=512)])
+    trainer.fit(model, datamodule=dm)
+
+When it runs, and why there (measured on Lightning 2.6.6, issue 30): in the callback's
+`setup(stage="fit")`, after the datamodule's `setup` and before the strategy moves the model, calls
+`configure_optimizers` and the fit loop builds the train loader. So a `configure_optimizers` that
+reads `trainer.estimated_stepping_batches` (OneCycleLR and the like) is called by Lightning after
+the new batch size and accumulation are set, and its schedule follows them; the loader that the
+trials' own calls may have built at the old size is dropped (the fit loop builds it again).
+`BatchSizeFinder` runs in `on_fit_start`, after both, and runs its trials through the fit loop; here
+the trial calls `training_step` directly with `self.log` / `self.log_dict` made no-ops for the
+search (calling it outside the loop raises in Lightning).
+
+The trial: batches of B samples repeated from the first batch of the train loader (moved by the
+strategy's batch transfer, so `transfer_batch_to_device` and its hooks apply), `training_step(batch,
+0)`'s loss (a tensor, or a dict's "loss"), backward, a step of the first optimizer
+`configure_optimizers` returns (built fresh for every trial), `zero_grad(set_to_none=True)`, in the
+trainer's precision (`32-true`; `16-mixed` / `bf16-mixed` as autocast). Under DDP each trial also
+holds DDP's gradient buckets (`autobatch.find(ddp=True)`), every rank searches under its own
+memory, and the ranks agree on the smallest safe micro-batch through the strategy's own process
+group (one `all_reduce(MIN)`; the `autobatch` command's file-store agreement exists for separate
+processes that share nothing, which Lightning's ranks are not).
+
+Refused with a UsageError (raised from `trainer.fit`): manual optimization, strategies other than
+single-device and DDP (FSDP, DeepSpeed and model parallel shard what the trial holds whole), a
+dataloader passed to `fit` directly (its batch size cannot be set), a missing batch size attribute,
+precisions other than the three above, a module whose layers are built later (`configure_model`).
+"""
+import logging
+
+import torch
+
+from . import _find
+from ._errors import UsageError
+from ._ranks import search_and_agree
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.utilities.parsing import (lightning_getattr, lightning_hasattr,
+                                                     lightning_setattr)
+except ImportError as e:  # pragma: no cover - the message is the point
+    raise ImportError("autobatch.lightning needs Lightning (pip install lightning): "
+                      f"{e}") from None
+
+log = logging.getLogger("autobatch")
+
+_PRECISIONS = {"32-true": None, "32": None, "16-mixed": "amp-fp16", "bf16-mixed": "amp-bf16"}
+_DERIVED = ("optimizer", "loss_fn", "precision", "device", "world_size", "step", "ddp",
+            "target_batch")
+
+
+class AutobatchFinder(pl.Callback):
+    """Sizes the micro-batch (and the accumulation for `target_batch`) before `fit` trains.
+
+    target_batch: samples per optimizer step over all ranks (the effective batch); None sets only
+      the largest safe micro-batch and leaves `accumulate_grad_batches` as it is.
+    batch_arg_name: the attribute that holds the batch size, found as Lightning finds it (the
+      module, its hparams, the datamodule); default "batch_size".
+    options: as `autobatch.find` takes them (memory_limit, margin, time_limit, steps_per_trial,
+      max_batch, strategy, ...); `memory_limit` may also be a function of the trainer's global rank
+      (ranks with different memory, e.g. in a test). optimizer, loss_fn, precision, device,
+      world_size, step and ddp come from the trainer and the module.
+
+    After `fit`'s setup: `result` (this rank's autobatch.Result), `micro_batch` (the agreed size
+    set on the attribute), `accumulation_steps` (set on the trainer), `plan` (the uniform Plan;
+    None without a target). Side effects: the attribute and `trainer.accumulate_grad_batches` are
+    set; the model's parameters, buffers, gradients, training flags and RNG states are restored
+    after the trials; torchmetrics states of the module are reset.
+    """
+
+    def __init__(self, target_batch=None, batch_arg_name="batch_size", **options):
+        super().__init__()
+        given = sorted(set(options) & set(_DERIVED))
+        if given:
+            raise UsageError(f"AutobatchFinder: {', '.join(given)} come from the trainer and the "
+                             "module (its precision, device, strategy, training_step and "
+                             "configure_optimizers); remove them, or call autobatch.find directly")
+        self.target_batch = _find._target(target_batch)
+        self.batch_arg_name = batch_arg_name
+        self.options = options
+        self.result = None
+        self.micro_batch = None
+        self.accumulation_steps = None
+        self.plan = None
+
+    def setup(self, trainer, pl_module, stage=None):
+        if stage != "fit":
+            return
+        world = trainer.world_size
+        if self.target_batch and self.target_batch % world:
+            raise UsageError(f"AutobatchFinder: target_batch {self.target_batch} is not a multiple "
+                             f"of the world size {world} (every rank takes an equal share); "
+                             f"use a multiple of {world}")
+        ddp = _check_can_size(trainer, pl_module, self.batch_arg_name)
+        precision = _precision(trainer)
+        device = trainer.strategy.root_device
+        if device.type not in ("cpu", "cuda"):
+            raise UsageError(f"AutobatchFinder: autobatch measures CPU and CUDA devices; this "
+                             f"trainer runs on {device}")
+        pl_module.to(device)  # where the strategy puts it next; the trials run there
+        example = trainer.strategy.batch_to_device(_first_batch(trainer), device)
+        options = dict(self.options)
+        if callable(options.get("memory_limit")):
+            options["memory_limit"] = options["memory_limit"](trainer.global_rank)
+
+        def search():
+            return _find.find(pl_module, example, optimizer=_optimizer_factory(pl_module),
+                              precision=precision, device=device, world_size=world, ddp=ddp,
+                              step=_training_step, **options)
+        with _quiet_logging(pl_module):
+            try:
+                self.result, agreed = search_and_agree(search, world, device, "AutobatchFinder")
+            finally:
+                _reset_metrics(pl_module)
+        mine = self.result.safe_micro_batch
+        self._apply(trainer, pl_module, agreed, mine, world)
+
+    def _apply(self, trainer, pl_module, agreed, mine, world):
+        """Sets the batch size and the accumulation from the agreed micro-batch."""
+        old = lightning_getattr(pl_module, self.batch_arg_name)
+        if self.target_batch:
+            import autobatch
+            self.plan = autobatch.plan(agreed, self.target_batch, world, kind="uniform")
+            self.micro_batch = self.plan.micro_batch_size
+            self.accumulation_steps = self.plan.accumulation_steps
+            trainer.accumulate_grad_batches = self.accumulation_steps
+        else:
+            self.micro_batch = agreed
+            self.accumulation_steps = trainer.accumulate_grad_batches
+        lightning_setattr(pl_module, self.batch_arg_name, self.micro_batch)
+        # A loader built at the old size by the trials' configure_optimizers (through
+        # estimated_stepping_batches) is dropped: the fit loop builds it again at the new size.
+        trainer.fit_loop._combined_loader = None
+        trainer.fit_loop.epoch_loop.val_loop._combined_loader = None
+        agreed_text = (f"; the ranks agreed on {agreed} (this rank's own: {mine})"
+                       if world > 1 else "")
+        plan_text = f"; {self.plan}" if self.plan else ""
+        message = (f"autobatch: {self.batch_arg_name} {old} -> {self.micro_batch}, "
+                   f"accumulate_grad_batches {self.accumulation_steps}{plan_text}{agreed_text}")
+        if trainer.global_rank == 0:
+            log.info("%s\n%s", message, self.result.text if self.result else "")
+            print(message)
+
+
+def _check_can_size(trainer, pl_module, batch_arg_name):
+    """The refusals; returns True under DDP (the trials then hold DDP's gradient buckets)."""
+    if not pl_module.automatic_optimization:
+        raise UsageError("AutobatchFinder: the module uses manual optimization "
+                         "(automatic_optimization = False), so the trial cannot know when its "
+                         "training_step steps the optimizer; size it with autobatch.find and a "
+                         "step function of your own")
+    from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+    strategy = trainer.strategy
+    if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):
+        raise UsageError(f"AutobatchFinder: the {type(strategy).__name__} strategy is not supported "
+                         "yet: autobatch sizes single-device and DDP training, while FSDP, "
+                         "DeepSpeed and model-parallel strategies shard parameters and optimizer "
+                         "state that the trial would hold whole; use strategy='ddp' or one device")
+    if not trainer.fit_loop._data_source.is_module():
+        raise UsageError("AutobatchFinder: the train dataloader was passed to fit() directly, so "
+                         "its batch size cannot be set; build it in the LightningModule's or the "
+                         "LightningDataModule's train_dataloader() from a batch size attribute")
+    if not lightning_hasattr(pl_module, batch_arg_name):
+        raise UsageError(f"AutobatchFinder: no attribute {batch_arg_name!r} on the module, its "
+                         "hparams or the datamodule; add one that train_dataloader() reads, or "
+                         "pass batch_arg_name= with the attribute's name")
+    if not any(True for _ in pl_module.parameters()):
+        raise UsageError("AutobatchFinder: the module has no parameters at setup (layers built in "
+                         "configure_model are not there yet); build them in __init__")
+    if isinstance(strategy, DDPStrategy):
+        kwargs = getattr(strategy, "_ddp_kwargs", {}) or {}
+        return not kwargs.get("gradient_as_bucket_view", False)
+    return False
+
+
+def _precision(trainer):
+    precision = str(trainer.precision)
+    if precision not in _PRECISIONS:
+        raise UsageError(f"AutobatchFinder: precision {precision!r} is not supported yet; "
+                         f"supported: {', '.join(p for p in _PRECISIONS if p != '32')}")
+    return _PRECISIONS[precision]
+
+
+def _first_batch(trainer):
+    """The first batch of the train loader, as the data source builds it (at the old size)."""
+    loaders = trainer.fit_loop._data_source.dataloader()
+    if isinstance(loaders, (list, tuple, dict)):
+        raise UsageError("AutobatchFinder: the module returns several train dataloaders; "
+                         "autobatch sizes one")
+    try:
+        return next(iter(loaders))
+    except StopIteration:
+        raise UsageError("AutobatchFinder: the train dataloader is empty") from None
+
+
+def _training_step(module, batch):
+    out = module.training_step(batch, 0)
+    if isinstance(out, dict):
+        out = out.get("loss")
+    if out is None:
+        raise UsageError("AutobatchFinder: training_step returned None (a skipped batch) for the "
+                         "example batch; it must return the loss (a tensor, or a dict with "
+                         "'loss') for the trial")
+    return out
+
+
+def _optimizer_factory(pl_module):
+    """A factory for find(): the first optimizer of a fresh configure_optimizers() call."""
+    def build(params):
+        del params  # configure_optimizers chooses its own (and its param groups)
+        return _first_optimizer(pl_module.configure_optimizers())
+    build.__qualname__ = f"{type(pl_module).__qualname__}.configure_optimizers"
+    return build
+
+
+def _first_optimizer(conf):
+    if isinstance(conf, torch.optim.Optimizer):
+        return conf
+    if isinstance(conf, dict) and "optimizer" in conf:
+        return _first_optimizer(conf["optimizer"])
+    if isinstance(conf, (list, tuple)) and conf:
+        optimizers = [c for c in (conf[0] if isinstance(conf[0], (list, tuple)) else conf)
+                      if isinstance(c, (torch.optim.Optimizer, dict))]
+        if len(optimizers) > 1:
+            raise UsageError("AutobatchFinder: configure_optimizers returns several optimizers, "
+                             "which Lightning allows only with manual optimization")
+        if optimizers:
+            return _first_optimizer(optimizers[0])
+    raise UsageError(f"AutobatchFinder: configure_optimizers returned {type(conf).__name__}; "
+                     "expected an optimizer, a dict with 'optimizer', or a list/tuple of them")
+
+
+class _quiet_logging:
+    """self.log / self.log_dict as no-ops while the trials call training_step outside the loop."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __enter__(self):
+        noop = lambda *args, **kwargs: None  # noqa: E731
+        self.module.log, self.module.log_dict = noop, noop
+
+    def __exit__(self, *exc):
+        del self.module.log, self.module.log_dict
+        return False
+
+
+def _reset_metrics(module):
+    try:
+        import torchmetrics
+    except ImportError:
+        return
+    for m in module.modules():
+        if isinstance(m, torchmetrics.Metric):
+            m.reset()
+
+
+__all__ = ["AutobatchFinder"]

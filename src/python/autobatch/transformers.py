@@ -1,0 +1,171 @@
+"""autobatch for the Hugging Face Trainer: `fit_training_arguments` returns a copy of the
+`TrainingArguments` with `per_device_train_batch_size` and `gradient_accumulation_steps` from
+autobatch's uniform plan (the Trainer needs equal micro-batches) and `auto_find_batch_size=False`,
+after trials that train the way the Trainer will (transformers 5.23-5.24, issue 30):
+
+    args = autobatch.transformers.fit_training_arguments(args, model, example_batch, 512)
+    Trainer(model=model, args=args, train_dataset=...).train()
+
+What the trial takes from the arguments: the device (`args.device`: `use_cpu`, the rank's GPU),
+the optimizer (`Trainer.get_optimizer_cls_and_kwargs`: `adamw_torch_fused` by default, with the
+learning rate, betas, eps and `optim_args`), autocast for `bf16` / `fp16`, activation
+checkpointing (`activation_checkpointing` or its deprecated alias `gradient_checkpointing`, with
+`activation_checkpointing_kwargs`, enabled as `Trainer.train` enables it and put back after the
+trials) and `torch_compile` (the trials run `torch.compile(model, backend, mode)` as the Trainer
+wraps it). The loss is the model's own (`output.loss`; give the batch its "labels").
+
+Under torchrun (world size above 1) every rank sizes under its own memory with DDP's gradient
+buckets held, and the ranks agree on the smallest safe micro-batch through the job's process
+group. Refused with a UsageError: DeepSpeed and FSDP (they shard what the trial holds whole),
+several GPUs in one process (`n_gpu` > 1, DataParallel), a target that is not a multiple of the
+world size. `per_device_eval_batch_size` is left as it is: the package does not size evaluation
+batches yet.
+
+No TrainerCallback variant: `Trainer.__init__` copies `args.train_batch_size` into the trainer
+before the first callback event (`on_init_end`), `train()` builds the loader from that copy, and a
+callback receives the arguments, not the trainer, so a callback cannot set the size before the
+dataloader exists (transformers 5.24's trainer.py).
+"""
+import contextlib
+import dataclasses
+import logging
+
+import torch
+
+from . import _find
+from ._errors import UsageError
+from ._ranks import search_and_agree
+
+try:
+    from transformers import Trainer, TrainingArguments
+except ImportError as e:  # pragma: no cover - the message is the point
+    raise ImportError(f"autobatch.transformers needs transformers (pip install transformers): {e}"
+                      ) from None
+
+log = logging.getLogger("autobatch")
+
+_DERIVED = ("optimizer", "precision", "device", "world_size", "target_batch", "ddp", "step")
+
+
+def fit_training_arguments(args, model, example_batch, target_batch, **options):
+    """Returns a copy of `args` sized for `target_batch` samples per optimizer step over all
+    ranks (per_device_train_batch_size x gradient_accumulation_steps x world size = target_batch).
+
+    args: transformers.TrainingArguments (not changed). model: the model the Trainer will train,
+      on any device (moved to args.device for the trials, as the Trainer moves it; its weights,
+      buffers, gradients, training flags and RNG states are restored afterwards).
+    example_batch: a dict as the Trainer's collator makes it ({"input_ids": ..., "labels": ...});
+      batches of B samples repeat its rows. target_batch: int >= 1.
+    options: as autobatch.find takes them (memory_limit, margin, time_limit, loss_fn, ...);
+      optimizer, precision, device, world_size and ddp come from `args`.
+    For the search's Result too, call fit_training_arguments_with_result.
+    Raises UsageError, DoesNotFit (the minimum micro-batch does not fit), ModelError.
+    """
+    return fit_training_arguments_with_result(args, model, example_batch, target_batch,
+                                              **options)[0]
+
+
+def fit_training_arguments_with_result(args, model, example_batch, target_batch, **options):
+    """fit_training_arguments, and the search's Result: (arguments, Result)."""
+    if not isinstance(args, TrainingArguments):
+        raise UsageError(f"args: expected transformers.TrainingArguments, but got "
+                         f"{type(args).__name__}")
+    given = sorted(set(options) & set(_DERIVED))
+    if given:
+        raise UsageError(f"fit_training_arguments: {', '.join(given)} come from the "
+                         "TrainingArguments (optim, bf16/fp16, use_cpu, the launch); set them "
+                         "there, or call autobatch.find directly")
+    target = _find._target(target_batch)
+    if not target:
+        raise UsageError("target_batch: expected an int >= 1 (per_device_train_batch_size x "
+                         "gradient_accumulation_steps x world size)")
+    _check_supported(args, target)
+    device, world = args.device, args.world_size
+    precision = "amp-bf16" if args.bf16 else "amp-fp16" if args.fp16 else None
+    options.setdefault("plan", "uniform")
+    model_device = {p.device for p in model.parameters()}
+    if model_device != {device}:
+        model.to(device)  # where Trainer puts it (_move_model_to_device)
+    with _checkpointing(model, args):
+        trial_model = _compiled(model, args)
+
+        def search():
+            return _find.find(trial_model, example_batch, optimizer=_optimizer_factory(args, model),
+                              precision=precision, device=device, target_batch=target,
+                              world_size=world, ddp=world > 1, **options)
+        result, agreed = search_and_agree(search, world, device, "fit_training_arguments")
+    import autobatch
+    plan = (result.plans.get("uniform") if agreed == result.safe_micro_batch else None) \
+        or autobatch.plan(agreed, target, world, kind="uniform")
+    sized = dataclasses.replace(args, per_device_train_batch_size=plan.micro_batch_size,
+                                gradient_accumulation_steps=plan.accumulation_steps,
+                                auto_find_batch_size=False)
+    log.info("autobatch: per_device_train_batch_size %d -> %d, gradient_accumulation_steps %d -> "
+             "%d (%s)", args.per_device_train_batch_size, plan.micro_batch_size,
+             args.gradient_accumulation_steps, plan.accumulation_steps, plan)
+    return sized, result
+
+
+def _check_supported(args, target):
+    if args.deepspeed or getattr(args, "fsdp", None):
+        which = "DeepSpeed" if args.deepspeed else "FSDP"
+        raise UsageError(f"fit_training_arguments: {which} is not supported yet: it shards "
+                         "parameters and optimizer state that the trial would hold whole")
+    if args.n_gpu > 1:
+        raise UsageError(f"fit_training_arguments: {args.n_gpu} GPUs in one process "
+                         "(DataParallel) is not supported; launch one process per GPU with "
+                         "torchrun (DDP)")
+    if target % args.world_size:
+        raise UsageError(f"target_batch: {target} is not a multiple of the world size "
+                         f"{args.world_size} (every rank takes an equal share)")
+
+
+def _optimizer_factory(args, model):
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+
+    def build(params):
+        return cls(params, **kwargs)
+    build.__qualname__ = f"{cls.__module__}.{cls.__qualname__} (optim={args.optim})"
+    return build
+
+
+@contextlib.contextmanager
+def _checkpointing(model, args):
+    """Activation checkpointing as Trainer.train() enables it (transformers 5.24), undone after."""
+    if not args.activation_checkpointing:
+        yield
+        return
+    was = bool(_checkpointing_on(model))
+    kwargs = dict(args.activation_checkpointing_kwargs or {})
+    every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None,
+                                              every_n_layers=every, offload=offload)
+        disable = model.activation_checkpointing_disable
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)
+        disable = model.gradient_checkpointing_disable
+    else:
+        raise UsageError(f"args.activation_checkpointing: {type(model).__name__} has no "
+                         "activation_checkpointing_enable(); turn it off or use a PreTrainedModel")
+    try:
+        yield
+    finally:
+        if not was:
+            disable()
+
+
+def _checkpointing_on(model):
+    if hasattr(model, "is_activation_checkpointing"):  # transformers 5.x
+        return model.is_activation_checkpointing
+    return getattr(model, "is_gradient_checkpointing", False)
+
+
+def _compiled(model, args):
+    if not args.torch_compile:
+        return model
+    return torch.compile(model, backend=args.torch_compile_backend or "inductor",
+                         mode=args.torch_compile_mode)
+
+
+__all__ = ["fit_training_arguments", "fit_training_arguments_with_result"]

@@ -1,0 +1,94 @@
+"""autobatch.transformers.fit_training_arguments (issue 30) on the CPU with the budget allocator's
+real out-of-memory: a tiny Llama from a config (tiny_models.py), the arguments it returns, and a
+Trainer that trains a step with them."""
+import pytest
+import torch
+from transformers import Trainer, TrainingArguments
+
+import autobatch
+import autobatch.transformers as abt
+import tiny_models
+
+LIMIT = "40MiB"  # the tiny Llama's largest micro-batch is then about 40 samples of 64 tokens
+
+
+def arguments(tmp_path, **kw):
+    kw.setdefault("per_device_train_batch_size", 2)
+    return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], **kw)
+
+
+def test_returns_a_uniform_plan_for_the_target_and_leaves_args_alone(tmp_path):
+    # Catches: sizes that do not multiply to the target, auto_find_batch_size left on (the
+    # Trainer would halve the size on its own), the user's arguments changed in place, and an
+    # optimizer not taken from args (optim adamw_torch_fused is the Trainer's default).
+    model, example = tiny_models.llama()
+    args = arguments(tmp_path, auto_find_batch_size=True)
+    sized, result = abt.fit_training_arguments_with_result(args, model, example, 256,
+                                                           memory_limit=LIMIT, margin=0)
+    micro, steps = sized.per_device_train_batch_size, sized.gradient_accumulation_steps
+    assert micro * steps == 256 and steps >= 2 and micro <= result.safe_micro_batch
+    assert sized.auto_find_batch_size is False
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps,
+            args.auto_find_batch_size) == (2, 1, True)
+    assert result.memory["optimizer_impl"] == "fused"
+    loop = abt.fit_training_arguments_with_result(arguments(tmp_path, optim="adamw_torch"), model,
+                                                  example, 256, memory_limit=LIMIT, margin=0)[1]
+    assert loop.memory["optimizer_impl"] == "loop"
+
+
+def test_activation_checkpointing_and_bf16_change_the_size(tmp_path):
+    # Catches: trials that ignore args.activation_checkpointing (or its deprecated alias) or bf16,
+    # and checkpointing left enabled (with use_cache changed) on the user's model afterwards.
+    model, example = tiny_models.llama()
+    use_cache = model.config.use_cache
+
+    def size(**kw):
+        return abt.fit_training_arguments_with_result(arguments(tmp_path, **kw), model, example,
+                                                      256, memory_limit=LIMIT, margin=0)[1]
+    plain = size()
+    checkpointed = size(activation_checkpointing=True)
+    alias = size(gradient_checkpointing=True)
+    assert checkpointed.safe_micro_batch > 1.5 * plain.safe_micro_batch
+    assert alias.safe_micro_batch == checkpointed.safe_micro_batch
+    assert not abt._checkpointing_on(model) and model.config.use_cache == use_cache
+    bf16 = size(bf16=True)
+    assert bf16.raw["options"]["precision"] == "amp-bf16"
+    assert bf16.safe_micro_batch != plain.safe_micro_batch
+
+
+def test_a_trainer_trains_a_step_with_the_returned_arguments(tmp_path):
+    # Catches: arguments the Trainer does not take as given (its dataloader at another size, the
+    # accumulation not applied): every forward of the step sees the micro-batch, as many times
+    # as the accumulation steps.
+    model, example = tiny_models.llama()
+    sized = abt.fit_training_arguments(arguments(tmp_path, max_steps=1, logging_steps=1), model,
+                                       example, 96, memory_limit=LIMIT, margin=0)
+    micro, steps = sized.per_device_train_batch_size, sized.gradient_accumulation_steps
+    rows = [{"input_ids": example["input_ids"][0], "labels": example["labels"][0]}] * 96
+    seen = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        out = Trainer(model=model, args=sized, train_dataset=rows).train()
+    finally:
+        hook.remove()
+    assert out.global_step == 1 and seen == [micro] * steps and micro * steps == 96
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda args, m, x: abt.fit_training_arguments({"lr": 1}, m, x, 64), "TrainingArguments"),
+    (lambda args, m, x: abt.fit_training_arguments(args, m, x, 64, optimizer="sgd"),
+     "come from the TrainingArguments"),
+    (lambda args, m, x: abt.fit_training_arguments(args, m, x, None), "target_batch"),
+    (lambda args, m, x: abt.fit_training_arguments(args, m, x, 64, memory_limit="1MiB"), None),
+])
+def test_refusals(tmp_path, call, message):
+    # Catches: bad arguments accepted and sized anyway; a limit the model cannot fit reported as
+    # a size instead of DoesNotFit.
+    model, example = tiny_models.llama()
+    if message is None:
+        with pytest.raises(autobatch.DoesNotFit):
+            call(arguments(tmp_path), model, example)
+        return
+    with pytest.raises(autobatch.UsageError, match=message):
+        call(arguments(tmp_path), model, example)
