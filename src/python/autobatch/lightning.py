@@ -40,6 +40,7 @@ from ._ranks import search_and_agree
 
 try:
     import lightning.pytorch as pl
+    from lightning.pytorch.utilities import rank_zero_info
     from lightning.pytorch.utilities.parsing import (lightning_getattr, lightning_hasattr,
                                                      lightning_setattr)
 except ImportError as e:  # pragma: no cover - the message is the point
@@ -141,9 +142,8 @@ class AutobatchFinder(pl.Callback):
         plan_text = f"; {self.plan}" if self.plan else ""
         message = (f"autobatch: {self.batch_arg_name} {old} -> {self.micro_batch}, "
                    f"accumulate_grad_batches {self.accumulation_steps}{plan_text}{agreed_text}")
-        if trainer.global_rank == 0:
-            log.info("%s\n%s", message, self.result.text if self.result else "")
-            print(message)
+        log.debug("%s", self.result.text)
+        rank_zero_info(message)  # Lightning's own channel: shown once, on rank 0
 
 
 def _check_can_size(trainer, pl_module, batch_arg_name):
