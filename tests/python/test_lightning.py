@@ -1,11 +1,7 @@
 """autobatch.lightning.AutobatchFinder (issue 30) on the CPU with the budget allocator's real OOM:
 the sizes the fit loop then uses, the schedule that reads estimated_stepping_batches, 2 DDP ranks
 that agree, and each refusal."""
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,8 +10,8 @@ pytest.importorskip("lightning")  # not in the newest-torch environment (require
 import autobatch  # noqa: E402
 import autobatch.lightning as abl  # noqa: E402
 import lightning_models as lm  # noqa: E402
+import torchrun  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 LIMIT = "7MiB"  # the MLP's largest micro-batch is then about 190 (about 16 KB per sample)
 
 
@@ -77,15 +73,7 @@ def test_precision_of_the_trainer():
 
 
 def _ddp(tmp_path, target, limits):
-    out = tmp_path / "ranks"
-    out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(29500 + os.getpid() % 1000), os.path.join(HERE, "lightning_ddp.py"),
-           str(out), str(target), *limits]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=HERE)
-    ranks = [json.loads((out / f"rank-{r}.json").read_text())
-             for r in range(2) if (out / f"rank-{r}.json").exists()]
-    return run, ranks
+    return torchrun.run(tmp_path, "lightning_ddp.py", target, *limits)
 
 
 def test_ddp_ranks_agree_on_the_smaller_ranks_size(tmp_path):

@@ -2,12 +2,12 @@
 real out-of-memory: a tiny Llama from a config (tiny_models.py), the arguments it returns, and a
 Trainer that trains a step with them."""
 import pytest
-import torch
 from transformers import Trainer, TrainingArguments
 
 import autobatch
 import autobatch.transformers as abt
 import tiny_models
+import torchrun
 
 LIMIT = "40MiB"  # the tiny Llama's largest micro-batch is then about 40 samples of 64 tokens
 
@@ -92,3 +92,17 @@ def test_refusals(tmp_path, call, message):
         return
     with pytest.raises(autobatch.UsageError, match=message):
         call(arguments(tmp_path), model, example)
+
+
+def test_ranks_under_torchrun_agree_on_the_smaller_size(tmp_path):
+    # Catches: each rank keeping its own size (its Trainer would step with another batch than
+    # the other's), the maximum instead of the minimum (target 80: 40 x 1 from the larger rank's
+    # 47, 20 x 2 from the smaller's 39), and trials without DDP's gradient buckets.
+    run, ranks = torchrun.run(tmp_path, "transformers_ddp.py", 80, "48MiB", "40MiB", port_offset=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    own = [r["own"] for r in ranks]
+    assert own[1] < own[0] and all(r["world_size"] == 2 for r in ranks)
+    micro, steps = ranks[0]["micro_batch"], ranks[0]["accumulation"]
+    assert all((r["micro_batch"], r["accumulation"]) == (micro, steps) for r in ranks)
+    assert micro <= min(own) and micro * steps * 2 == 80
+    assert all(r["ddp_bucket_bytes"] > 0 for r in ranks)
