@@ -133,6 +133,34 @@ json toJson(const SweepReport& sweep) {
           {"mixed_verification", sweep.mixed ? toJson(*sweep.mixed) : json(nullptr)}};
 }
 
+json toJson(const AccumulationPlan& plan);
+
+json toJson(const FleetReport& fleet) {
+  json rows = json::array();
+  for (const auto& r : fleet.rows) {
+    json plan = nullptr;
+    if (r.plan) plan = toJson(r.plan->primary());
+    rows.push_back({{"name", r.name},
+                    {"bytes", r.bytes},
+                    {"source", r.source},
+                    {"status", r.status},
+                    {"max_micro_batch", r.max_micro_batch},
+                    {"safe_micro_batch", r.safe_micro_batch},
+                    {"binding_phase", r.binding_phase},
+                    {"plan", plan},
+                    {"min_batch_needs_at_least_bytes", r.min_batch_needs_at_least_bytes},
+                    {"trials_run", r.trials_run},
+                    {"trials_reused", r.trials_reused},
+                    {"verified", r.verified},
+                    {"elapsed_s", r.elapsed_s},
+                    {"note", r.note}});
+  }
+  return {{"rows", rows},
+          {"largest_measurable_bytes", fleet.largest_measurable_bytes},
+          {"trials_run", fleet.trials_run},
+          {"note", fleet.note}};
+}
+
 json toJson(const CacheReport& c) {
   json fields = json::object();
   for (const auto& [name, value] : c.key.fields) fields[name] = value;
@@ -379,6 +407,7 @@ std::string toJson(const ReportData& d) {
   doc["ranks"] = ranksJson(d);
   doc["cache"] = d.cache ? toJson(*d.cache) : json(nullptr);
   doc["sweep"] = d.sweep ? toJson(*d.sweep) : json(nullptr);
+  if (d.fleet) doc["fleet"] = toJson(*d.fleet);  // only with --fleet (the goldens have none)
   // Paths, flag values and model messages are not always UTF-8: an invalid byte becomes U+FFFD
   // instead of an exception (the report is written on every exit, errors included).
   return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";

@@ -379,6 +379,55 @@ void sweepSection(std::ostream& out, const ReportData& d) {
   if (sw.mixed && sw.mixed->status != "skipped") mixedLine(out, *sw.mixed);
 }
 
+// ---- fleet --------------------------------------------------------------------------------
+
+// The last column of a fleet row: its plan, or why it has none.
+std::string fleetRowPlan(const FleetRow& r, const SearchOptions& o) {
+  if (r.status == "not-measurable") return r.note;
+  if (r.safe_micro_batch <= 0) {
+    if (!r.note.empty()) return r.note;
+    if (r.min_batch_needs_at_least_bytes <= 0) return unverifiedRowText(r.status);
+    return fmt::format("nothing fits: batch {} needs at least {}", o.min_batch,
+                       formatBytes(r.min_batch_needs_at_least_bytes));
+  }
+  std::string text;
+  if (r.plan) {
+    const AccumulationPlan& p = r.plan->primary();
+    text = fmt::format("{} x {} steps x {} ranks = {} ({})", p.largestMicroBatch(),
+                       p.accumulation_steps, p.world_size, p.effective_batch, toString(p.kind));
+  } else if (o.target_batch > 0) {
+    text = fmt::format("no plan for {}: none fits with 2 micro-batches per step", o.target_batch);
+  }
+  if (!r.note.empty()) text += (text.empty() ? "" : "; ") + r.note;
+  return text;
+}
+
+// One row per memory size (--fleet), largest first, with the trials it ran and reused.
+void fleetSection(std::ostream& out, const ReportData& d) {
+  const FleetReport& f = *d.fleet;
+  out << fmt::format("\nfleet ({} sizes, {} trials run in all{})\n", f.rows.size(), f.trials_run,
+                     d.options.target_batch > 0
+                         ? fmt::format(", target {} per optimizer step", d.options.target_batch)
+                         : "");
+  out << fmt::format("  {:<12} {:>11} {:>9} {:>9}  {:<16} {:>12}  {}\n", "size", "memory", "max",
+                     "safe", "peak phase", "trials (run)", "plan");
+  for (const auto& r : f.rows) {
+    const bool measured = r.status != "not-measurable";
+    out << fmt::format(
+        "  {:<12} {:>11} {:>9} {:>9}  {:<16} {:>12}  {}\n", r.name, formatBytes(r.bytes),
+        measured ? std::to_string(r.max_micro_batch) : "-",
+        measured ? std::to_string(r.safe_micro_batch) : "-",
+        r.binding_phase.empty() ? "-" : r.binding_phase,
+        measured ? fmt::format("{} ({})", r.trials_run + r.trials_reused, r.trials_run) : "-",
+        fleetRowPlan(r, d.options));
+  }
+  if (f.largest_measurable_bytes > 0) {
+    out << fmt::format("  the result above is for the largest measurable size ({})\n",
+                       formatBytes(f.largest_measurable_bytes));
+  }
+  if (!f.note.empty()) out << "  note: " << f.note << "\n";
+}
+
 // ---- check --------------------------------------------------------------------------------
 
 // --check-batch: whether the one trial fit, raw and with the margin.
@@ -404,6 +453,7 @@ std::string humanReport(const ReportData& d) {
     warningsSection(out, d.result->search.warnings);
   }
   if (d.sweep) sweepSection(out, d);
+  if (d.fleet) fleetSection(out, d);
   if (d.check) checkSection(out, *d.check);
   if (ctx && !d.result) warningsSection(out, ctx->warnings);
   if (!d.error.empty()) out << "error: " << d.error << "\n";

@@ -92,6 +92,53 @@ struct SweepReport {
   std::optional<MixVerification> mixed;
 };
 
+/// One memory size of a fleet table (--fleet, docs/fleet.md).
+struct FleetRow {
+  /// The size as given: a GPU key of the table (autobatch/fleet.h, "a100-40gb") or the size text
+  /// ("24GiB").
+  std::string name;
+  /// The size in bytes: the device's total memory (CUDA's totalGlobalMem) for a GPU key.
+  std::int64_t bytes = 0;
+  /// Where `bytes` comes from: the table's source for a GPU key, else "given".
+  std::string source;
+  /// The search's status ("found", "nothing-fits", a budget's ...), or "not-measurable" (above
+  /// what this device can emulate: `note` says which size was the largest measurable).
+  std::string status;
+  std::int64_t max_micro_batch = 0;   ///< samples; 0 when nothing fits or not measured
+  std::int64_t safe_micro_batch = 0;  ///< samples, under the margin; 0 when none
+  /// The phase that set the peak of the safe batch's trial ("backward", ...); "" when unknown.
+  std::string binding_phase;
+  /// The plan for the target batch (SearchOptions::target_batch) on the safe batch; nullopt
+  /// without a target or when nothing fits.
+  std::optional<AccumulationPlans> plan;
+  /// Nothing fits: what the minimum micro-batch needs at least, in bytes (0 when unknown).
+  std::int64_t min_batch_needs_at_least_bytes = 0;
+  /// Trials this size's search saw: run on the device under this size's limit, and answered
+  /// from a larger size's trial (a fit whose peak is under this size's limit, an out-of-memory).
+  int trials_run = 0;
+  int trials_reused = 0;
+  /// The safe batch's answer was confirmed by a trial run under this size's own limit (a size
+  /// whose answer came from a reused trial runs it once more).
+  bool verified = false;
+  double elapsed_s = 0.0;
+  /// Why a size was not measured, or what else the row needs said; "" when nothing.
+  std::string note;
+};
+
+/// A fleet table: one search per memory size, largest first, trials shared between sizes.
+struct FleetReport {
+  /// In the order searched: largest size first.
+  std::vector<FleetRow> rows;
+  /// The largest size this device could emulate, in bytes (the process's room on the CPU,
+  /// totalGlobalMem on CUDA, after the reserve); 0 when unknown.
+  std::int64_t largest_measurable_bytes = 0;
+  /// Trials run on the device for the whole table (the sum of rows' trials_run).
+  int trials_run = 0;
+  /// CUDA: that another card's context and workspaces may differ, with this card's measured
+  /// outside part; "" on the CPU.
+  std::string note;
+};
+
 /// Everything one run of the CLI knows, at any point of its life (errors included).
 struct ReportData {
   /// "found", "nothing-fits", "trial-budget", "time-budget", "cancelled" (search statuses),
@@ -125,6 +172,9 @@ struct ReportData {
   /// --lengths: the sweep's rows; `result` is then the search of the longest length that fits
   /// (or of the last length tried when none does). nullopt without --lengths.
   std::optional<SweepReport> sweep;
+  /// --fleet: the table's rows; `result` is then the search of the largest measurable size
+  /// (nullopt with no such size). The JSON's "fleet" key is present only with --fleet.
+  std::optional<FleetReport> fleet;
 };
 
 /// The result cache's key fields for this run (CacheKey::fields; the hash is left empty for the

@@ -25,6 +25,7 @@
 #include "autobatch/cached_search.h"
 #include "autobatch/error.h"
 #include "autobatch/failure.h"
+#include "autobatch/fleet.h"
 #include "autobatch/length_sweep.h"
 #include "autobatch/rank_agreement.h"
 #include "autobatch/rank_group.h"
@@ -134,6 +135,13 @@ void installHooks(Cli& cli) {
 int exitCodeFor(const autobatch::ReportData& report) {
   if (g_signal.load() != 0) return 128 + g_signal.load();
   if (report.check) return report.check->fits_with_margin ? kExitOk : kExitDoesNotFit;
+  if (report.fleet) {
+    const auto& rows = report.fleet->rows;
+    return std::any_of(rows.begin(), rows.end(),
+                       [](const auto& r) { return r.safe_micro_batch > 0; })
+               ? kExitOk
+               : kExitDoesNotFit;
+  }
   if (report.result) return report.result->search.safe_micro_batch > 0 ? kExitOk : kExitDoesNotFit;
   return kExitRuntimeError;
 }
@@ -141,6 +149,7 @@ int exitCodeFor(const autobatch::ReportData& report) {
 std::string statusFor(const autobatch::ReportData& report) {
   if (g_signal.load() != 0) return "interrupted";
   if (report.check) return report.check->fits_with_margin ? "fits" : "does-not-fit";
+  if (!report.result) return report.fleet ? "not-measurable" : "runtime-error";
   return std::string(autobatch::toString(report.result->search.status));
 }
 
@@ -217,6 +226,15 @@ void runSweep(Cli& cli) {
   }
   cli.report.sweep = std::move(found.sweep);
   if (!found.error.empty()) throw std::runtime_error(found.error);
+}
+
+// --fleet (autobatch/fleet.h). The report's result is the largest measurable size's search.
+// Exit: 0 when some size fits, else 3.
+void runFleet(Cli& cli) {
+  autobatch::FleetResult found =
+      autobatch::sizeFleet(cli.fleet, cli.report.spec, cli.report.options);
+  if (found.pick) cli.report.result = std::move(found.pick);
+  cli.report.fleet = std::move(found.fleet);
 }
 
 // Every rank publishes its result; all take the minimum, and the plan is made again for it.
@@ -328,6 +346,8 @@ int run(int argc, char** argv, Cli& cli) {
     cli.report.check = autobatch::checkBatch(spec, cli.report.options, *cli.check_batch);
   } else if (!cli.lengths.empty()) {
     runSweep(cli);
+  } else if (!cli.fleet.empty()) {
+    runFleet(cli);
   } else if (cli.cache) {
     searchWithCache(cli);
   } else {

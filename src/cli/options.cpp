@@ -326,6 +326,30 @@ void readModes(const cxxopts::ParseResult& args, CliConfig& cli) {
   if (cli.cache) cli.cache_dir = autobatch::defaultCacheDir(autobatch::processEnvironment());
 }
 
+// --fleet, and the modes a fleet table does not combine with (each has one answer per run).
+void readFleet(const cxxopts::ParseResult& args, CliConfig& cli) {
+  if (args.count("fleet") == 0U) return;
+  cli.fleet = autobatch::parseFleet(flag(args, "fleet"));
+  auto refuse = [](const std::string& what, const std::string& fix) {
+    throw Error("--fleet: expected a search of its own, but got " + what + "; " + fix);
+  };
+  if (args.count("memory-limit") != 0U) {
+    refuse("--memory-limit", "each size of the list is a limit: add the size to --fleet");
+  }
+  if (cli.check_batch) refuse("--check-batch", "check one size with --memory-limit SIZE");
+  if (!cli.lengths.empty()) refuse("--lengths", "sweep the lengths with --memory-limit SIZE");
+  if (cli.cache) refuse("--cache", "leave --cache out (the sizes share their trials already)");
+  if (cli.report.rank->agrees()) {
+    refuse("a world of " + std::to_string(cli.report.rank->world_size) + " ranks",
+           "run the table on one process (--world-size N still plans for N ranks)");
+  }
+  if (args.count("env") != 0U) {
+    refuse("--env",
+           "the table has one answer per size; read the JSON's fleet rows (--json), or "
+           "run --memory-limit SIZE --env on the card itself");
+  }
+}
+
 }  // namespace
 
 std::string flag(const cxxopts::ParseResult& args, const std::string& name) {
@@ -361,6 +385,7 @@ void readOptions(const cxxopts::ParseResult& args, CliConfig& cli) {
   readSearch(args, cli.report.options);
   readTargets(args, cli);
   readModes(args, cli);
+  readFleet(args, cli);
 }
 
 cxxopts::Options makeOptions() {
@@ -408,7 +433,10 @@ cxxopts::Options makeOptions() {
     ("reserve", "Memory kept free for what a trial does not show, e.g. 512MiB",
      text()->default_value("0"), "SIZE")
     ("margin", "Headroom under the limit: a percentage (5%) or a size (64MiB)",
-     text()->default_value("5%"), "M");
+     text()->default_value("5%"), "M")
+    ("fleet", "Fleet table: one answer per memory size, sizes (24GiB) or GPU names (t4, l4, a10g, "
+              "rtx4090, a100-40gb, l40s, a100-80gb, h100-80gb, h200; docs/fleet.md), searched "
+              "largest first with trials shared", text(), "LIST");
   options.add_options("Search")
     ("strategy", "guided, binsearch (Lightning), power", text()->default_value("guided"), "NAME")
     ("min-batch", "Smallest micro-batch tried", text()->default_value("1"), "N")

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "autobatch/fleet.h"
 #include "autobatch/rank_group.h"
 #include "autobatch/report.h"
 
@@ -29,6 +30,8 @@ struct CliConfig {
   /// --lengths, longest first; empty without a sweep.
   std::vector<std::int64_t> lengths;
   std::int64_t target_tokens = 0;
+  /// --fleet's sizes, as given; empty without a fleet table.
+  std::vector<FleetSize> fleet;
   std::string json_path;
   bool env = false;
   RankGroupOptions rank_options;
