@@ -7,6 +7,10 @@ Each trial is a point (fits: filled circle, out-of-memory: red cross, size limit
 with 2 micro-batches per step are drawn hollow), with the affine fit (fixed + per-sample x B), the
 memory limit, the limit less the margin, and the chosen (safe) micro-batch. Out-of-memory points
 are lower bounds: the peak reached before the failing allocation.
+
+A report with a fleet table (--fleet) gets a second panel: each size's safe micro-batch (a bar,
+labelled with its plan), sizes that fit nothing at 0 and sizes above what the device could
+emulate marked "not measurable"; the trial panel then draws every size's limit.
 """
 
 import json
@@ -26,7 +30,15 @@ def main(report_path: str, out_path: str) -> None:
     trials = doc.get("trials") or []
     if not trials:
         sys.exit(f"plot_report: {report_path} has no trials (status {doc.get('status')})")
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fleet = doc.get("fleet")
+    if fleet:
+        fig, (ax, bars) = plt.subplots(1, 2, figsize=(14, 5), width_ratios=[3, 2])
+        fleet_panel(bars, fleet)
+        for row in fleet["rows"]:
+            if row["status"] != "not-measurable":
+                ax.axhline(row["bytes"] / GIB, color="grey", linestyle=(0, (1, 3)), linewidth=1)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 5))
     styles = {"fits": ("o", "tab:green"), "out-of-memory": ("x", "tab:red"),
               "size-limit": ("^", "tab:orange")}
     seen = set()
@@ -84,6 +96,32 @@ def main(report_path: str, out_path: str) -> None:
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
     print(f"plot_report: wrote {out_path}")
+
+
+def fleet_panel(ax, fleet) -> None:
+    """One bar per size of the fleet table: its safe micro-batch and plan."""
+    rows = fleet["rows"]
+    names = [r["name"] for r in rows]
+    safe = [r["safe_micro_batch"] for r in rows]
+    ax.bar(range(len(rows)), safe, color="tab:blue")
+    for i, r in enumerate(rows):
+        if r["status"] == "not-measurable":
+            text = "not measurable"
+        elif r["safe_micro_batch"] <= 0:
+            text = "nothing fits"
+        elif r.get("plan"):
+            p = r["plan"]
+            text = f"{r['safe_micro_batch']}\n{p['micro_batch_size']} x {p['accumulation_steps']}"
+        else:
+            text = str(r["safe_micro_batch"])
+        ax.annotate(text, (i, r["safe_micro_batch"]), ha="center", va="bottom", fontsize=8)
+    def size(b):
+        return f"{b / GIB:.1f} GiB" if b >= GIB else f"{b / (1 << 20):.0f} MiB"
+    ax.set_xticks(range(len(rows)), [f"{n}\n{size(r['bytes'])}" for n, r in zip(names, rows)],
+                  fontsize=8)
+    ax.set_ylabel("safe micro-batch (samples)")
+    ax.set_title(f"fleet: {len(rows)} sizes, {fleet['trials_run']} trials run")
+    ax.grid(alpha=0.3, axis="y")
 
 
 if __name__ == "__main__":

@@ -31,4 +31,9 @@ std::string failedPhase(const TrialResult& trial);
 /// What the model holds whatever the batch: parameters, gradients and optimizer state, in bytes.
 std::int64_t modelNeedsBytes(const MemoryBreakdown& memory);
 
+/// The JSON report's "plans" object for `search` under `options`, as text ("null" without a
+/// plan): the Python package's autobatch.plan() reads it (src/python/core.cpp) without a whole
+/// report. Defined in report_json.cpp.
+std::string plansJsonText(const SearchResult& search, const SearchOptions& options);
+
 }  // namespace autobatch::detail

@@ -368,6 +368,10 @@ json checkJson(const CheckResult& c) {
 
 }  // namespace
 
+std::string detail::plansJsonText(const SearchResult& search, const SearchOptions& options) {
+  return plansJson(search, options).dump();
+}
+
 std::string toJson(const ReportData& d) {
   json doc;
   doc["schema_version"] = kReportSchemaVersion;

@@ -14,7 +14,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
@@ -28,6 +27,7 @@
 #include "autobatch/units.h"
 #include "autobatch/version.h"
 #include "memory_backend.h"
+#include "report_internal.h"
 
 namespace py = pybind11;
 using autobatch::TrialPhase;
@@ -178,19 +178,15 @@ py::dict search(const py::function& probe, const py::dict& options_dict, const p
 // Both accumulation plans for `target_batch` on `max_micro_batch`, as the JSON report's "plans".
 std::string plan(std::int64_t max_micro_batch, std::int64_t target_batch, int world_size,
                  const std::string& kind) {
-  autobatch::ReportData data;
-  data.options.target_batch = target_batch;
-  data.options.world_size = world_size;
-  data.options.plan = autobatch::parsePlanKind(kind);
-  autobatch::MaxBatchResult result;
-  result.search.max_micro_batch = max_micro_batch;
-  result.search.safe_micro_batch = max_micro_batch;
-  result.search.plan_max_micro_batch = max_micro_batch;
-  result.search.plan =
-      autobatch::planAccumulation(max_micro_batch, target_batch, world_size, data.options.plan);
-  data.result = std::move(result);
-  const auto doc = nlohmann::json::parse(autobatch::toJson(data));
-  return doc["plans"].dump();
+  autobatch::SearchOptions options;
+  options.target_batch = target_batch;
+  options.world_size = world_size;
+  options.plan = autobatch::parsePlanKind(kind);
+  autobatch::SearchResult search;
+  search.max_micro_batch = search.safe_micro_batch = max_micro_batch;
+  search.plan_max_micro_batch = max_micro_batch;
+  search.plan = autobatch::planAccumulation(max_micro_batch, target_batch, world_size, options.plan);
+  return autobatch::detail::plansJsonText(search, options);
 }
 
 // The library's classification of a failed step (autobatch/failure.h): kind, reason, bytes.
