@@ -18,6 +18,7 @@
 #include "autobatch/search.h"
 #include "cli_run.h"
 #include "fake_probe.h"
+#include "test_models.h"
 
 namespace {
 
@@ -199,19 +200,12 @@ TEST(FleetTest, FitsWithinTheSlackOfASmallerLimitRunAgain) {
 
 fs::path tmpDir() { return autobatch::testing::testDir("fleet"); }
 
+// tests/test_models.h's MLP, [B, 256] -> [B, 10], saved with its input description.
 std::string mlpModel() {
   const fs::path path = tmpDir() / "mlp.pt";
-  torch::manual_seed(0);
-  torch::jit::Module net("Mlp");
-  net.register_parameter("w1", torch::randn({256, 512}).requires_grad_(), false);
-  net.register_parameter("w2", torch::randn({512, 10}).requires_grad_(), false);
-  net.define(R"(
-    def forward(self, x):
-        return torch.matmul(torch.relu(torch.matmul(x, self.w1)), self.w2)
-  )");
   torch::jit::ExtraFilesMap extra{
       {"autobatch/inputs.json", R"({"version": 1, "inputs": ["256"], "loss": "cross-entropy"})"}};
-  net.save(path.string(), extra);
+  autobatch::testing::mlp(256, 512, 10).save(path.string(), extra);
   return path.string();
 }
 

@@ -185,7 +185,8 @@ std::string plan(std::int64_t max_micro_batch, std::int64_t target_batch, int wo
   autobatch::SearchResult search;
   search.max_micro_batch = search.safe_micro_batch = max_micro_batch;
   search.plan_max_micro_batch = max_micro_batch;
-  search.plan = autobatch::planAccumulation(max_micro_batch, target_batch, world_size, options.plan);
+  search.plan =
+      autobatch::planAccumulation(max_micro_batch, target_batch, world_size, options.plan);
   return autobatch::detail::plansJsonText(search, options);
 }
 
