@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ranges>
 #include <set>
 #include <utility>
 
@@ -45,8 +46,8 @@ std::optional<std::int64_t> predictedBoundary(std::vector<const TrialResult*> fi
     a = fits[fits.size() - 2];
     b = fits.back();
   }
-  const double dx = static_cast<double>(b->request.micro_batch_size - a->request.micro_batch_size);
-  const double dy = static_cast<double>(b->peak_bytes - a->peak_bytes);
+  const auto dx = static_cast<double>(b->request.micro_batch_size - a->request.micro_batch_size);
+  const auto dy = static_cast<double>(b->peak_bytes - a->peak_bytes);
   if (dx <= 0.0 || dy <= 0.0) return std::nullopt;
   const double x = static_cast<double>(a->request.micro_batch_size) +
                    static_cast<double>(budget - a->peak_bytes) * dx / dy;
@@ -61,8 +62,8 @@ class TrialBank {
   // comment of autobatch/fleet.h), as a result under `limit`; nullopt when none does.
   std::optional<TrialResult> answer(const TrialRequest& request, std::int64_t limit,
                                     std::int64_t slack) const {
-    for (auto it = trials_.rbegin(); it != trials_.rend(); ++it) {
-      const TrialResult& t = *it;
+    for (std::size_t i = trials_.size(); i-- > 0;) {  // the latest first
+      const TrialResult& t = trials_[i];
       if (t.cancelled || t.memory_limit_bytes < limit ||
           t.request.micro_batch_size != request.micro_batch_size ||
           t.request.micro_batches_per_step != request.micro_batches_per_step) {
@@ -130,7 +131,8 @@ struct SizeSearch {
   std::set<std::pair<std::int64_t, int>> reused_requests;
 };
 
-SizeSearch searchSize(const FleetTarget& target, SearchOptions o, TrialBank& bank, bool reuse) {
+SizeSearch searchSize(const FleetTarget& target, const SearchOptions& o, TrialBank& bank,
+                      bool reuse) {
   SizeSearch out;
   const Probe probe = [&](const TrialRequest& request) {
     if (reuse) {
@@ -157,14 +159,12 @@ SizeSearch searchSize(const FleetTarget& target, SearchOptions o, TrialBank& ban
 bool safeRestsOnReuse(const SizeSearch& s) {
   const SearchResult& r = s.search;
   if (r.safe_micro_batch <= 0) return false;
-  for (const auto& t : r.trials) {
-    if (t.request.micro_batch_size == r.safe_micro_batch && t.outcome == TrialOutcome::kFits &&
-        s.reused_requests.count({t.request.micro_batch_size, t.request.micro_batches_per_step}) ==
-            0) {
-      return false;  // a trial of this size's own saw it fit
-    }
-  }
-  return true;
+  // True unless a trial of this size's own saw it fit.
+  return std::none_of(r.trials.begin(), r.trials.end(), [&](const TrialResult& t) {
+    return t.request.micro_batch_size == r.safe_micro_batch && t.outcome == TrialOutcome::kFits &&
+           !s.reused_requests.contains(
+               {t.request.micro_batch_size, t.request.micro_batches_per_step});
+  });
 }
 
 FleetRow rowOf(const FleetSize& size, const SizeSearch& s) {

@@ -125,8 +125,8 @@ TEST(FleetTest, EachSizeAnswersAsItsOwnSearchWithFewerTrials) {
   base.per_sample_bytes = 37 * kMiB;
   base.noise_prefix = {0};
   for (int b = 1; b < 4096; ++b)
-    base.noise_prefix.push_back(base.noise_prefix.back() + (b % 7) * 1024);
-  base.noise_max_step = 6 * 1024;
+    base.noise_prefix.push_back(base.noise_prefix.back() + std::int64_t{b % 7} * 1024);
+  base.noise_max_step = std::int64_t{6} * 1024;
   const std::vector<FleetSize> sizes = {{"16GiB", 16 * kGiB, "given"},
                                         {"80GiB", 80 * kGiB, "given"},
                                         {"24GiB", 24 * kGiB, "given"},
