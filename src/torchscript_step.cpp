@@ -3,6 +3,7 @@
 // autograd's backward. Also the TrialRunner constructor that borrows a module, so that the runner
 // itself never names the module type.
 #include <ATen/autocast_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/script.h>
 
 #include <algorithm>
@@ -166,6 +167,8 @@ class TorchScriptStep final : public StepProgram {
   void endTrial() override { module_.train(was_training_); }
   void microStep(std::int64_t batch, std::vector<at::Tensor> args, at::Generator& gen,
                  StepHost& host) override;
+  void evalStep(std::int64_t batch, std::vector<at::Tensor> args, at::Generator& gen,
+                StepHost& host) override;
   std::int64_t outputBytes() const override { return output_bytes_; }
   void releaseHeld() override {
     held_targets_ = at::Tensor();
@@ -289,6 +292,27 @@ void TorchScriptStep::microStep(std::int64_t /*batch*/, std::vector<at::Tensor> 
   }
   host.enter(TrialPhase::kBackward);
   loss_value.backward();
+}
+
+// An evaluation batch: eval mode (dropout off, BatchNorm's running statistics read, not
+// updated), inference mode (no graph, no gradient), the training precision's autocast; the
+// previous batch's output is replaced only once this batch's forward has returned.
+void TorchScriptStep::evalStep(std::int64_t /*batch*/, std::vector<at::Tensor> args,
+                               at::Generator& gen, StepHost& host) {
+  std::vector<c10::IValue> values(args.begin(), args.end());
+  args.clear();
+  module_.train(false);
+  const c10::InferenceMode inference;
+  const bool amp = spec_.precision == Precision::kAmpFp16 || spec_.precision == Precision::kAmpBf16;
+  const AutocastGuard autocast(
+      device_.type(), spec_.precision == Precision::kAmpFp16 ? at::kHalf : at::kBFloat16, amp);
+  host.enter(TrialPhase::kForward);
+  c10::IValue output = module_.forward(values);
+  values.clear();
+  held_output_ = output;  // `logits = model(x)`: the previous batch's output goes only now
+  output_bytes_ = std::max(output_bytes_, storageBytes(output));
+  host.enter(TrialPhase::kLoss);
+  const at::Tensor loss_value = computeLoss(output, gen);
 }
 
 torch::jit::Module loadArchive(const std::string& path, const at::Device& device,

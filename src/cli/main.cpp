@@ -134,6 +134,9 @@ void installHooks(Cli& cli) {
 int exitCodeFor(const autobatch::ReportData& report) {
   if (g_signal.load() != 0) return 128 + g_signal.load();
   if (report.check) return report.check->fits_with_margin ? kExitOk : kExitDoesNotFit;
+  if (report.result && report.result->eval && report.result->eval->search.safe_micro_batch == 0) {
+    return kExitDoesNotFit;  // --eval: the training state, or no evaluation batch, did not fit
+  }
   if (report.result) return report.result->search.safe_micro_batch > 0 ? kExitOk : kExitDoesNotFit;
   return kExitRuntimeError;
 }
@@ -300,9 +303,10 @@ std::optional<int> prepare(Cli& cli) {
   }
   const autobatch::RankInfo& rank = *cli.report.rank;
   if (rank.agrees()) {
-    if (cli.check_batch) {
-      throw Error("--check-batch: expected a single rank, but got rank " +
-                  std::to_string(rank.rank) + " of " + std::to_string(rank.world_size) +
+    if (cli.check_batch || cli.check_eval_batch) {
+      throw Error(std::string(cli.check_batch ? "--check-batch" : "--check-eval-batch") +
+                  ": expected a single rank, but got rank " + std::to_string(rank.rank) + " of " +
+                  std::to_string(rank.world_size) +
                   "; a multi-rank preflight searches (give --target-batch)");
     }
     cli.ranks = std::make_unique<autobatch::RankGroup>(rank, cli.rank_options);
@@ -326,10 +330,17 @@ int run(int argc, char** argv, Cli& cli) {
   const auto& spec = cli.report.spec;
   if (cli.check_batch) {
     cli.report.check = autobatch::checkBatch(spec, cli.report.options, *cli.check_batch);
+  } else if (cli.check_eval_batch) {
+    cli.report.check = autobatch::checkEvalBatch(spec, cli.report.options, *cli.check_eval_batch);
   } else if (!cli.lengths.empty()) {
     runSweep(cli);
   } else if (cli.cache) {
     searchWithCache(cli);
+  } else if (cli.eval || cli.eval_only) {
+    cli.report.result =
+        autobatch::findMaxBatchAndEval(spec, cli.report.options,
+                                       cli.eval_only ? autobatch::EvalState::kParametersOnly
+                                                     : autobatch::EvalState::kTrainingResident);
   } else {
     cli.report.result = autobatch::findMaxBatch(spec, cli.report.options);
   }

@@ -32,6 +32,10 @@ struct CliConfig {
   std::string json_path;
   bool env = false;
   RankGroupOptions rank_options;
+  /// --eval, --eval-only, --check-eval-batch E (docs/evaluation.md).
+  bool eval = false;
+  bool eval_only = false;
+  std::optional<std::int64_t> check_eval_batch;
 };
 
 /// The flag table (and --help's text).
