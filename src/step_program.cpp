@@ -18,8 +18,9 @@ std::unique_ptr<StepProgram> FileStepSource::load(const StepSetup& setup) const 
 
 namespace autobatch::detail {
 
-void StepProgram::evalStep(std::int64_t /*batch*/, std::vector<at::Tensor> /*args*/,
+void StepProgram::evalStep(std::int64_t /*batch*/, std::vector<at::Tensor> args,
                            at::Generator& /*gen*/, StepHost& /*host*/) {
+  args.clear();  // nothing runs
   throw Error("evaluation trial: expected a model format that can run a forward alone, but a " +
               std::string(format().name) +
               " model holds the training step only; export the model as TorchScript "
