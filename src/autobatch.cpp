@@ -137,6 +137,7 @@ EvalResult findMaxEvalBatch(TrialRunner& runner, const SearchOptions& options, E
   if (o.max_batch > 0) o.initial_batch = std::min(o.initial_batch, o.max_batch);
   try {
     eval.search = findMaxBatch(runner.evalProbe(), o);
+    for (auto& w : runner.evalWarnings()) eval.search.warnings.push_back(std::move(w));
   } catch (...) {
     runner.releaseEvalState();
     throw;
@@ -192,6 +193,7 @@ CheckResult checkEvalBatch(const TrainingSpec& spec, const SearchOptions& option
       check.fits && check.trial.peak_bytes <= check.trial.memory_limit_bytes - check.margin_bytes;
   check.memory = breakdownOf(runner);
   check.context = contextOf(runner);
+  for (auto& w : runner.evalWarnings()) check.context.warnings.push_back(std::move(w));
   check.eval = std::move(eval);
   return check;
 }

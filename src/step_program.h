@@ -129,6 +129,9 @@ class StepProgram {
   /// Throws: as microStep; autobatch::Error where the format cannot evaluate (the default).
   virtual void evalStep(std::int64_t batch, std::vector<at::Tensor> args, at::Generator& gen,
                         StepHost& host);
+  /// What the user should know about evaluation trials of this model: a traced TorchScript
+  /// archive (its "autobatch/export.json" says method "trace") ignores eval(). Empty when nothing.
+  virtual std::vector<std::string> evalWarnings() const { return {}; }
   /// Bytes of the largest output of this trial's micro-steps (distinct storages), also after a
   /// failed one; 0 for a format whose call returns no output.
   virtual std::int64_t outputBytes() const = 0;

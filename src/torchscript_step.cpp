@@ -21,6 +21,9 @@ namespace autobatch {
 namespace detail {
 namespace {
 
+// {"version": 1, "method": "script" | "trace"}, written by scripts/autobatch_export.py.
+constexpr std::string_view kExportFile = "autobatch/export.json";
+
 /// Autocast on `device_type` to `dtype` for its lifetime (enabled = false: does nothing).
 /// Restores the thread's previous autocast flag and dtype, and clears the autocast cache of
 /// low-precision weight copies when the outermost autocast region ends.
@@ -158,6 +161,17 @@ class TorchScriptStep final : public StepProgram {
   LossKind loss() const override { return loss_; }
   std::string batchOutOfRange(std::int64_t /*batch*/) const override { return ""; }
   std::vector<std::string> warnings() const override { return {}; }
+  std::vector<std::string> evalWarnings() const override {
+    if (!traced_) return {};
+    return {"'" + spec_.model_path +
+            "' is a traced TorchScript archive (torch.jit.trace, as its autobatch/export.json "
+            "says): a traced graph ignores eval(), so its evaluation trials ran the model as "
+            "traced, in training mode (dropout on, BatchNorm updating its statistics); export it "
+            "with torch.jit.script (autobatch.export(..., method=\"script\")) where it scripts, "
+            "for eval()'s behaviour"};
+  }
+  /// The archive's autobatch/export.json said method "trace".
+  void setTraced(bool traced) { traced_ = traced; }
   bool borrowed() const override { return borrowed_; }
   void castTo(at::ScalarType dtype) override { module_.to(dtype); }
   void beginTrial() override {
@@ -192,6 +206,7 @@ class TorchScriptStep final : public StepProgram {
   at::Tensor held_targets_;
   c10::IValue held_output_;
   std::int64_t output_bytes_ = 0;  // the trial's largest output, in bytes
+  bool traced_ = false;
 };
 
 // A forward that takes another number of inputs than were given is a usage error (exit 2), told
@@ -367,12 +382,18 @@ class BorrowedModuleSource final : public StepSource {
 
 std::unique_ptr<StepProgram> loadTorchScriptStep(const StepSetup& setup) {
   const std::string& path = setup.spec.model_path;
-  torch::jit::ExtraFilesMap extra{{std::string(kModelMetadataFile), ""}};
+  torch::jit::ExtraFilesMap extra{{std::string(kModelMetadataFile), ""},
+                                  {std::string(kExportFile), ""}};
   torch::jit::Module module = loadArchive(path, setup.device, extra);
   std::optional<ModelMetadata> metadata;
   const std::string& text = extra[std::string(kModelMetadataFile)];
   if (!text.empty()) metadata = parseModelMetadata(text, path);
-  return std::make_unique<TorchScriptStep>(std::move(module), /*borrowed=*/false, metadata, setup);
+  auto step =
+      std::make_unique<TorchScriptStep>(std::move(module), /*borrowed=*/false, metadata, setup);
+  // How the archive was made (scripts/autobatch_export.py); read loosely: any other text, or
+  // none, is a scripted or unknown archive.
+  step->setTraced(extra[std::string(kExportFile)].find("\"trace\"") != std::string::npos);
+  return step;
 }
 
 }  // namespace detail

@@ -598,6 +598,7 @@ std::vector<std::string> TrialRunner::memoryLimitWarnings() const {
 std::string TrialRunner::backendName() const { return impl_->backend->name(); }
 std::string TrialRunner::modelFormat() const { return std::string(impl_->step->format().name); }
 std::vector<std::string> TrialRunner::modelWarnings() const { return impl_->step->warnings(); }
+std::vector<std::string> TrialRunner::evalWarnings() const { return impl_->step->evalWarnings(); }
 std::int64_t TrialRunner::baselineBytes() const { return impl_->baseline_bytes; }
 std::int64_t TrialRunner::currentBytes() const { return impl_->backend->currentBytes(); }
 std::int64_t TrialRunner::outsideBytes() const { return impl_->backend->outsideBytes(); }

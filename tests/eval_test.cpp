@@ -209,6 +209,34 @@ TEST(EvalCliTest, BadCombinationsAreUsageErrors) {
   }
 }
 
+// A traced archive (its autobatch/export.json says method "trace", as scripts/autobatch_export.py
+// writes it) gets a warning that its evaluation trials ran the graph as traced; a scripted one,
+// or one that does not say, none. Catches the note missing, or given to every archive.
+TEST(EvalCliTest, TracedArchiveIsNamedInTheWarnings) {
+  for (const bool traced : {true, false}) {
+    const fs::path model = tmpDir() / (traced ? "traced.pt" : "scripted.pt");
+    torch::jit::Module m = mlp(kIn, 64, 8);
+    torch::jit::ExtraFilesMap extra{
+        {"autobatch/inputs.json", R"({"version": 1, "inputs": ["64"]})"},
+        {"autobatch/export.json", traced ? R"({"version": 1, "method": "trace"})"
+                                         : R"({"version": 1, "method": "script"})"}};
+    m.save(model.string(), extra);
+    const fs::path json_path = tmpDir() / "traced.json";
+    const CliRun run = runCli("--model " + model.string() +
+                              " --device cpu --memory-limit 256MiB --check-eval-batch 2 -q "
+                              "--json " +
+                              json_path.string());
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const auto doc = nlohmann::json::parse(readFile(json_path));
+    bool named = false;
+    for (const auto& w : doc["warnings"]) {
+      named = named || w.get<std::string>().find("traced TorchScript archive") != std::string::npos;
+    }
+    EXPECT_EQ(named, traced) << doc["warnings"].dump();
+    EXPECT_EQ(run.out.find("traced TorchScript archive") != std::string::npos, traced) << run.out;
+  }
+}
+
 struct Answer {
   std::int64_t train = 0;
   std::int64_t eval_max = 0;

@@ -203,6 +203,11 @@ class TrialRunner {
   /// was not run (and why), or that the package predates it, with the 9.15% under-count of such
   /// packages (ConvNeXt-tiny) and the way out. Empty for a TorchScript archive.
   std::vector<std::string> modelWarnings() const;
+  /// What the user should know about evaluation trials (runEval) of this model: that a traced
+  /// TorchScript archive (its "autobatch/export.json", written by scripts/autobatch_export.py,
+  /// says method "trace") ignores eval(). Empty when nothing (a scripted archive, or one that does
+  /// not say).
+  std::vector<std::string> evalWarnings() const;
   /// Bytes held by tensors before every trial (the model, its snapshot excluded), in bytes.
   std::int64_t baselineBytes() const;
   /// Bytes held by tensors now (CPU budget allocator; CUDA caching allocator "allocated").
