@@ -237,6 +237,25 @@ TEST(EvalCliTest, TracedArchiveIsNamedInTheWarnings) {
   }
 }
 
+// A budget under the training state (decoder_lm_small: 20 MiB of parameters, 80 MiB with AdamW's
+// state and the gradients): the evaluation is "the training state does not fit", exit 3, with
+// eval.state_fits false and no evaluation trial. Catches an out-of-memory while making the state
+// reported as an evaluation batch (or exit 0 because the check ran nothing).
+TEST(EvalCliTest, TrainingStateThatDoesNotFitIsExit3) {
+  const std::string model = modelPath("decoder_lm_small.pt");
+  ASSERT_TRUE(fs::exists(model)) << model << " is missing: run scripts/bootstrap.sh";
+  const fs::path json_path = tmpDir() / "state.json";
+  const CliRun run = runCli("--model " + model +
+                            " --device cpu --memory-limit 64MiB --check-eval-batch 1 -q --json " +
+                            json_path.string());
+  EXPECT_EQ(run.exit_code, 3) << run.err;
+  EXPECT_NE(run.out.find("the training state does not fit"), std::string::npos) << run.out;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_EQ(doc["eval"]["state_fits"], false);
+  EXPECT_EQ(doc["eval"]["training_step"]["outcome"], "out-of-memory");
+  EXPECT_EQ(doc["status"], "does-not-fit");
+}
+
 struct Answer {
   std::int64_t train = 0;
   std::int64_t eval_max = 0;

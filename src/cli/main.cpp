@@ -144,6 +144,9 @@ int exitCodeFor(const autobatch::ReportData& report) {
 std::string statusFor(const autobatch::ReportData& report) {
   if (g_signal.load() != 0) return "interrupted";
   if (report.check) return report.check->fits_with_margin ? "fits" : "does-not-fit";
+  if (report.result->eval && report.result->eval->search.safe_micro_batch == 0) {
+    return "nothing-fits";  // --eval: exit 3 (exitCodeFor); eval.search_status says which
+  }
   return std::string(autobatch::toString(report.result->search.status));
 }
 
