@@ -2,6 +2,7 @@
 
 #include <c10/util/hash.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -108,6 +109,92 @@ CheckResult checkBatch(const TrainingSpec& spec, const SearchOptions& options,
       check.fits && check.trial.peak_bytes <= check.trial.memory_limit_bytes - check.margin_bytes;
   check.memory = breakdownOf(runner);
   check.context = contextOf(runner);
+  return check;
+}
+
+EvalResult findMaxEvalBatch(TrialRunner& runner, const SearchOptions& options, EvalState state,
+                            std::int64_t start_batch) {
+  EvalResult eval;
+  eval.state = state;
+  if (state == EvalState::kTrainingResident) {
+    eval.training_batch = std::max<std::int64_t>(options.min_batch, 1);
+  }
+  eval.training_step = runner.holdEvalState(state, eval.training_batch);
+  eval.state_fits = runner.holdsEvalState();
+  if (!eval.state_fits) {
+    eval.search.status = SearchStatus::kNothingFits;
+    eval.search.capped_by = "memory";
+    eval.search.memory_limit_bytes = eval.training_step.memory_limit_bytes;
+    return eval;
+  }
+  eval.resident_bytes = runner.currentBytes();
+  SearchOptions o = options;
+  o.micro_batches_per_step = 2;  // the previous batch's output alive while the next one runs
+  o.allocation_units = runner.allocatorInfo().allocation_units;
+  o.target_batch = 0;  // an evaluation batch needs no accumulation plan
+  o.world_size = 1;
+  o.initial_batch = std::max(o.initial_batch, start_batch);
+  if (o.max_batch > 0) o.initial_batch = std::min(o.initial_batch, o.max_batch);
+  try {
+    eval.search = findMaxBatch(runner.evalProbe(), o);
+    for (auto& w : runner.evalWarnings()) eval.search.warnings.push_back(std::move(w));
+  } catch (...) {
+    runner.releaseEvalState();
+    throw;
+  }
+  runner.releaseEvalState();
+  return eval;
+}
+
+MaxBatchResult findMaxBatchAndEval(const TrainingSpec& spec, const SearchOptions& options,
+                                   EvalState state) {
+  TrialRunner runner(spec, options);
+  if (state == EvalState::kParametersOnly) {
+    MaxBatchResult result = runnerFacts(runner);
+    result.eval = findMaxEvalBatch(runner, options, state);
+    result.search = result.eval->search;
+    return result;
+  }
+  MaxBatchResult result = searchWith(runner, options);
+  if (result.search.status == SearchStatus::kCancelled) return result;
+  result.eval = findMaxEvalBatch(runner, options, state, result.search.safe_micro_batch);
+  return result;
+}
+
+CheckResult checkEvalBatch(const TrainingSpec& spec, const SearchOptions& options,
+                           std::int64_t eval_batch) {
+  if (eval_batch < 1) {
+    throw Error("check eval batch: expected an evaluation batch >= 1, but got " +
+                std::to_string(eval_batch));
+  }
+  TrialRunner runner(spec, options);
+  CheckResult check;
+  EvalResult eval;
+  eval.training_batch = std::max<std::int64_t>(options.min_batch, 1);
+  eval.training_step = runner.holdEvalState(EvalState::kTrainingResident, eval.training_batch);
+  eval.state_fits = runner.holdsEvalState();
+  if (eval.state_fits) {
+    eval.resident_bytes = runner.currentBytes();
+    TrialRequest request;
+    request.micro_batch_size = eval_batch;
+    request.micro_batches_per_step = 2;
+    request.cancel = options.cancel;
+    if (options.before_trial) options.before_trial(request);
+    check.trial = runner.runEval(request);
+    if (options.on_trial) options.on_trial(check.trial);
+    runner.releaseEvalState();
+  } else {
+    check.trial = eval.training_step;
+  }
+  check.fits =
+      eval.state_fits && check.trial.outcome == TrialOutcome::kFits && !check.trial.cancelled;
+  check.margin_bytes = marginBytes(options, check.trial.memory_limit_bytes);
+  check.fits_with_margin =
+      check.fits && check.trial.peak_bytes <= check.trial.memory_limit_bytes - check.margin_bytes;
+  check.memory = breakdownOf(runner);
+  check.context = contextOf(runner);
+  for (auto& w : runner.evalWarnings()) check.context.warnings.push_back(std::move(w));
+  check.eval = std::move(eval);
   return check;
 }
 

@@ -45,6 +45,7 @@ AccumulationPlan uniformPlan(std::int64_t micro, std::int64_t count, int world) 
 // was verified under the margin.
 std::optional<AccumulationPlan> launchPlan(const ReportData& d) {
   const int world = d.options.world_size;
+  if (d.check && d.check->eval) return std::nullopt;  // an evaluation batch: no training plan
   if (d.result && d.result->search.safe_micro_batch > 0) {
     const SearchResult& s = d.result->search;
     if (s.plan) return s.plan->primary();
@@ -54,6 +55,20 @@ std::optional<AccumulationPlan> launchPlan(const ReportData& d) {
     return uniformPlan(d.check->trial.request.micro_batch_size, d.spec.accumulation_steps, world);
   }
   return std::nullopt;
+}
+
+// --eval / --eval-only / --check-eval-batch: the safe and the raw evaluation batch (0 when none
+// was verified); nothing without them.
+template <typename Line>
+void appendEvalLines(const ReportData& d, const Line& line) {
+  if (d.result && d.result->eval) {
+    line("AUTOBATCH_EVAL_BATCH", std::to_string(d.result->eval->search.safe_micro_batch));
+    line("AUTOBATCH_EVAL_MAX_BATCH", std::to_string(d.result->eval->search.max_micro_batch));
+  } else if (d.check && d.check->eval) {
+    const std::int64_t batch = d.check->trial.request.micro_batch_size;
+    line("AUTOBATCH_EVAL_BATCH", std::to_string(d.check->fits_with_margin ? batch : 0));
+    line("AUTOBATCH_EVAL_MAX_BATCH", std::to_string(d.check->fits ? batch : 0));
+  }
 }
 
 }  // namespace
@@ -66,7 +81,7 @@ std::string envLines(const ReportData& d) {
   if (d.result) {
     max_micro = d.result->search.max_micro_batch;
     safe_micro = d.result->search.safe_micro_batch;
-  } else if (d.check) {
+  } else if (d.check && !d.check->eval) {
     const std::int64_t micro = d.check->trial.request.micro_batch_size;
     max_micro = d.check->fits ? micro : 0;
     safe_micro = d.check->fits_with_margin ? micro : 0;
@@ -107,6 +122,7 @@ std::string envLines(const ReportData& d) {
     line("AUTOBATCH_LENGTH", std::to_string(d.sweep->longest_trainable_length));
     line("AUTOBATCH_BUCKETS", shellWord(buckets, true));
   }
+  appendEvalLines(d, line);
   return out;
 }
 

@@ -366,6 +366,56 @@ json checkJson(const CheckResult& c) {
           {"margin_bytes", c.margin_bytes}};
 }
 
+// --eval / --eval-only / --check-eval-batch (docs/evaluation.md): the state the evaluation
+// trials ran beside, the training step that made it, and the evaluation search.
+json evalJson(const EvalResult& e) {
+  json doc = {{"state", evalStateKey(e.state)}, {"training_batch", e.training_batch},
+              {"state_fits", e.state_fits},     {"resident_bytes", e.resident_bytes},
+              {"batches_per_trial", 2},         {"training_step", nullptr}};
+  if (e.state == EvalState::kTrainingResident) doc["training_step"] = toJson(e.training_step);
+  return doc;
+}
+
+json evalSearchJson(const EvalResult& e) {
+  const SearchResult& s = e.search;
+  json doc = evalJson(e);
+  doc["search_status"] = toString(s.status);
+  doc["max_batch"] = s.max_micro_batch;
+  doc["safe_batch"] = s.safe_micro_batch;
+  doc["capped_by"] = s.capped_by;
+  doc["min_batch_needs_at_least_bytes"] = s.min_batch_needs_at_least_bytes;
+  doc["trial_count"] = s.trials.size();
+  doc["elapsed_s"] = s.elapsed_s;
+  return doc;
+}
+
+// The eval keys of a run with --eval or --eval-only; nothing at all without them.
+void addEval(const ReportData& d, json& doc, json& trials, json& warnings) {
+  if (d.result && d.result->eval) {
+    const EvalResult& e = *d.result->eval;
+    doc["result"]["eval_max_batch"] = e.search.max_micro_batch;
+    doc["result"]["eval_safe_batch"] = e.search.safe_micro_batch;
+    doc["eval"] = evalSearchJson(e);
+    if (e.state == EvalState::kParametersOnly) {  // result.search is the evaluation search
+      for (auto& t : trials) t["eval"] = true;
+      return;
+    }
+    for (const auto& t : e.search.trials) {
+      json trial = toJson(t);
+      trial["eval"] = true;
+      trials.push_back(std::move(trial));
+    }
+    for (const auto& w : e.search.warnings) warnings.push_back("eval: " + w);
+  }
+  if (d.check && d.check->eval) {
+    const EvalResult& e = *d.check->eval;
+    doc["check"]["eval"] = true;
+    doc["check"]["state_fits"] = e.state_fits;
+    doc["eval"] = evalJson(e);
+    if (e.state_fits && !trials.empty()) trials.back()["eval"] = true;
+  }
+}
+
 }  // namespace
 
 std::string detail::plansJsonText(const SearchResult& search, const SearchOptions& options) {
@@ -406,6 +456,7 @@ std::string toJson(const ReportData& d) {
     trials.push_back(toJson(d.check->trial));
     doc["check"] = checkJson(*d.check);
   }
+  addEval(d, doc, trials, warnings);
   doc["trials"] = trials;
   doc["warnings"] = warnings;
   doc["ranks"] = ranksJson(d);

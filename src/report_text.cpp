@@ -93,13 +93,11 @@ std::string trialNotes(const TrialResult& t) {
   return notes;
 }
 
-// The search's trials, then the check's.
-void trialsSection(std::ostream& out, const ReportData& d) {
-  std::vector<TrialResult> trials;
-  if (d.result) trials = d.result->search.trials;
-  if (d.check) trials.push_back(d.check->trial);
+// A table of trials under `title` ("trials"); nothing when there are none.
+void trialsTable(std::ostream& out, const ReportData& d, const std::string& title,
+                 const std::vector<TrialResult>& trials) {
   if (trials.empty()) return;
-  out << "\ntrials\n";
+  out << "\n" << title << "\n";
   out << fmt::format("  {:>3} {:>7} {:>5}  {:<13} {:>12} {:>12} {:>12} {:>9} {:>10}\n", "#",
                      "batch", "micro", "outcome", "peak alloc", "peak reserv", "peak vs lim",
                      "step ms", "samples/s");
@@ -111,6 +109,14 @@ void trialsSection(std::ostream& out, const ReportData& d) {
                        formatBytes(t.peak_reserved_bytes), formatBytes(t.peak_bytes), t.step_ms,
                        samplesPerSecond(t), trialNotes(t));
   }
+}
+
+// The search's trials, then the check's (a check of an evaluation batch: evalSection's).
+void trialsSection(std::ostream& out, const ReportData& d) {
+  std::vector<TrialResult> trials;
+  if (d.result) trials = d.result->search.trials;
+  if (d.check && !d.check->eval) trials.push_back(d.check->trial);
+  trialsTable(out, d, "trials", trials);
 }
 
 // ---- result -------------------------------------------------------------------------------
@@ -437,6 +443,48 @@ void checkSection(std::ostream& out, const CheckResult& c) {
                      c.fits_with_margin ? "fits" : "does not fit", formatBytes(c.margin_bytes));
 }
 
+// ---- evaluation ---------------------------------------------------------------------------
+
+std::string evalStateText(const EvalResult& e) {
+  if (e.state == EvalState::kParametersOnly) return "parameters only (an evaluation job alone)";
+  return fmt::format(
+      "training state resident: parameters, optimizer state and gradients as left by one "
+      "training step at micro-batch {}, {} held",
+      e.training_batch, formatBytes(e.resident_bytes));
+}
+
+// The training state that did not fit: no evaluation result.
+void stateDoesNotFit(std::ostream& out, const ReportData& d, const EvalResult& e) {
+  out << fmt::format(
+      "\nevaluation: the training state does not fit: the training step at micro-batch {} that "
+      "creates the optimizer state ended {} ({}); no evaluation batch was tried\n",
+      e.training_batch, outcomeText(e.training_step, d.options), e.training_step.reason);
+}
+
+// --eval / --eval-only: the evaluation trials and the evaluation batch.
+void evalSection(std::ostream& out, const ReportData& d, const EvalResult& e) {
+  if (!e.state_fits) return stateDoesNotFit(out, d, e);
+  if (e.state == EvalState::kTrainingResident) {
+    trialsTable(out, d, "evaluation trials (2 batches each, the previous output alive)",
+                e.search.trials);
+  }
+  const SearchResult& s = e.search;
+  out << fmt::format("\nevaluation batch: max {}, safe {} (capped by {}; {})\n", s.max_micro_batch,
+                     s.safe_micro_batch, s.capped_by, evalStateText(e));
+  warningsSection(out, s.warnings);
+}
+
+// --check-eval-batch: the trial, and whether it fit.
+void evalCheckSection(std::ostream& out, const ReportData& d, const CheckResult& c) {
+  const EvalResult& e = *c.eval;
+  if (!e.state_fits) return stateDoesNotFit(out, d, e);
+  trialsTable(out, d, "evaluation trial (2 batches, the previous output alive)", {c.trial});
+  out << fmt::format("\ncheck evaluation batch {}: {} raw, {} with the margin ({}; {})\n",
+                     c.trial.request.micro_batch_size, c.fits ? "fits" : "does not fit",
+                     c.fits_with_margin ? "fits" : "does not fit", formatBytes(c.margin_bytes),
+                     evalStateText(e));
+}
+
 }  // namespace
 
 std::string humanReport(const ReportData& d) {
@@ -454,7 +502,12 @@ std::string humanReport(const ReportData& d) {
   }
   if (d.sweep) sweepSection(out, d);
   if (d.fleet) fleetSection(out, d);
-  if (d.check) checkSection(out, *d.check);
+  if (d.result && d.result->eval) evalSection(out, d, *d.result->eval);
+  if (d.check && d.check->eval) {
+    evalCheckSection(out, d, *d.check);
+  } else if (d.check) {
+    checkSection(out, *d.check);
+  }
   if (ctx && !d.result) warningsSection(out, ctx->warnings);
   if (!d.error.empty()) out << "error: " << d.error << "\n";
   return out.str();

@@ -121,6 +121,17 @@ class StepProgram {
   /// loss cannot use; the model's own errors unchanged.
   virtual void microStep(std::int64_t batch, std::vector<at::Tensor> args, at::Generator& gen,
                          StepHost& host) = 0;
+  /// One evaluation batch of `batch` samples (TrialRunner::runEval): the model in eval mode, its
+  /// forward and the loss under inference mode (no autograd graph, no gradient), the training
+  /// precision's autocast, each phase announced to `host`. The output is kept until the next
+  /// evaluation batch's forward has returned (a loop's `logits = model(x)`), then replaced;
+  /// releaseHeld() drops it. Asked only where format().capabilities.evaluation_forward.
+  /// Throws: as microStep; autobatch::Error where the format cannot evaluate (the default).
+  virtual void evalStep(std::int64_t batch, std::vector<at::Tensor> args, at::Generator& gen,
+                        StepHost& host);
+  /// What the user should know about evaluation trials of this model: a traced TorchScript
+  /// archive (its "autobatch/export.json" says method "trace") ignores eval(). Empty when nothing.
+  virtual std::vector<std::string> evalWarnings() const { return {}; }
   /// Bytes of the largest output of this trial's micro-steps (distinct storages), also after a
   /// failed one; 0 for a format whose call returns no output.
   virtual std::int64_t outputBytes() const = 0;

@@ -3,6 +3,7 @@
 // autograd's backward. Also the TrialRunner constructor that borrows a module, so that the runner
 // itself never names the module type.
 #include <ATen/autocast_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/script.h>
 
 #include <algorithm>
@@ -19,6 +20,9 @@
 namespace autobatch {
 namespace detail {
 namespace {
+
+// {"version": 1, "method": "script" | "trace"}, written by scripts/autobatch_export.py.
+constexpr std::string_view kExportFile = "autobatch/export.json";
 
 /// Autocast on `device_type` to `dtype` for its lifetime (enabled = false: does nothing).
 /// Restores the thread's previous autocast flag and dtype, and clears the autocast cache of
@@ -157,6 +161,17 @@ class TorchScriptStep final : public StepProgram {
   LossKind loss() const override { return loss_; }
   std::string batchOutOfRange(std::int64_t /*batch*/) const override { return ""; }
   std::vector<std::string> warnings() const override { return {}; }
+  std::vector<std::string> evalWarnings() const override {
+    if (!traced_) return {};
+    return {"'" + spec_.model_path +
+            "' is a traced TorchScript archive (torch.jit.trace, as its autobatch/export.json "
+            "says): a traced graph ignores eval(), so its evaluation trials ran the model as "
+            "traced, in training mode (dropout on, BatchNorm updating its statistics); export it "
+            "with torch.jit.script (autobatch.export(..., method=\"script\")) where it scripts, "
+            "for eval()'s behaviour"};
+  }
+  /// The archive's autobatch/export.json said method "trace".
+  void setTraced(bool traced) { traced_ = traced; }
   bool borrowed() const override { return borrowed_; }
   void castTo(at::ScalarType dtype) override { module_.to(dtype); }
   void beginTrial() override {
@@ -166,6 +181,8 @@ class TorchScriptStep final : public StepProgram {
   void endTrial() override { module_.train(was_training_); }
   void microStep(std::int64_t batch, std::vector<at::Tensor> args, at::Generator& gen,
                  StepHost& host) override;
+  void evalStep(std::int64_t batch, std::vector<at::Tensor> args, at::Generator& gen,
+                StepHost& host) override;
   std::int64_t outputBytes() const override { return output_bytes_; }
   void releaseHeld() override {
     held_targets_ = at::Tensor();
@@ -189,6 +206,7 @@ class TorchScriptStep final : public StepProgram {
   at::Tensor held_targets_;
   c10::IValue held_output_;
   std::int64_t output_bytes_ = 0;  // the trial's largest output, in bytes
+  bool traced_ = false;
 };
 
 // A forward that takes another number of inputs than were given is a usage error (exit 2), told
@@ -291,6 +309,27 @@ void TorchScriptStep::microStep(std::int64_t /*batch*/, std::vector<at::Tensor> 
   loss_value.backward();
 }
 
+// An evaluation batch: eval mode (dropout off, BatchNorm's running statistics read, not
+// updated), inference mode (no graph, no gradient), the training precision's autocast; the
+// previous batch's output is replaced only once this batch's forward has returned.
+void TorchScriptStep::evalStep(std::int64_t /*batch*/, std::vector<at::Tensor> args,
+                               at::Generator& gen, StepHost& host) {
+  std::vector<c10::IValue> values(args.begin(), args.end());
+  args.clear();
+  module_.train(false);
+  const c10::InferenceMode inference;
+  const bool amp = spec_.precision == Precision::kAmpFp16 || spec_.precision == Precision::kAmpBf16;
+  const AutocastGuard autocast(
+      device_.type(), spec_.precision == Precision::kAmpFp16 ? at::kHalf : at::kBFloat16, amp);
+  host.enter(TrialPhase::kForward);
+  c10::IValue output = module_.forward(values);
+  values.clear();
+  held_output_ = output;  // `logits = model(x)`: the previous batch's output goes only now
+  output_bytes_ = std::max(output_bytes_, storageBytes(output));
+  host.enter(TrialPhase::kLoss);
+  const at::Tensor loss_value = computeLoss(output, gen);
+}
+
 torch::jit::Module loadArchive(const std::string& path, const at::Device& device,
                                torch::jit::ExtraFilesMap& extra) {
   checkModelFile(path);
@@ -343,12 +382,18 @@ class BorrowedModuleSource final : public StepSource {
 
 std::unique_ptr<StepProgram> loadTorchScriptStep(const StepSetup& setup) {
   const std::string& path = setup.spec.model_path;
-  torch::jit::ExtraFilesMap extra{{std::string(kModelMetadataFile), ""}};
+  torch::jit::ExtraFilesMap extra{{std::string(kModelMetadataFile), ""},
+                                  {std::string(kExportFile), ""}};
   torch::jit::Module module = loadArchive(path, setup.device, extra);
   std::optional<ModelMetadata> metadata;
   const std::string& text = extra[std::string(kModelMetadataFile)];
   if (!text.empty()) metadata = parseModelMetadata(text, path);
-  return std::make_unique<TorchScriptStep>(std::move(module), /*borrowed=*/false, metadata, setup);
+  auto step =
+      std::make_unique<TorchScriptStep>(std::move(module), /*borrowed=*/false, metadata, setup);
+  // How the archive was made (scripts/autobatch_export.py); read loosely: any other text, or
+  // none, is a scripted or unknown archive.
+  step->setTraced(extra[std::string(kExportFile)].find("\"trace\"") != std::string::npos);
+  return step;
 }
 
 }  // namespace detail

@@ -40,6 +40,19 @@ namespace {
 
 // What the runner lends its step program: the CPU budget allocator's log and refusal count
 // (memory_backend.h), which a step whose call hides its allocations and errors reads (pt2).
+// Marks the trials run in its lifetime as evaluation trials; the flag as it was afterwards.
+class EvaluatingScope {
+ public:
+  explicit EvaluatingScope(bool& flag) : flag_(flag), was_(flag) { flag_ = true; }
+  ~EvaluatingScope() { flag_ = was_; }
+  EvaluatingScope(const EvaluatingScope&) = delete;
+  EvaluatingScope& operator=(const EvaluatingScope&) = delete;
+
+ private:
+  bool& flag_;
+  bool was_;
+};
+
 class BudgetAllocationLog final : public detail::AllocationLog {
  public:
   std::pair<std::uint64_t, std::string> refusals() const override {
@@ -77,6 +90,14 @@ struct TrialRunner::Impl final : detail::StepHost {
   std::vector<at::Tensor> held_inputs;
   int trials_run = 0;
   detail::TrialPoint point;  // where the trial in progress is (fault injection in tests)
+  // Evaluation trials (runEval): the training state held between them (holdEvalState), whether
+  // the trial in progress is one, and what they taught (apart from the training trials').
+  bool holding_state = false;
+  bool evaluating = false;
+  bool keep_optimizer = false;  // the hold's training step: its optimizer becomes the resident one
+  std::unique_ptr<detail::TrialOptimizer> resident_optimizer;
+  at::Tensor resident_ddp_buckets;
+  detail::TrialEvidence eval_evidence;
 
   void enter(detail::TrialPhase phase) override {
     point.phase = phase;
@@ -201,7 +222,11 @@ struct TrialRunner::Impl final : detail::StepHost {
     for (const auto& input : step_inputs) args.push_back(makeInput(input, batch, gen));
     for (const auto& target : targets) args.push_back(makeInput(target, batch, gen));
     held_inputs = args;
-    step->microStep(batch, std::move(args), gen, *this);
+    if (evaluating) {
+      step->evalStep(batch, std::move(args), gen, *this);
+    } else {
+      step->microStep(batch, std::move(args), gen, *this);
+    }
   }
 
   // One warm-up step at the search's smallest micro-batch before the backend reads its baseline
@@ -325,7 +350,7 @@ struct TrialRunner::Impl final : detail::StepHost {
     detail::StepsRun steps = runSteps(request, plan, result);
     std::exception_ptr& error = steps.error;
     enter(detail::TrialPhase::kIdle);
-    parameters.zeroGrad(ZeroGrad::kNone);
+    if (!holding_state) parameters.zeroGrad(ZeroGrad::kNone);  // held: as the training step left
     releaseHeld();
     result.output_bytes = step->outputBytes();
     at::autocast::clear_cache();
@@ -342,9 +367,13 @@ struct TrialRunner::Impl final : detail::StepHost {
     rng_guard.reset();
     torch::jit::setGraphExecutorOptimize(saved_optimize);
     if (error && !poisoned && failure.kind == FailureKind::kPossibleOutOfMemory) {
-      evidence.classifyAmbiguous(
-          request, near_process_limit, *backend,
-          [this](const TrialRequest& again) { return runOnce(again); }, failure, error, result);
+      (evaluating ? eval_evidence : evidence)
+          .classifyAmbiguous(
+              request, near_process_limit, *backend,
+              [this](const TrialRequest& again) {
+                return evaluating ? runEvalOnce(again) : runOnce(again);
+              },
+              failure, error, result);
     }
     if (error) {
       outcome.error = error;
@@ -367,11 +396,11 @@ struct TrialRunner::Impl final : detail::StepHost {
       gen = at::make_generator<at::CPUGeneratorImpl>(spec.seed);
     }
     try {
-      if (parameters.ddpBucketBytes() > 0) {
+      if (parameters.ddpBucketBytes() > 0 && !evaluating) {
         ddp_buckets =
             at::empty({parameters.ddpBucketBytes()}, at::TensorOptions(at::kByte).device(device));
       }
-      optimizer = makeOptimizer();
+      if (!evaluating) optimizer = makeOptimizer();
       const int steps = static_cast<int>(plan.size());
       detail::StepProgress progress(request.micro_batch_size, request.micro_batches_per_step,
                                     steps);
@@ -391,6 +420,10 @@ struct TrialRunner::Impl final : detail::StepHost {
         progress.endStep(step_ms);
         ++result.steps_completed;
       }
+      if (keep_optimizer) {
+        resident_optimizer = std::move(optimizer);
+        resident_ddp_buckets = std::move(ddp_buckets);
+      }
     } catch (...) {  // classified by runPlan; whatever is not OOM or a size limit is rethrown
       run.error = std::current_exception();
       run.failed_point = point;
@@ -407,11 +440,93 @@ struct TrialRunner::Impl final : detail::StepHost {
       point.micro_batch_index = micro;
       microStep(planned.batch, *planned.inputs, gen);
     }
+    if (evaluating) {  // no optimizer step, no zero_grad: the training state is as it was
+      enter(detail::TrialPhase::kIdle);
+      backend->synchronize();
+      return;
+    }
     enter(detail::TrialPhase::kOptimizerStep);
     if (optimizer != nullptr) optimizer->step();
     enter(detail::TrialPhase::kIdle);
     parameters.zeroGrad(spec.zero_grad);
     backend->synchronize();
+  }
+
+  void checkEvaluates() const {
+    if (!step->format().capabilities.evaluation_forward) {
+      throw Error("evaluation: expected a model that can run a forward alone, but '" +
+                  spec.model_path + "' is a " + std::string(step->format().name) + " " +
+                  std::string(step->format().file_kind) +
+                  ", which holds the training step only; export the model as TorchScript "
+                  "(scripts/autobatch_export.py --format torchscript) to size its evaluation");
+    }
+  }
+
+  TrialResult holdEvalState(EvalState state, std::int64_t batch) {
+    checkEvaluates();
+    checkUsable();
+    if (holding_state) {
+      throw Error("evaluation: expected no training state held, but one is (releaseEvalState)");
+    }
+    holding_state = true;
+    TrialResult result;
+    result.memory_limit_bytes = backend->limitBytes() - reserve_bytes;
+    if (state == EvalState::kParametersOnly) return result;
+    if (batch < 1)
+      throw Error("evaluation: expected a training batch >= 1, but got " + std::to_string(batch));
+    const std::vector<detail::PlannedStep> plan(1, detail::PlannedStep{batch, &step->inputs()});
+    keep_optimizer = true;
+    PlanRun outcome = runPlan({batch, microBatchesPerTrial(), {}}, plan, false);
+    keep_optimizer = false;
+    if (outcome.error || outcome.result.outcome != TrialOutcome::kFits ||
+        outcome.result.cancelled) {
+      releaseEvalState();
+    }
+    if (outcome.error) std::rethrow_exception(outcome.error);
+    return std::move(outcome.result);
+  }
+
+  void releaseEvalState() {
+    resident_optimizer.reset();
+    resident_ddp_buckets = at::Tensor();
+    holding_state = false;
+    eval_evidence.forgetTrials();
+    if (poisoned) return;
+    parameters.zeroGrad(ZeroGrad::kNone);
+    snapshot.restore();
+    backend->releaseCaches();
+  }
+
+  int microBatchesPerTrial() const { return std::min(spec.accumulation_steps, 2); }
+
+  TrialResult runEval(const TrialRequest& request) {
+    if (request.micro_batch_size < 1 || request.micro_batches_per_step < 1) {
+      throw Error("evaluation trial: expected a batch >= 1 and batches per trial >= 1, but got " +
+                  std::to_string(request.micro_batch_size) + " and " +
+                  std::to_string(request.micro_batches_per_step));
+    }
+    checkEvaluates();
+    checkUsable();
+    if (!holding_state) {
+      throw Error("evaluation trial: expected the evaluation state held (holdEvalState) first");
+    }
+    return runEvalOnce(request);
+  }
+
+  TrialResult runEvalOnce(const TrialRequest& request) {
+    const std::vector<detail::PlannedStep> plan(
+        1, detail::PlannedStep{request.micro_batch_size, &step->inputs()});
+    PlanRun outcome;
+    {
+      const EvaluatingScope scope(evaluating);
+      outcome = runPlan(request, plan, eval_evidence.afterLargerOom(request.micro_batch_size));
+    }
+    if (outcome.error) {
+      eval_evidence.forgetOutOfMemory();
+      std::rethrow_exception(outcome.error);
+    }
+    eval_evidence.learnFrom(outcome.result);
+    return std::move(outcome.result);
   }
 
   // The trial's peaks, once its tensors are gone. A sticky device error (device-side assert,
@@ -445,13 +560,21 @@ TrialResult TrialRunner::runMixed(const std::vector<MixedStep>& steps, int micro
   return impl_->runMixed(steps, micro_batches_per_step, cancel);
 }
 
+TrialResult TrialRunner::holdEvalState(EvalState state, std::int64_t training_batch) {
+  return impl_->holdEvalState(state, training_batch);
+}
+void TrialRunner::releaseEvalState() { impl_->releaseEvalState(); }
+bool TrialRunner::holdsEvalState() const { return impl_->holding_state; }
+TrialResult TrialRunner::runEval(const TrialRequest& request) { return impl_->runEval(request); }
+Probe TrialRunner::evalProbe() {
+  return [this](const TrialRequest& request) { return runEval(request); };
+}
+
 Probe TrialRunner::probe() {
   return [this](const TrialRequest& request) { return run(request); };
 }
 
-int TrialRunner::microBatchesPerTrial() const {
-  return std::min(impl_->spec.accumulation_steps, 2);
-}
+int TrialRunner::microBatchesPerTrial() const { return impl_->microBatchesPerTrial(); }
 
 std::int64_t TrialRunner::parameterCount() const { return impl_->parameters.count(); }
 std::int64_t TrialRunner::parameterBytes() const { return impl_->parameters.parameterBytes(); }
@@ -475,6 +598,7 @@ std::vector<std::string> TrialRunner::memoryLimitWarnings() const {
 std::string TrialRunner::backendName() const { return impl_->backend->name(); }
 std::string TrialRunner::modelFormat() const { return std::string(impl_->step->format().name); }
 std::vector<std::string> TrialRunner::modelWarnings() const { return impl_->step->warnings(); }
+std::vector<std::string> TrialRunner::evalWarnings() const { return impl_->step->evalWarnings(); }
 std::int64_t TrialRunner::baselineBytes() const { return impl_->baseline_bytes; }
 std::int64_t TrialRunner::currentBytes() const { return impl_->backend->currentBytes(); }
 std::int64_t TrialRunner::outsideBytes() const { return impl_->backend->outsideBytes(); }

@@ -252,6 +252,7 @@ TEST(FleetCliTest, CombinationsThatCannotBeTabledAreUsageErrors) {
       {"--fleet 16MiB --cache", "leave --cache out"},
       {"--fleet 16MiB,h300", "give its total memory as a size"},
       {"--fleet ''", "an empty item"},
+      {"--fleet 16MiB --eval", "the table has no evaluation column yet"},
   };
   for (const auto& [args, words] : cases) {
     const auto run =

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,11 +67,46 @@ struct RunContext {
 };
 
 /// The result of findMaxBatch().
+/// The evaluation search (--eval, --eval-only; docs/evaluation.md): the largest evaluation batch
+/// with a state resident (TrialRunner::holdEvalState, runEval).
+struct EvalResult {
+  EvalState state = EvalState::kTrainingResident;
+  /// The micro-batch of the training step that made the state (the search's smallest,
+  /// SearchOptions::min_batch); 0 for kParametersOnly.
+  std::int64_t training_batch = 0;
+  /// That training step's trial (kTrainingResident; empty for kParametersOnly).
+  TrialResult training_step;
+  /// False when the training state itself did not fit (training_step says why): no evaluation
+  /// trial ran and `search` is empty (status nothing-fits). Never an evaluation result.
+  bool state_fits = true;
+  /// Bytes held by tensors with the state resident, before the first evaluation trial.
+  std::int64_t resident_bytes = 0;
+  /// The search over evaluation batches: every trial is an evaluation trial (2 batches, the
+  /// previous batch's output alive); max/safe are the evaluation batch; capped_by what bound it.
+  SearchResult search;
+};
+
 struct MaxBatchResult {
   SearchResult search;
   MemoryBreakdown memory;
   RunContext context;
+  /// --eval / --eval-only: the evaluation search; nullopt otherwise. With --eval-only, `search`
+  /// is the same evaluation search (the run's answer).
+  std::optional<EvalResult> eval;
 };
+
+/// The evaluation search on a set-up runner: holds `state` (kTrainingResident: one training step
+/// at max(options.min_batch, 1)), searches the evaluation batch with runner.evalProbe() under
+/// `options` (2 batches per trial; no target plan; initial batch at least `start_batch`), then
+/// releases the state. Throws: as findMaxBatch; autobatch::Error for a format that cannot
+/// evaluate (pt2).
+EvalResult findMaxEvalBatch(TrialRunner& runner, const SearchOptions& options, EvalState state,
+                            std::int64_t start_batch = 0);
+
+/// findMaxBatch, then (kTrainingResident) the evaluation search on the same runner; for
+/// kParametersOnly the evaluation search alone (result.search is it). Throws: as findMaxBatch.
+MaxBatchResult findMaxBatchAndEval(const TrainingSpec& spec, const SearchOptions& options,
+                                   EvalState state);
 
 /// Removes the files autobatch has on disk for a moment: a pt2 package's compiled code, extracted
 /// under $TMPDIR (else /tmp) while the package loads and removed once it is loaded
@@ -117,6 +153,9 @@ struct CheckResult {
   std::int64_t margin_bytes = 0;  ///< the headroom applied, in bytes
   MemoryBreakdown memory;
   RunContext context;
+  /// checkEvalBatch: the state the evaluation trial ran beside (its search left empty); `trial`
+  /// is then the evaluation trial, or the training step when the state did not fit.
+  std::optional<EvalResult> eval;
 };
 
 /// Preflight: runs one trial at `micro_batch_size` (steps per trial and accumulation from `spec`)
@@ -124,6 +163,14 @@ struct CheckResult {
 /// Throws: as findMaxBatch; autobatch::Error for micro_batch_size < 1.
 CheckResult checkBatch(const TrainingSpec& spec, const SearchOptions& options,
                        std::int64_t micro_batch_size);
+
+/// Preflight of an evaluation batch (--check-eval-batch): the training state held as
+/// findMaxEvalBatch holds it (kTrainingResident), then one evaluation trial of 2 batches of
+/// `eval_batch`. fits / fits_with_margin as checkBatch; false with eval->state_fits false when
+/// the training state does not fit. Throws: as checkBatch; autobatch::Error for eval_batch < 1 or
+/// a format that cannot evaluate.
+CheckResult checkEvalBatch(const TrainingSpec& spec, const SearchOptions& options,
+                           std::int64_t eval_batch);
 
 /// SHA-1 of `bytes`, 40 hex digits (c10::sha1): the result cache's key hash.
 std::string sha1Hex(const std::string& bytes);

@@ -213,6 +213,21 @@ struct AllocatorInfo {
   AllocationUnits allocation_units = kCudaCachingAllocatorUnits;
 };
 
+/// What evaluation trials run beside the model (TrialRunner::holdEvalState, findMaxBatch's
+/// evaluation search).
+enum class EvalState {
+  /// Parameters, optimizer state and (zero_grad zeros) gradients: a validation loop in the
+  /// middle of training ("--eval").
+  kTrainingResident,
+  /// Parameters only: an evaluation job on its own ("--eval-only").
+  kParametersOnly,
+};
+
+/// "training-resident" or "parameters-only" (the JSON's eval.state). Never throws.
+inline const char* evalStateKey(EvalState state) {
+  return state == EvalState::kParametersOnly ? "parameters-only" : "training-resident";
+}
+
 /// Runs one trial. Returns its result for fits / out-of-memory / size-limit outcomes.
 /// Throws: model errors and fatal device errors, unchanged (they end the search).
 using Probe = std::function<TrialResult(const TrialRequest&)>;

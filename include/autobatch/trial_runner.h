@@ -125,6 +125,38 @@ class TrialRunner {
   /// A Probe for the search that calls run(); valid while the runner lives.
   Probe probe();
 
+  /// Makes the state evaluation trials (runEval) run beside, and holds it until
+  /// releaseEvalState() (or the runner's end). EvalState::kTrainingResident: the state in the
+  /// middle of training: the parameters, the optimizer state created by one real training step of
+  /// `training_batch` samples per micro-batch (microBatchesPerTrial() micro-batches, one optimizer
+  /// step), then zero_grad as spec.zero_grad says (zeros: the gradients stay allocated; none:
+  /// freed), and DDP's gradient buckets with spec.ddp. EvalState::kParametersOnly: an evaluation
+  /// job on its own; nothing is run, `training_batch` unused. Returns: the training step's trial
+  /// (kParametersOnly: an empty result, outcome kFits); when it did not fit (out of memory, a size
+  /// limit, cancelled) nothing is held: the training state does not fit, which is no evaluation
+  /// result. Throws: autobatch::Error for a format without capabilities.evaluation_forward (a pt2
+  /// package: "... export the model as TorchScript"), a state already held, training_batch < 1
+  /// (kTrainingResident); otherwise as run(). Side effects: from here currentBytes() stays at the
+  /// held state's bytes between trials (weights restored after the step, as after every trial).
+  TrialResult holdEvalState(EvalState state, std::int64_t training_batch);
+  /// Drops the held state: optimizer state and gradients freed, weights restored; currentBytes()
+  /// equals baselineBytes() again. Does nothing when none is held. Never throws on the CPU.
+  void releaseEvalState();
+  /// True between holdEvalState() (when its step fit) and releaseEvalState().
+  bool holdsEvalState() const;
+  /// One evaluation trial with the held state resident: request.micro_batches_per_step batches of
+  /// request.micro_batch_size samples (the eval probe asks for 2: the previous batch's output is
+  /// alive while the next one runs), each the model in eval mode, forward and loss under inference
+  /// mode with the training precision's autocast (StepProgram::evalStep), from the same weights;
+  /// no backward, no optimizer step. The peaks include the held state. Afterwards currentBytes()
+  /// is the held state's again and the module's training mode is as given. A traced TorchScript
+  /// graph ignores eval() (dropout and BatchNorm run as traced, in training mode).
+  /// Returns: as run(). Throws: autobatch::Error for batch or batches < 1, no held state, a format
+  /// that cannot evaluate; model and fatal device errors unchanged.
+  TrialResult runEval(const TrialRequest& request);
+  /// A Probe for the search that calls runEval(); valid while the runner lives.
+  Probe evalProbe();
+
   /// min(spec.accumulation_steps, 2): N >= 2 micro-batches per optimizer step peak like 2,
   /// because gradients are alive from the second forward on and no graph outlives its micro-batch.
   int microBatchesPerTrial() const;
@@ -171,6 +203,11 @@ class TrialRunner {
   /// was not run (and why), or that the package predates it, with the 9.15% under-count of such
   /// packages (ConvNeXt-tiny) and the way out. Empty for a TorchScript archive.
   std::vector<std::string> modelWarnings() const;
+  /// What the user should know about evaluation trials (runEval) of this model: that a traced
+  /// TorchScript archive (its "autobatch/export.json", written by scripts/autobatch_export.py,
+  /// says method "trace") ignores eval(). Empty when nothing (a scripted archive, or one that does
+  /// not say).
+  std::vector<std::string> evalWarnings() const;
   /// Bytes held by tensors before every trial (the model, its snapshot excluded), in bytes.
   std::int64_t baselineBytes() const;
   /// Bytes held by tensors now (CPU budget allocator; CUDA caching allocator "allocated").

@@ -142,6 +142,9 @@ int exitCodeFor(const autobatch::ReportData& report) {
                ? kExitOk
                : kExitDoesNotFit;
   }
+  if (report.result && report.result->eval && report.result->eval->search.safe_micro_batch == 0) {
+    return kExitDoesNotFit;  // --eval: the training state, or no evaluation batch, did not fit
+  }
   if (report.result) return report.result->search.safe_micro_batch > 0 ? kExitOk : kExitDoesNotFit;
   return kExitRuntimeError;
 }
@@ -150,6 +153,9 @@ std::string statusFor(const autobatch::ReportData& report) {
   if (g_signal.load() != 0) return "interrupted";
   if (report.check) return report.check->fits_with_margin ? "fits" : "does-not-fit";
   if (!report.result) return report.fleet ? "not-measurable" : "runtime-error";
+  if (report.result->eval && report.result->eval->search.safe_micro_batch == 0) {
+    return "nothing-fits";  // --eval: exit 3 (exitCodeFor); eval.search_status says which
+  }
   return std::string(autobatch::toString(report.result->search.status));
 }
 
@@ -318,9 +324,10 @@ std::optional<int> prepare(Cli& cli) {
   }
   const autobatch::RankInfo& rank = *cli.report.rank;
   if (rank.agrees()) {
-    if (cli.check_batch) {
-      throw Error("--check-batch: expected a single rank, but got rank " +
-                  std::to_string(rank.rank) + " of " + std::to_string(rank.world_size) +
+    if (cli.check_batch || cli.check_eval_batch) {
+      throw Error(std::string(cli.check_batch ? "--check-batch" : "--check-eval-batch") +
+                  ": expected a single rank, but got rank " + std::to_string(rank.rank) + " of " +
+                  std::to_string(rank.world_size) +
                   "; a multi-rank preflight searches (give --target-batch)");
     }
     cli.ranks = std::make_unique<autobatch::RankGroup>(rank, cli.rank_options);
@@ -344,12 +351,19 @@ int run(int argc, char** argv, Cli& cli) {
   const auto& spec = cli.report.spec;
   if (cli.check_batch) {
     cli.report.check = autobatch::checkBatch(spec, cli.report.options, *cli.check_batch);
+  } else if (cli.check_eval_batch) {
+    cli.report.check = autobatch::checkEvalBatch(spec, cli.report.options, *cli.check_eval_batch);
   } else if (!cli.lengths.empty()) {
     runSweep(cli);
   } else if (!cli.fleet.empty()) {
     runFleet(cli);
   } else if (cli.cache) {
     searchWithCache(cli);
+  } else if (cli.eval || cli.eval_only) {
+    cli.report.result =
+        autobatch::findMaxBatchAndEval(spec, cli.report.options,
+                                       cli.eval_only ? autobatch::EvalState::kParametersOnly
+                                                     : autobatch::EvalState::kTrainingResident);
   } else {
     cli.report.result = autobatch::findMaxBatch(spec, cli.report.options);
   }

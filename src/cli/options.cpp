@@ -348,6 +348,11 @@ void readFleet(const cxxopts::ParseResult& args, CliConfig& cli) {
            "the table has one answer per size; read the JSON's fleet rows (--json), or "
            "run --memory-limit SIZE --env on the card itself");
   }
+  if (cli.eval || cli.eval_only || cli.check_eval_batch) {
+    refuse("an evaluation flag",
+           "size the evaluation batch per size with --memory-limit SIZE --eval (the table has no "
+           "evaluation column yet)");
+  }
 }
 
 }  // namespace
@@ -377,6 +382,7 @@ void readOptions(const cxxopts::ParseResult& args, CliConfig& cli) {
   readRankOptions(args, cli);
   cli.report.spec.ddp = args["ddp"].as<bool>();
   const autobatch::ModelFormat& model_format = readModel(args, cli);
+  checkEvalFormat(args, cli.report.spec.model_path, model_format);
   readInputs(args, cli);
   readLossAndOptimizer(args, cli.report.spec, model_format);
   readStep(args, cli.report.spec);
@@ -385,6 +391,7 @@ void readOptions(const cxxopts::ParseResult& args, CliConfig& cli) {
   readSearch(args, cli.report.options);
   readTargets(args, cli);
   readModes(args, cli);
+  readEval(args, cli);
   readFleet(args, cli);
 }
 
@@ -448,6 +455,12 @@ cxxopts::Options makeOptions() {
     ("time-limit", "Wall-clock budget in seconds (0: none)", text()->default_value("0"), "S")
     ("check-batch", "Preflight: only check that micro-batch N (within --min-batch and --max-batch) "
                     "fits (exit 0) or not (exit 3)", text(), "N")
+    ("eval", "After the training search, find the largest evaluation batch with the training "
+             "state resident (parameters, optimizer state, gradients with --zero-grad zeros; "
+             "docs/evaluation.md)")
+    ("eval-only", "Find the largest evaluation batch of an evaluation job alone (parameters only)")
+    ("check-eval-batch", "Preflight: only check that evaluation batch E fits with the training "
+                         "state resident (exit 0) or not (exit 3)", text(), "E")
     ("cache", "Reuse a past search's answer for the same model, inputs, options, device and "
               "versions, confirmed by one trial (folder: AUTOBATCH_CACHE_DIR, else "
               "XDG_CACHE_HOME/autobatch/results, else ~/.cache/autobatch/results)")

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "autobatch/fleet.h"
+#include "autobatch/model_format.h"
 #include "autobatch/rank_group.h"
 #include "autobatch/report.h"
 
@@ -35,6 +36,10 @@ struct CliConfig {
   std::string json_path;
   bool env = false;
   RankGroupOptions rank_options;
+  /// --eval, --eval-only, --check-eval-batch E (docs/evaluation.md).
+  bool eval = false;
+  bool eval_only = false;
+  std::optional<std::int64_t> check_eval_batch;
 };
 
 /// The flag table (and --help's text).
@@ -49,6 +54,16 @@ std::string flag(const cxxopts::ParseResult& args, const std::string& name);
 /// that report still never replaces the model file. `short_name` (e.g. "-m") may be empty.
 std::string flagBeforeParsing(int argc, char** argv, const std::string& name,
                               const std::string& short_name = "");
+
+/// --eval, --eval-only or --check-eval-batch on a model format that cannot run a forward alone
+/// (a pt2 package). Throws: autobatch::Error naming the fix (export as TorchScript).
+void checkEvalFormat(const cxxopts::ParseResult& args, const std::string& model_path,
+                     const autobatch::ModelFormat& model_format);
+
+/// Reads --eval, --eval-only and --check-eval-batch into `cli` (after every other flag: it checks
+/// the combinations with --check-batch, --target-batch, --lengths and --cache). Throws:
+/// autobatch::Error naming the flag and the fix.
+void readEval(const cxxopts::ParseResult& args, CliConfig& cli);
 
 /// Reads every flag but --json, --env, --help, --version, -v and -q into `cli` (in the order
 /// of the flag groups; the first invalid flag throws). Throws: autobatch::Error naming the flag.

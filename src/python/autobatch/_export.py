@@ -39,6 +39,9 @@ from typing import Dict, Optional, Sequence
 import torch
 
 EXTRA_FILE = "autobatch/inputs.json"
+# {"version": 1, "method": "script" | "trace"}: how the archive was made. A traced graph ignores
+# eval() (dropout and BatchNorm stay as traced, in training mode); autobatch --eval says so.
+EXPORT_FILE = "autobatch/export.json"
 LOSSES = ("mean", "cross-entropy", "mse", "model")
 _DTYPES = {
     torch.float32: "float32",
@@ -164,7 +167,8 @@ def export(model: torch.nn.Module, path: str, example_inputs, loss: str = "mean"
         scripted = torch.jit.trace(model, example_inputs)
     else:
         raise ValueError(f"unknown method '{method}': expected script or trace")
-    torch.jit.save(scripted, path, _extra_files={EXTRA_FILE: meta})
+    how = json.dumps({"version": 1, "method": method})
+    torch.jit.save(scripted, path, _extra_files={EXTRA_FILE: meta, EXPORT_FILE: how})
     return meta
 
 
