@@ -272,6 +272,9 @@ class _Session:
         if not self.trained:
             raise UsageError("model: no parameter requires grad, so there is nothing to train")
         self.make_optimizer, self.optimizer_name = _optimizer_factory(optimizer, self.trained)
+        # One figure for the report and the trials' DDP bucket buffer (the same bytes).
+        self.gradient_bytes = _distinct_bytes(self.trained)
+        self.ddp_bucket_bytes = self.gradient_bytes if self.ddp else 0
         self.options = {
             "memory_limit_bytes": _bytes(memory_limit, "memory_limit"),
             "reserve_bytes": _bytes(reserve, "reserve"), "margin_fraction": fraction,
@@ -319,7 +322,7 @@ class _Session:
             meter.finish_setup(state.untracked_bytes())
             probe = EagerProbe(self.model, self.example, self.n0, self.device, self.make_optimizer,
                                self.loss_fn, self.autocast, meter, state, self.steps, self.step,
-                               self.ddp)
+                               self.ddp_bucket_bytes)
             probe.facts = _facts(self, state, meter)
             try:
                 return fn(probe, probe.facts)
@@ -416,16 +419,19 @@ def _nothing_fits_message(result):
             f"needs at least {r.get('min_batch_needs_at_least_bytes', 0)} bytes")
 
 
+def _distinct_bytes(tensors):
+    """Bytes of the distinct storages behind `tensors` (tied weights counted once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        st = t.untyped_storage()
+        if st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+    return total
+
+
 def _facts(session, state, meter):
     """What the report says of the model and the run (MemoryBreakdown and RunContext's fields)."""
-    def distinct_bytes(tensors):
-        seen, total = set(), 0
-        for t in tensors:
-            st = t.untyped_storage()
-            if st.data_ptr() not in seen:
-                seen.add(st.data_ptr())
-                total += st.nbytes()
-        return total
     device, model = session.device, session.model
     baseline = (state.untracked_bytes() if device.type == "cpu"
                 else torch.cuda.memory_allocated(device))
@@ -442,10 +448,9 @@ def _facts(session, state, meter):
         "step": f"the user's eager step: inputs {_describe(session.example)}, loss {loss}, "
                 f"optimizer {optimizer}, {session.precision}",
         "model": {"parameter_count": sum(p.numel() for p in session.trained),
-                  "parameter_bytes": distinct_bytes(model.parameters()),
-                  "gradient_bytes": distinct_bytes(session.trained), "optimizer_state_bytes": 0,
-                  "baseline_bytes": baseline,
-                  "ddp_bucket_bytes": distinct_bytes(session.trained) if session.ddp else 0,
+                  "parameter_bytes": _distinct_bytes(model.parameters()),
+                  "gradient_bytes": session.gradient_bytes, "optimizer_state_bytes": 0,
+                  "baseline_bytes": baseline, "ddp_bucket_bytes": session.ddp_bucket_bytes,
                   "optimizer_impl": impl,
                   "model_format": "python"},
         "context": {"device": str(device), "backend": meter.backend,

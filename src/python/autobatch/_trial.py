@@ -237,10 +237,9 @@ class EagerProbe:
     """The probe the C++ search calls: probe(B, micro_batches_per_step) -> a plain dict."""
 
     def __init__(self, model, example, n0, device, make_optimizer, loss_fn, autocast, meter,
-                 state, steps_per_trial, step=None, ddp=False):
+                 state, steps_per_trial, step=None, ddp_bytes=0):
         self.model, self.example, self.n0, self.device = model, example, n0, device
-        self.step, self.ddp_bytes = step, (sum(p.numel() * p.element_size() for p in state.params)
-                                           if ddp else 0)
+        self.step, self.ddp_bytes = step, ddp_bytes  # DDP's buckets held by every trial; 0: none
         self.make_optimizer, self.loss_fn, self.autocast = make_optimizer, loss_fn, autocast
         self.meter, self.state, self.steps = meter, state, steps_per_trial
         self.point = ("idle", 0, 0)
