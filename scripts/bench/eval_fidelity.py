@@ -22,9 +22,7 @@ The eager models are the nn.Modules of scripts/export_models.py; the archives ar
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -123,11 +121,7 @@ def autobatch_eval_peak(case: EvalCase, cli: str, models: str, workdir: str) -> 
            case.zero_grad, "--json", report]
     if case.input:
         cmd += ["--input", case.input]
-    run = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if run.returncode != 0 or not os.path.exists(report):
-        raise RuntimeError(f"{' '.join(cmd)}: exit {run.returncode}\n{run.stderr[-2000:]}")
-    with open(report) as f:
-        doc = json.load(f)
+    doc = fidelity.cli_report(cmd, report)
     assert doc["trials"][0].get("eval"), "trials[0] is not an evaluation trial"
     return int(doc["trials"][0]["peak_allocated_bytes"])
 

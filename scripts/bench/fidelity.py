@@ -192,12 +192,18 @@ def autobatch_peak(case: Case, cli: str, models: str, workdir: str,
            "--accumulation-steps", str(case.micro_batches)]
     if case.input:
         cmd += ["--input", case.input]
+    doc = cli_report(cmd, report)
+    return int(doc["trials"][0]["peak_allocated_bytes"]), doc
+
+
+def cli_report(cmd: list[str], report: str) -> dict:
+    """Runs the autobatch command `cmd` (which writes its JSON to `report`) and returns that
+    report; RuntimeError with the command and its stderr when it fails (also eval_fidelity.py's)."""
     run = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if run.returncode != 0 or not os.path.exists(report):
         raise RuntimeError(f"{' '.join(cmd)}: exit {run.returncode}\n{run.stderr[-2000:]}")
     with open(report) as f:
-        doc = json.load(f)
-    return int(doc["trials"][0]["peak_allocated_bytes"]), doc
+        return json.load(f)
 
 
 def test_cases() -> list[Case]:
