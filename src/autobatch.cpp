@@ -58,6 +58,27 @@ MaxBatchResult searchWith(TrialRunner& runner, const SearchOptions& options) {
   return result;
 }
 
+// One check trial of `request` through `run`, with the search's hooks around it.
+template <typename Run>
+TrialResult hookedTrial(TrialRequest request, const SearchOptions& options, Run run) {
+  request.cancel = options.cancel;
+  if (options.before_trial) options.before_trial(request);
+  TrialResult trial = run(request);
+  if (options.on_trial) options.on_trial(trial);
+  return trial;
+}
+
+// A check's verdict on its trial (raw and under the margin) and the runner's facts.
+void finishCheck(CheckResult& check, const TrialRunner& runner, const SearchOptions& options,
+                 bool ran) {
+  check.fits = ran && check.trial.outcome == TrialOutcome::kFits && !check.trial.cancelled;
+  check.margin_bytes = marginBytes(options, check.trial.memory_limit_bytes);
+  check.fits_with_margin =
+      check.fits && check.trial.peak_bytes <= check.trial.memory_limit_bytes - check.margin_bytes;
+  check.memory = breakdownOf(runner);
+  check.context = contextOf(runner);
+}
+
 }  // namespace
 
 MaxBatchResult findMaxBatch(const TrainingSpec& spec, const SearchOptions& options) {
@@ -99,16 +120,8 @@ CheckResult checkBatch(const TrainingSpec& spec, const SearchOptions& options,
   TrialRequest request;
   request.micro_batch_size = micro_batch_size;
   request.micro_batches_per_step = runner.microBatchesPerTrial();
-  request.cancel = options.cancel;
-  if (options.before_trial) options.before_trial(request);
-  check.trial = runner.run(request);
-  if (options.on_trial) options.on_trial(check.trial);
-  check.fits = check.trial.outcome == TrialOutcome::kFits && !check.trial.cancelled;
-  check.margin_bytes = marginBytes(options, check.trial.memory_limit_bytes);
-  check.fits_with_margin =
-      check.fits && check.trial.peak_bytes <= check.trial.memory_limit_bytes - check.margin_bytes;
-  check.memory = breakdownOf(runner);
-  check.context = contextOf(runner);
+  check.trial = hookedTrial(request, options, [&](const TrialRequest& r) { return runner.run(r); });
+  finishCheck(check, runner, options, true);
   return check;
 }
 
@@ -178,21 +191,13 @@ CheckResult checkEvalBatch(const TrainingSpec& spec, const SearchOptions& option
     TrialRequest request;
     request.micro_batch_size = eval_batch;
     request.micro_batches_per_step = 2;
-    request.cancel = options.cancel;
-    if (options.before_trial) options.before_trial(request);
-    check.trial = runner.runEval(request);
-    if (options.on_trial) options.on_trial(check.trial);
+    check.trial =
+        hookedTrial(request, options, [&](const TrialRequest& r) { return runner.runEval(r); });
     runner.releaseEvalState();
   } else {
     check.trial = eval.training_step;
   }
-  check.fits =
-      eval.state_fits && check.trial.outcome == TrialOutcome::kFits && !check.trial.cancelled;
-  check.margin_bytes = marginBytes(options, check.trial.memory_limit_bytes);
-  check.fits_with_margin =
-      check.fits && check.trial.peak_bytes <= check.trial.memory_limit_bytes - check.margin_bytes;
-  check.memory = breakdownOf(runner);
-  check.context = contextOf(runner);
+  finishCheck(check, runner, options, eval.state_fits);
   for (auto& w : runner.evalWarnings()) check.context.warnings.push_back(std::move(w));
   check.eval = std::move(eval);
   return check;
