@@ -237,9 +237,9 @@ MODELS = {
 
 # A package built another way than export_pt2's, for comparisons recorded in docs/formats.md
 # (reproduced with scripts/bench/formats.py --package NAME; its NAME.ts is the model's
-# TorchScript archive): name -> (MODELS name, what differs). "fused": no EAGER_KERNELS and
-# Inductor's own reordering, as packages were exported before eager kernels (written without
-# "eager_kernels", so the runner warns). "reordered": EAGER_KERNELS kept, Inductor's own
+# TorchScript archive): name -> (MODELS name, what differs). "fused": no EAGER_KERNELS, Inductor's
+# own reordering and fusion, dropout as torch.export decomposes it, as packages were exported
+# before eager kernels (written without "eager_kernels", so the runner warns). "reordered": EAGER_KERNELS kept, Inductor's own
 # reordering instead of _eager_order.
 VARIANTS = {
     "resnet18_64_fused": ("resnet18_64", "fused"),
@@ -381,9 +381,12 @@ def build(name: str, path: str) -> None:
         import contextlib
 
         kernels, order = ab.EAGER_KERNELS, ab._eager_order
+        buffers, dropout = ab._eager_buffers, ab._eager_dropout
         ab._eager_order = contextlib.nullcontext
         if variant == "fused":
             ab.EAGER_KERNELS = ()
+            ab._eager_buffers = ab._eager_dropout = contextlib.nullcontext
+            ab._INDUCTOR_OVERRIDES["max_fusion_size"] = 64  # Inductor's default
         staged = path[:-len(".pt2")] + ".variant.pt2"
         try:
             # a variant differs from the eager step on purpose (docs/formats.md compares them):
@@ -392,6 +395,8 @@ def build(name: str, path: str) -> None:
                           check_memory=False)
         finally:
             ab.EAGER_KERNELS, ab._eager_order = kernels, order
+            ab._eager_buffers, ab._eager_dropout = buffers, dropout
+            ab._INDUCTOR_OVERRIDES.pop("max_fusion_size", None)
         if variant == "fused":
             rewrite_metadata(staged, path, "autobatch.eager_kernels", None)
             os.remove(staged)

@@ -529,6 +529,107 @@ def test_memory_check(workdir: str) -> None:
         check("not an executable file" in str(error), f"a wrong --autobatch path: {error}")
 
 
+class GeluMlp(torch.nn.Module):
+    """GPT-2's MLP in small: a tanh GELU written in Python (transformers' NewGELUActivation: eight
+    ATen ops, each result a tensor in eager), then dropout. Without the dropout this step peaks
+    in the backward of the GELU's last multiply, where eager keeps both factors until both
+    gradients are made and the package frees each after its last use: 10.94% under at batch 8,
+    refused by the memory check (docs/formats.md, "What differs")."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(64, 512)
+        self.drop = torch.nn.Dropout(0.1)
+        self.down = torch.nn.Linear(512, 10)
+
+    def forward(self, x):
+        h = self.up(x)
+        h = 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * torch.pow(h, 3.0))))
+        return self.down(self.drop(h))
+
+
+class DropoutMlp(torch.nn.Module):
+    """A dropout whose saved noise is alive where the step peaks (the head's backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(64, 512)
+        self.drop = torch.nn.Dropout(0.1)
+        self.down = torch.nn.Linear(512, 10)
+
+    def forward(self, x):
+        return self.down(self.drop(torch.relu(self.up(x))))
+
+
+EAGER_BUFFER_MODELS = {"fused": GeluMlp, "mask": DropoutMlp}
+EAGER_BUFFER_EXAMPLE = (8, 16, 64)
+
+
+def export_variant(path: str, variant: str) -> None:
+    """--export-variant PATH fused|mask: a model of EAGER_BUFFER_MODELS exported as before issue
+    26's fix of its kind, in a child process of test_eager_buffers: "fused" (GeluMlp) lets
+    Inductor compute pointwise values inside their consumers (no _eager_buffers, fusion on),
+    "mask" (DropoutMlp) traces dropout as torch.export's decomposition does (a bool mask where
+    eager's CPU step holds float noise)."""
+    import contextlib
+
+    if variant == "fused":
+        ab._eager_buffers = contextlib.nullcontext
+        ab._INDUCTOR_OVERRIDES["max_fusion_size"] = 64
+    else:
+        ab._eager_dropout = contextlib.nullcontext
+    torch.manual_seed(0)
+    try:
+        ab.export_pt2(EAGER_BUFFER_MODELS[variant](), path,
+                      (torch.randn(*EAGER_BUFFER_EXAMPLE),), loss="cross-entropy")
+    except ValueError as error:
+        raise SystemExit(f"autobatch_export: error: {error}") from None
+
+
+def test_eager_buffers(workdir: str) -> None:
+    """Issue 26, item 1 (the GPT-2 row, 7.13% under): the package holds the tensors the eager
+    CPU step holds, one per op, and dropout's float noise. Catches: an export that lets Inductor
+    compute pointwise chains inside their consumers (GeluMlp), and one that traces dropout as
+    torch.export's decomposition, native_dropout's bool mask (DropoutMlp); each, made in a child
+    process, must be refused by the memory check, while the export as it is passes within
+    -0.5%..+1% of the eager step at batch 8 and 32. Also: the joint graph draws bernoulli noise
+    (eager's CPU dropout), not native_dropout, and dropout's own kernel is back afterwards."""
+    import subprocess
+
+    for variant, model in EAGER_BUFFER_MODELS.items():
+        path = os.path.join(workdir, f"{model.__name__}.pt2")
+        torch.manual_seed(0)
+        ab.export_pt2(model(), path, (torch.randn(*EAGER_BUFFER_EXAMPLE),), loss="cross-entropy")
+        memory = _memory_rows(path)
+        check(memory["status"] == "passed" and [r["batch"] for r in memory["rows"]] == [8, 32],
+              f"{model.__name__}: the memory check passed at batch 8 and 32: {memory}")
+        for row in memory["rows"]:
+            pct = 100.0 * (row["package_peak_bytes"] - row["eager_peak_bytes"]) / \
+                row["eager_peak_bytes"]
+            check(-0.5 <= pct <= 1.0, f"{model.__name__} B={row['batch']}: package "
+                  f"{row['package_peak_bytes']:,} vs eager {row['eager_peak_bytes']:,} "
+                  f"({pct:+.3f}%)")
+        under = os.path.join(workdir, f"{model.__name__}_{variant}.pt2")
+        run = subprocess.run([sys.executable, os.path.abspath(__file__), "--export-variant",
+                              under, variant], capture_output=True, text=True, check=False)
+        message = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else ""
+        check(run.returncode != 0 and "under the eager step's" in message
+              and not os.path.exists(under),
+              f"{model.__name__}, {variant} as before the fix: refused (exit {run.returncode}): "
+              f"{message[:240]}")
+    wrapped = ab._WithLoss(DropoutMlp().train(), "cross-entropy", 1)
+    x = torch.randn(*EAGER_BUFFER_EXAMPLE)
+    args = (x, torch.randint(0, 10, EAGER_BUFFER_EXAMPLE[:2]))
+    dims = (tuple({0: torch.export.Dim("B", min=1)} for _ in args),)
+    joint, _ = ab.export_joint(wrapped, args, dims)
+    ops = {str(n.target) for n in joint.graph.nodes if n.op == "call_function"}
+    check("aten.bernoulli.p" in ops and "aten.native_dropout.default" not in ops,
+          "DropoutMlp: the joint graph draws eager's CPU noise (bernoulli), no native_dropout")
+    check(torch.ops.aten.dropout.default.py_kernels.get(torch._C.DispatchKey.Autograd)
+          is not ab._cpu_eager_dropout,
+          "DropoutMlp: dropout's own kernels are back after the export")
+
+
 def test_does_not_export(workdir: str) -> None:
     try:
         ab.export_pt2(DataDependent(), os.path.join(workdir, "bad.pt2"), (torch.randn(2, 4),))
@@ -542,9 +643,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workdir", default="")
     parser.add_argument("--export-under-count", metavar="PATH", help=export_under_count.__doc__)
+    parser.add_argument("--export-variant", nargs=2, metavar=("PATH", "VARIANT"),
+                        help=export_variant.__doc__)
     args = parser.parse_args()
     if args.export_under_count:
         export_under_count(args.export_under_count)
+        return 0
+    if args.export_variant:
+        export_variant(*args.export_variant)
         return 0
     workdir = args.workdir or tempfile.mkdtemp(prefix="pt2_export_test_")
     os.makedirs(workdir, exist_ok=True)
@@ -557,6 +663,7 @@ def main() -> int:
     test_does_not_export(workdir)
     test_constants_stored(workdir)
     test_memory_check(workdir)
+    test_eager_buffers(workdir)
     print(f"{len(FAILURES)} failure(s)")
     return 1 if FAILURES else 0
 

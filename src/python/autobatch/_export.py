@@ -353,6 +353,91 @@ class _eager_kernels:
         return False
 
 
+def _cpu_eager_dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
+    """aten::dropout as eager PyTorch runs it on the CPU (aten/src/ATen/native/Dropout.cpp, torch
+    2.11: ``is_fused_kernel_acceptable`` holds for CUDA, XPU, lazy and PrivateUse1 tensors only, so
+    a CPU tensor takes ``_dropout<false>``): a noise tensor of the input's shape and dtype filled by
+    ``bernoulli_(1 - p)``, divided by ``1 - p`` in place and multiplied into the input; autograd
+    saves the noise for the backward. ``p == 0``, eval mode and empty inputs return the input
+    itself, ``p == 1`` multiplies by a zero scalar, as there. The decomposition torch.export applies
+    instead (torch/_decomp/decompositions.py: ``native_dropout``) saves a bool mask: one byte per
+    element where the eager CPU step holds four, and a copy of the input where eager returns it."""
+    if p < 0 or p > 1:
+        raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if p == 0 or not train or input.numel() == 0:
+        return input
+    if p == 1:
+        return input * torch.zeros((), dtype=input.dtype, device=input.device)
+    noise = torch.empty_like(input).bernoulli_(1 - p)
+    noise.div_(1 - p)
+    return input * noise
+
+
+class _eager_dropout:
+    """Context manager for the joint export: ``aten.dropout`` (nn.Dropout, F.dropout, and the
+    dropout inside scaled_dot_product_attention's math path) is traced as _cpu_eager_dropout.
+    torch registers its decomposition as the op's Python kernel for CompositeImplicitAutograd and
+    Autograd (``py_kernels``), which the export's tracing calls before any decomposition table is
+    read, so those entries are replaced, and restored on exit (also on error).
+
+    Why (issue 26): a GPT-2 from a config (dropout 0.1 in five places and in its attention) was
+    under the eager step by 1,769,636 bytes at batch 2 with every other buffer as eager's (2.01%):
+    exactly the noise bytes eager holds beyond the bool masks. Packages are CPU-only, so the CPU's
+    form is the eager step's; a CUDA eager step saves the bool mask, as ``native_dropout`` does."""
+
+    def __enter__(self):
+        self._op = torch.ops.aten.dropout.default
+        self._saved = dict(self._op.py_kernels)
+        for key in self._saved:
+            self._op.py_kernels[key] = _cpu_eager_dropout
+        self._op._dispatch_cache.clear()
+        return self
+
+    def __exit__(self, *exc):
+        self._op.py_kernels.clear()
+        self._op.py_kernels.update(self._saved)
+        self._op._dispatch_cache.clear()
+        return False
+
+
+class _eager_buffers:
+    """Context manager for a compile: Inductor stores the result of every ATen op of the graph
+    that is neither a view nor a mutation in a buffer of its own (GraphLowering.run_node,
+    torch/_inductor/graph.py, torch 2.11: each result TensorBox realized as it is lowered), as the
+    eager step allocates one tensor per op; with ``max_fusion_size`` 1 (set by _export_pt2) no
+    kernel fuses two of them, which would make a buffer read only inside one kernel a local of
+    that kernel. Left alone, Inductor computes a pointwise value inside each consumer instead of
+    storing it (an unrealized TensorBox is inlined into the code that reads it), and the package
+    holds fewer tensors than eager: a GPT-2 from a config, whose tanh GELU is eight ATen ops
+    written in Python, was 7.13% under the eager step at batch 2, 2.01% with this (the rest: its
+    dropouts, _eager_dropout), -0.000% with both (issue 26, docs/formats.md). Restores run_node on
+    exit, also on error."""
+
+    def __enter__(self):
+        from torch._inductor.graph import GraphLowering
+        from torch._inductor.ir import TensorBox
+
+        self._class, self._original = GraphLowering, GraphLowering.run_node
+        original = self._original
+
+        def run_node(lowering, node):
+            result = original(lowering, node)
+            target = node.target
+            if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and \
+                    not target.is_view and not target._schema.is_mutable:
+                for value in result if isinstance(result, (list, tuple)) else (result,):
+                    if isinstance(value, TensorBox):
+                        value.realize()
+            return result
+
+        GraphLowering.run_node = run_node
+        return self
+
+    def __exit__(self, *exc):
+        self._class.run_node = self._original
+        return False
+
+
 def eager_kernels(joint) -> list:
     """The EAGER_KERNELS (and their backward kernels) the joint graph calls, as sorted
     "aten.<name>" strings: metadata "eager_kernels"."""
@@ -373,8 +458,9 @@ def export_joint(wrapped: torch.nn.Module, args, dynamic_shapes):
     import torch.export.experimental  # noqa: F401  (not imported by torch.export itself)
     from torch.export.graph_signature import OutputKind
 
-    ep = torch.export.export(wrapped, tuple(args), dynamic_shapes=dynamic_shapes)
-    with _eager_kernels():
+    with _eager_dropout():
+        ep = torch.export.export(wrapped, tuple(args), dynamic_shapes=dynamic_shapes)
+    with _eager_kernels(), _eager_dropout():
         joint = torch.export.experimental._export_forward_backward(ep, joint_loss_index=0)
     kinds = [spec.kind for spec in joint.graph_signature.output_specs]
     if kinds.count(OutputKind.LOSS_OUTPUT) != 1:
@@ -566,7 +652,7 @@ def _compile_package(path: str, programs, inductor_configs):
     for name, program in programs.items():
         module = _constants_as_buffers(program.module(check_guards=False))
         args, kwargs = program.example_inputs
-        with _eager_kernels(), _eager_order():
+        with _eager_kernels(), _eager_order(), _eager_buffers():
             files[name] = torch._inductor.aot_compile(
                 module, args, kwargs, options={**inductor_configs, "aot_inductor.package": True})
     return package_aoti(path, files)
@@ -1125,6 +1211,8 @@ def _export_pt2(model, path, partial, example_inputs, loss, int_high, base, eage
              # under the eager loop), a stack of its blocks held the activations they read
              # to the end instead (+9.1%)
              "reorder_for_locality": False,
+             # one kernel per op, each result in its own buffer (_eager_buffers, issue 26)
+             "max_fusion_size": 1,
              **_INDUCTOR_OVERRIDES})
     # A low bound of 2 is torch.export's own: its batch symbol starts at [2, inf) (sizes 0 and 1
     # are special to it) even under Dim("B", min=1); the code stays symbolic and runs batch 1
