@@ -386,7 +386,8 @@ def build(name: str, path: str) -> None:
         if variant == "fused":
             ab.EAGER_KERNELS = ()
             ab._eager_buffers = ab._eager_dropout = contextlib.nullcontext
-            ab._INDUCTOR_OVERRIDES["max_fusion_size"] = 64  # Inductor's default
+            # Inductor's defaults
+            ab._INDUCTOR_OVERRIDES.update(max_fusion_size=64, allow_buffer_reuse=True)
         staged = path[:-len(".pt2")] + ".variant.pt2"
         try:
             # a variant differs from the eager step on purpose (docs/formats.md compares them):
@@ -396,7 +397,8 @@ def build(name: str, path: str) -> None:
         finally:
             ab.EAGER_KERNELS, ab._eager_order = kernels, order
             ab._eager_buffers, ab._eager_dropout = buffers, dropout
-            ab._INDUCTOR_OVERRIDES.pop("max_fusion_size", None)
+            for key in ("max_fusion_size", "allow_buffer_reuse"):
+                ab._INDUCTOR_OVERRIDES.pop(key, None)
         if variant == "fused":
             rewrite_metadata(staged, path, "autobatch.eager_kernels", None)
             os.remove(staged)

@@ -568,14 +568,15 @@ EAGER_BUFFER_EXAMPLE = (8, 16, 64)
 def export_variant(path: str, variant: str) -> None:
     """--export-variant PATH fused|mask: a model of EAGER_BUFFER_MODELS exported as before issue
     26's fix of its kind, in a child process of test_eager_buffers: "fused" (GeluMlp) lets
-    Inductor compute pointwise values inside their consumers (no _eager_buffers, fusion on),
+    Inductor compute pointwise values inside their consumers and fuse them (no _eager_buffers,
+    Inductor's fusion and buffer reuse),
     "mask" (DropoutMlp) traces dropout as torch.export's decomposition does (a bool mask where
     eager's CPU step holds float noise)."""
     import contextlib
 
     if variant == "fused":
         ab._eager_buffers = contextlib.nullcontext
-        ab._INDUCTOR_OVERRIDES["max_fusion_size"] = 64
+        ab._INDUCTOR_OVERRIDES.update(max_fusion_size=64, allow_buffer_reuse=True)
     else:
         ab._eager_dropout = contextlib.nullcontext
     torch.manual_seed(0)

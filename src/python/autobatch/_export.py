@@ -401,17 +401,23 @@ class _eager_dropout:
 
 
 class _eager_buffers:
-    """Context manager for a compile: Inductor stores the result of every ATen op of the graph
-    that is neither a view nor a mutation in a buffer of its own (GraphLowering.run_node,
-    torch/_inductor/graph.py, torch 2.11: each result TensorBox realized as it is lowered), as the
-    eager step allocates one tensor per op; with ``max_fusion_size`` 1 (set by _export_pt2) no
-    kernel fuses two of them, which would make a buffer read only inside one kernel a local of
-    that kernel. Left alone, Inductor computes a pointwise value inside each consumer instead of
-    storing it (an unrealized TensorBox is inlined into the code that reads it), and the package
-    holds fewer tensors than eager: a GPT-2 from a config, whose tanh GELU is eight ATen ops
-    written in Python, was 7.13% under the eager step at batch 2, 2.01% with this (the rest: its
-    dropouts, _eager_dropout), -0.000% with both (issue 26, docs/formats.md). Restores run_node on
-    exit, also on error."""
+    """Context manager for a compile: the compiled step allocates and frees as the eager step does,
+    one tensor per op, each freed after its last use (issue 26). Four of Inductor's ways differ:
+    - it computes a pointwise value inside each op that reads it instead of storing it (an
+      unrealized TensorBox is inlined into its consumers' code): here every ATen op's result
+      that is neither a view nor a mutation is realized as it is lowered
+      (GraphLowering.run_node, torch/_inductor/graph.py, torch 2.11);
+    - it fuses ops into one kernel, whose intermediate buffers become locals of the kernel:
+      ``max_fusion_size`` 1 (set by _export_pt2) fuses nothing;
+    - its C++ backend emits consecutive kernels as one function, allocating every output of
+      the group before the call and freeing after it: here each kernel is flushed on its own
+      (CppScheduling.MAX_FUSED_KERNEL_ARGS_NUM below zero, torch/_inductor/codegen/cpp.py);
+    - its memory planner keeps a dead buffer allocated until a later buffer of the same size
+      reuses it, possibly in the backward: ``allow_buffer_reuse`` off (set by _export_pt2).
+    Measured (docs/formats.md): a GPT-2 from a config, whose tanh GELU is eight ATen ops
+    written in Python, was 7.13% under the eager step at batch 2 (2.01% with the first two, the
+    rest its dropouts: _eager_dropout); a small ViT was 6.2% over at batch 8 with the first two
+    and -0.000% with all four. Restores what it changed on exit, also on error."""
 
     def __enter__(self):
         from torch._inductor.graph import GraphLowering
@@ -431,10 +437,15 @@ class _eager_buffers:
             return result
 
         GraphLowering.run_node = run_node
+        from torch._inductor.codegen.cpp import CppScheduling
+
+        self._cpp, self._args = CppScheduling, CppScheduling.MAX_FUSED_KERNEL_ARGS_NUM
+        CppScheduling.MAX_FUSED_KERNEL_ARGS_NUM = -1  # flush after every kernel
         return self
 
     def __exit__(self, *exc):
         self._class.run_node = self._original
+        self._cpp.MAX_FUSED_KERNEL_ARGS_NUM = self._args
         return False
 
 
@@ -1211,8 +1222,10 @@ def _export_pt2(model, path, partial, example_inputs, loss, int_high, base, eage
              # under the eager loop), a stack of its blocks held the activations they read
              # to the end instead (+9.1%)
              "reorder_for_locality": False,
-             # one kernel per op, each result in its own buffer (_eager_buffers, issue 26)
+             # one kernel per op, each result in its own buffer, freed after its last use
+             # (_eager_buffers, issue 26)
              "max_fusion_size": 1,
+             "allow_buffer_reuse": False,
              **_INDUCTOR_OVERRIDES})
     # A low bound of 2 is torch.export's own: its batch symbol starts at [2, inf) (sizes 0 and 1
     # are special to it) even under Dim("B", min=1); the code stays symbolic and runs batch 1
