@@ -89,16 +89,25 @@ class LifetimePass {
       if (isTensor(in)) arguments.push_back(in);
     }
     callee->ensure_defined();
-    const std::vector<Value*> outputs = torch::jit::inlineCallTo(call, callee, /*use_graph=*/true);
+    // The raw graph (not optimized_graph(), which is inlined already): its calls are inlined
+    // below, each a frame of its own.
+    const std::vector<Value*> outputs =
+        torch::jit::inlineCallTo(call, callee, callee->graph().get());
+    // The outputs may come from calls in the callee, inlined below (their values replaced): a
+    // node that uses them follows the replacements, and goes once they are known.
+    Node* sentinel = graph_.create(c10::prim::TupleConstruct, outputs, /*num_outputs=*/0);
+    sentinel->insertBefore(after);
     const int child = next_frame_++;
-    inlineRange(before->next(), after, child);
+    inlineRange(before->next(), sentinel, child);
+    const std::vector<Value*> results(sentinel->inputs().begin(), sentinel->inputs().end());
+    sentinel->destroy();
     Node* last = after->prev();
     if (last == before) return;  // nothing ran in the call: no point to keep anything through
     frame_end_[child] = last;
     // Python holds a call's arguments until it returns.
     for (Value* argument : arguments) keepThrough(argument, last);
     for (std::size_t i = 0; i < outputs.size(); ++i) {
-      if (!names[i].empty()) bindings_.push_back({outputs[i], frame, names[i], last});
+      if (!names[i].empty()) bindings_.push_back({results[i], frame, names[i], last});
     }
   }
 
