@@ -50,6 +50,25 @@ torch::jit::Module tail() {
   return m;
 }
 
+// The tail with its hidden state made two calls deep: `x = self.inner.forward(x)`, whose forward
+// returns `self.block.forward(x)` (the value returned is the nested call's).
+torch::jit::Module nestedTail() {
+  torch::manual_seed(0);
+  auto inner = newModule("Inner");
+  inner.register_module("block", layer("Block", kWidth, kWidth, "torch.tanh"));
+  inner.define("def forward(self, x):\n    return self.block.forward(x)\n");
+  auto m = newModule("NestedTail");
+  m.register_module("inner", inner);
+  m.register_module("ln", layer("Ln", kWidth, kWidth, "torch.relu"));
+  m.register_module("head", layer("Head", kWidth, kVocab, ""));
+  m.define(R"(
+    def forward(self, x):
+        x = self.inner.forward(x)
+        return self.head.forward(self.ln.forward(x))
+  )");
+  return m;
+}
+
 // A local rebound twice: `x = self.a(x); x = self.b(x)`, then the logits.
 torch::jit::Module rebinding() {
   torch::manual_seed(0);
@@ -118,6 +137,20 @@ constexpr std::int64_t kRebindingPythonPeak = kInputBytes + 2 * kLogitsBytes + k
 TEST(EvalLifetimesTest, TailKeepsTheFramesLocalWhileTheLogitsAreMade) {
   for (const bool loaded : {false, true}) {
     const torch::jit::Module m = loaded ? roundTrip(tail()) : tail();
+    const std::int64_t python = evalPeakAboveParameters(m.clone(), true);
+    const std::int64_t interpreter = evalPeakAboveParameters(m.clone(), false);
+    EXPECT_EQ(python, kTailPythonPeak) << (loaded ? "loaded" : "scripted");
+    EXPECT_EQ(python - interpreter, kHiddenBytes) << (loaded ? "loaded" : "scripted");
+  }
+}
+
+// The same when x comes out of a call inside a call: the caller's local is the value the inner
+// call returned, which the inner call's own inlining replaced. Catches a pass that binds the
+// value the outer inlining returned (destroyed by then: the keep-alive would name a dangling or
+// another value) instead of the one that replaced it.
+TEST(EvalLifetimesTest, LocalMadeTwoCallsDeepIsKept) {
+  for (const bool loaded : {false, true}) {
+    const torch::jit::Module m = loaded ? roundTrip(nestedTail()) : nestedTail();
     const std::int64_t python = evalPeakAboveParameters(m.clone(), true);
     const std::int64_t interpreter = evalPeakAboveParameters(m.clone(), false);
     EXPECT_EQ(python, kTailPythonPeak) << (loaded ? "loaded" : "scripted");
