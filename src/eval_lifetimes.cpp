@@ -157,7 +157,7 @@ class LifetimePass {
   torch::jit::Graph& graph_;
   int next_frame_ = 1;  // frame 0: forward itself
   std::vector<Binding> bindings_;
-  std::map<int, Node*> frame_end_;          // an inlined frame: its last node, in the caller's block
+  std::map<int, Node*> frame_end_;  // an inlined frame: its last node, in the caller's block
   std::map<Node*, std::vector<Value*>> kept_;  // node -> values held through it
 };
 

@@ -346,9 +346,9 @@ void TorchScriptStep::evalStep(std::int64_t /*batch*/, std::vector<at::Tensor> a
   const at::Tensor loss_value = computeLoss(output, gen);
 }
 
-// The evaluation forward as a Python frame runs it: values bound to locals live to their rebinding or the
-// frame's return (eval_lifetimes.h). A traced archive's graph names few Python locals, so it runs
-// as the interpreter does (docs/evaluation.md).
+// The evaluation forward as a Python frame runs it: values bound to locals live to their rebinding
+// or the frame's return (eval_lifetimes.h). A traced archive's graph names few Python locals, so it
+// runs as the interpreter does (docs/evaluation.md).
 c10::IValue TorchScriptStep::evalForward(std::vector<c10::IValue> values) {
   if (!eval_forward_made_) {
     eval_forward_made_ = true;

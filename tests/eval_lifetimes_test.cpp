@@ -22,9 +22,9 @@ using testing::newModule;
 using testing::param;
 
 constexpr std::int64_t kBatch = 64;
-constexpr std::int64_t kWidth = 256;    // the input and the hidden state x: 64 KiB a batch
-constexpr std::int64_t kWide = 1024;    // the rebinding module's first output: 256 KiB
-constexpr std::int64_t kVocab = 4096;   // the logits: 1 MiB
+constexpr std::int64_t kWidth = 256;   // the input and the hidden state x: 64 KiB a batch
+constexpr std::int64_t kWide = 1024;   // the rebinding module's first output: 256 KiB
+constexpr std::int64_t kVocab = 4096;  // the logits: 1 MiB
 constexpr std::int64_t kFloat = 4;
 
 // A submodule `x -> op(x @ w)` with w [in, out].
@@ -123,9 +123,9 @@ constexpr std::int64_t kLogitsBytes = kBatch * kVocab * kFloat;
 
 // What Python holds while the second batch's head makes its logits: this batch's input (the
 // loop's `x`, rebound: the previous batch's is gone), the previous batch's logits (`out` of the
-// loop, rebound only once forward returns), this batch's logits, and these: for the tail, `x` (the frame's local)
-// and ln's output (head's argument); for the rebinding module, b's output only (a's was freed
-// when x was rebound).
+// loop, rebound only once forward returns), this batch's logits, and these: for the tail, `x` (the
+// frame's local) and ln's output (head's argument); for the rebinding module, b's output only (a's
+// was freed when x was rebound).
 constexpr std::int64_t kTailPythonPeak = kInputBytes + 2 * kLogitsBytes + 2 * kHiddenBytes;
 constexpr std::int64_t kRebindingPythonPeak = kInputBytes + 2 * kLogitsBytes + kHiddenBytes;
 
