@@ -236,6 +236,43 @@ TEST(EvalCliTest, TracedArchiveIsNamedInTheWarnings) {
   }
 }
 
+// A scripted archive's evaluation forward keeps a local as Python does (docs/evaluation.md,
+// "Python lifetimes"); one its autobatch/export.json says was traced runs as the interpreter does
+// (a traced graph names few Python locals). Here `h` (batch x 1024 floats) is alive in Python
+// while the last matmul makes the output (batch x 2048, the peak with the previous batch's
+// output); the interpreter frees it after relu. Catches the transformation
+// applied to a known-traced archive, and a scripted archive run without it.
+TEST(EvalCliTest, TracedArchiveRunsTheInterpretersLifetimes) {
+  constexpr std::int64_t kLocalWidth = 1024;
+  constexpr std::int64_t kEvalBatch = 32;
+  std::int64_t peak[2] = {0, 0};
+  for (const bool traced : {false, true}) {
+    torch::manual_seed(0);
+    auto m = testing::newModule("Local");
+    testing::param(m, "w1", torch::randn({kIn, kLocalWidth}) * 0.1);
+    testing::param(m, "w2", torch::randn({kLocalWidth, 2 * kLocalWidth}) * 0.1);
+    m.define(R"(
+      def forward(self, x):
+          h = torch.tanh(torch.matmul(x, self.w1))
+          return torch.matmul(torch.relu(h), self.w2)
+    )");
+    const fs::path model = tmpDir() / (traced ? "local_traced.pt" : "local_scripted.pt");
+    torch::jit::ExtraFilesMap extra{
+        {"autobatch/inputs.json", R"({"version": 1, "inputs": ["64"]})"},
+        {"autobatch/export.json", traced ? R"({"version": 1, "method": "trace"})"
+                                         : R"({"version": 1, "method": "script"})"}};
+    m.save(model.string(), extra);
+    const fs::path json_path = tmpDir() / "local.json";
+    const CliRun run = runCli("--model " + model.string() +
+                              " --device cpu --memory-limit 256MiB -q --check-eval-batch " +
+                              std::to_string(kEvalBatch) + " --json " + json_path.string());
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const auto doc = nlohmann::json::parse(readFile(json_path));
+    peak[traced ? 1 : 0] = doc["trials"].back()["peak_allocated_bytes"];
+  }
+  EXPECT_EQ(peak[0] - peak[1], kEvalBatch * kLocalWidth * kFloat);
+}
+
 // A budget under the training state (decoder_lm_small: 20 MiB of parameters, 80 MiB with AdamW's
 // state and the gradients): the evaluation is "the training state does not fit", exit 3, with
 // eval.state_fits false and no evaluation trial. Catches an out-of-memory while making the state
