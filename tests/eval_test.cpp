@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -245,7 +246,7 @@ TEST(EvalCliTest, TracedArchiveIsNamedInTheWarnings) {
 TEST(EvalCliTest, TracedArchiveRunsTheInterpretersLifetimes) {
   constexpr std::int64_t kLocalWidth = 1024;
   constexpr std::int64_t kEvalBatch = 32;
-  std::int64_t peak[2] = {0, 0};
+  std::array<std::int64_t, 2> peak = {0, 0};
   for (const bool traced : {false, true}) {
     torch::manual_seed(0);
     auto m = testing::newModule("Local");
@@ -268,9 +269,9 @@ TEST(EvalCliTest, TracedArchiveRunsTheInterpretersLifetimes) {
                               std::to_string(kEvalBatch) + " --json " + json_path.string());
     ASSERT_EQ(run.exit_code, 0) << run.err;
     const auto doc = nlohmann::json::parse(readFile(json_path));
-    peak[traced ? 1 : 0] = doc["trials"].back()["peak_allocated_bytes"];
+    peak.at(traced ? 1 : 0) = doc["trials"].back()["peak_allocated_bytes"];
   }
-  EXPECT_EQ(peak[0] - peak[1], kEvalBatch * kLocalWidth * kFloat);
+  EXPECT_EQ(peak.at(0) - peak.at(1), kEvalBatch * kLocalWidth * kFloat);
 }
 
 // A budget under the training state (decoder_lm_small: 20 MiB of parameters, 80 MiB with AdamW's
