@@ -58,6 +58,7 @@ class LifetimePass {
   std::int64_t run() {
     Block* top = graph_.block();
     inlineRange(*top->nodes().begin(), top->return_node(), 0);
+    for (const Binding& b : bindings_) by_name_[{b.frame, b.name}].push_back(&b);
     for (const Binding& b : bindings_) keepThrough(b.value, bindingEnd(b));
     return insertKeepAlives();
   }
@@ -121,12 +122,9 @@ class LifetimePass {
   Node* bindingEnd(const Binding& b) const {
     const Block* block = b.at->owningBlock();
     Node* rebound = nullptr;
-    for (const Binding& other : bindings_) {
-      if (other.frame != b.frame || other.name != b.name || other.at->owningBlock() != block ||
-          !b.at->isBefore(other.at)) {
-        continue;
-      }
-      if (rebound == nullptr || other.at->isBefore(rebound)) rebound = other.at;
+    for (const Binding* other : by_name_.at({b.frame, b.name})) {
+      if (other->at->owningBlock() != block || !b.at->isBefore(other->at)) continue;
+      if (rebound == nullptr || other->at->isBefore(rebound)) rebound = other->at;
     }
     if (rebound != nullptr) return rebound;
     const auto end = frame_end_.find(b.frame);
@@ -157,6 +155,7 @@ class LifetimePass {
   torch::jit::Graph& graph_;
   int next_frame_ = 1;  // frame 0: forward itself
   std::vector<Binding> bindings_;
+  std::map<std::pair<int, std::string>, std::vector<const Binding*>> by_name_;  // frame, name
   std::map<int, Node*> frame_end_;  // an inlined frame: its last node, in the caller's block
   std::map<Node*, std::vector<Value*>> kept_;  // node -> values held through it
 };
