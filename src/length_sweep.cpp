@@ -64,6 +64,13 @@ SweepRow sweepRowOf(std::int64_t length, std::int64_t tokens_per_sample, const L
   row.plan = r.plan;
   row.min_batch_needs_at_least_bytes = r.min_batch_needs_at_least_bytes;
   if (run.cache) row.cache_outcome = run.cache->outcome;
+  if (const auto& eval = run.result.eval) {
+    row.eval_status = eval->state_fits ? std::string(toString(eval->search.status))
+                                       : std::string("state-does-not-fit");
+    row.eval_max_batch = eval->search.max_micro_batch;
+    row.eval_safe_batch = eval->search.safe_micro_batch;
+    row.eval_trials = static_cast<int>(eval->search.trials.size());
+  }
   return row;
 }
 
@@ -73,6 +80,8 @@ void searchOne(LengthRun& run, const LengthSweepOptions& sweep) {
     CachedSearchResult cached = findMaxBatchCached(run.spec, run.options, *sweep.cache);
     run.result = std::move(cached.result);
     run.cache = std::move(cached.cache);
+  } else if (sweep.eval) {
+    run.result = findMaxBatchAndEval(run.spec, run.options, *sweep.eval);
   } else {
     run.result = findMaxBatch(run.spec, run.options);
   }
@@ -208,6 +217,16 @@ void checkSweep(const LengthSweepOptions& sweep) {
     throw Error(
         "length sweep: expected an input with the length placeholder L (e.g. "
         "'int64:L:<32000'), but no input names L");
+  }
+  if (sweep.eval && *sweep.eval != EvalState::kTrainingResident) {
+    throw Error(
+        "length sweep: expected the evaluation with the training state resident (--eval), but "
+        "got the parameters-only state (--eval-only); sweep the lengths with --eval");
+  }
+  if (sweep.eval && sweep.cache) {
+    throw Error(
+        "length sweep: expected no result cache with an evaluation search (the cache holds "
+        "training answers only), but got both; leave out --cache");
   }
 }
 

@@ -71,6 +71,20 @@ void appendEvalLines(const ReportData& d, const Line& line) {
   }
 }
 
+// --lengths with --eval: each length's safe evaluation batch, "L:E" as AUTOBATCH_BUCKETS (the
+// lengths where one fits).
+template <typename Line>
+void appendSweepEvalLine(const SweepReport& sweep, const Line& line) {
+  std::string buckets;
+  bool eval = false;
+  for (const auto& r : sweep.rows) {
+    eval = eval || !r.eval_status.empty();
+    if (r.eval_safe_batch <= 0) continue;
+    buckets += fmt::format("{}{}:{}", buckets.empty() ? "" : " ", r.length, r.eval_safe_batch);
+  }
+  if (eval) line("AUTOBATCH_EVAL_BUCKETS", shellWord(buckets, true));
+}
+
 }  // namespace
 
 std::string envLines(const ReportData& d) {
@@ -121,6 +135,7 @@ std::string envLines(const ReportData& d) {
     }
     line("AUTOBATCH_LENGTH", std::to_string(d.sweep->longest_trainable_length));
     line("AUTOBATCH_BUCKETS", shellWord(buckets, true));
+    appendSweepEvalLine(*d.sweep, line);
   }
   appendEvalLines(d, line);
   return out;

@@ -126,6 +126,12 @@ json toJson(const SweepReport& sweep) {
                     {"min_batch_needs_at_least_bytes", r.min_batch_needs_at_least_bytes},
                     {"lowered_from", r.lowered_from},
                     {"error", r.error}});
+    if (!r.eval_status.empty()) {  // --eval: additive keys, absent otherwise
+      rows.back()["eval_status"] = r.eval_status;
+      rows.back()["eval_max_batch"] = r.eval_max_batch;
+      rows.back()["eval_safe_batch"] = r.eval_safe_batch;
+      rows.back()["eval_trials"] = r.eval_trials;
+    }
   }
   return {{"rows", rows},
           {"longest_trainable_length", sweep.longest_trainable_length},

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <ostream>
 #include <sstream>
@@ -360,6 +361,15 @@ void mixedLine(std::ostream& out, const MixVerification& v) {
       v.status, v.trials.size(), v.trials.size() == 1 ? "" : "s", last_peak, what);
 }
 
+// A sweep row's evaluation columns (--eval): max, safe, trials; "-" where none ran.
+std::string sweepRowEval(const SweepRow& r) {
+  if (r.eval_status.empty()) return fmt::format("{:>9} {:>9} {:>6}  ", "-", "-", "-");
+  if (r.eval_status == "state-does-not-fit") {
+    return fmt::format("{:>19} {:>6}  ", "state does not fit", 0);
+  }
+  return fmt::format("{:>9} {:>9} {:>6}  ", r.eval_max_batch, r.eval_safe_batch, r.eval_trials);
+}
+
 // One row per length (--lengths), the longest that trains, and the mixed verification.
 void sweepSection(std::ostream& out, const ReportData& d) {
   const SweepReport& sw = *d.sweep;
@@ -368,12 +378,19 @@ void sweepSection(std::ostream& out, const ReportData& d) {
     target = fmt::format(", target {} tokens per optimizer step", sw.target_tokens);
   }
   out << fmt::format("\nlength sweep ({} lengths{})\n", sw.rows.size(), target);
-  out << fmt::format("  {:>7} {:>9} {:>9} {:>12}  {:<16} {:>6} {:>8}  {}\n", "length", "max",
-                     "safe", "tokens/micro", "peak phase", "trials", "time", "plan");
+  // --eval: the evaluation batch beside the training answer (docs/sweeps.md).
+  const bool eval = std::any_of(sw.rows.begin(), sw.rows.end(),
+                                [](const SweepRow& r) { return !r.eval_status.empty(); });
+  out << fmt::format(
+      "  {:>7} {:>9} {:>9} {:>12}  {:<16} {:>6} {:>8}  {}{}\n", "length", "max", "safe",
+      "tokens/micro", "peak phase", "trials", "time",
+      eval ? fmt::format("{:>9} {:>9} {:>6}  ", "eval max", "eval safe", "trials") : std::string(),
+      "plan");
   for (const auto& r : sw.rows) {
-    out << fmt::format("  {:>7} {:>9} {:>9} {:>12}  {:<16} {:>6} {:>7.1f}s  {}\n", r.length,
+    out << fmt::format("  {:>7} {:>9} {:>9} {:>12}  {:<16} {:>6} {:>7.1f}s  {}{}\n", r.length,
                        r.max_micro_batch, r.safe_micro_batch, r.tokens_per_micro_batch,
                        r.binding_phase.empty() ? "-" : r.binding_phase, r.trials, r.elapsed_s,
+                       eval ? sweepRowEval(r) : std::string(),
                        sweepRowPlan(r, sw, d.options.min_batch));
   }
   if (sw.longest_trainable_length > 0) {

@@ -7,12 +7,16 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <optional>
+#include <string_view>
 #include <utility>
 
 #include "autobatch/error.h"
 #include "autobatch/model_metadata.h"
 #include "autobatch/trial_runner.h"
+#include "eval_lifetimes.h"
 #include "pt2_package.h"
 #include "step_program.h"
 #include "storage_bytes.h"
@@ -53,6 +57,13 @@ class AutocastGuard {
   bool previous_enabled_ = false;
   at::ScalarType previous_dtype_ = at::kFloat;
 };
+
+// AUTOBATCH_EVAL_LIFETIMES=interpreter runs the evaluation forward as the interpreter frees its
+// values (at their last use), without Python's lifetimes: a diagnostic, to measure what they add.
+bool pythonLifetimesWanted() {
+  const char* value = std::getenv("AUTOBATCH_EVAL_LIFETIMES");
+  return value == nullptr || std::string_view(value) != "interpreter";
+}
 
 // The tensor the loss is computed from: the output, a tuple's / list's first tensor, a dict's
 // "logits" (Hugging Face) or first tensor value.
@@ -193,6 +204,7 @@ class TorchScriptStep final : public StepProgram {
   void checkForwardArity() const;
   at::Tensor computeLoss(const c10::IValue& output, at::Generator& gen);
   at::Tensor crossEntropy(const at::Tensor& out, at::Generator& gen);
+  c10::IValue evalForward(std::vector<c10::IValue> values);
 
   TrainingSpec spec_;
   at::Device device_;
@@ -207,6 +219,10 @@ class TorchScriptStep final : public StepProgram {
   c10::IValue held_output_;
   std::int64_t output_bytes_ = 0;  // the trial's largest output, in bytes
   bool traced_ = false;
+  // The evaluation forward with Python's lifetimes (eval_lifetimes.h), made at the first
+  // evaluation batch; null: run module_.forward.
+  std::unique_ptr<torch::jit::GraphFunction> eval_forward_;
+  bool eval_forward_made_ = false;
 };
 
 // A forward that takes another number of inputs than were given is a usage error (exit 2), told
@@ -322,12 +338,30 @@ void TorchScriptStep::evalStep(std::int64_t /*batch*/, std::vector<at::Tensor> a
   const AutocastGuard autocast(
       device_.type(), spec_.precision == Precision::kAmpFp16 ? at::kHalf : at::kBFloat16, amp);
   host.enter(TrialPhase::kForward);
-  c10::IValue output = module_.forward(values);
+  c10::IValue output = evalForward(values);
   values.clear();
   held_output_ = output;  // `logits = model(x)`: the previous batch's output goes only now
   output_bytes_ = std::max(output_bytes_, storageBytes(output));
   host.enter(TrialPhase::kLoss);
   const at::Tensor loss_value = computeLoss(output, gen);
+}
+
+// The evaluation forward as a Python frame runs it: values bound to locals live to their rebinding
+// or the frame's return (eval_lifetimes.h). A traced archive's graph names few Python locals, so it
+// runs as the interpreter does (docs/evaluation.md).
+c10::IValue TorchScriptStep::evalForward(std::vector<c10::IValue> values) {
+  if (!eval_forward_made_) {
+    eval_forward_made_ = true;
+    if (!traced_ && pythonLifetimesWanted()) {
+      eval_forward_ = pythonLifetimeForward(module_).function;
+    }
+  }
+  if (!eval_forward_) return module_.forward(std::move(values));
+  // The schema fills in forward's default arguments, as Module::forward does.
+  values.insert(values.begin(), module_._ivalue());
+  module_.get_method("forward").function().getSchema().checkAndNormalizeInputs(values, {});
+  eval_forward_->run(values);
+  return values.front();
 }
 
 torch::jit::Module loadArchive(const std::string& path, const at::Device& device,

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -236,6 +237,43 @@ TEST(EvalCliTest, TracedArchiveIsNamedInTheWarnings) {
   }
 }
 
+// A scripted archive's evaluation forward keeps a local as Python does (docs/evaluation.md,
+// "Python lifetimes"); one its autobatch/export.json says was traced runs as the interpreter does
+// (a traced graph names few Python locals). Here `h` (batch x 1024 floats) is alive in Python
+// while the last matmul makes the output (batch x 2048, the peak with the previous batch's
+// output); the interpreter frees it after relu. Catches the transformation
+// applied to a known-traced archive, and a scripted archive run without it.
+TEST(EvalCliTest, TracedArchiveRunsTheInterpretersLifetimes) {
+  constexpr std::int64_t kLocalWidth = 1024;
+  constexpr std::int64_t kEvalBatch = 32;
+  std::array<std::int64_t, 2> peak = {0, 0};
+  for (const bool traced : {false, true}) {
+    torch::manual_seed(0);
+    auto m = testing::newModule("Local");
+    testing::param(m, "w1", torch::randn({kIn, kLocalWidth}) * 0.1);
+    testing::param(m, "w2", torch::randn({kLocalWidth, 2 * kLocalWidth}) * 0.1);
+    m.define(R"(
+      def forward(self, x):
+          h = torch.tanh(torch.matmul(x, self.w1))
+          return torch.matmul(torch.relu(h), self.w2)
+    )");
+    const fs::path model = tmpDir() / (traced ? "local_traced.pt" : "local_scripted.pt");
+    torch::jit::ExtraFilesMap extra{
+        {"autobatch/inputs.json", R"({"version": 1, "inputs": ["64"]})"},
+        {"autobatch/export.json", traced ? R"({"version": 1, "method": "trace"})"
+                                         : R"({"version": 1, "method": "script"})"}};
+    m.save(model.string(), extra);
+    const fs::path json_path = tmpDir() / "local.json";
+    const CliRun run = runCli("--model " + model.string() +
+                              " --device cpu --memory-limit 256MiB -q --check-eval-batch " +
+                              std::to_string(kEvalBatch) + " --json " + json_path.string());
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const auto doc = nlohmann::json::parse(readFile(json_path));
+    peak.at(traced ? 1 : 0) = doc["trials"].back()["peak_allocated_bytes"];
+  }
+  EXPECT_EQ(peak.at(0) - peak.at(1), kEvalBatch * kLocalWidth * kFloat);
+}
+
 // A budget under the training state (decoder_lm_small: 20 MiB of parameters, 80 MiB with AdamW's
 // state and the gradients): the evaluation is "the training state does not fit", exit 3, with
 // eval.state_fits false and no evaluation trial. Catches an out-of-memory while making the state
@@ -315,6 +353,68 @@ TEST(EvalCliTest, DecoderLmSmallEvalBatchIsLargerAndExact) {
   ASSERT_TRUE(fs::exists(model)) << model << " is missing: run scripts/bootstrap.sh";
   expectEvalLargerAndExact("--model " + model +
                            " --device cpu --memory-limit 256MiB --margin 0 -q");
+}
+
+// --lengths with --eval (docs/sweeps.md): each length's row carries its evaluation batch beside
+// the training answer, in the JSON (eval_* keys), the text table and AUTOBATCH_EVAL_BUCKETS; the
+// evaluation batch of the shorter length is exact (E fits, E+1 does not, in fresh processes at
+// that length), larger than its training batch, and at least the longer length's (memory grows
+// with the length). Catches one evaluation search reused for every length (the rows would agree),
+// the training answer shown as the evaluation one, and an eval column missing from an output.
+TEST(EvalCliTest, LengthSweepHasAnEvalBatchPerLength) {
+  const std::string model = modelPath("decoder_lm_small.pt");
+  ASSERT_TRUE(fs::exists(model)) << model << " is missing: run scripts/bootstrap.sh";
+  const std::string base = "--model " + model + " --device cpu --memory-limit 256MiB --margin 0 ";
+  const fs::path json_path = tmpDir() / "sweep.json";
+  const CliRun run = runCli(
+      base + "--input 'int64:L:<8000' --lengths 64,128 --eval --env --json " + json_path.string(),
+      "sweep");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  const auto& rows = doc["sweep"]["rows"];
+  ASSERT_EQ(rows.size(), 2U);
+  EXPECT_EQ(rows[0]["length"], 128);
+  std::vector<std::int64_t> eval;
+  for (const auto& row : rows) {
+    EXPECT_EQ(row["eval_status"], "found") << row.dump();
+    EXPECT_GT(row["eval_max_batch"].get<std::int64_t>(), row["max_micro_batch"].get<std::int64_t>())
+        << row.dump();
+    EXPECT_EQ(row["eval_safe_batch"], row["eval_max_batch"]);
+    EXPECT_GT(row["eval_trials"].get<int>(), 0);
+    eval.push_back(row["eval_max_batch"]);
+  }
+  EXPECT_GT(eval[1], eval[0]);  // length 64 evaluates a larger batch than 128
+  // The answer is the longest length's: its evaluation search is the result's.
+  EXPECT_EQ(doc["result"]["eval_max_batch"], eval[0]);
+  EXPECT_NE(run.out.find("AUTOBATCH_EVAL_BUCKETS='128:" + std::to_string(eval[0]) +
+                         " 64:" + std::to_string(eval[1]) + "'"),
+            std::string::npos)
+      << run.out;
+  // With --env the human report goes to stderr.
+  EXPECT_NE(run.err.find("eval max"), std::string::npos) << run.err;
+  const std::string at64 = base + "--input 'int64:64:<8000' -q --check-eval-batch ";
+  EXPECT_EQ(runCli(at64 + std::to_string(eval[1]), "fits64").exit_code, 0);
+  EXPECT_EQ(runCli(at64 + std::to_string(eval[1] + 1), "over64").exit_code, 3);
+}
+
+// A sweep sizes evaluation only with --eval; an evaluation job alone, a check, or the result cache
+// with it are exit 2 naming the fix. Catches a flag silently ignored in a sweep.
+TEST(EvalCliTest, LengthSweepCombinationsAreUsageErrors) {
+  const std::string model = modelPath("decoder_lm_small.pt");
+  ASSERT_TRUE(fs::exists(model)) << model << " is missing: run scripts/bootstrap.sh";
+  const std::string base = "--model " + model +
+                           " --device cpu --memory-limit 256MiB --input 'int64:L:<8000' "
+                           "--lengths 64,128 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--eval-only", "or sweep with --eval"},
+      {"--check-eval-batch 4", "or sweep with --eval"},
+      {"--eval --cache", "expected no --cache"},
+  };
+  for (const auto& [args, message] : cases) {
+    const CliRun run = runCli(base + args);
+    EXPECT_EQ(run.exit_code, 2) << args << "\n" << run.err;
+    EXPECT_NE(run.err.find(message), std::string::npos) << args << "\n" << run.err;
+  }
 }
 
 }  // namespace

@@ -41,6 +41,12 @@ struct LengthSweepOptions {
   std::int64_t target_tokens = 0;
   /// Search each length through the result cache (one entry per length); nullopt: no cache.
   std::optional<ResultCacheOptions> cache;
+  /// --eval (docs/evaluation.md): after each length's training search, the evaluation search at
+  /// that length (findMaxBatchAndEval) with this state; its answer is the row's eval columns
+  /// (SweepRow::eval_*) and the length's MaxBatchResult::eval. Only kTrainingResident, and not
+  /// with `cache` (sweepLengths throws autobatch::Error otherwise). nullopt: training only.
+  /// The mixed verification checks the training buckets only. Default: nullopt.
+  std::optional<EvalState> eval;
   /// Called with each length's row once it is final, before the next length (and before the
   /// mixed verification may lower it). A model error ends its trial without options.on_trial:
   /// the CLI forgets the trial in progress here. Must not throw. May be empty.

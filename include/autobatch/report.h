@@ -78,6 +78,14 @@ struct SweepRow {
   /// it (safe_micro_batch, tokens and plan are then the lowered ones; status "fails-mixed" when it
   /// left the mix at 0); 0 when not lowered.
   std::int64_t lowered_from = 0;
+  /// --eval (docs/evaluation.md, docs/sweeps.md): this length's evaluation search with the
+  /// training state resident. eval_status: the search's status ("found", "nothing-fits", a
+  /// budget's ...), "state-does-not-fit" (the training state did not fit: no evaluation trial
+  /// ran), or "" without --eval (and for an error row).
+  std::string eval_status;
+  std::int64_t eval_max_batch = 0;   ///< sequences; 0 when none fits
+  std::int64_t eval_safe_batch = 0;  ///< sequences, under the margin; 0 when none
+  int eval_trials = 0;               ///< the evaluation trials (the training step not counted)
 };
 
 /// A length sweep: the rows from the longest length to the shortest.

@@ -68,11 +68,14 @@ void readEval(const cxxopts::ParseResult& args, CliConfig& cli) {
         std::to_string(cli.report.options.target_batch) +
         "; leave it out, or plan training with --eval");
   }
-  if (!cli.lengths.empty()) {
+  if (!cli.lengths.empty() && !cli.eval) {
+    // --eval sweeps (an evaluation column per length); a check or an evaluation job alone does
+    // not.
     throw Error(std::string(used) +
-                ": expected no --lengths (evaluation sizing per length is not available yet), "
-                "but got --lengths; size one length with --input and " +
-                used);
+                ": expected no --lengths (a length sweep sizes evaluation with --eval, beside "
+                "each length's training answer), but got --lengths; size one length with "
+                "--input and " +
+                used + ", or sweep with --eval");
   }
   if (cli.cache) {
     throw Error(std::string(used) +

@@ -220,6 +220,7 @@ void runSweep(Cli& cli) {
   sweep.lengths = cli.lengths;
   sweep.target_tokens = cli.target_tokens;
   if (cli.cache) sweep.cache = cacheOptions(cli);
+  if (cli.eval) sweep.eval = autobatch::EvalState::kTrainingResident;  // an eval column per length
   // A model error ends its length's trial without on_trial: nothing runs once a row is done.
   sweep.on_row = [&cli](const autobatch::SweepRow&) { cli.running.reset(); };
   autobatch::LengthSweepResult found =
