@@ -1,7 +1,7 @@
 """Checks evaluation batches of a tiny model in a fresh process (what find(eval=True) found must
 hold in a process that never ran the search): python fresh_eval_check.py MODEL LIMIT E [E ...]
 prints one JSON line {E: [state_fits, fits, outcome]}. Options as the test's find() call: AdamW,
-margin 0."""
+margin 0, min_batch 2 for resnet18 (its BatchNorm cannot train on one sample)."""
 import json
 import os
 import sys
@@ -17,6 +17,7 @@ model, example = tiny_models.MODELS[name]()
 out = {}
 for e in batches:
     check = autobatch.check_eval_batch(model, example, e, memory_limit=limit, margin=0,
-                                       optimizer=lambda p: torch.optim.AdamW(p))
+                                       optimizer=lambda p: torch.optim.AdamW(p),
+                                       min_batch=2 if name == "resnet18" else 1)
     out[e] = [check.state_fits, check.fits, check.trial.outcome]
 print(json.dumps(out))
