@@ -141,6 +141,14 @@ def test_training_state_that_does_not_fit_is_reported_as_such():
     assert c.trial.outcome == "out-of-memory" and not c.trial.eval
     assert c.raw["check"]["state_fits"] is False and c.raw["status"] == "does-not-fit"
     assert "the training state does not fit" in c.text
+    # eval="only": room for the parameters and almost nothing else, so no evaluation batch fits;
+    # raised as the evaluation's DoesNotFit (the command's exit 3), not as a training answer
+    with pytest.raises(autobatch.DoesNotFit, match="beside the parameters") as caught:
+        autobatch.find(model, example, optimizer=adamw, memory_limit=params + 2048, margin=0,
+                       eval="only")
+    r = caught.value.result
+    assert r.eval_max_batch == 0 and r.raw["status"] == "nothing-fits" and r.trials
+    assert all(t.eval and t.outcome == "out-of-memory" for t in r.trials)
 
 
 class Recorder(torch.nn.Module):

@@ -134,5 +134,7 @@ def eval_nothing_fits_message(result):
     if result.eval_max_batch > 0:
         return (f"no evaluation batch fits under the margin: batch {result.eval_max_batch} fits, "
                 f"but its peak is above the limit less the margin")
-    return (f"no evaluation batch fits: batch 1 does not fit beside the training state; it needs "
-            f"at least {e.get('min_batch_needs_at_least_bytes', 0)} bytes")
+    beside = ("the parameters" if e.get("state") == "parameters-only"
+              else "the training state")
+    return (f"no evaluation batch fits: batch 1 does not fit beside {beside}; it needs at least "
+            f"{e.get('min_batch_needs_at_least_bytes', 0)} bytes")

@@ -371,6 +371,8 @@ def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, 
                                 out["text"], out["env"], session.key)
     if probes[0].interrupted:
         raise Cancelled("interrupted: the search stopped at Ctrl-C; the model is restored", result)
+    if eval_state == "parameters-only" and result.eval_safe_batch == 0:  # the evaluation's words
+        raise DoesNotFit(eval_nothing_fits_message(result), result)
     if result.safe_micro_batch == 0:  # the command's exit status 3, whatever ended the search
         raise DoesNotFit(_nothing_fits_message(result), result)
     if eval_state and result.eval_safe_batch == 0:  # --eval's exit 3
