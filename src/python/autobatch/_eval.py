@@ -23,6 +23,7 @@ class EvalProbe:
     def __init__(self, probe):
         self.probe = probe
         self.resident = None  # the training state: [optimizer], DDP's buckets
+        self.training_oom = 0  # the training trials' evidence, put back by release()
 
     def hold(self, training, training_batch, micro_batches):
         """The training state, made by one real training step at `training_batch` (the search's
@@ -30,6 +31,10 @@ class EvalProbe:
         with zero_grad="zeros"), DDP's buckets kept; `training` False: the parameters only.
         Returns the step's trial record with "holds" and "resident_bytes"."""
         p = self.probe
+        # The evaluation trials' own evidence of out-of-memory for the failure rules
+        # (autobatch/failure.h), as the runner keeps eval_evidence apart from the training's; the
+        # state's training step runs with none, as holdEvalState's.
+        self.training_oom, p.largest_oom = p.largest_oom, 0
         if not training:
             self.resident = ([], None)
             return {"memory_limit_bytes": p.meter.limit_bytes(), "holds": True,
@@ -58,6 +63,7 @@ class EvalProbe:
     def release(self):
         """The training state dropped: optimizer, buckets, gradients."""
         self.resident = None
+        self.probe.largest_oom = self.training_oom
         self.probe.kept_grads = False
         for param in self.probe.state.params:
             param.grad = None
