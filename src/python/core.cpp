@@ -217,8 +217,7 @@ autobatch::EvalState evalStateNamed(const std::string& name) {
   if (name == "training-resident") return autobatch::EvalState::kTrainingResident;
   if (name == "parameters-only") return autobatch::EvalState::kParametersOnly;
   throw autobatch::Error(
-      "eval state: expected \"training-resident\" or \"parameters-only\", but got \"" + name +
-      "\"");
+      R"(eval state: expected "training-resident" or "parameters-only", but got ")" + name + "\"");
 }
 
 // Runs the C++ search with a Python probe. `facts` holds "model" (MemoryBreakdown's fields),
