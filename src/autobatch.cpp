@@ -125,6 +125,16 @@ CheckResult checkBatch(const TrainingSpec& spec, const SearchOptions& options,
   return check;
 }
 
+SearchOptions evalSearchOptions(const SearchOptions& options, std::int64_t start_batch) {
+  SearchOptions o = options;
+  o.micro_batches_per_step = 2;  // the previous batch's output alive while the next one runs
+  o.target_batch = 0;            // an evaluation batch needs no accumulation plan
+  o.world_size = 1;
+  o.initial_batch = std::max(o.initial_batch, start_batch);
+  if (o.max_batch > 0) o.initial_batch = std::min(o.initial_batch, o.max_batch);
+  return o;
+}
+
 EvalResult findMaxEvalBatch(TrialRunner& runner, const SearchOptions& options, EvalState state,
                             std::int64_t start_batch) {
   EvalResult eval;
@@ -141,13 +151,8 @@ EvalResult findMaxEvalBatch(TrialRunner& runner, const SearchOptions& options, E
     return eval;
   }
   eval.resident_bytes = runner.currentBytes();
-  SearchOptions o = options;
-  o.micro_batches_per_step = 2;  // the previous batch's output alive while the next one runs
+  SearchOptions o = evalSearchOptions(options, start_batch);
   o.allocation_units = runner.allocatorInfo().allocation_units;
-  o.target_batch = 0;  // an evaluation batch needs no accumulation plan
-  o.world_size = 1;
-  o.initial_batch = std::max(o.initial_batch, start_batch);
-  if (o.max_batch > 0) o.initial_batch = std::min(o.initial_batch, o.max_batch);
   try {
     eval.search = findMaxBatch(runner.evalProbe(), o);
     for (auto& w : runner.evalWarnings()) eval.search.warnings.push_back(std::move(w));

@@ -95,6 +95,14 @@ struct MaxBatchResult {
   std::optional<EvalResult> eval;
 };
 
+/// The options of an evaluation search derived from the training search's `options`: 2 batches
+/// per trial (the previous batch's output alive while the next runs), no accumulation plan
+/// (target_batch 0), one rank, the initial batch at least `start_batch` (the training search's
+/// safe batch; 0: the options' own) and at most options.max_batch when that is set. Everything
+/// else (bounds, margin, trial and time budgets, allocation units, cancel) is kept. Pure; never
+/// throws. Used by findMaxEvalBatch and the Python package's evaluation search (docs/python.md).
+SearchOptions evalSearchOptions(const SearchOptions& options, std::int64_t start_batch);
+
 /// The evaluation search on a set-up runner: holds `state` (kTrainingResident: one training step
 /// at max(options.min_batch, 1)), searches the evaluation batch with runner.evalProbe() under
 /// `options` (2 batches per trial; no target plan; initial batch at least `start_batch`), then

@@ -12,6 +12,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "autobatch/autobatch.h"
 #include "autobatch/error.h"
 #include "autobatch/failure.h"
 #include "autobatch/planner.h"
@@ -141,20 +143,8 @@ py::dict reportOf(autobatch::ReportData& data) {
   return out;
 }
 
-// Runs the C++ search with a Python probe. `facts` holds "model" (MemoryBreakdown's fields),
-// "context" (RunContext's), "name" (the model's description for the report), "fingerprint" (the
-// structure hash), "step" (the header's description of the user's step), "steps_per_trial",
-// "device".
-py::dict search(const py::function& probe, const py::dict& options_dict, const py::dict& facts,
-                const py::object& cancel) {
-  autobatch::SearchOptions options = optionsFromDict(options_dict);
-  if (!cancel.is_none()) {
-    options.cancel = [cancel]() -> bool { return cancel().cast<bool>(); };
-  }
-  autobatch::Probe cpp_probe = [&probe](const autobatch::TrialRequest& request) {
-    const py::object answer = probe(request.micro_batch_size, request.micro_batches_per_step);
-    return trialFromDict(request, answer.cast<py::dict>());
-  };
+// The report's fields that come from the Python side's facts (see search) and the options.
+autobatch::ReportData reportData(const py::dict& facts, const autobatch::SearchOptions& options) {
   autobatch::ReportData data;
   data.build = autobatch::buildInfo();
   data.spec.model_path = get<std::string>(facts, "name", "python model");
@@ -163,15 +153,150 @@ py::dict search(const py::function& probe, const py::dict& options_dict, const p
   data.model_sha1 = get<std::string>(facts, "fingerprint", "");
   data.step_description = get<std::string>(facts, "step", "");
   data.options = options;
+  return data;
+}
+
+// ---- evaluation (docs/evaluation.md, docs/python.md) -------------------------------------------
+// The Python side of an evaluation search (autobatch/_eval.py, EvalProbe), plain data only:
+//   hold(training, training_batch, micro_batches) -> the trial dict of the training step that
+//     makes the training state (training False: parameters only, no step), with "holds" (the
+//     state is held now) and "resident_bytes" (bytes held by tensors with it);
+//   eval(batch, batches) -> an evaluation trial's dict (batches: 2); release() drops the state.
+
+// The state held, or the training step that did not fit (then `state_fits` is false).
+autobatch::EvalResult holdState(const py::object& eval, const autobatch::SearchOptions& options,
+                                autobatch::EvalState state) {
+  autobatch::EvalResult e;
+  e.state = state;
+  const bool training = state == autobatch::EvalState::kTrainingResident;
+  if (training) e.training_batch = std::max<std::int64_t>(options.min_batch, 1);
+  autobatch::TrialRequest request;
+  request.micro_batch_size = e.training_batch;
+  request.micro_batches_per_step = options.micro_batches_per_step;
+  const py::dict held =
+      eval.attr("hold")(training, e.training_batch, options.micro_batches_per_step);
+  e.training_step = trialFromDict(request, held);
+  e.state_fits = get<bool>(held, "holds", false);
+  e.resident_bytes = get<std::int64_t>(held, "resident_bytes", 0);
+  if (!e.state_fits) {  // as findMaxEvalBatch: never an evaluation result
+    e.search.status = autobatch::SearchStatus::kNothingFits;
+    e.search.capped_by = "memory";
+    e.search.memory_limit_bytes = e.training_step.memory_limit_bytes;
+  }
+  return e;
+}
+
+// `run` with the state held, the state released afterwards whatever happens.
+template <typename Run>
+void withState(const py::object& eval, Run run) {
+  try {
+    run();
+  } catch (...) {
+    eval.attr("release")();
+    throw;
+  }
+  eval.attr("release")();
+}
+
+// autobatch::findMaxEvalBatch with the Python side's state and trials: the same options
+// (evalSearchOptions), the same search.
+autobatch::EvalResult evalSearch(const py::object& eval, const autobatch::SearchOptions& options,
+                                 autobatch::EvalState state, std::int64_t start_batch) {
+  autobatch::EvalResult e = holdState(eval, options, state);
+  if (!e.state_fits) return e;
+  const autobatch::SearchOptions o = autobatch::evalSearchOptions(options, start_batch);
+  autobatch::Probe probe = [&eval](const autobatch::TrialRequest& request) {
+    const py::object answer = eval(request.micro_batch_size, request.micro_batches_per_step);
+    return trialFromDict(request, answer.cast<py::dict>());
+  };
+  withState(eval, [&] { e.search = autobatch::findMaxBatch(probe, o); });
+  return e;
+}
+
+autobatch::EvalState evalStateNamed(const std::string& name) {
+  if (name == "training-resident") return autobatch::EvalState::kTrainingResident;
+  if (name == "parameters-only") return autobatch::EvalState::kParametersOnly;
+  throw autobatch::Error(
+      R"(eval state: expected "training-resident" or "parameters-only", but got ")" + name + "\"");
+}
+
+// Runs the C++ search with a Python probe. `facts` holds "model" (MemoryBreakdown's fields),
+// "context" (RunContext's), "name" (the model's description for the report), "fingerprint" (the
+// structure hash), "step" (the header's description of the user's step), "steps_per_trial",
+// "device". With `eval` (an EvalProbe) and `eval_state`, the evaluation search as the CLI's
+// --eval ("training-resident": after the training search, unless it was cancelled) or
+// --eval-only ("parameters-only": the evaluation search alone, which is then `search` too).
+py::dict search(const py::function& probe, const py::dict& options_dict, const py::dict& facts,
+                const py::object& cancel, const py::object& eval, const std::string& eval_state) {
+  autobatch::SearchOptions options = optionsFromDict(options_dict);
+  if (!cancel.is_none()) {
+    options.cancel = [cancel]() -> bool { return cancel().cast<bool>(); };
+  }
+  autobatch::Probe cpp_probe = [&probe](const autobatch::TrialRequest& request) {
+    const py::object answer = probe(request.micro_batch_size, request.micro_batches_per_step);
+    return trialFromDict(request, answer.cast<py::dict>());
+  };
+  autobatch::ReportData data = reportData(facts, options);
   autobatch::MaxBatchResult result;
-  result.search = autobatch::findMaxBatch(cpp_probe, options);
+  const bool only =
+      !eval.is_none() && evalStateNamed(eval_state) == autobatch::EvalState::kParametersOnly;
+  if (only) {
+    result.eval = evalSearch(eval, options, autobatch::EvalState::kParametersOnly, 0);
+    result.search = result.eval->search;
+  } else {
+    result.search = autobatch::findMaxBatch(cpp_probe, options);
+    if (!eval.is_none() && result.search.status != autobatch::SearchStatus::kCancelled) {
+      result.eval = evalSearch(eval, options, autobatch::EvalState::kTrainingResident,
+                               result.search.safe_micro_batch);
+    }
+  }
   // Read after the trials: the probe fills in what only a step shows (the optimizer's state).
   result.memory = memoryFromDict(facts["model"].cast<py::dict>());
   result.context = contextFromDict(facts["context"].cast<py::dict>());
   const auto& s = result.search;
   data.status = std::string(autobatch::toString(s.status));
   data.exit_code = s.safe_micro_batch > 0 ? 0 : 3;  // docs/errors.md: 3 when nothing is verified
+  if (result.eval && result.eval->search.safe_micro_batch == 0) {
+    data.status = "nothing-fits";  // as the CLI: the training state, or no evaluation batch, fits
+    data.exit_code = 3;
+  }
   data.result = std::move(result);
+  return reportOf(data);
+}
+
+// --check-eval-batch with the Python side's state and trial (autobatch::checkEvalBatch): the
+// training state held, one evaluation trial of 2 batches of `eval_batch`, the verdict raw and
+// under the margin; the training step's trial when the state does not fit.
+py::dict checkEval(const py::object& eval, const py::dict& options_dict, const py::dict& facts,
+                   std::int64_t eval_batch) {
+  const autobatch::SearchOptions options = optionsFromDict(options_dict);
+  if (eval_batch < 1) {
+    throw autobatch::Error("check eval batch: expected an evaluation batch >= 1, but got " +
+                           std::to_string(eval_batch));
+  }
+  autobatch::CheckResult check;
+  autobatch::EvalResult e = holdState(eval, options, autobatch::EvalState::kTrainingResident);
+  e.search = {};
+  if (e.state_fits) {
+    autobatch::TrialRequest request;
+    request.micro_batch_size = eval_batch;
+    request.micro_batches_per_step = 2;
+    withState(eval, [&] { check.trial = trialFromDict(request, eval(eval_batch, 2)); });
+  } else {
+    check.trial = e.training_step;
+  }
+  check.fits = e.state_fits && check.trial.outcome == autobatch::TrialOutcome::kFits &&
+               !check.trial.cancelled;
+  check.margin_bytes = autobatch::marginBytes(options, check.trial.memory_limit_bytes);
+  check.fits_with_margin =
+      check.fits && check.trial.peak_bytes <= check.trial.memory_limit_bytes - check.margin_bytes;
+  check.memory = memoryFromDict(facts["model"].cast<py::dict>());
+  check.context = contextFromDict(facts["context"].cast<py::dict>());
+  check.eval = std::move(e);
+  autobatch::ReportData data = reportData(facts, options);
+  data.status = check.fits_with_margin ? "fits" : "does-not-fit";
+  data.exit_code = check.fits_with_margin ? 0 : 3;
+  data.check = std::move(check);
   return reportOf(data);
 }
 
@@ -290,8 +415,12 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "autobatch's C++ search, planner, report and CPU budget allocator (plain data only)";
   py::register_exception<autobatch::Error>(m, "Error", PyExc_ValueError);
   m.def("search", &search, py::arg("probe"), py::arg("options"), py::arg("facts"),
-        py::arg("cancel") = py::none(),
-        "Runs the search with a Python probe; returns {'json', 'text', 'env'}.");
+        py::arg("cancel") = py::none(), py::arg("eval") = py::none(), py::arg("eval_state") = "",
+        "Runs the search with a Python probe (and the evaluation search with `eval`); returns "
+        "{'json', 'text', 'env'}.");
+  m.def("check_eval", &checkEval, py::arg("eval"), py::arg("options"), py::arg("facts"),
+        py::arg("eval_batch"),
+        "One evaluation trial with the training state held; returns {'json', 'text', 'env'}.");
   m.def("plan", &plan, py::arg("max_micro_batch"), py::arg("target_batch"),
         py::arg("world_size") = 1, py::arg("kind") = "auto",
         "Both accumulation plans as the JSON report's \"plans\" (JSON text).");

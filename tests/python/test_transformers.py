@@ -106,3 +106,29 @@ def test_ranks_under_torchrun_agree_on_the_smaller_size(tmp_path):
     assert all((r["micro_batch"], r["accumulation"]) == (micro, steps) for r in ranks)
     assert micro <= min(own) and micro * steps * 2 == 80
     assert all(r["ddp_bucket_bytes"] > 0 for r in ranks)
+
+
+def test_eval_sets_the_evaluation_batch_and_the_trainer_evaluates_with_it(tmp_path):
+    # Catches (issue 31): eval=True not passed to the search (per_device_eval_batch_size left at
+    # the user's 3, or set from the training batch), the raw maximum taken for the safe batch,
+    # and arguments the Trainer's evaluation loop does not take as given.
+    model, example = tiny_models.llama()
+    args = arguments(tmp_path, per_device_eval_batch_size=3)
+    sized, result = abt.fit_training_arguments_with_result(args, model, example, 64,
+                                                           memory_limit=LIMIT, margin=0.05,
+                                                           eval=True)
+    e = sized.per_device_eval_batch_size
+    assert e == result.eval_safe_batch and 0 < e <= result.eval_max_batch
+    assert e > result.safe_micro_batch >= sized.per_device_train_batch_size, result.text
+    assert result.eval["state"] == "training-resident" and args.per_device_eval_batch_size == 3
+    rows = [{"input_ids": example["input_ids"][0], "labels": example["labels"][0]}] * (e + 1)
+    seen = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        Trainer(model=model, args=sized, eval_dataset=rows).evaluate()
+    finally:
+        hook.remove()
+    assert seen == [e, 1]
+    with pytest.raises(autobatch.UsageError, match="eval='only' has no place"):
+        abt.fit_training_arguments(args, model, example, 64, eval="only")

@@ -34,3 +34,16 @@ def gpt2():
 
 
 MODELS = {"resnet18": resnet18, "llama": llama, "gpt2": gpt2}
+
+
+def mlp():
+    """An MLP whose evaluation needs far less per sample than its training (no saved
+    activations): 256 -> 1024 -> 1024 -> 10, 1.32 M parameters (issue 31's Python tests)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 10))
+    return model, torch.randn(1, 256)
+
+
+MODELS["mlp"] = mlp

@@ -17,8 +17,9 @@ import torch  # noqa: F401  (imported for its side effect: LibTorch loaded first
 from . import _core
 from ._errors import AutobatchError, Cancelled, DoesNotFit, ModelError, UsageError
 from ._export import export, export_pt2
+from ._check_eval import check_eval_batch
 from ._find import check_batch, find, fingerprint
-from ._result import Plan, Result, Trial
+from ._result import EvalCheck, Plan, Result, Trial
 
 __version__ = "0.1.0"
 
@@ -36,5 +37,5 @@ def plan(max_micro_batch: int, target_batch: int, world_size: int = 1, kind: str
     return Plan.from_json(plans[plans["primary"]])
 
 
-__all__ = ["find", "check_batch", "fingerprint", "export", "export_pt2", "plan", "Result", "Plan", "Trial", "AutobatchError",
+__all__ = ["find", "check_batch", "check_eval_batch", "EvalCheck", "fingerprint", "export", "export_pt2", "plan", "Result", "Plan", "Trial", "AutobatchError",
            "DoesNotFit", "UsageError", "ModelError", "Cancelled"]

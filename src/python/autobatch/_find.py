@@ -8,6 +8,7 @@ import torch
 
 from . import _core
 from ._errors import Cancelled, DoesNotFit, UsageError
+from ._eval import EvalProbe, eval_nothing_fits_message, eval_state_of
 from ._result import Result, Trial
 from ._state import ModelState
 from ._trial import CpuMeter, CudaMeter, EagerProbe, leading_size
@@ -243,7 +244,7 @@ class _Session:
                  device=None, memory_limit=None, margin=None, target_batch=None, world_size=1,
                  time_limit=None, steps_per_trial=2, min_batch=1, max_batch=None,
                  dataset_size=None, max_trials=None, strategy="guided", plan="auto", reserve=None,
-                 step=None, ddp=False):
+                 step=None, ddp=False, zero_grad="none"):
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
         self.n0 = leading_size(example_batch)
@@ -263,6 +264,11 @@ class _Session:
                              "itself (it replaces model(batch) and loss_fn)")
         if not isinstance(ddp, bool):
             raise UsageError(f"ddp: expected True or False, but got {ddp!r}")
+        if zero_grad not in ("none", "zeros"):
+            raise UsageError(f"zero_grad: expected 'none' (zero_grad(set_to_none=True), PyTorch's "
+                             f"default: the gradients freed after each step) or 'zeros' "
+                             f"(set_to_none=False: kept allocated), but got {zero_grad!r}")
+        self.zero_grad = zero_grad
         self.model, self.example, self.loss_fn, self.step = model, example_batch, loss_fn, step
         self.steps, self.ddp = steps_per_trial, ddp
         self.device = _device_of(model, device)
@@ -286,7 +292,8 @@ class _Session:
             self.options.update(block_bytes=2 << 20, page_bytes=20 << 20)
         self.key = fingerprint(model, example_batch, device=str(self.device),
                                optimizer=self.optimizer_name, precision=self.precision,
-                               steps=steps_per_trial, step=_name(step), ddp=ddp, **self.options)
+                               steps=steps_per_trial, step=_name(step), ddp=ddp, **self.options,
+                               **({"zero_grad": zero_grad} if zero_grad != "none" else {}))
 
     def describe(self, doc, probe):
         """The JSON report with the options of the step that ran (the C++ report writes the
@@ -295,7 +302,7 @@ class _Session:
                 "loss": _loss_name(self, probe.loss_rule),
                 "optimizer": probe.facts["optimizer"],
                 "optimizer_impl": probe.facts["model"]["optimizer_impl"] or "none",
-                "zero_grad": "none", "keep_output": False, "precision": self.precision,
+                "zero_grad": self.zero_grad, "keep_output": False, "precision": self.precision,
                 "steps_per_trial": self.steps, "device": str(self.device),
                 "learning_rate": None, "cudnn_benchmark": None, "optimize_graph": None,
                 "seed": None, "ddp": self.ddp,
@@ -323,6 +330,7 @@ class _Session:
             probe = EagerProbe(self.model, self.example, self.n0, self.device, self.make_optimizer,
                                self.loss_fn, self.autocast, meter, state, self.steps, self.step,
                                self.ddp_bucket_bytes)
+            probe.zero_grad = self.zero_grad
             probe.facts = _facts(self, state, meter)
             try:
                 return fn(probe, probe.facts)
@@ -337,17 +345,24 @@ class _Session:
 def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, device=None,
          memory_limit=None, margin=None, target_batch=None, world_size=1, time_limit=None,
          steps_per_trial=2, min_batch=1, max_batch=None, dataset_size=None, max_trials=None,
-         strategy="guided", plan="auto", reserve=None, progress=None, step=None, ddp=False):
+         strategy="guided", plan="auto", reserve=None, progress=None, step=None, ddp=False,
+         zero_grad="none", eval=False):
+    eval_state = eval_state_of(eval, target_batch)
     session = _Session(model, example_batch, optimizer, loss_fn, precision, device, memory_limit,
                        margin, target_batch, world_size, time_limit, steps_per_trial, min_batch,
-                       max_batch, dataset_size, max_trials, strategy, plan, reserve, step, ddp)
+                       max_batch, dataset_size, max_trials, strategy, plan, reserve, step, ddp,
+                       zero_grad)
+    if eval_state:
+        session.key = fingerprint(model, example_batch, base=session.key, eval=eval_state)
     probes = []
 
     def search(probe, facts):
         probes.append(probe)
         probe.bar = _progress_bar(progress)
+        evaluator = EvalProbe(probe) if eval_state else None
         try:
-            return _core.search(probe, session.options, facts, probe.cancel)
+            return _core.search(probe, session.options, facts, probe.cancel, evaluator,
+                                eval_state)
         finally:
             if probe.bar is not None:
                 probe.bar.close()
@@ -356,8 +371,12 @@ def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, 
                                 out["text"], out["env"], session.key)
     if probes[0].interrupted:
         raise Cancelled("interrupted: the search stopped at Ctrl-C; the model is restored", result)
+    if eval_state == "parameters-only" and result.eval_safe_batch == 0:  # the evaluation's words
+        raise DoesNotFit(eval_nothing_fits_message(result), result)
     if result.safe_micro_batch == 0:  # the command's exit status 3, whatever ended the search
         raise DoesNotFit(_nothing_fits_message(result), result)
+    if eval_state and result.eval_safe_batch == 0:  # --eval's exit 3
+        raise DoesNotFit(eval_nothing_fits_message(result), result)
     return result
 
 

@@ -55,6 +55,7 @@ class Trial:
     step_ms: float
     reason: str
     cancelled: bool
+    eval: bool = False  # an evaluation trial (find(eval=...)): 2 batches, no optimizer step
 
     @classmethod
     def from_json(cls, t):
@@ -65,7 +66,7 @@ class Trial:
                    t["peak_allocated_bytes"], t["peak_reserved_bytes"], t.get("peak_phase", ""),
                    phases, t.get("failed_phase", ""), t.get("failed_in_use_bytes", 0),
                    t.get("failed_request_bytes", 0), t.get("step_ms", 0.0), t.get("reason", ""),
-                   t.get("cancelled", False))
+                   t.get("cancelled", False), bool(t.get("eval", False)))
 
 
 @dataclass
@@ -79,6 +80,9 @@ class Result:
     trials: every trial in the order run. memory: the model's own bytes (parameters, gradients,
     optimizer state, baseline). fingerprint: the hash of the model's structure and the options.
     raw: the JSON report as a dict; text: the human report; env: the shell lines (AUTOBATCH_*).
+    eval_max_batch, eval_safe_batch: with find(eval=True / "only"), the largest evaluation batch
+    seen to fit (raw) and under the margin; 0 without eval= or when none fits. eval: the JSON
+    report's "eval" section (state, training_batch, state_fits, resident_bytes, ...), {} without.
     """
 
     status: str
@@ -97,6 +101,9 @@ class Result:
     raw: dict = field(repr=False)
     text: str = field(repr=False)
     env: str = field(repr=False)
+    eval_max_batch: int = 0
+    eval_safe_batch: int = 0
+    eval: dict = field(default_factory=dict, repr=False)
 
     @property
     def micro_batch(self) -> int:
@@ -126,7 +133,43 @@ class Result:
                    plan=plan, plans=plans, plan_verified=bool(plans_doc and plans_doc.get("verified")),
                    trials=[Trial.from_json(t) for t in doc.get("trials", [])],
                    memory=doc.get("model") or {}, fingerprint=fingerprint,
-                   warnings=list(doc.get("warnings", [])), raw=doc, text=text, env=env)
+                   warnings=list(doc.get("warnings", [])), raw=doc, text=text, env=env,
+                   eval_max_batch=r.get("eval_max_batch", 0),
+                   eval_safe_batch=r.get("eval_safe_batch", 0), eval=doc.get("eval") or {})
+
+    def __str__(self):
+        return self.text
+
+
+@dataclass
+class EvalCheck:
+    """What check_eval_batch measured: `fits` (the evaluation trial ran to its end, raw),
+    `fits_with_margin` (and its peak is under the limit less the margin), `state_fits` (False:
+    the training state itself does not fit; no evaluation batch ran, `trial` is then the training
+    step); `trial` the evaluation trial (2 batches of `eval_batch`); `training_step` the training
+    step that made the state; `resident_bytes` held with the state; raw/text/env the report."""
+
+    eval_batch: int
+    fits: bool
+    fits_with_margin: bool
+    state_fits: bool
+    margin_bytes: int
+    resident_bytes: int
+    trial: Trial
+    training_step: Optional[Trial]
+    raw: dict = field(repr=False)
+    text: str = field(repr=False)
+    env: str = field(repr=False)
+
+    @classmethod
+    def from_report(cls, doc, text, env, eval_batch):
+        check, e = doc.get("check") or {}, doc.get("eval") or {}
+        trials = doc.get("trials") or []
+        step = e.get("training_step")
+        return cls(eval_batch, bool(check.get("fits")), bool(check.get("fits_with_margin")),
+                   bool(e.get("state_fits")), check.get("margin_bytes", 0),
+                   e.get("resident_bytes", 0), Trial.from_json(trials[-1]),
+                   Trial.from_json(step) if step else None, doc, text, env)
 
     def __str__(self):
         return self.text

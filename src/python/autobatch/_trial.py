@@ -125,6 +125,10 @@ class CpuMeter:
     def limit_source(self):
         return self.budget.limit_source()
 
+    def current_bytes(self):
+        """Bytes the budget counts now (the baseline included)."""
+        return self.budget.current_bytes()
+
     def begin(self):
         self.budget.begin_trial()
 
@@ -183,6 +187,10 @@ class CudaMeter:
 
     def limit_source(self):
         return self.source
+
+    def current_bytes(self):
+        """Bytes allocated by tensors on the device now."""
+        return torch.cuda.memory_allocated(self.index)
 
     def begin(self):
         torch.cuda.synchronize(self.index)
@@ -251,6 +259,8 @@ class EagerProbe:
         self.facts = None  # the report's facts (find's), updated after each trial
         self.loss_rule = None  # "model" or "mean": how default_loss took the loss
         self.bar = None  # a tqdm bar (find's progress option), one step per trial
+        self.zero_grad = "none"  # "zeros": zero_grad(set_to_none=False), the gradients kept
+        self.kept_grads = False  # the evaluation's training state holds the gradients
 
     def cancel(self):
         return self.interrupted
@@ -259,11 +269,14 @@ class EagerProbe:
         self.point = (name, micro, step)
         self.meter.phase(name, size, micro, step)
 
-    def _steps(self, size, micro_batches):
-        """The user's step, `self.steps` times; returns completed steps and total ms."""
+    def _steps(self, size, micro_batches, steps=None, keep=None):
+        """The user's step, `steps` (default `self.steps`) times; returns completed steps and
+        total ms. `keep`: a list that receives the optimizer (the evaluation's training state)."""
         optimizer = self.make_optimizer()
+        if keep is not None:
+            keep.append(optimizer)
         done, total_ms = 0, 0.0
-        for step in range(self.steps):
+        for step in range(self.steps if steps is None else steps):
             t0 = time.perf_counter()
             for micro in range(micro_batches):
                 self._enter("inputs", size, micro, step)
@@ -292,28 +305,45 @@ class EagerProbe:
                 self.optimizer_state_bytes = max(self.optimizer_state_bytes,
                                                  state_bytes(optimizer))
                 self._enter("idle", size, 0, step)
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=self.zero_grad == "none")
             else:
                 self._enter("idle", size, 0, step)
                 for p in self.state.params:
-                    p.grad = None
+                    if self.zero_grad == "none" or p.grad is None:
+                        p.grad = None
+                    else:
+                        p.grad.zero_()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             total_ms += (time.perf_counter() - t0) * 1000.0
             done += 1
         return done, total_ms
 
+    def buckets(self, size):
+        """DDP's gradient buckets (None without ddp): counted, and able to fail the trial."""
+        if not self.ddp_bytes:
+            return None
+        self._enter("inputs", size)
+        return torch.empty(self.ddp_bytes, dtype=torch.uint8, device=self.device)
+
+    def _train(self, size, micro_batches):
+        buckets = self.buckets(size)  # freed with the trial, as DDP's would be with the job
+        done = self._steps(size, micro_batches)
+        del buckets
+        return done
+
     def __call__(self, size, micro_batches):
+        return self.trial(size, micro_batches, self._train)
+
+    def trial(self, size, micro_batches, body):
+        """One trial: body(size, micro_batches) -> (steps completed, total ms) under the meter,
+        its out-of-memory turned into a record (see the module's docstring)."""
         self.count += 1
         record = {"memory_limit_bytes": self.meter.limit_bytes(), "steps_completed": 0}
         failure = None
         self.meter.begin()
-        buckets = None
         try:
-            if self.ddp_bytes:  # DDP's gradient buckets: counted, and able to fail the trial
-                self._enter("inputs", size)
-                buckets = torch.empty(self.ddp_bytes, dtype=torch.uint8, device=self.device)
-            done, total_ms = self._steps(size, micro_batches)
+            done, total_ms = body(size, micro_batches)
             record["steps_completed"] = done
             record["step_ms"] = total_ms / done if done else 0.0
         except KeyboardInterrupt:
@@ -326,9 +356,9 @@ class EagerProbe:
                 self.model_error = e
             del e
         finally:
-            del buckets  # freed with the trial, as DDP's buckets would be with the job
-            for p in self.state.params:
-                p.grad = None
+            if not self.kept_grads:
+                for p in self.state.params:
+                    p.grad = None
             self._enter("idle", size)
         peaks = self.meter.end()
         record.update(peaks)

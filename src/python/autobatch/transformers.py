@@ -18,8 +18,9 @@ Under torchrun (world size above 1) every rank sizes under its own memory with D
 buckets held, and the ranks agree on the smallest safe micro-batch through the job's process
 group. Refused with a UsageError: DeepSpeed and FSDP (they shard what the trial holds whole),
 several GPUs in one process (`n_gpu` > 1, DataParallel), a target that is not a multiple of the
-world size. `per_device_eval_batch_size` is left as it is: the package does not size evaluation
-batches yet.
+world size. With `eval=True`, `per_device_eval_batch_size` is set too: the largest evaluation
+batch that fits beside the training state (autobatch.find(eval=True), docs/evaluation.md), the
+smallest of the ranks'; without it, `per_device_eval_batch_size` is left as it is.
 
 No TrainerCallback variant: `Trainer.__init__` copies `args.train_batch_size` into the trainer
 before the first callback event (`on_init_end`), `train()` builds the loader from that copy, and a
@@ -34,7 +35,7 @@ import torch
 
 from . import _find
 from ._errors import UsageError
-from ._ranks import search_and_agree
+from ._ranks import _all_min, search_and_agree
 
 try:
     from transformers import Trainer, TrainingArguments
@@ -47,7 +48,7 @@ log = logging.getLogger("autobatch")
 _DERIVED = ("optimizer", "precision", "device", "world_size", "target_batch", "ddp", "step")
 
 
-def fit_training_arguments(args, model, example_batch, target_batch, **options):
+def fit_training_arguments(args, model, example_batch, target_batch, *, eval=False, **options):
     """Returns a copy of `args` sized for `target_batch` samples per optimizer step over all
     ranks (per_device_train_batch_size x gradient_accumulation_steps x world size = target_batch).
 
@@ -58,15 +59,25 @@ def fit_training_arguments(args, model, example_batch, target_batch, **options):
       batches of B samples repeat its rows. target_batch: int >= 1.
     options: as autobatch.find takes them (memory_limit, margin, time_limit, loss_fn, ...);
       optimizer, precision, device, world_size and ddp come from `args`.
+    eval: True: also per_device_eval_batch_size, the safe evaluation batch with the training
+      state resident (the Trainer's evaluation loop: model.eval(), no_grad, the loss and logits of
+      each batch; its default of keeping every batch's logits on the device until the end of
+      evaluation grows with the number of batches, not the batch: set eval_accumulation_steps).
     For the search's Result too, call fit_training_arguments_with_result.
-    Raises UsageError, DoesNotFit (the minimum micro-batch does not fit), ModelError.
+    Raises UsageError, DoesNotFit (the minimum micro-batch, the training state beside an
+    evaluation batch, or evaluation batch 1 does not fit), ModelError.
     """
     return fit_training_arguments_with_result(args, model, example_batch, target_batch,
-                                              **options)[0]
+                                              eval=eval, **options)[0]
 
 
-def fit_training_arguments_with_result(args, model, example_batch, target_batch, **options):
+def fit_training_arguments_with_result(args, model, example_batch, target_batch, *, eval=False,
+                                       **options):
     """fit_training_arguments, and the search's Result: (arguments, Result)."""
+    if eval not in (False, True):
+        raise UsageError(f"eval: expected True (also set per_device_eval_batch_size) or False, "
+                         f"but got {eval!r}; the Trainer trains, so eval='only' has no place "
+                         "here (autobatch.find(model, batch, eval='only') sizes evaluation alone)")
     if not isinstance(args, TrainingArguments):
         raise UsageError(f"args: expected transformers.TrainingArguments, but got "
                          f"{type(args).__name__}")
@@ -92,17 +103,23 @@ def fit_training_arguments_with_result(args, model, example_batch, target_batch,
         def search():
             return _find.find(trial_model, example_batch, optimizer=_optimizer_factory(args, model),
                               precision=precision, device=device, target_batch=target,
-                              world_size=world, ddp=world > 1, **options)
+                              world_size=world, ddp=world > 1, eval=eval, **options)
         result, agreed = search_and_agree(search, world, device, "fit_training_arguments")
+    eval_batch = (_all_min(result.eval_safe_batch, device) if world > 1 else
+                  result.eval_safe_batch) if eval else args.per_device_eval_batch_size
     import autobatch
     plan = (result.plans.get("uniform") if agreed == result.safe_micro_batch else None) \
         or autobatch.plan(agreed, target, world, kind="uniform")
     sized = dataclasses.replace(args, per_device_train_batch_size=plan.micro_batch_size,
                                 gradient_accumulation_steps=plan.accumulation_steps,
+                                per_device_eval_batch_size=eval_batch,
                                 auto_find_batch_size=False)
     log.info("autobatch: per_device_train_batch_size %d -> %d, gradient_accumulation_steps %d -> "
              "%d (%s)", args.per_device_train_batch_size, plan.micro_batch_size,
              args.gradient_accumulation_steps, plan.accumulation_steps, plan)
+    if eval:
+        log.info("autobatch: per_device_eval_batch_size %d -> %d", args.per_device_eval_batch_size,
+                 eval_batch)
     return sized, result
 
 

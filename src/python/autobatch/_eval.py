@@ -1,0 +1,146 @@
+"""The evaluation trial (docs/evaluation.md, docs/python.md): the user's model in eval mode, its
+forward and loss under torch.no_grad() in the training precision's autocast, 2 batches with the
+previous batch's output alive while the next runs, beside the training state as it is in the
+middle of training. The C++ search (autobatch._core.search / check_eval) calls hold(), then the
+probe once per trial, then release(), as autobatch::findMaxEvalBatch calls the runner.
+
+torch.no_grad(), not torch.inference_mode(): the memory of a forward without a graph is the same
+under both, but a tensor made under inference mode (a lazily built cache, a buffer a module
+creates on its first call) stays an inference tensor and raises when the user's training later
+saves it for backward; no_grad leaves the user's model as the search found it.
+"""
+import time
+
+import torch
+
+from ._errors import UsageError
+from ._trial import call_model, default_loss, make_batch
+
+
+class EvalProbe:
+    """The evaluation side of an EagerProbe (its meter, model, options, failure rules)."""
+
+    def __init__(self, probe):
+        self.probe = probe
+        self.resident = None  # the training state: [optimizer], DDP's buckets
+        self.training_oom = 0  # the training trials' evidence, put back by release()
+
+    def hold(self, training, training_batch, micro_batches):
+        """The training state, made by one real training step at `training_batch` (the search's
+        smallest batch) whose optimizer is kept, the gradients as zero_grad leaves them (kept
+        with zero_grad="zeros"), DDP's buckets kept; `training` False: the parameters only.
+        Returns the step's trial record with "holds" and "resident_bytes"."""
+        p = self.probe
+        # The evaluation trials' own evidence of out-of-memory for the failure rules
+        # (autobatch/failure.h), as the runner keeps eval_evidence apart from the training's; the
+        # state's training step runs with none, as holdEvalState's.
+        self.training_oom, p.largest_oom = p.largest_oom, 0
+        if not training:
+            self.resident = ([], None)
+            return {"memory_limit_bytes": p.meter.limit_bytes(), "holds": True,
+                    "resident_bytes": p.meter.current_bytes()}
+        kept = []
+
+        def step(size, micro):
+            buckets = p.buckets(size)
+            done = p._steps(size, micro, steps=1, keep=kept)
+            self.resident = (kept, buckets)
+            return done
+        p.kept_grads = p.zero_grad == "zeros"
+        try:
+            record = p.trial(training_batch, micro_batches, step)
+        except BaseException:  # a model error (ModelError): nothing is held
+            self.release()
+            raise
+        holds = (record.get("outcome", "fits") == "fits" and not record.get("cancelled")
+                 and self.resident is not None)
+        if not holds:
+            self.release()
+        record["holds"] = holds
+        record["resident_bytes"] = p.meter.current_bytes() if holds else 0
+        return record
+
+    def release(self):
+        """The training state dropped: optimizer, buckets, gradients."""
+        self.resident = None
+        self.probe.largest_oom = self.training_oom
+        self.probe.kept_grads = False
+        for param in self.probe.state.params:
+            param.grad = None
+        self.probe.state.restore_weights()
+        self.probe.meter.release()
+
+    def __call__(self, size, batches):
+        return self.probe.trial(size, batches, self._evaluate)
+
+    def _evaluate(self, size, batches):
+        """`batches` evaluation batches of `size`; (1, ms): one evaluation "step"."""
+        p, model = self.probe, self.probe.model
+        flags = [(m, m.training) for m in model.modules()]
+        t0 = time.perf_counter()
+        output = loss = batch = None
+        try:
+            model.eval()
+            with torch.no_grad():
+                for index in range(batches):
+                    p._enter("inputs", size, index)
+                    batch = make_batch(p.example, size, p.n0, p.device)
+                    p._enter("forward", size, index)
+                    with p.autocast():
+                        # The previous batch's output is replaced only once this forward returned
+                        # (`output = model(x)` in the user's loop).
+                        if p.step is not None:  # the framework's step: its result is the output
+                            output = p.step(model, batch)
+                            p._enter("loss", size, index)
+                            loss = output
+                        else:
+                            output = call_model(model, batch)
+                            p._enter("loss", size, index)
+                            loss = (p.loss_fn(output, batch) if p.loss_fn is not None
+                                    else default_loss(output))
+            p._enter("idle", size)
+            del output, loss, batch
+        finally:
+            for m, training in flags:
+                m.training = training
+        if p.device.type == "cuda":
+            torch.cuda.synchronize(p.device)
+        return 1, (time.perf_counter() - t0) * 1000.0
+
+
+def eval_state_of(eval, target_batch):
+    """find's eval= as the C++ evaluation state: "" (no evaluation search), "training-resident"
+    (True, the CLI's --eval) or "parameters-only" ("only", --eval-only)."""
+    if eval is False or eval is None:
+        return ""
+    if eval is True:
+        return "training-resident"
+    if eval == "only":
+        if target_batch is not None:
+            raise UsageError("eval='only' sizes an evaluation job alone, which has no "
+                             "accumulation plan: drop target_batch, or use eval=True to plan "
+                             "training and size evaluation beside it")
+        return "parameters-only"
+    raise UsageError(f"eval: expected False (training only), True (also the largest evaluation "
+                     f"batch with the training state resident, as `autobatch --eval`) or 'only' "
+                     f"(an evaluation job alone, parameters only, as --eval-only), but got "
+                     f"{eval!r}")
+
+
+def eval_nothing_fits_message(result):
+    e = result.raw.get("eval") or {}
+    if not e.get("state_fits", True):
+        step = e.get("training_step") or {}
+        return (f"the training state does not fit: the training step at micro-batch "
+                f"{e.get('training_batch')} that creates the optimizer state ended "
+                f"{step.get('outcome', 'out-of-memory')}; no evaluation batch was tried")
+    if e.get("search_status") in ("trial-budget", "time-budget"):
+        return (f"no evaluation batch was verified before the budget ran out "
+                f"({e.get('search_status')}); raise time_limit / max_trials")
+    if result.eval_max_batch > 0:
+        return (f"no evaluation batch fits under the margin: batch {result.eval_max_batch} fits, "
+                f"but its peak is above the limit less the margin")
+    beside = ("the parameters" if e.get("state") == "parameters-only"
+              else "the training state")
+    return (f"no evaluation batch fits: batch 1 does not fit beside {beside}; it needs at least "
+            f"{e.get('min_batch_needs_at_least_bytes', 0)} bytes")
