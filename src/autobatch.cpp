@@ -71,10 +71,7 @@ TrialResult hookedTrial(TrialRequest request, const SearchOptions& options, Run 
 // A check's verdict on its trial (raw and under the margin) and the runner's facts.
 void finishCheck(CheckResult& check, const TrialRunner& runner, const SearchOptions& options,
                  bool ran) {
-  check.fits = ran && check.trial.outcome == TrialOutcome::kFits && !check.trial.cancelled;
-  check.margin_bytes = marginBytes(options, check.trial.memory_limit_bytes);
-  check.fits_with_margin =
-      check.fits && check.trial.peak_bytes <= check.trial.memory_limit_bytes - check.margin_bytes;
+  setCheckVerdict(check, options, ran);
   check.memory = breakdownOf(runner);
   check.context = contextOf(runner);
 }
@@ -123,6 +120,13 @@ CheckResult checkBatch(const TrainingSpec& spec, const SearchOptions& options,
   check.trial = hookedTrial(request, options, [&](const TrialRequest& r) { return runner.run(r); });
   finishCheck(check, runner, options, true);
   return check;
+}
+
+void setCheckVerdict(CheckResult& check, const SearchOptions& options, bool ran) {
+  check.fits = ran && check.trial.outcome == TrialOutcome::kFits && !check.trial.cancelled;
+  check.margin_bytes = marginBytes(options, check.trial.memory_limit_bytes);
+  check.fits_with_margin =
+      check.fits && check.trial.peak_bytes <= check.trial.memory_limit_bytes - check.margin_bytes;
 }
 
 SearchOptions evalSearchOptions(const SearchOptions& options, std::int64_t start_batch) {

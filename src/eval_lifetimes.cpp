@@ -29,19 +29,19 @@ const torch::jit::RegisterOperators kRegisterKeepAlive({torch::jit::Operator(
     "autobatch::keep_alive(Tensor[] values) -> ()",
     [](torch::jit::Stack& stack) { stack.pop_back(); }, c10::AliasAnalysisKind::CONSERVATIVE)});
 
+bool isTensor(const Value* value) { return value->type()->cast<c10::TensorType>() != nullptr; }
+
 // The Python local a value is bound to, or "" for a temporary. The compiler names a value after
 // its source variable (`x.3`: base `x`); the serialized code that torch.jit.load compiles again
 // numbers a rebound local (`x`, `x0`, `x1`) and names temporaries `_0`, `_1`.
 std::string localName(const Value* value) {
-  if (!value->hasDebugName() || !value->type()->cast<c10::TensorType>()) return "";
+  if (!value->hasDebugName() || !isTensor(value)) return "";
   std::string name = value->debugNameBase();
   while (!name.empty() && std::isdigit(static_cast<unsigned char>(name.back())) != 0) {
     name.pop_back();
   }
   return name == "_" ? "" : name;
 }
-
-bool isTensor(const Value* value) { return value->type()->cast<c10::TensorType>() != nullptr; }
 
 // A name bound in a frame instance at a node: the value it holds from `at` on.
 struct Binding {

@@ -166,6 +166,13 @@ struct CheckResult {
   std::optional<EvalResult> eval;
 };
 
+/// A check's verdict on `check.trial`: `fits` (`ran` and the trial fit, not cancelled),
+/// `margin_bytes` (marginBytes of options at the trial's limit) and `fits_with_margin` (fits and
+/// peak_bytes <= limit - margin). Shared by checkBatch, checkEvalBatch and the Python package's
+/// check_eval_batch (`ran` false: the training state did not fit, no evaluation trial ran).
+/// Pure; never throws.
+void setCheckVerdict(CheckResult& check, const SearchOptions& options, bool ran);
+
 /// Preflight: runs one trial at `micro_batch_size` (steps per trial and accumulation from `spec`)
 /// and says whether it fits, raw and with the margin of `options`.
 /// Throws: as findMaxBatch; autobatch::Error for micro_batch_size < 1.

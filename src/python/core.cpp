@@ -156,6 +156,15 @@ autobatch::ReportData reportData(const py::dict& facts, const autobatch::SearchO
   return data;
 }
 
+// A Python callable fn(micro_batch_size, micro_batches_per_step) -> a trial dict as the search's
+// probe (`fn` must outlive it).
+autobatch::Probe pythonProbe(const py::object& fn) {
+  return [&fn](const autobatch::TrialRequest& request) {
+    const py::object answer = fn(request.micro_batch_size, request.micro_batches_per_step);
+    return trialFromDict(request, answer.cast<py::dict>());
+  };
+}
+
 // ---- evaluation (docs/evaluation.md, docs/python.md) -------------------------------------------
 // The Python side of an evaluation search (autobatch/_eval.py, EvalProbe), plain data only:
 //   hold(training, training_batch, micro_batches) -> the trial dict of the training step that
@@ -205,11 +214,7 @@ autobatch::EvalResult evalSearch(const py::object& eval, const autobatch::Search
   autobatch::EvalResult e = holdState(eval, options, state);
   if (!e.state_fits) return e;
   const autobatch::SearchOptions o = autobatch::evalSearchOptions(options, start_batch);
-  autobatch::Probe probe = [&eval](const autobatch::TrialRequest& request) {
-    const py::object answer = eval(request.micro_batch_size, request.micro_batches_per_step);
-    return trialFromDict(request, answer.cast<py::dict>());
-  };
-  withState(eval, [&] { e.search = autobatch::findMaxBatch(probe, o); });
+  withState(eval, [&] { e.search = autobatch::findMaxBatch(pythonProbe(eval), o); });
   return e;
 }
 
@@ -232,10 +237,7 @@ py::dict search(const py::function& probe, const py::dict& options_dict, const p
   if (!cancel.is_none()) {
     options.cancel = [cancel]() -> bool { return cancel().cast<bool>(); };
   }
-  autobatch::Probe cpp_probe = [&probe](const autobatch::TrialRequest& request) {
-    const py::object answer = probe(request.micro_batch_size, request.micro_batches_per_step);
-    return trialFromDict(request, answer.cast<py::dict>());
-  };
+  const autobatch::Probe cpp_probe = pythonProbe(probe);
   autobatch::ReportData data = reportData(facts, options);
   autobatch::MaxBatchResult result;
   const bool only =
@@ -285,11 +287,7 @@ py::dict checkEval(const py::object& eval, const py::dict& options_dict, const p
   } else {
     check.trial = e.training_step;
   }
-  check.fits = e.state_fits && check.trial.outcome == autobatch::TrialOutcome::kFits &&
-               !check.trial.cancelled;
-  check.margin_bytes = autobatch::marginBytes(options, check.trial.memory_limit_bytes);
-  check.fits_with_margin =
-      check.fits && check.trial.peak_bytes <= check.trial.memory_limit_bytes - check.margin_bytes;
+  autobatch::setCheckVerdict(check, options, e.state_fits);
   check.memory = memoryFromDict(facts["model"].cast<py::dict>());
   check.context = contextFromDict(facts["context"].cast<py::dict>());
   check.eval = std::move(e);

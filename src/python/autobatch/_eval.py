@@ -14,7 +14,7 @@ import time
 import torch
 
 from ._errors import UsageError
-from ._trial import call_model, default_loss, make_batch
+from ._trial import make_batch
 
 
 class EvalProbe:
@@ -85,19 +85,9 @@ class EvalProbe:
                 for index in range(batches):
                     p._enter("inputs", size, index)
                     batch = make_batch(p.example, size, p.n0, p.device)
-                    p._enter("forward", size, index)
-                    with p.autocast():
-                        # The previous batch's output is replaced only once this forward returned
-                        # (`output = model(x)` in the user's loop).
-                        if p.step is not None:  # the framework's step: its result is the output
-                            output = p.step(model, batch)
-                            p._enter("loss", size, index)
-                            loss = output
-                        else:
-                            output = call_model(model, batch)
-                            p._enter("loss", size, index)
-                            loss = (p.loss_fn(output, batch) if p.loss_fn is not None
-                                    else default_loss(output))
+                    # The previous batch's output is replaced only once this forward returned
+                    # (`output = model(x)` in the user's loop).
+                    output, loss = p.forward_loss(batch, size, index)
             p._enter("idle", size)
             del output, loss, batch
         finally:

@@ -269,6 +269,24 @@ class EagerProbe:
         self.point = (name, micro, step)
         self.meter.phase(name, size, micro, step)
 
+    def forward_loss(self, batch, size, micro, step=0):
+        """The user's forward and loss of one batch in the precision's autocast (phases "forward"
+        then "loss"): (output, loss). With step= (the framework's forward and loss in one call)
+        the output is the loss. Shared by the training step and the evaluation trial (_eval.py)."""
+        self._enter("forward", size, micro, step)
+        with self.autocast():
+            if self.step is not None:
+                loss = self.step(self.model, batch)
+                self._enter("loss", size, micro, step)
+                return loss, loss
+            output = call_model(self.model, batch)
+            self._enter("loss", size, micro, step)
+            rule = []
+            loss = (self.loss_fn(output, batch) if self.loss_fn is not None
+                    else default_loss(output, rule))
+            self.loss_rule = rule[0] if rule else self.loss_rule
+            return output, loss
+
     def _steps(self, size, micro_batches, steps=None, keep=None):
         """The user's step, `steps` (default `self.steps`) times; returns completed steps and
         total ms. `keep`: a list that receives the optimizer (the evaluation's training state)."""
@@ -281,20 +299,9 @@ class EagerProbe:
             for micro in range(micro_batches):
                 self._enter("inputs", size, micro, step)
                 batch = make_batch(self.example, size, self.n0, self.device)
-                self._enter("forward", size, micro, step)
-                with self.autocast():
-                    if self.step is not None:  # forward and loss in one call: the framework's
-                        output = None
-                        loss = self.step(self.model, batch)
-                        self._enter("loss", size, micro, step)
-                        _check_loss(loss, self.step)
-                    else:
-                        output = call_model(self.model, batch)
-                        self._enter("loss", size, micro, step)
-                        rule = []
-                        loss = (self.loss_fn(output, batch) if self.loss_fn is not None
-                                else default_loss(output, rule))
-                        self.loss_rule = rule[0] if rule else self.loss_rule
+                output, loss = self.forward_loss(batch, size, micro, step)
+                if self.step is not None:
+                    _check_loss(loss, self.step)
                 del output, batch  # dropped before backward, as a training_step returns the loss
                 self._enter("backward", size, micro, step)
                 (loss / micro_batches).backward()
