@@ -45,14 +45,8 @@ RunContext contextOf(const TrialRunner& runner) {
 }
 
 MaxBatchResult searchWith(TrialRunner& runner, const SearchOptions& options) {
-  SearchOptions o = options;
-  // Every search trial runs the user's job as it will run: with accumulation, two micro-batches
-  // per optimizer step (gradients alive during the second forward; N >= 2 peaks like 2).
-  o.micro_batches_per_step = runner.microBatchesPerTrial();
-  // The units its allocator reserves in: the CUDA caching allocator's (the CPU keeps them too).
-  o.allocation_units = runner.allocatorInfo().allocation_units;
   MaxBatchResult result;
-  result.search = findMaxBatch(runner.probe(), o);
+  result.search = findMaxBatch(runner.probe(), runnerSearchOptions(runner, options));
   result.memory = breakdownOf(runner);
   result.context = contextOf(runner);
   return result;
@@ -85,6 +79,16 @@ MaxBatchResult findMaxBatch(const TrainingSpec& spec, const SearchOptions& optio
 
 MaxBatchResult findMaxBatch(TrialRunner& runner, const SearchOptions& options) {
   return searchWith(runner, options);
+}
+
+SearchOptions runnerSearchOptions(const TrialRunner& runner, const SearchOptions& options) {
+  SearchOptions o = options;
+  // Every search trial runs the user's job as it will run: with accumulation, two micro-batches
+  // per optimizer step (gradients alive during the second forward; N >= 2 peaks like 2).
+  o.micro_batches_per_step = runner.microBatchesPerTrial();
+  // The units its allocator reserves in: the CUDA caching allocator's (the CPU keeps them too).
+  o.allocation_units = runner.allocatorInfo().allocation_units;
+  return o;
 }
 
 MaxBatchResult runnerFacts(const TrialRunner& runner) {

@@ -48,30 +48,28 @@ CacheKey cacheKeyOf(const TrainingSpec& spec, const SearchOptions& options,
 
 // The confirming trial of a hit (none when trusted), through the search's hooks.
 std::optional<TrialResult> confirmHit(const CachedResult& entry, const SearchOptions& options,
-                                      TrialRunner& runner, bool trust) {
+                                      const Probe& probe, bool trust) {
   if (trust) return std::nullopt;
-  const TrialRequest request = confirmRequest(entry, options, runner.microBatchesPerTrial());
+  const TrialRequest request = confirmRequest(entry, options, options.micro_batches_per_step);
   if (options.before_trial) options.before_trial(request);
-  TrialResult confirm = runner.run(request);
+  TrialResult confirm = probe(request);
   if (options.on_trial) options.on_trial(confirm);
   return confirm;
 }
 
 // A hit that confirmed (or was trusted): the cached answer.
-CachedSearchResult answerHit(const CachedResult& entry, const SearchOptions& options,
-                             const TrialRunner& runner, const std::optional<TrialResult>& confirm,
-                             CacheReport cache, std::vector<std::string> warnings,
-                             Clock::time_point start) {
+SearchResult answerHit(const CachedResult& entry, const SearchOptions& options,
+                       const std::optional<TrialResult>& confirm, CacheReport& cache,
+                       std::vector<std::string> warnings, Clock::time_point start) {
   cache.outcome = "hit";
   cache.trusted = !confirm.has_value();
   cache.stored_at = entry.stored_at;
   cache.cached_trials = entry.trials;
   cache.cached_search_s = entry.search_s;
-  CachedSearchResult out{runnerFacts(runner), std::move(cache)};
-  out.result.search = searchResultFromCache(entry, options, confirm);
-  out.result.search.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
-  out.result.search.warnings = std::move(warnings);
-  return out;
+  SearchResult search = searchResultFromCache(entry, options, confirm);
+  search.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+  search.warnings = std::move(warnings);
+  return search;
 }
 
 // A confirming trial that did not confirm: the entry is dropped, unless the trial was interrupted
@@ -94,6 +92,36 @@ void refuteHit(const CachedResult& entry, const TrialResult& confirm, CacheRepor
 
 }  // namespace
 
+SearchResult findMaxBatchThroughCache(const Probe& probe, const SearchOptions& options,
+                                      CacheReport& cache, bool trust) {
+  if (cache.dir.empty()) throw Error("result cache: expected a folder, but got an empty path");
+  const auto start = Clock::now();
+  std::vector<std::string> warnings;
+  std::optional<TrialResult> failed_confirm;
+  if (auto entry = loadCachedResult(cache.dir, cache.key, warnings)) {
+    std::optional<TrialResult> confirm = confirmHit(*entry, options, probe, trust);
+    if (trust || confirms(*entry, *confirm)) {
+      return answerHit(*entry, options, confirm, cache, std::move(warnings), start);
+    }
+    refuteHit(*entry, *confirm, cache, warnings);
+    failed_confirm = confirm;
+  } else {
+    cache.outcome = "miss";
+  }
+  SearchResult search = findMaxBatch(probe, options);
+  if (failed_confirm) search.trials.insert(search.trials.begin(), *failed_confirm);
+  search.warnings.insert(search.warnings.begin(), warnings.begin(), warnings.end());
+  if (!cancelled(options)) {
+    if (auto stored = cachedResultOf(search, utcNow())) {
+      cache.store_error = storeCachedResult(cache.dir, cache.key, *stored);
+      if (!cache.store_error.empty()) {
+        search.warnings.push_back("result cache: not stored: " + cache.store_error);
+      }
+    }
+  }
+  return search;
+}
+
 CachedSearchResult findMaxBatchCached(const TrainingSpec& spec, const SearchOptions& options,
                                       const ResultCacheOptions& cache_options) {
   if (cache_options.dir.empty()) {
@@ -105,32 +133,15 @@ CachedSearchResult findMaxBatchCached(const TrainingSpec& spec, const SearchOpti
   CacheReport cache;
   cache.dir = cache_options.dir;
   cache.key = cacheKeyOf(spec, options, cache_options, runner);
-  std::vector<std::string> warnings;
-  std::optional<TrialResult> failed_confirm;
-  if (auto entry = loadCachedResult(cache.dir, cache.key, warnings)) {
-    SearchOptions o = options;
-    o.micro_batches_per_step = runner.microBatchesPerTrial();
-    std::optional<TrialResult> confirm = confirmHit(*entry, o, runner, cache_options.trust);
-    if (cache_options.trust || confirms(*entry, *confirm)) {
-      return answerHit(*entry, o, runner, confirm, std::move(cache), std::move(warnings), start);
-    }
-    refuteHit(*entry, *confirm, cache, warnings);
-    failed_confirm = confirm;
-  } else {
-    cache.outcome = "miss";
+  SearchResult search = findMaxBatchThroughCache(
+      runner.probe(), runnerSearchOptions(runner, options), cache, cache_options.trust);
+  // The runner's facts after the trials: the optimizer's state exists once a step ran.
+  CachedSearchResult out{runnerFacts(runner), std::move(cache)};
+  out.result.search = std::move(search);
+  if (out.cache.outcome == "hit") {  // this call's wall time, the runner's set-up included
+    out.result.search.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
   }
-  MaxBatchResult result = findMaxBatch(runner, options);
-  if (failed_confirm) result.search.trials.insert(result.search.trials.begin(), *failed_confirm);
-  result.search.warnings.insert(result.search.warnings.begin(), warnings.begin(), warnings.end());
-  if (!cancelled(options)) {
-    if (auto stored = cachedResultOf(result.search, utcNow())) {
-      cache.store_error = storeCachedResult(cache.dir, cache.key, *stored);
-      if (!cache.store_error.empty()) {
-        result.search.warnings.push_back("result cache: not stored: " + cache.store_error);
-      }
-    }
-  }
-  return {std::move(result), std::move(cache)};
+  return out;
 }
 
 }  // namespace autobatch

@@ -153,6 +153,10 @@ MaxBatchResult findMaxBatch(TrialRunner& runner, const SearchOptions& options);
 /// The memory breakdown and run context of a set-up runner, with an empty search (no trial run).
 MaxBatchResult runnerFacts(const TrialRunner& runner);
 
+/// `options` as a search on `runner` runs them: micro_batches_per_step the runner's
+/// (min(accumulation_steps, 2)) and allocation_units its allocator's. Pure.
+SearchOptions runnerSearchOptions(const TrialRunner& runner, const SearchOptions& options);
+
 /// The result of checkBatch().
 struct CheckResult {
   TrialResult trial;              ///< the trial at the checked micro-batch

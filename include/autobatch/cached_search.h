@@ -20,6 +20,7 @@
 
 #include "autobatch/autobatch.h"
 #include "autobatch/report.h"
+#include "autobatch/search.h"
 #include "autobatch/search_options.h"
 #include "autobatch/training_spec.h"
 #include "autobatch/version.h"
@@ -80,5 +81,16 @@ struct CachedSearchResult {
 /// Side effects: as findMaxBatch; reads, writes and removes files in cache.dir.
 CachedSearchResult findMaxBatchCached(const TrainingSpec& spec, const SearchOptions& options,
                                       const ResultCacheOptions& cache);
+
+/// The result cache around any probe (the trial runner's, or the Python package's eager step):
+/// findMaxBatchCached's hit, confirmation, miss and store, for a key the caller made.
+/// `cache.dir` and `cache.key` (fields and hash) must be set; outcome, trusted, stored_at,
+/// cached_trials, cached_search_s and store_error are filled in. `options` as the search runs
+/// them (micro_batches_per_step the probe's: the confirming trial uses it). `trust`: answer a hit
+/// without the confirming trial. Returns the search (on a hit the cached answer, elapsed_s this
+/// call's time). Throws: autobatch::Error for an empty cache.dir; what the probe throws.
+/// Side effects: the probe's trials; reads, writes and removes files in cache.dir.
+SearchResult findMaxBatchThroughCache(const Probe& probe, const SearchOptions& options,
+                                      CacheReport& cache, bool trust);
 
 }  // namespace autobatch

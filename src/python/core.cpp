@@ -21,10 +21,13 @@
 #include <vector>
 
 #include "autobatch/autobatch.h"
+#include "autobatch/cached_search.h"
 #include "autobatch/error.h"
 #include "autobatch/failure.h"
 #include "autobatch/planner.h"
+#include "autobatch/ranks.h"
 #include "autobatch/report.h"
+#include "autobatch/result_cache.h"
 #include "autobatch/search.h"
 #include "autobatch/units.h"
 #include "autobatch/version.h"
@@ -225,14 +228,27 @@ autobatch::EvalState evalStateNamed(const std::string& name) {
       R"(eval state: expected "training-resident" or "parameters-only", but got ")" + name + "\"");
 }
 
+// The result cache's folder and this run's key from autobatch.find's dict {"dir", "fields":
+// [(name, value), ...]}: the key is the SHA-1 of the fields' canonical text, as the CLI's.
+autobatch::CacheReport cacheOf(const py::dict& d) {
+  autobatch::CacheReport cache;
+  cache.dir = get<std::string>(d, "dir", "");
+  cache.key.fields = d["fields"].cast<std::vector<std::pair<std::string, std::string>>>();
+  cache.key.hash = autobatch::sha1Hex(cache.key.canonicalText());
+  return cache;
+}
+
 // Runs the C++ search with a Python probe. `facts` holds "model" (MemoryBreakdown's fields),
 // "context" (RunContext's), "name" (the model's description for the report), "fingerprint" (the
 // structure hash), "step" (the header's description of the user's step), "steps_per_trial",
 // "device". With `eval` (an EvalProbe) and `eval_state`, the evaluation search as the CLI's
 // --eval ("training-resident": after the training search, unless it was cancelled) or
 // --eval-only ("parameters-only": the evaluation search alone, which is then `search` too).
+// With `cache` (see cacheOf, and "trust"), the training search goes through the result cache
+// (findMaxBatchThroughCache; not with `eval`: autobatch.find refuses that).
 py::dict search(const py::function& probe, const py::dict& options_dict, const py::dict& facts,
-                const py::object& cancel, const py::object& eval, const std::string& eval_state) {
+                const py::object& cancel, const py::object& eval, const std::string& eval_state,
+                const py::object& cache) {
   autobatch::SearchOptions options = optionsFromDict(options_dict);
   if (!cancel.is_none()) {
     options.cancel = [cancel]() -> bool { return cancel().cast<bool>(); };
@@ -245,6 +261,12 @@ py::dict search(const py::function& probe, const py::dict& options_dict, const p
   if (only) {
     result.eval = evalSearch(eval, options, autobatch::EvalState::kParametersOnly, 0);
     result.search = result.eval->search;
+  } else if (!cache.is_none()) {
+    if (!eval.is_none()) throw autobatch::Error("result cache: not with an evaluation search");
+    const auto d = cache.cast<py::dict>();
+    data.cache = cacheOf(d);
+    result.search = autobatch::findMaxBatchThroughCache(cpp_probe, options, *data.cache,
+                                                        get<bool>(d, "trust", false));
   } else {
     result.search = autobatch::findMaxBatch(cpp_probe, options);
     if (!eval.is_none() && result.search.status != autobatch::SearchStatus::kCancelled) {
@@ -414,8 +436,14 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception<autobatch::Error>(m, "Error", PyExc_ValueError);
   m.def("search", &search, py::arg("probe"), py::arg("options"), py::arg("facts"),
         py::arg("cancel") = py::none(), py::arg("eval") = py::none(), py::arg("eval_state") = "",
-        "Runs the search with a Python probe (and the evaluation search with `eval`); returns "
-        "{'json', 'text', 'env'}.");
+        py::arg("cache") = py::none(),
+        "Runs the search with a Python probe (and the evaluation search with `eval`, or through "
+        "the result cache with `cache`); returns {'json', 'text', 'env'}.");
+  m.def(
+      "default_cache_dir",
+      [] { return autobatch::defaultCacheDir(autobatch::processEnvironment()); },
+      "The results folder: $AUTOBATCH_CACHE_DIR, else $XDG_CACHE_HOME/autobatch/results, else "
+      "~/.cache/autobatch/results.");
   m.def("check_eval", &checkEval, py::arg("eval"), py::arg("options"), py::arg("facts"),
         py::arg("eval_batch"),
         "One evaluation trial with the training state held; returns {'json', 'text', 'env'}.");

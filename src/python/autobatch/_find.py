@@ -3,6 +3,8 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
+import types
 
 import torch
 
@@ -116,20 +118,83 @@ def _impl(opt, device):
     return "loop"
 
 
+def _code_digest(fn):
+    """SHA-1 (hex) of a Python function's code (bytecode, names and constants, nested functions
+    included), or None for a callable without Python code (a builtin, a C function): a changed
+    body changes it, a changed address or weight value does not."""
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None and fn is not None and not isinstance(fn, type):
+        code = getattr(getattr(type(fn), "__call__", None), "__code__", None)
+    if code is None:
+        return None
+    h = hashlib.sha1()
+
+    def walk(c):
+        h.update(c.co_code)
+        h.update(repr(c.co_names).encode())
+        for k in c.co_consts:
+            if isinstance(k, types.CodeType):
+                walk(k)
+            else:
+                h.update(repr(k).encode())
+    walk(code)
+    return h.hexdigest()
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _plain(value):
+    """A module setting as plain data (numbers, strings, None, tuples of them), else None."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, (tuple, list)) and all(isinstance(v, _PLAIN) for v in value):
+        return tuple(value)
+    return None
+
+
+def _settings(obj, configs):
+    """A module's plain attributes (Dropout's p, a transformers layer's gradient_checkpointing,
+    ...; not `training`, which the search sets) and those of a configuration object it holds (an
+    attribute with to_dict(), such as a transformers PretrainedConfig: attention implementation,
+    use_cache, ...), each configuration once (`configs`: ids already hashed)."""
+    out = []
+    for k, v in sorted(vars(obj).items()):
+        if k in ("training", "_parameters", "_buffers", "_modules") or callable(v):
+            continue
+        p = _plain(v)
+        if p is not None or v is None:
+            out.append((k, p))
+        elif hasattr(v, "to_dict") and not isinstance(v, (torch.Tensor, torch.nn.Module)):
+            if id(v) not in configs:
+                configs.add(id(v))
+                out.append((k, tuple((a, _plain(b)) for a, b in sorted(vars(v).items())
+                                     if _plain(b) is not None)))
+    return tuple(out)
+
+
 def fingerprint(model, example_batch=None, **options):
-    """SHA-1 (hex) of the model's structure (module types and names; parameter and buffer names,
-    shapes, dtypes, requires_grad), the example batch's shapes and dtypes, torch's version and the
-    options: two models with equal fingerprints train with the same memory under the same options
-    (the result cache's key, docs/python.md). Values of weights are not hashed."""
+    """SHA-1 (hex) of what the memory of the model's training step depends on: its structure
+    (module types and names; parameter and buffer names, shapes, dtypes, requires_grad), each
+    module's plain settings (Dropout's p, gradient checkpointing flags, a transformers config's
+    values such as the attention implementation), the code of each module class's forward, the
+    example batch's shapes and dtypes, torch's version and the options: two models with equal
+    fingerprints train with the same memory under the same options (the result cache's key holds
+    it, docs/python.md). Values of weights are not hashed."""
     h = hashlib.sha1()
 
     def put(*items):
         h.update(repr(items).encode())
         h.update(b"\n")
 
-    put("autobatch-python-1", torch.__version__)
+    put("autobatch-python-2", torch.__version__)
+    configs, classes = set(), {}
     for name, m in model.named_modules():
-        put("module", name, type(m).__module__, type(m).__qualname__)
+        put("module", name, type(m).__module__, type(m).__qualname__, _settings(m, configs))
+        classes.setdefault(type(m), None)
+    for cls in classes:
+        put("forward", cls.__module__, cls.__qualname__, _code_digest(getattr(cls, "forward", None)))
     for name, p in model.named_parameters():
         put("parameter", name, tuple(p.shape), str(p.dtype), p.requires_grad)
     for name, b in model.named_buffers():
@@ -290,9 +355,13 @@ class _Session:
             "time_limit_s": float(time_limit or 0.0), "max_trials": max_trials or 0}
         if self.device.type == "cuda":  # the caching allocator's units (autobatch/trial.h)
             self.options.update(block_bytes=2 << 20, page_bytes=20 << 20)
+        self.optimizer_code = _code_digest(optimizer) if callable(optimizer) else None
         self.key = fingerprint(model, example_batch, device=str(self.device),
-                               optimizer=self.optimizer_name, precision=self.precision,
-                               steps=steps_per_trial, step=_name(step), ddp=ddp, **self.options,
+                               optimizer=(self.optimizer_name, self.optimizer_code),
+                               precision=self.precision, steps=steps_per_trial,
+                               step=(_name(step), _code_digest(step)),
+                               loss_fn=(_name(loss_fn), _code_digest(loss_fn)), ddp=ddp,
+                               **self.options,
                                **({"zero_grad": zero_grad} if zero_grad != "none" else {}))
 
     def describe(self, doc, probe):
@@ -346,8 +415,9 @@ def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, 
          memory_limit=None, margin=None, target_batch=None, world_size=1, time_limit=None,
          steps_per_trial=2, min_batch=1, max_batch=None, dataset_size=None, max_trials=None,
          strategy="guided", plan="auto", reserve=None, progress=None, step=None, ddp=False,
-         zero_grad="none", eval=False):
+         zero_grad="none", eval=False, cache=None, cache_trust=False):
     eval_state = eval_state_of(eval, target_batch)
+    cache_dir = _cache_dir(cache, cache_trust, eval_state)
     session = _Session(model, example_batch, optimizer, loss_fn, precision, device, memory_limit,
                        margin, target_batch, world_size, time_limit, steps_per_trial, min_batch,
                        max_batch, dataset_size, max_trials, strategy, plan, reserve, step, ddp,
@@ -360,9 +430,13 @@ def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, 
         probes.append(probe)
         probe.bar = _progress_bar(progress)
         evaluator = EvalProbe(probe) if eval_state else None
+        where = None
+        if cache_dir is not None:
+            where = {"dir": cache_dir, "trust": cache_trust,
+                     "fields": _cache_key_fields(session, facts)}
         try:
             return _core.search(probe, session.options, facts, probe.cancel, evaluator,
-                                eval_state)
+                                eval_state, where)
         finally:
             if probe.bar is not None:
                 probe.bar.close()
@@ -384,6 +458,13 @@ find.__doc__ = """Finds the largest micro-batch with which `model` trains, by ru
     own training step at the sizes the search picks, and plans gradient accumulation for
     `target_batch`.
 """ + _FIND_DOC + """
+    cache: None (off, the default), True (the folder of the command's --cache:
+      $AUTOBATCH_CACHE_DIR, else $XDG_CACHE_HOME/autobatch/results, else
+      ~/.cache/autobatch/results) or a folder path. A search keyed as an earlier one (the model's
+      fingerprint, the step, the limit as resolved, margin, bounds, device and versions; not the
+      target or world size) is answered from the entry after one confirming trial, as
+      `autobatch --cache`; a miss searches and stores. Result.cache says which (docs/python.md).
+      Not with eval=. cache_trust: answer a hit without the confirming trial (--cache-trust).
     Returns a Result. Raises DoesNotFit (nothing fits at min_batch), UsageError (bad arguments),
     ModelError (the step raised an error that is not out of memory), Cancelled (Ctrl-C; the model
     is restored and .result holds the best verified size). Side effects: on the CPU the budget
@@ -391,6 +472,65 @@ find.__doc__ = """Finds the largest micro-batch with which `model` trains, by ru
     fraction is set and put back to 1.0. Trial progress goes to the "autobatch" logger (INFO) and,
     with progress=True (default: when tqdm is installed and stderr is a terminal), a tqdm bar.
 """
+
+
+def _cache_dir(cache, trust, eval_state):
+    """The results folder for find(cache=...): None (off), True (the default folder, as the
+    command's --cache), or a folder path; UsageError for anything else, for cache_trust without a
+    cache, and for a cache with eval= (as the command refuses --cache with --eval)."""
+    if not isinstance(trust, bool):
+        raise UsageError(f"cache_trust: expected True or False, but got {trust!r}")
+    if cache is None or cache is False:
+        if trust:
+            raise UsageError("cache_trust=True needs cache= (True for the default folder, or a "
+                             "folder path)")
+        return None
+    if eval_state:
+        raise UsageError("cache: the result cache keeps training searches only; drop cache= "
+                         "when you pass eval=")
+    if cache is True:
+        return _core.default_cache_dir()
+    if isinstance(cache, (str, os.PathLike)) and os.fspath(cache):
+        return os.fspath(cache)
+    raise UsageError(f"cache: expected True (the default folder, $AUTOBATCH_CACHE_DIR or "
+                     f"~/.cache/autobatch/results), a folder path, or None, but got {cache!r}")
+
+
+def _cache_key_fields(session, facts):
+    """What the answer of find() depends on, as (name, value) text pairs in a fixed order (the
+    command's key fields where they mean the same, docs/cache.md): the model's fingerprint (its
+    structure, settings and forward code, the example's shapes), the step (loss, user step,
+    optimizer and the code of its factory, zero_grad, precision, steps, DDP's bucket), the limit
+    as resolved (not as asked: the room left differs between machines), reserve, margin, the
+    search's bounds and strategy, the device (name and total memory), torch, CUDA and autobatch
+    versions and the allocator's configuration. Not the target batch, world size or plan: a hit
+    plans again from the cached safe micro-batch."""
+    o, model, device = session.options, facts["model"], session.device
+    device_name, total = "cpu", 0
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        device_name, total = props.name, props.total_memory
+    fields = [
+        ("format", "python-eager"),
+        ("model", fingerprint(session.model, session.example)),
+        ("inputs", " ".join(_inputs(session.example))),
+        ("loss", f"{_loss_name(session, 'default')} {_code_digest(session.loss_fn)}"),
+        ("step", f"{_name(session.step)} {_code_digest(session.step)}"),
+        ("optimizer", f"{facts['optimizer']} {session.optimizer_name} "
+                      f"{session.optimizer_code} {facts['optimizer_options']}"),
+        ("optimizer_impl", model["optimizer_impl"] or "none"),
+        ("zero_grad", session.zero_grad), ("precision", session.precision),
+        ("steps_per_trial", session.steps), ("ddp_bucket_bytes", session.ddp_bucket_bytes),
+        ("memory_limit_bytes", facts["context"]["memory_limit_bytes"]),
+        ("reserve_bytes", o["reserve_bytes"]),
+        ("margin", f"{o['margin_fraction']} {o['margin_bytes']}"),
+        ("strategy", o["strategy"]), ("min_batch", o["min_batch"]),
+        ("max_batch", o["max_batch"]), ("dataset_size", o["dataset_size"]),
+        ("device", f"{device_name} {total}"), ("torch", torch.__version__),
+        ("cuda", torch.version.cuda or "none"), ("autobatch", _core.version()),
+        ("allocator_conf", f"{os.environ.get('PYTORCH_ALLOC_CONF', '')} "
+                           f"{os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}")]
+    return [(k, str(v)) for k, v in fields]
 
 
 def _progress_bar(progress):
@@ -459,9 +599,10 @@ def _facts(session, state, meter):
     optimizer = (f"{type(first).__module__}.{type(first).__qualname__}" if first is not None
                  else "none")
     impl = _impl(first, device)
+    options = repr(sorted((k, repr(v)) for k, v in first.defaults.items())) if first else ""
     del first
     return {
-        "optimizer": optimizer,
+        "optimizer": optimizer, "optimizer_options": options,
         "name": f"{type(model).__module__}.{type(model).__qualname__}",
         "device": str(device), "steps_per_trial": session.steps, "fingerprint": session.key,
         "step": f"the user's eager step: inputs {_describe(session.example)}, loss {loss}, "

@@ -83,6 +83,8 @@ class Result:
     eval_max_batch, eval_safe_batch: with find(eval=True / "only"), the largest evaluation batch
     seen to fit (raw) and under the margin; 0 without eval= or when none fits. eval: the JSON
     report's "eval" section (state, training_batch, state_fits, resident_bytes, ...), {} without.
+    cache: with find(cache=...), the JSON report's "cache" section (outcome "hit", "miss" or
+    "confirm-failed", key, fields, stored_at, ...; docs/python.md), {} without.
     """
 
     status: str
@@ -104,6 +106,7 @@ class Result:
     eval_max_batch: int = 0
     eval_safe_batch: int = 0
     eval: dict = field(default_factory=dict, repr=False)
+    cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def micro_batch(self) -> int:
@@ -135,7 +138,8 @@ class Result:
                    memory=doc.get("model") or {}, fingerprint=fingerprint,
                    warnings=list(doc.get("warnings", [])), raw=doc, text=text, env=env,
                    eval_max_batch=r.get("eval_max_batch", 0),
-                   eval_safe_batch=r.get("eval_safe_batch", 0), eval=doc.get("eval") or {})
+                   eval_safe_batch=r.get("eval_safe_batch", 0), eval=doc.get("eval") or {},
+                   cache=doc.get("cache") or {})
 
     def __str__(self):
         return self.text
