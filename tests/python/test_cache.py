@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import autobatch
+import tiny_models
 
 LIMIT = "24MiB"
 
@@ -138,3 +139,18 @@ def test_cache_true_uses_the_commands_folder(tmp_path, monkeypatch):
     r = autobatch.find(net(), torch.randn(1, 256), memory_limit=LIMIT, cache=True)
     assert r.cache["dir"] == str(tmp_path / "results")
     assert (tmp_path / "results" / f"{r.cache['key']}.json").is_file()
+
+
+# Catches: a fingerprint (the cache key's model field) blind to what changes a Hugging Face
+# model's memory without changing its structure: activation checkpointing (a flag on each layer)
+# and the attention implementation (a value of the config the modules hold).
+def test_the_fingerprint_sees_checkpointing_and_the_attention_implementation():
+    model, example = tiny_models.llama()
+    plain = autobatch.fingerprint(model, example)
+    assert autobatch.fingerprint(model, example) == plain
+    model.config._attn_implementation = "eager"
+    eager = autobatch.fingerprint(model, example)
+    model.config._attn_implementation = "sdpa"
+    assert eager != plain and autobatch.fingerprint(model, example) == plain
+    model.activation_checkpointing_enable()
+    assert autobatch.fingerprint(model, example) not in (plain, eager)

@@ -142,6 +142,25 @@ def _code_digest(fn):
     return h.hexdigest()
 
 
+def _class_digest(cls):
+    """SHA-1 (hex) of the code of a module class's methods (forward, a LightningModule's
+    training_step, helpers, properties), its own and its bases' up to torch.nn.Module; classes of
+    torch itself are left out (torch's version is hashed beside)."""
+    h = hashlib.sha1()
+    for k in cls.__mro__:
+        if k is torch.nn.Module or k is object:
+            break
+        if k.__module__.split(".")[0] == "torch":
+            continue
+        for name, v in sorted(vars(k).items()):
+            v = v.fget if isinstance(v, property) else v
+            digest = _code_digest(v) if isinstance(
+                v, (types.FunctionType, staticmethod, classmethod)) else None
+            if digest is not None:
+                h.update(f"{k.__qualname__}.{name} {digest}\n".encode())
+    return h.hexdigest()
+
+
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -178,8 +197,8 @@ def fingerprint(model, example_batch=None, **options):
     """SHA-1 (hex) of what the memory of the model's training step depends on: its structure
     (module types and names; parameter and buffer names, shapes, dtypes, requires_grad), each
     module's plain settings (Dropout's p, gradient checkpointing flags, a transformers config's
-    values such as the attention implementation), the code of each module class's forward, the
-    example batch's shapes and dtypes, torch's version and the options: two models with equal
+    values such as the attention implementation), the code of each module class's methods
+    (forward, training_step, ...; not torch's own classes), the example batch's shapes and dtypes, torch's version and the options: two models with equal
     fingerprints train with the same memory under the same options (the result cache's key holds
     it, docs/python.md). Values of weights are not hashed."""
     h = hashlib.sha1()
@@ -194,7 +213,7 @@ def fingerprint(model, example_batch=None, **options):
         put("module", name, type(m).__module__, type(m).__qualname__, _settings(m, configs))
         classes.setdefault(type(m), None)
     for cls in classes:
-        put("forward", cls.__module__, cls.__qualname__, _code_digest(getattr(cls, "forward", None)))
+        put("code", cls.__module__, cls.__qualname__, _class_digest(cls))
     for name, p in model.named_parameters():
         put("parameter", name, tuple(p.shape), str(p.dtype), p.requires_grad)
     for name, b in model.named_buffers():
