@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The Python package on the GPU machine (issue 29: autobatch.find's CudaMeter has never run on a
+# GPU): a SECOND device call, after scripts/device/check.sh on the same warm machine (it reuses
+# build-device/, so only the extension and the wheel are built).
+#
+#   here, first:   bash scripts/device/prepare.sh        (.debs/root and .debs/wheels, ignored)
+#   device tool:   run(command="bash scripts/device/python.sh", carry=[".debs"], timeout_s=300)
+#
+# Phases (summary lines as check.sh's, in $OUT/python-summary.txt; output in $OUT/python.log):
+#   tools    pip install --no-index --find-links .debs/wheels scikit-build-core pybind11 pytest
+#            into the image's Python (/opt/torch/.venv; those already there are kept)
+#   install  pip install --no-build-isolation --no-deps . into that Python, as a user installs it
+#            (docs/python.md), against the image's CUDA torch, with build-dir build-device/ and the
+#            carried Debian packages (as check.sh's build)
+#   tests    pytest tests/python/test_cuda.py: the search's answer B fits and B+1 does not in a
+#            fresh process on CUDA, memory returned, a trial's peak against the user's eager loop
+#            within 1% (fails when any test is skipped while nvidia-smi shows a GPU)
+# Exit 0 only when every line is PASS. Never run on a GPU yet (written in stop 37).
+# Variables: AUTOBATCH_DEVICE_PYTHON (/opt/torch/.venv/bin/python), AUTOBATCH_DEVICE_SECONDS (280),
+# AUTOBATCH_DEVICE_BUILD_DIR (build-device), AUTOBATCH_DEVICE_BUILD_TYPE (RelWithDebInfo).
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root" || exit 1
+OUT="${OUT:-$root/out}"
+mkdir -p "$OUT"
+python="${AUTOBATCH_DEVICE_PYTHON:-/opt/torch/.venv/bin/python}"
+[ -x "$python" ] || python="$(command -v python3 || echo "$python")"
+budget="${AUTOBATCH_DEVICE_SECONDS:-280}"
+build="${AUTOBATCH_DEVICE_BUILD_DIR:-$root/build-device}"
+build_type="${AUTOBATCH_DEVICE_BUILD_TYPE:-RelWithDebInfo}"
+debs="$root/.debs/root"
+wheels="$root/.debs/wheels"
+summary="$OUT/python-summary.txt"
+log="$OUT/python.log"
+PATH="$PATH:$(dirname "$python")"
+command -v nvcc >/dev/null || [ ! -x /usr/local/cuda/bin/nvcc ] || PATH="$PATH:/usr/local/cuda/bin"
+export PATH PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH="$debs/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+failures=0
+: >"$summary"
+: >"$log"
+
+record() {
+  local line
+  line="$(printf '%-10s %-4s %4s s  %s' "$1" "$2" "$3" "$4")"
+  [ "$2" = PASS ] || failures=$((failures + 1))
+  echo "$line" >>"$summary"
+  echo "== $line"
+}
+
+# left CAP: seconds a phase may take (CAP, cut to the budget left less 8 s); fails under 10.
+left() {
+  local l=$((budget - SECONDS - 8))
+  [ "$l" -ge 10 ] || return 1
+  echo $(($1 < l ? $1 : l))
+}
+
+run_logged() {
+  local secs="$1"
+  shift
+  echo "+ (timeout ${secs}s) $*" >>"$log"
+  timeout --kill-after=10 "$secs" "$@" >>"$log" 2>&1
+}
+
+t=$SECONDS
+if [ ! -d "$wheels" ]; then
+  record tools FAIL 0 "$wheels missing: run scripts/device/prepare.sh here and carry .debs"
+elif secs="$(left 60)" && run_logged "$secs" "$python" -m pip install --no-index \
+    --find-links "$wheels" scikit-build-core pybind11 pytest; then
+  record tools PASS $((SECONDS - t)) "$("$python" -m pytest --version 2>&1 | head -1)"
+else
+  record tools FAIL $((SECONDS - t)) "pip install from $wheels failed (python.log)"
+fi
+
+t=$SECONDS
+torch_prefix="$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>>"$log")"
+defs=(-DCMAKE_BUILD_TYPE="$build_type"
+      "-DCMAKE_PREFIX_PATH=$torch_prefix;$debs/usr;$debs/usr/lib/x86_64-linux-gnu/cmake"
+      "-DCMAKE_CXX_FLAGS=-isystem $debs/usr/include" -DAUTOBATCH_PYTHON="$python"
+      -DAUTOBATCH_PYTHON_MODULE=ON -DPython_EXECUTABLE="$python")
+config=()
+for d in "${defs[@]}"; do config+=(-C "cmake.define.${d#-D}"); done
+if [ "$failures" != 0 ]; then
+  record install FAIL 0 "not run: no build tools"
+elif ! secs="$(left 180)"; then
+  record install FAIL 0 "no time left"
+elif run_logged "$secs" "$python" -m pip install --no-build-isolation --no-deps --no-index \
+    --force-reinstall -C build-dir="$build" -C cmake.build-type="$build_type" "${config[@]}" .; then
+  record install PASS $((SECONDS - t)) "$(cd /tmp && "$python" -c 'import torch, autobatch
+print("autobatch", autobatch.__version__, "torch", torch.__version__, "cuda",
+      torch.cuda.is_available())' 2>&1 | tail -1)"
+else
+  grep -E 'error|Error' "$log" | tail -10
+  record install FAIL $((SECONDS - t)) "pip install . failed (python.log)"
+fi
+
+t=$SECONDS
+if [ "$failures" != 0 ]; then
+  record tests FAIL 0 "not run: no package"
+elif ! secs="$(left 200)"; then
+  record tests FAIL 0 "no time left"
+else
+  (cd /tmp && run_logged "$secs" "$python" -m pytest -q -rs -p no:cacheprovider \
+    "$root/tests/python/test_cuda.py")
+  rc=$?
+  line="$(grep -E '[0-9]+ (passed|failed|skipped|error)' "$log" | tail -1)"
+  if [ "$rc" != 0 ]; then
+    record tests FAIL $((SECONDS - t)) "exit $rc: ${line:-see python.log}"
+  elif grep -q skipped <<<"$line" && nvidia-smi -L >/dev/null 2>&1; then
+    record tests FAIL $((SECONDS - t)) "skipped with a GPU visible: $line"
+  else
+    record tests PASS $((SECONDS - t)) "$line"
+  fi
+fi
+
+echo "== summary: $summary"
+cat "$summary"
+[ "$failures" = 0 ]
