@@ -36,36 +36,18 @@ PATH="$PATH:$(dirname "$python")"
 command -v nvcc >/dev/null || [ ! -x /usr/local/cuda/bin/nvcc ] || PATH="$PATH:/usr/local/cuda/bin"
 export PATH PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH="$debs/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+t_start=$SECONDS
 failures=0
 : >"$summary"
 : >"$log"
 
-record() {
-  local line
-  line="$(printf '%-10s %-4s %4s s  %s' "$1" "$2" "$3" "$4")"
-  [ "$2" = PASS ] || failures=$((failures + 1))
-  echo "$line" >>"$summary"
-  echo "== $line"
-}
-
-# left CAP: seconds a phase may take (CAP, cut to the budget left less 8 s); fails under 10.
-left() {
-  local l=$((budget - SECONDS - 8))
-  [ "$l" -ge 10 ] || return 1
-  echo $(($1 < l ? $1 : l))
-}
-
-run_logged() {
-  local secs="$1"
-  shift
-  echo "+ (timeout ${secs}s) $*" >>"$log"
-  timeout --kill-after=10 "$secs" "$@" >>"$log" 2>&1
-}
+# shellcheck source=scripts/device/lib.sh
+. "$root/scripts/device/lib.sh"
 
 t=$SECONDS
 if [ ! -d "$wheels" ]; then
   record tools FAIL 0 "$wheels missing: run scripts/device/prepare.sh here and carry .debs"
-elif secs="$(left 60)" && run_logged "$secs" "$python" -m pip install --no-index \
+elif secs="$(time_for 60)" && run_logged "$log" "$secs" "$python" -m pip install --no-index \
     --find-links "$wheels" scikit-build-core pybind11 pytest; then
   record tools PASS $((SECONDS - t)) "$("$python" -m pytest --version 2>&1 | head -1)"
 else
@@ -82,25 +64,28 @@ config=()
 for d in "${defs[@]}"; do config+=(-C "cmake.define.${d#-D}"); done
 if [ "$failures" != 0 ]; then
   record install FAIL 0 "not run: no build tools"
-elif ! secs="$(left 180)"; then
+elif ! secs="$(time_for 180)"; then
   record install FAIL 0 "no time left"
-elif run_logged "$secs" "$python" -m pip install --no-build-isolation --no-deps --no-index \
+elif run_logged "$log" "$secs" "$python" -m pip install --no-build-isolation --no-deps --no-index \
     --force-reinstall -C build-dir="$build" -C cmake.build-type="$build_type" "${config[@]}" .; then
   record install PASS $((SECONDS - t)) "$(cd /tmp && "$python" -c 'import torch, autobatch
 print("autobatch", autobatch.__version__, "torch", torch.__version__, "cuda",
       torch.cuda.is_available())' 2>&1 | tail -1)"
 else
+  rc=$?
   grep -E 'error|Error' "$log" | tail -10
-  record install FAIL $((SECONDS - t)) "pip install . failed (python.log)"
+  why="failed"
+  [ "$rc" = 124 ] || [ "$rc" = 137 ] && why="timed out after ${secs}s"
+  record install FAIL $((SECONDS - t)) "pip install . $why (exit $rc, python.log)"
 fi
 
 t=$SECONDS
 if [ "$failures" != 0 ]; then
   record tests FAIL 0 "not run: no package"
-elif ! secs="$(left 200)"; then
+elif ! secs="$(time_for 200)"; then
   record tests FAIL 0 "no time left"
 else
-  (cd /tmp && run_logged "$secs" "$python" -m pytest -q -rs -p no:cacheprovider \
+  (cd /tmp && run_logged "$log" "$secs" "$python" -m pytest -q -rs -p no:cacheprovider \
     "$root/tests/python/test_cuda.py")
   rc=$?
   line="$(grep -E '[0-9]+ (passed|failed|skipped|error)' "$log" | tail -1)"
