@@ -10,9 +10,12 @@ example batch and at 4x it, or the refusal with both peaks). Variants:
   groups     _eager_buffers' realized results and no fusion, but Inductor's C++ kernel groups and
              buffer reuse kept (the export at commit f8c8f4e)
   mask       no _eager_dropout: dropout as torch.export decomposes it (native_dropout's bool mask)
+  lifetimes  no _eager_lifetimes: a buffer is freed after the last kernel that reads it, not after
+             the last op that takes it (avg_pool2d_backward takes its input and reads its sizes)
 
   pt2_mechanisms.py gpt2_lm_small --variants final fused mask
   pt2_mechanisms.py vit_small_64 --variants final groups
+  pt2_mechanisms.py densenet121_64 --variants final lifetimes
   pt2_mechanisms.py gelu_mlp_nodrop --variants final     # docs/formats.md "Known gaps"
 
 Needs the autobatch executable (build/bin/autobatch, as the export's check). Exit 1 when an
@@ -77,6 +80,8 @@ def apply(variant: str) -> None:
         ab._INDUCTOR_OVERRIDES["allow_buffer_reuse"] = True
     elif variant == "mask":
         ab._eager_dropout = contextlib.nullcontext
+    elif variant == "lifetimes":
+        ab._eager_lifetimes = contextlib.nullcontext
     elif variant != "final":
         raise SystemExit(f"pt2_mechanisms: unknown variant '{variant}'")
 
@@ -108,7 +113,8 @@ def child(name: str, variant: str) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model")
-    parser.add_argument("--variants", nargs="+", default=["final", "fused", "groups", "mask"])
+    parser.add_argument("--variants", nargs="+",
+                        default=["final", "fused", "groups", "mask", "lifetimes"])
     parser.add_argument("--child", metavar="VARIANT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.model not in pp.MODELS and args.model not in EXTRA:

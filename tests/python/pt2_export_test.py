@@ -12,9 +12,9 @@ metadata says (the comparison is by name), a batch dimension frozen at export (b
 or be wrong), tied weights left shared (the export fails), a joint graph that lost its loss
 output, an accumulating model that does not add into the buffers it is given (or loses a tied
 copy's part), attention decomposed into a materialised B x heads x T x T matrix, cross-entropy's backward
-decomposed and fused (one B x classes gradient less than eager), an export that compiles a
-graph whose gradients are not eager's, and an export error that does not name the TorchScript
-format.
+decomposed and fused (one B x classes gradient less than eager), a pooling's input freed
+before its backward (test_eager_buffers), an export that compiles a graph whose gradients are
+not eager's, and an export error that does not name the TorchScript format.
 """
 
 from __future__ import annotations
@@ -555,7 +555,23 @@ class DropoutMlp(GeluMlp):
         return self.down(self.drop(torch.relu(self.up(x))))
 
 
-EAGER_BUFFER_MODELS = {"fused": GeluMlp, "mask": DropoutMlp}
+class PooledMlp(torch.nn.Module):
+    """An average pooling whose input nothing else saves, as in DenseNet's transitions (issue
+    26): eager's autograd keeps the pooling's input for its backward, and Inductor's lowering of
+    avg_pool2d_backward reads only its sizes, so without _eager_lifetimes the package freed the
+    up projection's output right after the forward's pooling (avg_pool1d is avg_pool2d on a
+    view)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(64, 512)
+        self.down = torch.nn.Linear(256, 10)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.avg_pool1d(self.up(x), 2))
+
+
+EAGER_BUFFER_MODELS = {"fused": GeluMlp, "mask": DropoutMlp, "lifetimes": PooledMlp}
 EAGER_BUFFER_EXAMPLE = (8, 16, 64)
 
 
@@ -565,14 +581,17 @@ def export_variant(path: str, variant: str) -> None:
     Inductor compute pointwise values inside their consumers and fuse them (no _eager_buffers,
     Inductor's fusion and buffer reuse),
     "mask" (DropoutMlp) traces dropout as torch.export's decomposition does (a bool mask where
-    eager's CPU step holds float noise)."""
+    eager's CPU step holds float noise), "lifetimes" (PooledMlp) frees each buffer after the last
+    kernel that reads it (no _eager_lifetimes), not after the last op that takes it."""
     import contextlib
 
     if variant == "fused":
         ab._eager_buffers = contextlib.nullcontext
         ab._INDUCTOR_OVERRIDES.update(max_fusion_size=64, allow_buffer_reuse=True)
-    else:
+    elif variant == "mask":
         ab._eager_dropout = contextlib.nullcontext
+    else:
+        ab._eager_lifetimes = contextlib.nullcontext
     torch.manual_seed(0)
     try:
         ab.export_pt2(EAGER_BUFFER_MODELS[variant](), path,
@@ -585,7 +604,9 @@ def test_eager_buffers(workdir: str) -> None:
     """Issue 26, item 1 (the GPT-2 row, 7.13% under): the package holds the tensors the eager
     CPU step holds, one per op, and dropout's float noise. Catches: an export that lets Inductor
     compute pointwise chains inside their consumers (GeluMlp), and one that traces dropout as
-    torch.export's decomposition, native_dropout's bool mask (DropoutMlp); each, made in a child
+    torch.export's decomposition, native_dropout's bool mask (DropoutMlp), and one that frees a
+    tensor after the last kernel that reads it where eager holds it until the last op that takes
+    it (PooledMlp: avg_pool2d_backward's input, DenseNet-121's 0.70%); each, made in a child
     process, must be refused by the memory check, while the export as it is passes within
     -0.5%..+1% of the eager step at batch 8 and 32. Also: the joint graph draws bernoulli noise
     (eager's CPU dropout), not native_dropout, and dropout's own kernel is back afterwards."""

@@ -274,8 +274,8 @@ def untie_parameters(model: torch.nn.Module):
 #   computes its loss outside the compiled code too. No C shim: AOTInductor calls them through its proxy executor.
 # - concatenation. Eager's cat makes each input, then copies them into a new tensor; Inductor can
 #   lower cat to a buffer its producers write into (ConcatKernel), where the inputs are never made
-#   on their own. Kept as eager's kernel since issue 26; no effect measured yet (DenseNet-121 is
-#   0.69% under with and without it, docs/formats.md).
+#   on their own. Kept as eager's kernel since issue 26; no effect measured yet (DenseNet-121 was
+#   0.69% under with and without it: that was its poolings' inputs, _eager_lifetimes).
 # docs/formats.md, "Exporting a package"; metadata "eager_kernels" lists those a package calls.
 EAGER_KERNELS = (
     "_scaled_dot_product_flash_attention_for_cpu",
@@ -446,6 +446,69 @@ class _eager_buffers:
     def __exit__(self, *exc):
         self._class.run_node = self._original
         self._cpp.MAX_FUSED_KERNEL_ARGS_NUM = self._args
+        return False
+
+
+class _eager_lifetimes:
+    """Context manager for a compile: every tensor an op of the graph takes as an argument stays
+    allocated until that op has run, as in the eager step, where an op is called with its
+    arguments alive (issue 26). Inductor keeps a buffer until the last kernel that reads it, and
+    some of its lowerings take a tensor without reading it: ``avg_pool2d_backward`` reads only
+    its input's sizes (torch/_inductor/lowering.py, torch 2.11), so the pooling's input was
+    freed after the forward's pooling, where eager's autograd saves it for the backward
+    (AvgPool2DBackward0 keeps ``self``). Here each operation made while a graph node is lowered
+    gets a dependency on the buffers of the node's tensor arguments that none of its kernels
+    reads (``additional_star_deps``, the scheduler's own way to add one: a StarDep, a read of
+    the whole buffer that keeps it alive); graph inputs and constants are always alive and are
+    left out.
+    Measured (docs/formats.md): DenseNet-121 at 3x64x64 was refused without this (0.70% under the
+    eager step at batch 8): each transition's 1x1 convolution output, which only the average
+    pooling after it saves, was freed in the forward where eager held it into the backward
+    (1 MiB and 512 KiB of the eager step's peak at batch 8); with it, +0.043% / +0.109% at batch
+    2 / 8. Enter after _eager_buffers, so that the results it realizes are among the operations
+    made; restores what it changed on exit, also on error."""
+
+    def __enter__(self):
+        from torch._inductor.graph import GraphLowering
+        from torch._inductor.ir import BaseView, Buffer, MutableBox
+
+        self._class, self._original = GraphLowering, GraphLowering.run_node
+        original = self._original
+
+        def argument_buffers(value):
+            # the buffer a value is stored in (through its views), not what computing it read:
+            # a ComputedBuffer's get_read_names() names its own inputs
+            if isinstance(value, (list, tuple)):
+                return set().union(*(argument_buffers(v) for v in value))
+            while isinstance(value, (MutableBox, BaseView)):  # TensorBox, StorageBox, views
+                value = value.data
+            return {value.get_name()} if isinstance(value, Buffer) else set()
+
+        def run_node(lowering, node):
+            start = len(lowering.operations)
+            result = original(lowering, node)
+            if node.op != "call_function" or len(lowering.operations) == start:
+                return result
+            made = lowering.operations[start:]
+            names = set()
+            for argument in node.all_input_nodes:
+                names |= argument_buffers(lowering.env.get(argument))
+            # only the arguments none of the node's kernels reads: a dependency on a buffer a
+            # kernel reads would also stop Inductor from writing that kernel's result into it
+            # where it dies (inplace_buffers), which this does not mean to change
+            names = {n for n in names if n in lowering.name_to_buffer}
+            for operation in made:
+                names -= set(operation.get_read_names())
+                names -= {buffer.get_name() for buffer in operation.get_outputs()}
+            for operation in made:
+                lowering.additional_star_deps[operation.get_operation_name()].update(names)
+            return result
+
+        GraphLowering.run_node = run_node
+        return self
+
+    def __exit__(self, *exc):
+        self._class.run_node = self._original
         return False
 
 
@@ -663,7 +726,7 @@ def _compile_package(path: str, programs, inductor_configs):
     for name, program in programs.items():
         module = _constants_as_buffers(program.module(check_guards=False))
         args, kwargs = program.example_inputs
-        with _eager_kernels(), _eager_order(), _eager_buffers():
+        with _eager_kernels(), _eager_order(), _eager_buffers(), _eager_lifetimes():
             files[name] = torch._inductor.aot_compile(
                 module, args, kwargs, options={**inductor_configs, "aot_inductor.package": True})
     return package_aoti(path, files)
