@@ -52,19 +52,13 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root" || exit 2
 build_only=0
 [ "${1:-}" = --build-only ] && build_only=1
-OUT="${OUT:-$root/out}"
-mkdir -p "$OUT"
-python="${AUTOBATCH_DEVICE_PYTHON:-/opt/torch/.venv/bin/python}"
-[ -x "$python" ] || python="$(command -v python3 || echo "$python")"
-budget="${AUTOBATCH_DEVICE_SECONDS:-280}"
-build="${AUTOBATCH_DEVICE_BUILD_DIR:-$root/build-device}"
-build_type="${AUTOBATCH_DEVICE_BUILD_TYPE:-RelWithDebInfo}"
+# shellcheck source=scripts/device/lib.sh
+. "$root/scripts/device/lib.sh"
 target="${AUTOBATCH_DEVICE_TARGET:-cuda}"
 limit="${AUTOBATCH_DEVICE_LIMIT:-20GiB}"
 read -r -a models <<<"${AUTOBATCH_DEVICE_MODELS:-resnet50 decoder_lm}"
 models_dir="${AUTOBATCH_DEVICE_MODELS_DIR:-$root/models-device}"
 vision_input="${AUTOBATCH_DEVICE_VISION_INPUT:-3x224x224}"
-debs="$root/.debs/root"
 bin="$build/bin/autobatch"
 summary="$OUT/summary.txt"
 jobs_log="$OUT/jobs.log"
@@ -82,9 +76,6 @@ failures=0
 : >"$summary"
 [ "$build_only" = 1 ] || : >"$jobs_log"
 
-# record, time_for, run_logged: the device scripts' shared helpers.
-# shellcheck source=scripts/device/lib.sh
-. "$root/scripts/device/lib.sh"
 
 # json_get FILE EXPR: a value of the JSON report (EXPR in Python over `r`), empty when unreadable.
 json_get() {

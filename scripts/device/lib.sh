@@ -1,7 +1,17 @@
-# shellcheck shell=bash disable=SC2154
-# Helpers shared by the device scripts (check.sh, python.sh), sourced after they set `summary`
-# (the summary file), `budget` (seconds for the whole script), `t_start` ($SECONDS at its start)
-# and `failures` (0).
+# shellcheck shell=bash disable=SC2154,SC2034
+# Settings and helpers shared by the device scripts (check.sh, python.sh), sourced once they set
+# `root` (the checkout) and cd there. Settings: OUT (made), python, budget, build, build_type,
+# debs (see check.sh's header for the variables). The helpers need `summary` (the summary file),
+# `t_start` ($SECONDS at the start) and `failures` (0), set by the script before its first phase.
+
+OUT="${OUT:-$root/out}"
+mkdir -p "$OUT"
+python="${AUTOBATCH_DEVICE_PYTHON:-/opt/torch/.venv/bin/python}"
+[ -x "$python" ] || python="$(command -v python3 || echo "$python")"
+budget="${AUTOBATCH_DEVICE_SECONDS:-280}"
+build="${AUTOBATCH_DEVICE_BUILD_DIR:-$root/build-device}"
+build_type="${AUTOBATCH_DEVICE_BUILD_TYPE:-RelWithDebInfo}"
+debs="$root/.debs/root"
 
 # record PHASE PASS|FAIL SECONDS DETAIL: one summary line, written at once (a run killed by the
 # device tool's timeout still leaves the lines so far).

@@ -21,14 +21,8 @@
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root" || exit 1
-OUT="${OUT:-$root/out}"
-mkdir -p "$OUT"
-python="${AUTOBATCH_DEVICE_PYTHON:-/opt/torch/.venv/bin/python}"
-[ -x "$python" ] || python="$(command -v python3 || echo "$python")"
-budget="${AUTOBATCH_DEVICE_SECONDS:-280}"
-build="${AUTOBATCH_DEVICE_BUILD_DIR:-$root/build-device}"
-build_type="${AUTOBATCH_DEVICE_BUILD_TYPE:-RelWithDebInfo}"
-debs="$root/.debs/root"
+# shellcheck source=scripts/device/lib.sh
+. "$root/scripts/device/lib.sh"
 wheels="$root/.debs/wheels"
 summary="$OUT/python-summary.txt"
 log="$OUT/python.log"
@@ -41,8 +35,6 @@ failures=0
 : >"$summary"
 : >"$log"
 
-# shellcheck source=scripts/device/lib.sh
-. "$root/scripts/device/lib.sh"
 
 t=$SECONDS
 if [ ! -d "$wheels" ]; then
