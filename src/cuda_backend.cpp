@@ -2,8 +2,10 @@
 // (cuda_api.h), so this file is compiled into the core and tested on the CPU against a fake that
 // behaves as LibTorch 2.11 does (tests/cuda_backend_test.cpp). What it decides:
 // - the limit: --memory-limit (clipped to totalGlobalMem, with a warning), else totalGlobalMem;
-//   the allocator configuration's per_process_memory_fraction caps it too (the lower bound wins
-//   and the source says which);
+//   the allocator configuration's per_process_memory_fraction caps it too, and so does a memory
+//   fraction the process already set (the user's set_per_process_memory_fraction before
+//   autobatch.find): the lowest bound wins, the source says which, and the destructor restores
+//   the process's fraction;
 // - the setup order: the runner's warm-up step first, then synchronize, clear the cuBLAS
 //   workspaces, empty the cache, and only then read the outside part (device usage less the
 //   allocator's reserved bytes) and apply the memory fraction;
@@ -101,6 +103,7 @@ class CudaBackend final : public MemoryBackend {
       // Ours replaces LibTorch's cap: from now on the fraction must always be applied.
       must_apply_ = true;
     }
+    capByProcessFraction(facts.config_fraction);
     must_apply_ = must_apply_ || memory_limit_bytes > 0 || reserve_bytes > 0;
   }
 
@@ -233,6 +236,26 @@ class CudaBackend final : public MemoryBackend {
     } else if (facts.pytorch_cuda_alloc_conf) {
       setup_.config_env = "PYTORCH_CUDA_ALLOC_CONF";
     }
+  }
+
+  // A memory fraction this process already set (torch.cuda.set_per_process_memory_fraction in
+  // the user's code before autobatch.find) caps the user's job as it caps the trials: the limit is
+  // its share of totalGlobalMem when lower, the source says so, and the destructor puts it back.
+  // The configuration's fraction (handled above) is also what memoryFraction() reads at start.
+  void capByProcessFraction(double config_fraction) {
+    if (saved_fraction_ >= 1.0 || saved_fraction_ == config_fraction) return;
+    const auto cap =
+        static_cast<std::int64_t>(saved_fraction_ * static_cast<double>(total_global_));
+    const std::string set = "the memory fraction " + std::to_string(saved_fraction_) +
+                            " already set in this process (set_per_process_memory_fraction) of " +
+                            deviceName(index_) + "'s total memory";
+    if (cap < limit_) {
+      source_ = set + ", lower than " + source_;
+      limit_ = cap;
+    } else {
+      source_ += " (lower than " + set + ")";
+    }
+    must_apply_ = true;  // ours replaces it during the search; the destructor restores it
   }
 
   void closePhase() {

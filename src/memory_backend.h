@@ -122,8 +122,9 @@ std::unique_ptr<MemoryBackend> makeCpuBudgetBackend(std::int64_t memory_limit_by
                                                     std::int64_t reserve_bytes);
 
 /// The CUDA caching allocator backend for device `index` (cuda_backend.cpp, docs/trial_runner.md).
-/// `memory_limit_bytes` 0: the device's totalGlobalMem (or the allocator configuration's
-/// per_process_memory_fraction of it, when lower); otherwise the memory fraction emulates a card
+/// `memory_limit_bytes` 0: the device's totalGlobalMem (or, when lower, the allocator
+/// configuration's per_process_memory_fraction of it, or the memory fraction the process had
+/// already set, which the backend restores when it goes); otherwise the memory fraction emulates a card
 /// of that size. The fraction (limit - reserve - outside part [- one 20 MiB page with expandable
 /// segments]) / totalGlobalMem is applied at finishSetup(), after the runner's warm-up step, and
 /// lowered again whenever the outside part grows.

@@ -8,168 +8,29 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
 
 #include "autobatch/error.h"
 #include "cuda_api.h"
+#include "fake_cuda.h"
 #include "memory_backend.h"
-
-// GCC 12 at -O2 warns that a copied std::optional<std::string> "may be used uninitialized" (a
-// known false positive, GCC bug 80635) when the fake returns its CudaAllocatorFacts.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 
 namespace autobatch::detail {
 namespace {
 
-constexpr std::int64_t kMiB = std::int64_t{1} << 20;
-constexpr std::int64_t kGiB = std::int64_t{1} << 30;
-constexpr std::int64_t kPage = 20 * kMiB;
-constexpr std::int64_t kWorkspace = 32 * kMiB;  // cuBLAS workspace on sm_90
-const char* const kStickyError =
-    "CUDA error: device-side assert triggered\n"
-    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
-    "stacktrace below might be incorrect.\n"
-    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
-    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n";
-
-/// The device and its caching allocator, shared by the fake API (owned by the backend) and the
-/// test (which plays the trial runner's part: model tensors, steps, kernels).
-struct FakeDevice {
-  std::int64_t total_global = 150 * kGiB;
-  // MIG slices and some drivers report another total in cudaMemGetInfo: the fraction must not
-  // be taken of it.
-  std::int64_t meminfo_total = 150 * kGiB - 768 * kMiB;
-  std::int64_t context = 0;          // outside the allocator: CUDA context, modules, handles
-  std::int64_t other_processes = 0;  // outside too
-  std::int64_t allocated = 0;        // tensors alive
-  std::int64_t cached = 0;           // reserved but free (the allocator's cache)
-  std::int64_t workspace = 0;        // the cuBLAS workspace (allocated, held until cleared)
-  std::int64_t allocated_peak = 0;
-  std::int64_t reserved_peak = 0;
-  double fraction = 1.0;
-  int set_fraction_calls = 0;
-  bool initialised = false;
-  bool expandable = false;
-  bool sticky = false;
-  int calls_after_sticky = 0;
-  std::set<std::string> kernels_seen;
-  CudaAllocatorFacts facts;
-
-  std::int64_t reserved() const { return allocated + workspace + cached; }
-  std::int64_t used() const { return context + other_processes + reserved(); }
-  void touch() {
-    if (sticky) {
-      ++calls_after_sticky;
-      throw std::runtime_error(kStickyError);
-    }
-  }
-  void updatePeaks() {
-    allocated_peak = std::max(allocated_peak, allocated + workspace);
-    reserved_peak = std::max(reserved_peak, reserved());
-  }
-  /// A tensor of `bytes`: from the cache when it holds enough, else a new segment, refused (as
-  /// c10::OutOfMemoryError would be) when reserved would pass fraction x totalGlobalMem. With
-  /// expandable segments the check is made on the request and whole 20 MiB pages are mapped, so
-  /// reserved can pass the cap by less than a page.
-  void allocate(std::int64_t bytes) {
-    if (!initialised) throw std::logic_error("allocator used before init");
-    if (cached >= bytes) {
-      cached -= bytes;
-    } else {
-      const std::int64_t need = bytes - cached;
-      const auto cap = static_cast<std::int64_t>(fraction * static_cast<double>(total_global));
-      if (fraction < 1.0 && reserved() + need > cap) {
-        throw std::runtime_error("CUDA out of memory. Tried to allocate " + std::to_string(bytes) +
-                                 " bytes");
-      }
-      const std::int64_t mapped = expandable ? (need + kPage - 1) / kPage * kPage : need;
-      cached += mapped - bytes;  // what the pages hold beyond the request stays cached
-      cached = std::max<std::int64_t>(cached, 0);
-    }
-    allocated += bytes;
-    updatePeaks();
-  }
-  void release(std::int64_t bytes) {
-    allocated -= bytes;
-    cached += bytes;
-  }
-  /// A trial that allocates `request` bytes at a time until the allocator refuses: returns the
-  /// bytes it held, and the device's largest usage on the way in `worst_used`.
-  std::int64_t fillUntilOutOfMemory(std::int64_t request, std::int64_t& worst_used) {
-    std::int64_t held = 0;
-    try {
-      for (;;) {
-        allocate(request);
-        held += request;
-        worst_used = std::max(worst_used, used());
-      }
-    } catch (const std::runtime_error&) {  // the allocator's OOM ends the trial
-    }
-    return held;
-  }
-  /// The first kernel of a kind loads its module and handles outside the allocator; a matmul also
-  /// creates the cuBLAS workspace inside it.
-  void kernel(const std::string& kind, std::int64_t module_bytes) {
-    if (kernels_seen.insert(kind).second) context += module_bytes;
-    if (kind == "matmul" && workspace == 0) {
-      workspace = kWorkspace;
-      updatePeaks();
-    }
-  }
-};
-
-class FakeCudaApi final : public CudaApi {
- public:
-  explicit FakeCudaApi(FakeDevice& d) : d_(d) {}
-  int deviceCount() override { return 1; }
-  std::int64_t totalGlobalMemBytes(int /*index*/) override { return d_.total_global; }
-  CudaMemInfo memInfo(int /*index*/) override {
-    d_.touch();
-    return {d_.meminfo_total - d_.used(), d_.meminfo_total};
-  }
-  void initAllocator(int /*index*/) override {
-    if (!d_.initialised) d_.context += 500 * kMiB;  // the CUDA context comes with the first tensor
-    d_.initialised = true;
-  }
-  CudaAllocatorFacts allocatorFacts() override {
-    d_.expandable = d_.facts.expandable_segments;
-    if (d_.facts.config_fraction < 1.0) d_.fraction = d_.facts.config_fraction;
-    return d_.facts;
-  }
-  CudaAllocatorStats stats(int /*index*/) override {
-    if (!d_.initialised) throw std::logic_error("did you call init?");
-    return {d_.allocated + d_.workspace, d_.allocated_peak, d_.reserved(), d_.reserved_peak, 0};
-  }
-  void resetPeakStats(int /*index*/) override {
-    d_.allocated_peak = d_.allocated + d_.workspace;
-    d_.reserved_peak = d_.reserved();
-  }
-  double memoryFraction(int /*index*/) override { return d_.fraction; }
-  void setMemoryFraction(double fraction, int /*index*/) override {
-    d_.touch();
-    if (fraction < 0.0 || fraction > 1.0) throw std::runtime_error("invalid fraction");
-    d_.fraction = fraction;
-    ++d_.set_fraction_calls;
-  }
-  void emptyCache() override {
-    d_.touch();
-    d_.cached = 0;
-  }
-  void clearCublasWorkspaces() override {
-    d_.touch();
-    d_.workspace = 0;
-  }
-  void synchronize(int /*index*/) override { d_.touch(); }
-
- private:
-  FakeDevice& d_;
-};
+using fakes::FakeCudaApi;
+using fakes::FakeDevice;
+using fakes::kGiB;
+using fakes::kMiB;
+using fakes::kPage;
 
 /// The message of the autobatch::Error that `f` throws; "" (and a test failure) when it throws
 /// none.
@@ -529,6 +390,172 @@ TEST(CudaBackendTest, LimitAboveTotalMemoryIsClippedToItAndSaid) {
   auto exact = readyBackend(f, f.total_global);
   EXPECT_EQ(exact->limitBytes(), f.total_global);
   EXPECT_TRUE(exact->limitWarnings().empty());
+}
+
+}  // namespace
+}  // namespace autobatch::detail
+
+// ---- the scenario table shared with the Python package (issue 39) ----------------------------
+
+namespace autobatch::detail {
+namespace {
+
+using nlohmann::json;
+
+std::int64_t mib(const json& j, const char* key, std::int64_t fallback = 0) {
+  return j.contains(key) ? j.at(key).get<std::int64_t>() * kMiB : fallback;
+}
+
+// The value of `key` in an allocator configuration "k1:v1,k2:v2" ("" when absent).
+std::string confValue(const std::optional<std::string>& conf, const std::string& key) {
+  if (!conf) return "";
+  std::size_t start = 0;
+  while (start <= conf->size()) {
+    const std::size_t end = std::min(conf->find(',', start), conf->size());
+    const std::string item = conf->substr(start, end - start);
+    const std::size_t colon = item.find(':');
+    if (colon != std::string::npos && item.substr(0, colon) == key) return item.substr(colon + 1);
+    start = end + 1;
+  }
+  return "";
+}
+
+// The facts LibTorch 2.11 reports for the scenario's environment (CUDAAllocatorConfig: generic
+// keys from PYTORCH_ALLOC_CONF first, backend and per_process_memory_fraction from
+// PYTORCH_CUDA_ALLOC_CONF first), as the Python CudaApi reads them from os.environ.
+CudaAllocatorFacts factsOf(const json& scenario) {
+  CudaAllocatorFacts f;
+  const json env = scenario.value("env", json::object());
+  auto var = [&](const char* name) -> std::optional<std::string> {
+    if (!env.contains(name)) return std::nullopt;
+    return env.at(name).get<std::string>();
+  };
+  f.pytorch_alloc_conf = var("PYTORCH_ALLOC_CONF");
+  f.pytorch_cuda_alloc_conf = var("PYTORCH_CUDA_ALLOC_CONF");
+  f.caching_disabled = var("PYTORCH_NO_CUDA_MEMORY_CACHING") == std::optional<std::string>("1");
+  f.backend = scenario.value("allocator_backend", "native");
+  const auto& generic = f.pytorch_alloc_conf ? f.pytorch_alloc_conf : f.pytorch_cuda_alloc_conf;
+  const auto& cuda = f.pytorch_cuda_alloc_conf ? f.pytorch_cuda_alloc_conf : f.pytorch_alloc_conf;
+  f.expandable_segments = confValue(generic, "expandable_segments") == "True" ||
+                          confValue(generic, "expandable_segments") == "true";
+  const std::string fraction = confValue(cuda, "per_process_memory_fraction");
+  if (!fraction.empty()) f.config_fraction = std::stod(fraction);
+  return f;
+}
+
+// Runs one trial's ops; returns the device's largest usage on the way.
+std::int64_t runOps(FakeDevice& d, const json& ops) {
+  std::int64_t used = d.used();
+  for (const json& op : ops) {
+    if (op.contains("alloc")) {
+      d.allocate(mib(op, "alloc"));
+    } else if (op.contains("free")) {
+      d.release(mib(op, "free"));
+    } else if (op.contains("kernel")) {
+      d.kernel(op.at("kernel").get<std::string>(), mib(op, "module_mib"));
+    } else if (op.contains("fill")) {
+      d.release(d.fillUntilOutOfMemory(mib(op, "fill"), used));
+    } else {
+      ADD_FAILURE() << "unknown op " << op.dump();
+    }
+    used = std::max(used, d.used());
+  }
+  return used;
+}
+
+void replay(const json& s) {
+  SCOPED_TRACE(s.at("name").get<std::string>());
+  const json& expect = s.at("expect");
+  FakeDevice d;
+  d.total_global = mib(s, "total_global_mib", d.total_global);
+  d.meminfo_total = mib(s, "meminfo_total_mib", d.total_global - 768 * kMiB);
+  d.context_at_init = mib(s, "context_at_init_mib", d.context_at_init);
+  d.fraction = s.value("preset_fraction", 1.0);
+  d.facts = factsOf(s);
+  std::unique_ptr<MemoryBackend> backend;
+  try {
+    backend = makeCudaBackendWith(std::make_unique<FakeCudaApi>(d), 0, mib(s, "limit_mib"),
+                                  mib(s, "reserve_mib"));
+  } catch (const Error& e) {
+    ASSERT_TRUE(expect.contains("error")) << e.what();
+    EXPECT_NE(std::string(e.what()).find(expect.at("error").get<std::string>()), std::string::npos)
+        << e.what();
+    EXPECT_EQ(d.set_fraction_calls, 0);
+    EXPECT_DOUBLE_EQ(d.fraction, expect.at("fraction_after_remove").get<double>());
+    return;
+  }
+  ASSERT_FALSE(expect.contains("error")) << "expected an error";
+  if (expect.contains("limit_mib")) {
+    EXPECT_EQ(backend->limitBytes(), mib(expect, "limit_mib"));
+  }
+  if (expect.contains("source")) {
+    EXPECT_NE(backend->limitSource().find(expect.at("source").get<std::string>()),
+              std::string::npos)
+        << backend->limitSource();
+  }
+  d.allocate(mib(s, "model_mib", 300 * kMiB));
+  if (s.contains("warm_up")) {
+    backend->beginTrial();
+    runOps(d, s.at("warm_up"));
+    backend->endTrial();
+    backend->releaseCaches();
+  }
+  backend->finishSetup(0);
+  if (expect.contains("outside_after_setup_mib")) {
+    EXPECT_EQ(backend->outsideBytes(), mib(expect, "outside_after_setup_mib"));
+  }
+  if (expect.contains("allowance_after_setup_mib")) {
+    EXPECT_NEAR(d.fraction * static_cast<double>(d.total_global),
+                static_cast<double>(mib(expect, "allowance_after_setup_mib")), 1.0);
+  }
+  const json trials = s.value("trials", json::array());
+  const json expected_trials = expect.value("trials", json::array());
+  for (std::size_t i = 0; i < trials.size(); ++i) {
+    SCOPED_TRACE("trial " + std::to_string(i));
+    backend->beginTrial();
+    const std::int64_t used = runOps(d, trials[i]);
+    const MemoryPeaks peaks = backend->endTrial();
+    backend->releaseCaches();
+    if (i >= expected_trials.size()) continue;
+    const json& e = expected_trials[i];
+    if (e.contains("outside_growth_mib")) {
+      EXPECT_EQ(peaks.outside_growth_bytes, mib(e, "outside_growth_mib"));
+    }
+    if (e.contains("peak_minus_reserved_mib")) {
+      EXPECT_EQ(peaks.peak_bytes - peaks.peak_reserved_bytes, mib(e, "peak_minus_reserved_mib"));
+    }
+    if (e.contains("used_at_most_mib")) {
+      EXPECT_LE(used, mib(e, "used_at_most_mib"));
+    }
+  }
+  if (expect.contains("after_search")) {
+    const json& a = expect.at("after_search");
+    EXPECT_EQ(d.allocated + d.workspace, mib(a, "allocated_mib"));
+    EXPECT_EQ(d.reserved(), mib(a, "reserved_mib"));
+  }
+  const auto warnings = backend->limitWarnings();
+  for (const json& w : expect.value("warnings", json::array())) {
+    const auto text = w.get<std::string>();
+    EXPECT_TRUE(std::any_of(warnings.begin(), warnings.end(),
+                            [&](const std::string& x) { return x.find(text) != std::string::npos; }))
+        << text;
+  }
+  backend.reset();
+  EXPECT_DOUBLE_EQ(d.fraction, expect.at("fraction_after_remove").get<double>());
+}
+
+// The table of tests/fixtures/cuda_meter_scenarios.json (rows 1, 2, 4, 7 and 8 of issue 39), the
+// same rows tests/python/test_cuda_meter.py replays through the package's CudaApi. The C++ backend
+// is the reference both sides answer to: a backend that read the outside part before the warm-up,
+// left the workspaces, restored 1.0 instead of the process's fraction or took a limit above the
+// card fails its row here.
+TEST(CudaBackendTest, SharedScenarios) {
+  const std::string path = std::string(AUTOBATCH_TEST_FIXTURES) + "/cuda_meter_scenarios.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  const json table = json::parse(in);
+  ASSERT_GE(table.at("scenarios").size(), 9U);
+  for (const json& s : table.at("scenarios")) replay(s);
 }
 
 }  // namespace

@@ -167,6 +167,10 @@ elif ! secs="$(time_for "${AUTOBATCH_DEVICE_BUILD_SECONDS:-170}")"; then
 else
   torch_prefix="$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' \
     2>>"$OUT/build.log")"
+  # The extension too when pybind11 is there (gpu.sh installs it first): python.sh's pip install
+  # then configures this tree with the same definitions and builds nothing again.
+  python_module=OFF
+  "$python" -c 'import pybind11' 2>/dev/null && python_module=ON
   # The carried packages' runtime libraries (spdlog, fmt) reach the RUNPATH through their imported
   # targets' full paths (CMake's build RPATH).
   if [ -z "$torch_prefix" ]; then
@@ -174,7 +178,8 @@ else
   elif ! run_logged "$OUT/build.log" "$secs" cmake -S . -B "$build" -G Ninja \
       -DCMAKE_BUILD_TYPE="$build_type" \
       -DCMAKE_PREFIX_PATH="$torch_prefix;$debs/usr;$debs/usr/lib/x86_64-linux-gnu/cmake" \
-      -DCMAKE_CXX_FLAGS="-isystem $debs/usr/include" -DAUTOBATCH_PYTHON="$python"; then
+      -DCMAKE_CXX_FLAGS="-isystem $debs/usr/include" -DAUTOBATCH_PYTHON="$python" \
+      -DAUTOBATCH_PYTHON_MODULE="$python_module" -DPython_EXECUTABLE="$python"; then
     tail -30 "$OUT/build.log"
     record build FAIL $((SECONDS - t)) "configure failed (build.log)"
   else

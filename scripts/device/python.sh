@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The Python package on the GPU machine (issue 29: autobatch.find's CudaMeter has never run on a
-# GPU): a SECOND device call, after scripts/device/check.sh on the same warm machine (it reuses
-# build-device/, so only the extension and the wheel are built).
+# The Python package on the GPU machine (autobatch.find's CUDA trials, through the command's CUDA
+# backend, have never run on a GPU): run by scripts/device/gpu.sh after scripts/device/check.sh in
+# the same device call; it reuses build-device/ (check.sh configured it with the same definitions
+# and built the extension), so only the wheel is assembled.
 #
 #   here, first:   bash scripts/device/prepare.sh        (.debs/root and .debs/wheels, ignored)
-#   device tool:   run(command="bash scripts/device/python.sh", carry=[".debs"], timeout_s=300)
+#   device tool:   run(command="bash scripts/device/gpu.sh", carry=[".debs"], timeout_s=300)
 #
 # Phases (summary lines as check.sh's, in $OUT/python-summary.txt; output in $OUT/python.log):
 #   tools    pip install --no-index --find-links .debs/wheels scikit-build-core pybind11 pytest
@@ -12,9 +13,11 @@
 #   install  pip install --no-build-isolation --no-deps . into that Python, as a user installs it
 #            (docs/python.md), against the image's CUDA torch, with build-dir build-device/ and the
 #            carried Debian packages (as check.sh's build)
-#   tests    pytest tests/python/test_cuda.py: the search's answer B fits and B+1 does not in a
-#            fresh process on CUDA, memory returned, a trial's peak against the user's eager loop
-#            within 1% (fails when any test is skipped while nvidia-smi shows a GPU)
+#   tests    pytest tests/python/test_cuda.py: the search's answer B against the user's eager job
+#            in fresh processes (device use at B under the limit, above it at B+1), memory
+#            returned, a trial's peak against the eager loop within 1%, a preset fraction, a
+#            refused allocator setting, a device-side assert, evaluation sizing (fails when any
+#            test is skipped while nvidia-smi shows a GPU)
 # Exit 0 only when every line is PASS. Never run on a GPU yet (written in stop 37).
 # Variables: AUTOBATCH_DEVICE_PYTHON (/opt/torch/.venv/bin/python), AUTOBATCH_DEVICE_SECONDS (280),
 # AUTOBATCH_DEVICE_BUILD_DIR (build-device), AUTOBATCH_DEVICE_BUILD_TYPE (RelWithDebInfo).

@@ -1,5 +1,6 @@
-// autobatch._core: the library's search, planner, report, failure classification and CPU budget
-// allocator, for the Python package (src/python/autobatch, docs/python.md).
+// autobatch._core: the library's search, planner, report, failure classification and memory
+// backends (the CPU budget allocator, the CUDA caching allocator's over a Python CudaApi), for the
+// Python package (src/python/autobatch, docs/python.md).
 //
 // Only plain data crosses the boundary: integers, floats, strings, lists, dicts and JSON text. No
 // tensor and no torch object does, so the extension links the library, c10 and torch_cpu but not
@@ -31,6 +32,7 @@
 #include "autobatch/search.h"
 #include "autobatch/units.h"
 #include "autobatch/version.h"
+#include "cuda_api.h"
 #include "memory_backend.h"
 #include "report_internal.h"
 
@@ -134,6 +136,17 @@ autobatch::RunContext contextFromDict(const py::dict& d) {
   c.memory_limit_source = get<std::string>(d, "memory_limit_source", "");
   c.micro_batches_per_trial = get<int>(d, "micro_batches_per_trial", 1);
   if (d.contains("warnings")) c.warnings = d["warnings"].cast<std::vector<std::string>>();
+  if (d.contains("allocator")) {  // the backend's allocator_info(): the CUDA device fields
+    const auto a = d["allocator"].cast<py::dict>();
+    c.allocator.config = get<std::string>(a, "config", "");
+    c.allocator.config_env = get<std::string>(a, "config_env", "");
+    c.allocator.pytorch_alloc_conf =
+        get<std::optional<std::string>>(a, "pytorch_alloc_conf", std::nullopt);
+    c.allocator.pytorch_cuda_alloc_conf =
+        get<std::optional<std::string>>(a, "pytorch_cuda_alloc_conf", std::nullopt);
+    c.allocator.expandable_segments = get<bool>(a, "expandable_segments", false);
+    c.allocator.fraction = get<double>(a, "fraction", 1.0);
+  }
   return c;
 }
 
@@ -150,6 +163,17 @@ py::dict reportOf(autobatch::ReportData& data) {
 autobatch::ReportData reportData(const py::dict& facts, const autobatch::SearchOptions& options) {
   autobatch::ReportData data;
   data.build = autobatch::buildInfo();
+  // The devices as torch sees them (name, total memory): the report's device fields whatever
+  // CUDA this extension was built with.
+  if (facts.contains("cuda_devices")) {
+    data.build.cuda_devices.clear();
+    for (const auto& item : facts["cuda_devices"].cast<py::list>()) {
+      const auto d = item.cast<py::dict>();
+      data.build.cuda_devices.push_back({get<int>(d, "index", 0), get<std::string>(d, "name", ""),
+                                         get<std::int64_t>(d, "total_bytes", 0),
+                                         get<int>(d, "major", 0), get<int>(d, "minor", 0)});
+    }
+  }
   data.spec.model_path = get<std::string>(facts, "name", "python model");
   data.spec.device = get<std::string>(facts, "device", "cpu");
   data.spec.steps_per_trial = get<int>(facts, "steps_per_trial", 2);
@@ -361,54 +385,144 @@ TrialPhase phaseNamed(const std::string& name) {
       name + "\"");
 }
 
-// The CPU budget allocator installed in this process for one search (memory_backend.h).
-class Budget {
+// detail::CudaApi (src/cuda_api.h) over a Python object with the same calls in snake_case
+// (autobatch/_cuda_api.py: TorchCudaApi over torch.cuda, or a fake in tests): the C++ CUDA backend
+// then measures the package's trials as it measures the command's, with no CUDA header or toolkit
+// in this extension. Called with the GIL held (every caller is a bound method); a Python exception
+// arrives as py::error_already_set, a std::exception, as LibTorch's c10::Error would.
+class PyCudaApi final : public autobatch::detail::CudaApi {
  public:
-  Budget(std::int64_t limit_bytes, std::int64_t reserve_bytes)
-      : backend_(autobatch::detail::makeCpuBudgetBackend(limit_bytes, reserve_bytes)) {}
+  explicit PyCudaApi(py::object api) : api_(std::move(api)) {}
+  int deviceCount() override { return api_.attr("device_count")().cast<int>(); }
+  std::int64_t totalGlobalMemBytes(int index) override {
+    return api_.attr("total_global_mem_bytes")(index).cast<std::int64_t>();
+  }
+  autobatch::detail::CudaMemInfo memInfo(int index) override {
+    const auto info = api_.attr("mem_info")(index).cast<std::pair<std::int64_t, std::int64_t>>();
+    return {info.first, info.second};
+  }
+  void initAllocator(int index) override { api_.attr("init_allocator")(index); }
+  autobatch::detail::CudaAllocatorFacts allocatorFacts() override {
+    const auto d = api_.attr("allocator_facts")().cast<py::dict>();
+    autobatch::detail::CudaAllocatorFacts f;
+    f.caching_disabled = get<bool>(d, "caching_disabled", false);
+    f.backend = get<std::string>(d, "backend", "native");
+    f.expandable_segments = get<bool>(d, "expandable_segments", false);
+    f.config_fraction = get<double>(d, "config_fraction", 1.0);
+    f.pytorch_alloc_conf = get<std::optional<std::string>>(d, "pytorch_alloc_conf", std::nullopt);
+    f.pytorch_cuda_alloc_conf =
+        get<std::optional<std::string>>(d, "pytorch_cuda_alloc_conf", std::nullopt);
+    return f;
+  }
+  autobatch::detail::CudaAllocatorStats stats(int index) override {
+    const auto d = api_.attr("stats")(index).cast<py::dict>();
+    autobatch::detail::CudaAllocatorStats s;
+    s.allocated_current_bytes = get<std::int64_t>(d, "allocated_current_bytes", 0);
+    s.allocated_peak_bytes = get<std::int64_t>(d, "allocated_peak_bytes", 0);
+    s.reserved_current_bytes = get<std::int64_t>(d, "reserved_current_bytes", 0);
+    s.reserved_peak_bytes = get<std::int64_t>(d, "reserved_peak_bytes", 0);
+    s.num_alloc_retries = get<std::int64_t>(d, "num_alloc_retries", 0);
+    return s;
+  }
+  void resetPeakStats(int index) override { api_.attr("reset_peak_stats")(index); }
+  double memoryFraction(int index) override {
+    return api_.attr("memory_fraction")(index).cast<double>();
+  }
+  void setMemoryFraction(double fraction, int index) override {
+    api_.attr("set_memory_fraction")(fraction, index);
+  }
+  void emptyCache() override { api_.attr("empty_cache")(); }
+  void clearCublasWorkspaces() override { api_.attr("clear_cublas_workspaces")(); }
+  void synchronize(int index) override { api_.attr("synchronize")(index); }
+
+ private:
+  py::object api_;
+};
+
+py::dict peaksDict(const autobatch::detail::MemoryPeaks& peaks) {
+  py::dict out;
+  out["peak_allocated_bytes"] = peaks.peak_allocated_bytes;
+  out["peak_reserved_bytes"] = peaks.peak_reserved_bytes;
+  out["peak_bytes"] = peaks.peak_bytes;
+  out["allocator_retries"] = peaks.allocator_retries;
+  out["outside_growth_bytes"] = peaks.outside_growth_bytes;
+  py::list phases;
+  for (const auto& p : peaks.phase_peaks) {
+    py::dict d;
+    d["phase"] = autobatch::phaseKey(p.phase);
+    d["micro_batch_index"] = p.micro_batch_index;
+    d["peak_allocated_bytes"] = p.peak_bytes;
+    phases.append(d);
+  }
+  out["phase_peaks"] = phases;
+  return out;
+}
+
+py::dict allocatorDict(const autobatch::AllocatorInfo& a) {
+  py::dict out;
+  out["config"] = a.config;
+  out["config_env"] = a.config_env;
+  out["pytorch_alloc_conf"] = a.pytorch_alloc_conf;
+  out["pytorch_cuda_alloc_conf"] = a.pytorch_cuda_alloc_conf;
+  out["expandable_segments"] = a.expandable_segments;
+  out["fraction"] = a.fraction;
+  return out;
+}
+
+// One memory backend (memory_backend.h) for one search: the CPU budget allocator installed in
+// this process, or the CUDA caching allocator's backend over a Python CudaApi. The trial runner's
+// calls, under their Python names; remove() restores what the backend changed (the CPU allocator,
+// the memory fraction), as its destructor does in the command.
+class Backend {
+ public:
+  explicit Backend(std::unique_ptr<autobatch::detail::MemoryBackend> backend)
+      : backend_(std::move(backend)) {}
+  static Backend cpuBudget(std::int64_t limit_bytes, std::int64_t reserve_bytes) {
+    return Backend(autobatch::detail::makeCpuBudgetBackend(limit_bytes, reserve_bytes));
+  }
+  static Backend cuda(const py::object& api, int index, std::int64_t limit_bytes,
+                      std::int64_t reserve_bytes) {
+    return Backend(autobatch::detail::makeCudaBackendWith(std::make_unique<PyCudaApi>(api), index,
+                                                          limit_bytes, reserve_bytes));
+  }
+  std::string name() const { return alive().name(); }
   std::int64_t limitBytes() const { return alive().limitBytes(); }
   std::string limitSource() const { return alive().limitSource(); }
   std::int64_t currentBytes() const { return alive().currentBytes(); }
+  bool needsWarmUp() const { return alive().needsWarmUp(); }
   void finishSetup(std::int64_t untracked_bytes) { alive().finishSetup(untracked_bytes); }
   void beginTrial() { alive().beginTrial(); }
+  // Where the trial is, as the runner's enter(): the process-wide point (the budget allocator's
+  // phase peaks and fault injection) and the backend's phase (CUDA: the allocator's peak read and
+  // reset at the boundary, host-side statistics, no synchronize).
   void setPoint(const std::string& phase, std::int64_t micro_batch_size, int micro_batch_index,
                 int step) {
-    alive();
+    auto& backend = alive();
     autobatch::detail::TrialPoint point;
     point.phase = phaseNamed(phase);
     point.micro_batch_size = micro_batch_size;
     point.micro_batch_index = micro_batch_index;
     point.step = step;
     autobatch::detail::setTrialPoint(point);
+    if (!backend.poisoned()) backend.enterPhase(point.phase, micro_batch_index);
   }
-  py::dict endTrial() {
-    const auto peaks = alive().endTrial();
-    py::dict out;
-    out["peak_allocated_bytes"] = peaks.peak_allocated_bytes;
-    out["peak_reserved_bytes"] = peaks.peak_reserved_bytes;
-    out["peak_bytes"] = peaks.peak_bytes;
-    py::list phases;
-    for (const auto& p : peaks.phase_peaks) {
-      py::dict d;
-      d["phase"] = autobatch::phaseKey(p.phase);
-      d["micro_batch_index"] = p.micro_batch_index;
-      d["peak_allocated_bytes"] = p.peak_bytes;
-      phases.append(d);
-    }
-    out["phase_peaks"] = phases;
-    return out;
-  }
+  py::dict endTrial() { return peaksDict(alive().endTrial()); }
   void releaseCaches() { alive().releaseCaches(); }
+  void synchronize() { alive().synchronize(); }
   bool processLimitNear(std::int64_t peak_bytes, std::int64_t failed_request_bytes) const {
     return alive().processLimitNear(peak_bytes, failed_request_bytes);
   }
   std::vector<std::string> limitWarnings() const { return alive().limitWarnings(); }
+  py::dict allocatorInfo() const { return allocatorDict(alive().allocatorInfo()); }
+  std::int64_t outsideBytes() const { return alive().outsideBytes(); }
+  void markPoisoned() { alive().markPoisoned(); }
+  bool poisoned() const { return alive().poisoned(); }
   void remove() { backend_.reset(); }
   bool installed() const { return backend_ != nullptr; }
 
  private:
   autobatch::detail::MemoryBackend& alive() const {
-    if (!backend_) throw autobatch::Error("budget allocator: already removed");
+    if (!backend_) throw autobatch::Error("memory backend: already removed");
     return *backend_;
   }
   std::unique_ptr<autobatch::detail::MemoryBackend> backend_;
@@ -466,22 +580,40 @@ PYBIND11_MODULE(_core, m) {
     return autobatch::detail::isBudgetTracked(reinterpret_cast<const void*>(data));
   });
   m.def("refusals", [] { return autobatch::detail::budgetRefusals().first; });
-  py::class_<Budget>(m, "Budget")
-      .def(py::init<std::int64_t, std::int64_t>(), py::arg("limit_bytes"),
-           py::arg("reserve_bytes") = 0)
-      .def("limit_bytes", &Budget::limitBytes)
-      .def("limit_source", &Budget::limitSource)
-      .def("current_bytes", &Budget::currentBytes)
-      .def("finish_setup", &Budget::finishSetup)
-      .def("begin_trial", &Budget::beginTrial)
-      .def("set_point", &Budget::setPoint, py::arg("phase"), py::arg("micro_batch_size") = 0,
+  py::class_<Backend>(m, "Backend")
+      .def_static("cpu_budget", &Backend::cpuBudget, py::arg("limit_bytes"),
+                  py::arg("reserve_bytes") = 0,
+                  "The CPU budget allocator, installed in this process until remove().")
+      .def_static("cuda", &Backend::cuda, py::arg("api"), py::arg("index"),
+                  py::arg("limit_bytes") = 0, py::arg("reserve_bytes") = 0,
+                  "The CUDA caching allocator's backend (the command's) over a CudaApi written in "
+                  "Python (autobatch._cuda_api.TorchCudaApi).")
+      .def("name", &Backend::name)
+      .def("limit_bytes", &Backend::limitBytes)
+      .def("limit_source", &Backend::limitSource)
+      .def("current_bytes", &Backend::currentBytes)
+      .def("needs_warm_up", &Backend::needsWarmUp)
+      .def("finish_setup", &Backend::finishSetup)
+      .def("begin_trial", &Backend::beginTrial)
+      .def("set_point", &Backend::setPoint, py::arg("phase"), py::arg("micro_batch_size") = 0,
            py::arg("micro_batch_index") = 0, py::arg("step") = 0)
-      .def("end_trial", &Budget::endTrial)
-      .def("release_caches", &Budget::releaseCaches)
-      .def("process_limit_near", &Budget::processLimitNear)
-      .def("limit_warnings", &Budget::limitWarnings)
-      .def("remove", &Budget::remove)
-      .def("installed", &Budget::installed);
+      .def("end_trial", &Backend::endTrial)
+      .def("release_caches", &Backend::releaseCaches)
+      .def("synchronize", &Backend::synchronize)
+      .def("process_limit_near", &Backend::processLimitNear)
+      .def("limit_warnings", &Backend::limitWarnings)
+      .def("allocator_info", &Backend::allocatorInfo)
+      .def("outside_bytes", &Backend::outsideBytes)
+      .def("mark_poisoned", &Backend::markPoisoned)
+      .def("poisoned", &Backend::poisoned)
+      .def("remove", &Backend::remove)
+      .def("installed", &Backend::installed);
+  m.def(
+      "is_fatal",
+      [](const std::string& message) { return autobatch::isFatalDeviceError(message); },
+      py::arg("message"),
+      "True for a sticky device error (illegal address, device-side assert): no device call "
+      "may follow it (autobatch/failure.h).");
   py::class_<Untracked>(m, "Untracked")
       .def(py::init<>())
       .def("__enter__", [](Untracked& u) { u.enter(); })

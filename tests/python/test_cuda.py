@@ -1,5 +1,5 @@
-"""autobatch.find on CUDA (issue 29: the package's CudaMeter, docs/python.md): the caching
-allocator's peaks per phase, the memory limit emulated with set_per_process_memory_fraction. Runs
+"""autobatch.find on CUDA (issues 29 and 39, docs/python.md): the command's CUDA backend through the
+package's CudaApi over torch.cuda, held to the device's own figures. Runs
 only where torch sees a GPU (scripts/device/python.sh on the GPU machine, or a user's GPU
 environment); skipped on the CPU machines of CI. Each test names the wrong implementation it
 catches."""
@@ -96,3 +96,64 @@ def test_the_trials_peak_is_the_eager_loops(name):
                                                                      eager)
     assert trial.peak_reserved_bytes >= trial.peak_allocated_bytes
     assert set(trial.phase_peaks) >= {"forward", "backward", "optimizer-step"}
+
+
+def eager(name, b, precision="fp32"):
+    return run("eager_check.py", name, b, precision)
+
+
+# Issue 39, item 3. Catches a meter whose figures hold only against itself (the former CudaMeter:
+# the search and fresh_check.py shared it): at the answer B the user's own eager job, in a fresh
+# process without autobatch, uses at most the limit on the device as the device counts it (the
+# part outside the allocator plus max_memory_reserved), and at B+1 more than the limit. A conv net
+# (cuDNN workspaces), an MLP, a transformer under amp-bf16. Memory (allocated and reserved, the
+# cuBLAS workspaces included) is back after the search.
+@pytest.mark.parametrize("name,precision", [("mlp", "fp32"), ("resnet18", "fp32"),
+                                            ("gpt2", "amp-bf16")])
+def test_the_device_itself_holds_the_answer(name, precision):
+    if name == "gpt2":
+        pytest.importorskip("transformers")
+    r = run("cuda_find.py", name, LIMIT, precision)
+    assert r["status"] == "found", r
+    assert r["after"] == r["before"] and r["reserved_after"] <= r["reserved_before"], r
+    assert r["device"]["total_bytes"] > 0 and r["device"]["allocator_fraction"] < 1.0, r
+    b = r["max_micro_batch"]
+    at_b, above = eager(name, b, precision), eager(name, b + 1, precision)
+    assert at_b["outcome"] == "fits" and at_b["device_use_bytes"] <= r["limit"], (b, at_b, r)
+    assert above["device_use_bytes"] > r["limit"], (b + 1, above, r)
+
+
+def check(name, **env):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "cuda_checks.py"), name],
+                         check=True, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **env})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# Row 4. Catches a search that ignores the fraction the user's process set (its answer does not
+# fit the user's capped job) or restores 1.0 after it (the job then trains without its cap).
+def test_a_preset_fraction_caps_the_limit_and_comes_back():
+    r = check("preset-fraction")
+    assert abs(r["limit"] - r["expected"]) <= 1, r
+    assert "already set in this process" in r["source"], r
+    assert r["after"] == pytest.approx(0.02), r
+
+
+# Row 8. Catches a search under cudaMallocAsync, whose statistics and limit are not the caching
+# allocator's: refused with the setting named.
+def test_an_unsupported_allocator_setting_is_refused():
+    r = check("refused-setting", PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
+    assert r["outcome"] == "UsageError" and "cudaMallocAsync" in r["message"], r
+
+
+# Row 5. Catches cleanup after a sticky device-side assert (a raw error, or a hang): the search
+# ends in ModelError that says the device is unusable, within the subprocess's timeout.
+def test_a_device_side_assert_ends_in_model_error():
+    r = check("device-assert", CUDA_LAUNCH_BLOCKING="1")
+    assert r["outcome"] == "ModelError" and "Start a new process" in r["message"], r
+
+
+# Evaluation sizing on CUDA: the answer's check in the same process holds.
+def test_evaluation_sizing_on_cuda():
+    r = check("eval")
+    assert r["eval_safe_batch"] > 0 and r["fits"], r

@@ -13,7 +13,7 @@ from ._errors import Cancelled, DoesNotFit, UsageError
 from ._eval import EvalProbe, eval_nothing_fits_message, eval_state_of
 from ._result import Result, Trial
 from ._state import ModelState
-from ._trial import CpuMeter, CudaMeter, EagerProbe, leading_size
+from ._trial import EagerProbe, Meter, leading_size, refuse_collective_modules
 
 log = logging.getLogger("autobatch")
 
@@ -407,27 +407,47 @@ class _Session:
         meter = None
         try:
             limit, reserve = self.options["memory_limit_bytes"], self.options["reserve_bytes"]
+            ranks = _ranks_searching_alone()
+            if ranks > 1:
+                refuse_collective_modules(self.model)
             try:
-                meter = (CudaMeter(self.device, limit, reserve) if self.device.type == "cuda"
-                         else CpuMeter(limit, reserve))
+                meter = (Meter.cuda(self.device.index, limit, reserve)
+                         if self.device.type == "cuda" else Meter.cpu(limit, reserve))
             except _core.Error as e:
                 raise UsageError(str(e)) from None
             state.detach_grads()
             self.model.train()
-            meter.finish_setup(state.untracked_bytes())
             probe = EagerProbe(self.model, self.example, self.n0, self.device, self.make_optimizer,
                                self.loss_fn, self.autocast, meter, state, self.steps, self.step,
                                self.ddp_bucket_bytes)
             probe.zero_grad = self.zero_grad
+            if meter.needs_warm_up() or ranks > 1:
+                min_batch = self.options["min_batch"]
+                probe.warm_up(min_batch if isinstance(min_batch, int) and min_batch > 1 else 1,
+                              check_collectives=ranks > 1)
+            try:
+                meter.finish_setup(state.untracked_bytes())
+            except _core.Error as e:
+                raise UsageError(str(e)) from None
             probe.facts = _facts(self, state, meter)
             try:
                 return fn(probe, probe.facts)
             except _core.Error as e:
                 raise UsageError(str(e)) from None
         finally:
-            state.restore()
+            device_usable = meter is None or not meter.poisoned()
+            state.restore(device_usable)
             if meter is not None:
                 meter.remove()
+
+
+def _ranks_searching_alone():
+    """The world size of the process group this process is in (1 without torch.distributed):
+    above 1, each rank's search runs on its own and its step must run no collective."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size()
 
 
 def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, device=None,
@@ -488,7 +508,9 @@ find.__doc__ = """Finds the largest micro-batch with which `model` trains, by ru
     ModelError (the step raised an error that is not out of memory), Cancelled (Ctrl-C; the model
     is restored and .result holds the best verified size). Side effects: on the CPU the budget
     allocator is installed in this process for the search and removed after; on CUDA the memory
-    fraction is set and put back to 1.0. Trial progress goes to the "autobatch" logger (INFO) and,
+    fraction is set and put back as the process had it (a fraction the process had set is also a
+    cap on the limit), and the cuBLAS workspaces and the allocator's cache are freed after each
+    trial. Trial progress goes to the "autobatch" logger (INFO) and,
     with progress=True (default: when tqdm is installed and stderr is a terminal), a tqdm bar.
 """
 
@@ -632,11 +654,18 @@ def _facts(session, state, meter):
                   "baseline_bytes": baseline, "ddp_bucket_bytes": session.ddp_bucket_bytes,
                   "optimizer_impl": impl,
                   "model_format": "python"},
-        "context": {"device": str(device), "backend": meter.backend,
-                    "memory_limit_bytes": meter.limit_bytes(),
-                    "memory_limit_source": meter.limit_source(), "micro_batches_per_trial": 1,
-                    "warnings": meter.warnings()},
+        "context": {"device": str(device), "micro_batches_per_trial": 1, **meter.context()},
+        "cuda_devices": _cuda_devices(device),
     }
+
+
+def _cuda_devices(device):
+    """The CUDA device of the run as torch sees it (the report's device name and total memory)."""
+    if device.type != "cuda":
+        return []
+    p = torch.cuda.get_device_properties(device)
+    return [{"index": device.index, "name": p.name, "total_bytes": p.total_memory,
+             "major": p.major, "minor": p.minor}]
 
 
 def _name(fn):

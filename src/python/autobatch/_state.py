@@ -46,16 +46,19 @@ class ModelState:
             for t, c in zip(self.tensors, self.copies):
                 t.copy_(c)
 
-    def restore(self):
-        """Everything back: weights, gradients, requires_grad, training flags, RNG states."""
-        self.restore_weights()
+    def restore(self, device_usable=True):
+        """Everything back: weights, gradients, requires_grad, training flags, RNG states.
+        `device_usable` False (a fatal CUDA error: every device call would raise it again): the
+        weights and the CUDA generators are left as they are, the rest is put back."""
+        if device_usable:
+            self.restore_weights()
         for p, g, r in zip(self.params, self.grads, self.requires_grad):
             p.grad = g
             p.requires_grad_(r)
         for m, training in self.training:
             m.training = training
         torch.set_rng_state(self.cpu_rng)
-        if self.cuda_rng is not None:
+        if self.cuda_rng is not None and device_usable:
             torch.cuda.set_rng_state_all(self.cuda_rng)
 
     def untracked_bytes(self):

@@ -6,14 +6,17 @@ classified by the library's rules (autobatch/failure.h), turned into a plain rec
 traceback frames cleared before control returns to the C++ search: a failed step's tensors stay
 alive as long as the exception or its frames do.
 """
+import contextlib
 import logging
 import time
 import traceback
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _core
-from ._errors import ModelError
+from ._cuda_api import TorchCudaApi
+from ._errors import ModelError, UsageError
 
 log = logging.getLogger("autobatch")
 
@@ -105,138 +108,177 @@ def _check_loss(loss, step):
 
 # ---- memory ---------------------------------------------------------------------------------
 
-class CpuMeter:
-    """The project's CPU budget allocator, installed in this process for the search: every CPU
-    tensor allocated while it is in place is counted, and an allocation above the limit raises
-    torch.OutOfMemoryError. Storages allocated before it (the model) enter as baseline bytes."""
+class Meter:
+    """One of the C++ library's memory backends (src/memory_backend.h) for one search, the same
+    as the `autobatch` command's: on the CPU the budget allocator, installed in this process (every
+    CPU tensor allocated while it is in place is counted, and an allocation above the limit raises
+    torch.OutOfMemoryError; storages allocated before it enter as baseline bytes); on CUDA the
+    caching allocator's backend (src/cuda_backend.cpp) over torch.cuda (TorchCudaApi): the limit
+    emulated with the memory fraction, the outside part read after a warm-up step and re-read after
+    every trial, the cuBLAS workspaces cleared with the cache, the process's own fraction kept as a
+    cap and restored, unsupported allocator settings refused (docs/trial_runner.md)."""
 
-    backend = "cpu-budget"
-
-    def __init__(self, limit_bytes, reserve_bytes):
-        self.budget = _core.Budget(limit_bytes, reserve_bytes)
+    def __init__(self, backend, reserve_bytes, api=None):
+        self.backend = backend
+        self.name = backend.name()  # "cpu-budget" or "cuda-caching"
         self.reserve_bytes = reserve_bytes
+        self.api = api
+
+    @classmethod
+    def cpu(cls, limit_bytes, reserve_bytes):
+        return cls(_core.Backend.cpu_budget(limit_bytes, reserve_bytes), reserve_bytes)
+
+    @classmethod
+    def cuda(cls, index, limit_bytes, reserve_bytes, api=None):
+        """api: the CUDA calls (default TorchCudaApi over torch.cuda; a fake in tests)."""
+        api = api if api is not None else TorchCudaApi()
+        return cls(_core.Backend.cuda(api, index, limit_bytes, reserve_bytes), reserve_bytes, api)
+
+    def needs_warm_up(self):
+        """True (CUDA) when one step must run before finish_setup: the first kernels load modules
+        and create library handles outside the allocator."""
+        return self.backend.needs_warm_up()
 
     def finish_setup(self, untracked_bytes):
-        self.budget.finish_setup(untracked_bytes)
+        self.backend.finish_setup(untracked_bytes)
 
     def limit_bytes(self):
-        return self.budget.limit_bytes() - self.reserve_bytes
+        return self.backend.limit_bytes() - self.reserve_bytes
 
     def limit_source(self):
-        return self.budget.limit_source()
+        return self.backend.limit_source()
 
     def current_bytes(self):
-        """Bytes the budget counts now (the baseline included)."""
-        return self.budget.current_bytes()
+        """Bytes held by tensors now (CPU: the baseline included; CUDA: allocated)."""
+        return self.backend.current_bytes()
 
     def begin(self):
-        self.budget.begin_trial()
+        self.backend.begin_trial()
 
     def phase(self, name, size=0, micro=0, step=0):
-        self.budget.set_point(name, size, micro, step)
+        """The trial enters phase `name` (host-side: no device synchronize)."""
+        self.backend.set_point(name, size, micro, step)
 
     def end(self):
-        self.budget.set_point("idle")
-        return self.budget.end_trial()
+        self.backend.set_point("idle")
+        return self.backend.end_trial()
 
     def release(self):
-        self.budget.release_caches()
+        self.backend.release_caches()
+
+    def synchronize(self):
+        """Waits for the device's queued work (once per step, for the step time)."""
+        self.backend.synchronize()
 
     def process_limit_near(self, peak_bytes, request_bytes):
-        return self.budget.process_limit_near(peak_bytes, request_bytes)
+        return self.backend.process_limit_near(peak_bytes, request_bytes)
+
+    def mark_poisoned(self):
+        """A fatal device error: no device call from here on (the backend's rule)."""
+        self.backend.mark_poisoned()
+
+    def poisoned(self):
+        return self.backend.installed() and self.backend.poisoned()
 
     def warnings(self):
-        return list(self.budget.limit_warnings())
+        out = list(self.backend.limit_warnings())
+        if self.api is not None and not self.api.clears_workspaces:
+            out.append("this torch has no torch._C._cuda_clearCublasWorkspaces: the cuBLAS "
+                       "workspaces stay in the caching allocator after the search")
+        return out
+
+    def context(self):
+        """The report's RunContext fields that come from the backend (after the trials: the
+        warnings and the fraction change with them)."""
+        out = {"backend": self.name, "memory_limit_bytes": self.limit_bytes(),
+               "memory_limit_source": self.limit_source(), "warnings": self.warnings()}
+        if self.name == "cuda-caching":
+            out["allocator"] = dict(self.backend.allocator_info())
+        return out
 
     def remove(self):
-        self.budget.remove()
+        """Restores what the backend changed (the CPU allocator; the memory fraction as the
+        process had it); makes no device call after a fatal error."""
+        self.backend.remove()
 
 
-class CudaMeter:
-    """The CUDA caching allocator: peaks per phase from max_memory_allocated / max_memory_reserved
-    with reset_peak_memory_stats between phases; a memory limit below the card is emulated with
-    set_per_process_memory_fraction, as the C++ runner does (docs/trial_runner.md). Not yet run on
-    a GPU (docs/python.md says so)."""
+# ---- ranks that search on their own ------------------------------------------------------------
 
-    backend = "cuda-caching"
+def _body_key(body):
+    """The kind of trial a body runs ("_train", "_evaluate", ...), by name: never the function
+    itself, whose closure may hold a trial's optimizer (the evaluation's resident state)."""
+    return getattr(body, "__name__", type(body).__name__)
 
-    def __init__(self, device, limit_bytes, reserve_bytes):
-        self.device = torch.device(device)
-        self.index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        self.total = torch.cuda.get_device_properties(self.index).total_memory
-        self.limit = limit_bytes or self.total
-        self.reserve_bytes = reserve_bytes
-        self.outside = 0
-        self.fraction = None
-        self.source = "memory_limit" if limit_bytes else "the device's total memory"
 
-    def finish_setup(self, untracked_bytes):
-        del untracked_bytes
-        torch.cuda.synchronize(self.index)
-        free, total = torch.cuda.mem_get_info(self.index)
-        self.outside = max(0, (total - free) - torch.cuda.memory_reserved(self.index))
-        usable = self.limit - self.reserve_bytes - self.outside
-        if usable <= 0:
-            raise ValueError(f"memory limit: {self.limit} bytes leave nothing for the trials after "
-                             f"the reserve and the {self.outside} bytes outside the allocator")
-        self.fraction = min(1.0, usable / self.total)
-        torch.cuda.set_per_process_memory_fraction(self.fraction, self.index)
+class CollectiveInStep(RuntimeError):
+    """A collective (all_reduce, all_gather, barrier, ...) inside the step of a rank that searches
+    on its own: the ranks try different batches at different times, so a collective would wait for
+    ranks that never join it."""
 
-    def limit_bytes(self):
-        return self.limit - self.reserve_bytes
 
-    def limit_source(self):
-        return self.source
+_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
-    def current_bytes(self):
-        """Bytes allocated by tensors on the device now."""
-        return torch.cuda.memory_allocated(self.index)
 
-    def begin(self):
-        torch.cuda.synchronize(self.index)
-        torch.cuda.reset_peak_memory_stats(self.index)
-        self.phases, self.current, self.max_reserved = [], None, 0
+class CollectiveGuard(TorchDispatchMode):
+    """Refuses, before it runs, any collective of torch.distributed dispatched inside the `with`
+    block (the ops of the c10d namespaces: `dist.all_reduce` reaches `c10d.allreduce_` through the
+    dispatcher since torch 2.1, DDP's reducer and SyncBatchNorm too), naming the module whose
+    forward (or whose backward, for hooks) was running. Module names come from global forward
+    hooks held only inside the block."""
 
-    def _close(self):
-        if self.current is not None:
-            torch.cuda.synchronize(self.index)
-            peak = torch.cuda.max_memory_allocated(self.index)
-            name, micro = self.current
-            self.phases.append({"phase": name, "micro_batch_index": micro,
-                                "peak_allocated_bytes": peak})
-        self.max_reserved = max(self.max_reserved, torch.cuda.max_memory_reserved(self.index))
-        torch.cuda.reset_peak_memory_stats(self.index)
+    def __init__(self, model):
+        super().__init__()
+        self.names = {id(m): n or type(m).__name__ for n, m in model.named_modules()}
+        self.stack, self.last, self.hooks = [], None, []
 
-    def phase(self, name, size=0, micro=0, step=0):
-        del size, step
-        self._close()
-        self.current = None if name == "idle" else (name, micro)
+    def __enter__(self):
+        from torch.nn.modules import module as nn_module
 
-    def end(self):
-        self.phase("idle")
-        merged = {}
-        for p in self.phases:
-            key = (p["phase"], p["micro_batch_index"])
-            merged[key] = max(merged.get(key, 0), p["peak_allocated_bytes"])
-        phases = [{"phase": k[0], "micro_batch_index": k[1], "peak_allocated_bytes": v}
-                  for k, v in merged.items()]
-        allocated = max(merged.values(), default=0)
-        return {"peak_allocated_bytes": allocated, "peak_reserved_bytes": self.max_reserved,
-                "peak_bytes": self.max_reserved + self.outside, "phase_peaks": phases}
+        def pre(m, args):
+            self.stack.append(self.names.get(id(m), type(m).__name__))
 
-    def release(self):
-        torch.cuda.empty_cache()
+        def post(m, args, output):
+            if self.stack:
+                self.last = self.stack.pop()
+        self.hooks = [nn_module.register_module_forward_pre_hook(pre),
+                      nn_module.register_module_forward_hook(post)]
+        return super().__enter__()
 
-    def process_limit_near(self, peak_bytes, request_bytes):
-        del peak_bytes, request_bytes
-        return False
+    def __exit__(self, *exc):
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+        return super().__exit__(*exc)
 
-    def warnings(self):
-        return []
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in _COLLECTIVE_NAMESPACES:
+            where = (f"in the forward of module '{self.stack[-1]}'" if self.stack else
+                     f"after the forward (in backward or the optimizer step; the last module "
+                     f"run was '{self.last}')" if self.last else "in the step")
+            raise CollectiveInStep(
+                f"the training step runs a collective ({func.name()}) {where}, and this rank "
+                "sizes its batch on its own: the ranks try different batches at different times, "
+                "so the collective would wait for ranks that never join it (a hang until the "
+                "process group's timeout). Size the model without its collectives (the plain "
+                "module, not one wrapped in DistributedDataParallel; BatchNorm in place of "
+                "SyncBatchNorm, which has the same memory on one rank) and keep world_size= for "
+                "the plan")
+        return func(*args, **(kwargs or {}))
 
-    def remove(self):
-        torch.cuda.set_per_process_memory_fraction(1.0, self.index)
-        torch.cuda.empty_cache()
+
+def refuse_collective_modules(model):
+    """UsageError naming a module that always runs a collective in training (SyncBatchNorm, a
+    DistributedDataParallel wrapper): refused before any trial, as CollectiveGuard would refuse
+    its first step."""
+    for name, m in model.named_modules():
+        kind = type(m).__name__
+        if isinstance(m, torch.nn.SyncBatchNorm) or kind == "DistributedDataParallel":
+            raise UsageError(
+                f"model: module '{name or kind}' ({kind}) runs collectives in every training step, "
+                "and under a world size above 1 each rank sizes its batch on its own, so the "
+                "ranks' collectives would not match (a hang until the process group's timeout); "
+                "pass the model without it (BatchNorm for SyncBatchNorm: the same memory on one "
+                "rank; the module inside DistributedDataParallel, with ddp=True for its buckets)")
 
 
 # ---- the trial ------------------------------------------------------------------------------
@@ -253,7 +295,10 @@ class EagerProbe:
         self.point = ("idle", 0, 0)
         self.interrupted = False
         self.largest_oom = 0
-        self.model_error = None  # a step's error that is not out of memory, raised as ModelError
+        # The largest (micro-batch, micro-batches) seen to fit, per trial body (training and
+        # evaluation keep their own): where an ambiguous failure is re-run.
+        self.largest_fit = {}
+        self.classifying = False  # inside the re-run of an ambiguous failure: no nested re-run
         self.count = 0
         self.optimizer_state_bytes = 0  # the largest seen after a step, for the report
         self.facts = None  # the report's facts (find's), updated after each trial
@@ -320,8 +365,7 @@ class EagerProbe:
                         p.grad = None
                     else:
                         p.grad.zero_()
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            self.meter.synchronize()  # the step's queued kernels, once per step (CUDA)
             total_ms += (time.perf_counter() - t0) * 1000.0
             done += 1
         return done, total_ms
@@ -342,12 +386,34 @@ class EagerProbe:
     def __call__(self, size, micro_batches):
         return self.trial(size, micro_batches, self._train)
 
-    def trial(self, size, micro_batches, body):
+    def warm_up(self, size, check_collectives=False):
+        """One trial at the search's smallest micro-batch before the meter reads its baseline
+        (CUDA: the first kernels of each kind load modules and create library handles outside
+        the caching allocator; read before them, the outside part would be too small for every
+        trial), as the command's runner does. Out of memory here is left to the first real trial;
+        a model error leaves at once. `check_collectives`: the step runs under CollectiveGuard
+        (ranks of a job searching on their own must not run collectives)."""
+        guard = CollectiveGuard(self.model) if check_collectives else contextlib.nullcontext()
+        try:
+            with guard:
+                record = self.trial(size, 1, self._train, label="warm-up")
+        except ModelError as e:
+            if isinstance(e.__cause__, CollectiveInStep):
+                raise UsageError(str(e.__cause__)) from None
+            raise
+        log.debug("warm-up step at micro-batch %d: %s", size, record.get("outcome", "fits"))
+        self.count, self.largest_oom, self.largest_fit = 0, 0, {}
+
+    def trial(self, size, micro_batches, body, label=None):
         """One trial: body(size, micro_batches) -> (steps completed, total ms) under the meter,
-        its out-of-memory turned into a record (see the module's docstring)."""
+        its out-of-memory turned into a record (see the module's docstring). The command's rules
+        (src/trial_runner.cpp, trial_classification.cpp): after a fatal device error (sticky CUDA
+        error) no device call is made, not even to restore the weights, and ModelError says so; an
+        ambiguous failure (cuDNN finding no engine) re-runs the largest batch seen to fit: it fits,
+        so the failure was memory."""
         self.count += 1
         record = {"memory_limit_bytes": self.meter.limit_bytes(), "steps_completed": 0}
-        failure = None
+        failure, error = None, None
         self.meter.begin()
         try:
             done, total_ms = body(size, micro_batches)
@@ -357,18 +423,24 @@ class EagerProbe:
             self.interrupted = True
             record["cancelled"] = True
         except Exception as e:  # noqa: BLE001  torch.OutOfMemoryError is a RuntimeError
+            if _core.is_fatal(str(e)):
+                self.meter.mark_poisoned()
             failure = self._failure(e)
             traceback.clear_frames(e.__traceback__)
             if failure["kind"] not in ("out-of-memory", "size-limit"):
-                self.model_error = e
+                error = e
             del e
         finally:
             if not self.kept_grads:
                 for p in self.state.params:
                     p.grad = None
             self._enter("idle", size)
-        peaks = self.meter.end()
-        record.update(peaks)
+        error = self._end(record, error)
+        if failure is not None and failure["kind"] == "possible-out-of-memory" and \
+                error is not None and not self.meter.poisoned():
+            if self._memory_after_all(size, body, failure):
+                error = None
+                failure["kind"] = "out-of-memory"
         if failure is not None and failure["kind"] in ("out-of-memory", "size-limit"):
             record["outcome"] = failure["kind"]
             record["reason"] = failure["reason"]
@@ -378,16 +450,76 @@ class EagerProbe:
                 record["failed_phase"], record["failed_micro_batch_index"], \
                     record["failed_step_index"] = failure["point"]
                 self.largest_oom = max(self.largest_oom, size)
-        self.state.restore_weights()
-        self.meter.release()
+        elif error is None and not record.get("cancelled"):
+            best = self.largest_fit.get(_body_key(body), (0, 1))
+            if size >= best[0]:
+                self.largest_fit[_body_key(body)] = (size, micro_batches)
         if self.facts is not None:
             self.facts["model"]["optimizer_state_bytes"] = self.optimizer_state_bytes
-        if self.model_error is not None:
-            error, self.model_error = self.model_error, None
-            raise ModelError(f"the model raised an error at micro-batch {size} (not out of "
-                             f"memory): {type(error).__name__}: {error}", micro_batch=size) from error
-        self._log(size, micro_batches, record)
+            self.facts["context"].update(self.meter.context())
+        if error is not None:
+            raise self._model_error(error, size) from error
+        self._log(size, micro_batches, record, label)
         return record
+
+    def _end(self, record, error):
+        """The trial's peaks into `record`, then the weights back and the caches emptied, unless
+        the device had a fatal error (then nothing touches it). A device call that raises here
+        poisons the device; the trial's own error, if any, is the one that leaves."""
+        try:
+            record.update(self.meter.end())
+        except Exception as e:  # noqa: BLE001  a sticky error seen at the first device call
+            self.meter.mark_poisoned()
+            error = error or e
+        if self.meter.poisoned():
+            return error
+        try:
+            self.state.restore_weights()
+            self.meter.release()
+        except Exception as e:  # noqa: BLE001
+            self.meter.mark_poisoned()
+            error = error or e
+        return error
+
+    def _memory_after_all(self, size, body, failure):
+        """An ambiguous failure at `size` (autobatch/failure.h, possible-out-of-memory): True when
+        it was memory. The largest batch seen to fit by this body is re-run with the cache emptied:
+        it fits (or runs out of memory), so the failure was memory; it fails too, so the error is
+        the model's or the install's. Nothing fitted yet: memory. Inside a re-run: the outer trial
+        decides. (TrialEvidence::classifyAmbiguous, src/trial_classification.cpp.)"""
+        if self.classifying:
+            return False
+        best = self.largest_fit.get(_body_key(body))
+        if best is None:
+            failure["reason"] += " (taken as out of memory: nothing has fitted yet to re-run)"
+            return True
+        self.classifying = True
+        try:
+            again = self.trial(best[0], best[1], body, label="re-run to classify")
+        except ModelError:
+            again = None
+        finally:
+            self.classifying = False
+        if again is None or again.get("outcome", "fits") not in ("fits", "out-of-memory"):
+            log.warning("batch %d failed with \"%s\", and the re-run at batch %d, which fit "
+                        "before, failed too: a model or install error, not out of memory", size,
+                        failure["reason"], best[0])
+            return False
+        failure["reason"] += (f" (out of memory: batch {best[0]} fit when re-run with the cache "
+                              "emptied)")
+        return True
+
+    def _model_error(self, error, size):
+        if self.meter.poisoned():
+            return ModelError(
+                f"the device had a fatal error at micro-batch {size} (not out of memory): "
+                f"{type(error).__name__}: {_core.classify('other', str(error))['reason']}; a "
+                "sticky CUDA error leaves the device unusable in this process, so autobatch made "
+                "no device call after it: the model's weights and the memory fraction were not "
+                "restored. Start a new process (CUDA_LAUNCH_BLOCKING=1 helps find the kernel)",
+                micro_batch=size)
+        return ModelError(f"the model raised an error at micro-batch {size} (not out of "
+                          f"memory): {type(error).__name__}: {error}", micro_batch=size)
 
     def _failure(self, e):
         """The library's classification of a failed step (autobatch/failure.h)."""
@@ -405,12 +537,12 @@ class EagerProbe:
         c["point"] = (name if name != "idle" else "", micro, step)
         return c
 
-    def _log(self, size, micro_batches, r):
+    def _log(self, size, micro_batches, r, label=None):
         outcome = "cancelled" if r.get("cancelled") else r.get("outcome", "fits")
         where = f" in {r['failed_phase']}" if r.get("failed_phase") else ""
         peak = _core.format_bytes(int(r.get("peak_bytes", 0)))
-        log.info("trial %d: micro-batch %d x%d: %s%s, peak %s", self.count, size, micro_batches,
-                 outcome, where, peak)
+        log.info("%s: micro-batch %d x%d: %s%s, peak %s", label or f"trial {self.count}", size,
+                 micro_batches, outcome, where, peak)
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix_str(f"B={size} {outcome}{where}, peak {peak}")
