@@ -124,10 +124,11 @@ std::unique_ptr<MemoryBackend> makeCpuBudgetBackend(std::int64_t memory_limit_by
 /// The CUDA caching allocator backend for device `index` (cuda_backend.cpp, docs/trial_runner.md).
 /// `memory_limit_bytes` 0: the device's totalGlobalMem (or, when lower, the allocator
 /// configuration's per_process_memory_fraction of it, or the memory fraction the process had
-/// already set, which the backend restores when it goes); otherwise the memory fraction emulates a card
-/// of that size. The fraction (limit - reserve - outside part [- one 20 MiB page with expandable
-/// segments]) / totalGlobalMem is applied at finishSetup(), after the runner's warm-up step, and
-/// lowered again whenever the outside part grows.
+/// already set, which the backend restores when it goes); otherwise the memory fraction emulates a
+/// card of that size. The fraction (limit - reserve - outside part [- one 20 MiB page with
+/// expandable segments]) / totalGlobalMem is applied at finishSetup(), after the runner's warm-up
+/// step, and lowered again whenever the outside part grows.
+///
 /// Throws: autobatch::Error when built without CUDA, for no such device, for
 /// PYTORCH_NO_CUDA_MEMORY_CACHING=1 and for backend:cudaMallocAsync (exit 2 in the CLI).
 std::unique_ptr<MemoryBackend> makeCudaBackend(int index, std::int64_t memory_limit_bytes,

@@ -536,9 +536,9 @@ void replay(const json& s) {
   const auto warnings = backend->limitWarnings();
   for (const json& w : expect.value("warnings", json::array())) {
     const auto text = w.get<std::string>();
-    EXPECT_TRUE(std::any_of(warnings.begin(), warnings.end(),
-                            [&](const std::string& x) { return x.find(text) != std::string::npos; }))
-        << text;
+    EXPECT_TRUE(std::any_of(warnings.begin(), warnings.end(), [&](const std::string& x) {
+      return x.find(text) != std::string::npos;
+    })) << text;
   }
   backend.reset();
   EXPECT_DOUBLE_EQ(d.fraction, expect.at("fraction_after_remove").get<double>());

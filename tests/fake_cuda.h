@@ -43,12 +43,12 @@ struct FakeDevice {
   // MIG slices and some drivers report another total in cudaMemGetInfo: the fraction must not
   // be taken of it.
   std::int64_t meminfo_total = 150 * kGiB - 768 * kMiB;
-  std::int64_t context = 0;          // outside the allocator: CUDA context, modules, handles
+  std::int64_t context = 0;  // outside the allocator: CUDA context, modules, handles
   std::int64_t context_at_init = 500 * kMiB;  // the CUDA context, made with the first tensor
-  std::int64_t other_processes = 0;  // outside too
-  std::int64_t allocated = 0;        // tensors alive
-  std::int64_t cached = 0;           // reserved but free (the allocator's cache)
-  std::int64_t workspace = 0;        // the cuBLAS workspace (allocated, held until cleared)
+  std::int64_t other_processes = 0;           // outside too
+  std::int64_t allocated = 0;                 // tensors alive
+  std::int64_t cached = 0;                    // reserved but free (the allocator's cache)
+  std::int64_t workspace = 0;  // the cuBLAS workspace (allocated, held until cleared)
   std::int64_t allocated_peak = 0;
   std::int64_t reserved_peak = 0;
   double fraction = 1.0;

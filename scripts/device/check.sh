@@ -313,8 +313,10 @@ check() {
 
 for m in "${models[@]}"; do
   t=$SECONDS
+  # The search's flags without the plan's: --check-batch refuses a --target-batch that is not
+  # the checked batch.
   flags=(--model "$models_dir/$m.pt" --precision amp-bf16 --memory-limit "$limit"
-         --target-batch 512 --device "$target")
+         --device "$target")
   case "$m" in decoder_lm*) ;; *) flags+=(--input "$vision_input") ;; esac
   json="$OUT/$m.json"
   rm -f "$json"
@@ -337,8 +339,8 @@ for m in "${models[@]}"; do
     record "$m" FAIL 0 "no time left"
     continue
   fi
-  echo "== $m: autobatch ${flags[*]}"
-  run_logged "$jobs_log" "$secs" "$bin" "${flags[@]}" --json "$json"
+  echo "== $m: autobatch ${flags[*]} --target-batch 512"
+  run_logged "$jobs_log" "$secs" "$bin" "${flags[@]}" --target-batch 512 --json "$json"
   rc=$?
   b="$(json_get "$json" 'r["result"]["max_micro_batch"]')"
   what="exit $rc, $(json_get "$json" 'r["status"] + (": " + r["error"][:120] if r["error"] else

@@ -609,8 +609,7 @@ PYBIND11_MODULE(_core, m) {
       .def("remove", &Backend::remove)
       .def("installed", &Backend::installed);
   m.def(
-      "is_fatal",
-      [](const std::string& message) { return autobatch::isFatalDeviceError(message); },
+      "is_fatal", [](const std::string& message) { return autobatch::isFatalDeviceError(message); },
       py::arg("message"),
       "True for a sticky device error (illegal address, device-side assert): no device call "
       "may follow it (autobatch/failure.h).");
