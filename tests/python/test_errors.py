@@ -114,12 +114,13 @@ def test_fingerprint():
 
 
 # Catches: a JSON report that describes the command's default step instead of the one that ran
-# (options.precision "fp32" under autocast, keep_output true, optimizer "adamw" for an SGD), and
-# a progress option that shows nothing.
+# (options.precision "fp32" under autocast, keep_output as the command's default rather than the
+# step's, optimizer "adamw" for an SGD), and a progress option that shows nothing.
 def test_the_report_names_the_step_that_ran(capsys):
     model, example = tiny_models.gpt2()
     r = autobatch.find(model, example, memory_limit="40MiB", precision="amp-bf16", max_batch=8,
-                       optimizer=lambda p: torch.optim.SGD(p, lr=0.1), progress=True)
+                       optimizer=lambda p: torch.optim.SGD(p, lr=0.1), progress=True,
+                       keep_output=False)
     o = r.raw["options"]
     assert (o["precision"], o["keep_output"], o["loss"], o["optimizer"]) == (
         "amp-bf16", False, "model", "torch.optim.sgd.SGD")

@@ -188,7 +188,13 @@ def test_ddp_buckets_and_a_step_function():
     assert ddp.peak_bytes - plain.peak_bytes == gradients
     step = autobatch.check_batch(model, x, 100, memory_limit="64MiB",
                                  step=lambda m, b: m(b).float().mean())
-    assert step.outcome == "fits" and step.peak_bytes == plain.peak_bytes  # the same step
+    dropped = autobatch.check_batch(model, x, 100, memory_limit="64MiB", keep_output=False)
+    assert step.outcome == "fits" and step.peak_bytes == dropped.peak_bytes  # the same step
+    # Issue 40 row 3: by default the output is alive through backward, as in the hand-written
+    # `out = model(x); loss(out).backward()`; a package that always dropped it (the former one)
+    # answered batches that loop cannot hold. Here the peak is in backward: exactly the output's
+    # 100 x 10 float32 more.
+    assert plain.peak_bytes - dropped.peak_bytes == 100 * 10 * 4
     twice = autobatch.check_batch(model, x, 100, memory_limit="64MiB",
                                   step=lambda m, b: m(b).mean() + m(b.flip(0)).mean())
     assert twice.phase_peaks["backward"] > plain.phase_peaks["backward"]

@@ -1,15 +1,19 @@
 """autobatch.find: the C++ search, planner and report, with the user's own eager step as the trial."""
 import contextlib
 import hashlib
+import inspect
 import json
 import logging
 import os
+import threading
 import types
+import weakref
+from collections.abc import Mapping
 
 import torch
 
 from . import _core
-from ._errors import Cancelled, DoesNotFit, UsageError
+from ._errors import Cancelled, DoesNotFit, ModelError, UsageError
 from ._eval import EvalProbe, eval_nothing_fits_message, eval_state_of
 from ._result import Result, Trial
 from ._state import ModelState
@@ -33,10 +37,46 @@ def _bytes(value, what, hint=""):
         if value < 0:
             raise UsageError(f"{what}: expected >= 0 bytes, but got {value}")
         return value
+    if value != value.strip() or not value:
+        raise UsageError(f"{what}: expected bytes as a string such as '8GiB' or '512MiB' (no "
+                         f"spaces around it), but got {value!r}")
     try:
         return _core.parse_bytes(value, what)
     except _core.Error as e:
         raise UsageError(f"{e}{hint}") from None
+
+
+def _limit(value):
+    """memory_limit: None (the device's, or the room this process has) or bytes > 0; 0 is refused
+    rather than read as "no limit" (a budget computed to 0 is a mistake: issue 40 row 6)."""
+    n = _bytes(value, "memory_limit")
+    if value is not None and n == 0:
+        raise UsageError(f"memory_limit: expected more than 0 bytes, but got {value!r}; pass "
+                         "None (the default) for the device's own memory")
+    return n
+
+
+def _count(value, what, minimum=1, none_is=0):
+    """An option that counts (samples, ranks, trials): an int >= `minimum`, or None (`none_is`).
+    Floats, strings and bools are refused rather than truncated (issue 40 row 13)."""
+    if value is None:
+        return none_is
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{what}: expected an int >= {minimum}, but got {value!r} "
+                         f"({type(value).__name__})")
+    if value < minimum:
+        raise UsageError(f"{what}: expected an int >= {minimum}, but got {value}")
+    return value
+
+
+def _seconds(value):
+    """time_limit: None (no limit) or seconds > 0 (an int or a float)."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise UsageError(f"time_limit: expected seconds > 0 (an int or a float) or None for no "
+                         f"limit, but got {value!r}")
+    return float(value)
 
 
 def _margin(margin):
@@ -71,39 +111,125 @@ def _target(target_batch):
     return target_batch
 
 
+def _constructor_options(cls, defaults):
+    """The options of `defaults` that cls's constructor takes (torch 2.11's AdamW.defaults holds
+    "decoupled_weight_decay", which AdamW.__init__ does not take: issue 40 row 1); every option
+    when the constructor takes **kwargs."""
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return dict(defaults)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(defaults)
+    return {k: v for k, v in defaults.items() if k in params and k != "params"}
+
+
+def _rebuilder(optimizer, params):
+    """A function that builds a fresh optimizer of the instance's class over the model's
+    trainable parameters, with its param groups' options as they are (learning rates, weight
+    decay, betas, foreach / fused, a scheduler's initial_lr) and the constructor's options from its
+    defaults. The instance itself is never touched."""
+    cls = type(optimizer)
+    index = {id(p): p for p in params}
+    groups = []
+    for g in optimizer.param_groups:
+        options = {k: v for k, v in g.items() if k != "params"}
+        mine = [index[id(p)] for p in g["params"] if id(p) in index]
+        if mine:
+            groups.append({**options, "params": mine})
+    if not groups:
+        raise UsageError("optimizer: none of its parameters is a trainable parameter of the "
+                         "model; pass the optimizer built over model.parameters()")
+    defaults = _constructor_options(cls, optimizer.defaults)
+    return lambda: cls([dict(g) for g in groups], **defaults)
+
+
+def _stepped(opt):
+    """True when the optimizer has stepped: state with a step count above 0, or state without a
+    step count (SGD's momentum buffers). Adagrad's fresh state (step 0 and its sums, made by its
+    constructor) is not."""
+    for per_param in opt.state.values():
+        step = per_param.get("step") if isinstance(per_param, dict) else None
+        if step is None or float(step) > 0:
+            return True
+    return False
+
+
+def _checked_build(build, what):
+    """`build` made safe to call once per trial: it must return a torch.optim.Optimizer, and a
+    new one each time, with no state (a factory that returns the user's existing optimizer would
+    let the trials step it and leave its state uncounted: issue 40 row 4). Called twice here,
+    before any trial, so that such a factory is refused before it is ever stepped."""
+    last = [None]  # a weak reference to the last optimizer returned (never kept alive by us)
+
+    def checked():
+        opt = build()
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise UsageError(f"optimizer: the factory returned {type(opt).__name__}; expected "
+                             "a torch.optim.Optimizer, e.g. lambda p: torch.optim.AdamW(p)")
+        previous = last[0]() if last[0] is not None else None
+        if _stepped(opt) or previous is opt:
+            raise UsageError(
+                f"optimizer: {what} returned an optimizer that already exists (it has state, or "
+                "it was returned before): the trials would step your optimizer and its state "
+                "would not be counted; return a new one from the parameters it is given, e.g. "
+                "lambda p: torch.optim.AdamW(p, lr=1e-3), or pass the optimizer itself "
+                "(optimizer=opt: a fresh copy of its class and options is built per trial)")
+        last[0] = weakref.ref(opt)
+        return opt
+    first = checked()
+    checked()
+    del first
+    return checked
+
+
 def _optimizer_factory(optimizer, params):
     """A function that builds a fresh optimizer over `params` for each trial: the user's factory,
-    or one rebuilt from an optimizer instance (its class, param groups' options and defaults;
-    foreach/fused as set), or AdamW with PyTorch's defaults for None; "none": no optimizer step."""
-    if optimizer == "none":
+    or one rebuilt from an optimizer instance (its class, param groups' options and constructor
+    options; foreach/fused as set), or AdamW with PyTorch's defaults for None; "none": no
+    optimizer step. Classes that cannot run the trial's step are refused by name: LBFGS (its
+    step needs a closure that re-runs forward), Muon over parameters that are not 2-D; SparseAdam
+    over dense gradients fails in its own step with its own message (ModelError)."""
+    if isinstance(optimizer, str) and optimizer == "none":
         return lambda: None, "none"
     if optimizer is None:
         return (lambda: torch.optim.AdamW(params)), "torch.optim.AdamW (default)"
     if isinstance(optimizer, torch.optim.Optimizer):
-        cls, defaults = type(optimizer), dict(optimizer.defaults)
-        index = {id(p): p for p in params}
-        groups = []
-        for g in optimizer.param_groups:
-            options = {k: v for k, v in g.items() if k != "params"}
-            mine = [index[id(p)] for p in g["params"] if id(p) in index]
-            if mine:
-                groups.append({**options, "params": mine})
-        if not groups:
-            raise UsageError("optimizer: none of its parameters is a trainable parameter of the "
-                             "model; pass the optimizer built over model.parameters()")
-        return (lambda: cls(groups, **defaults)), f"{cls.__module__}.{cls.__qualname__}"
+        cls = type(optimizer)
+        index = {id(p) for p in params}
+        _refuse_step_kind(cls, [p for g in optimizer.param_groups for p in g["params"]
+                                if id(p) in index])
+        return (_checked_build(_rebuilder(optimizer, params), "the rebuild"),
+                f"{cls.__module__}.{cls.__qualname__}")
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        _refuse_step_kind(optimizer, params)
+        return (_checked_build(lambda: optimizer(params), "the class"),
+                f"{optimizer.__module__}.{optimizer.__qualname__}")
     if callable(optimizer):
-        def build():
-            opt = optimizer(params)
-            if not isinstance(opt, torch.optim.Optimizer):
-                raise UsageError(f"optimizer: the factory returned {type(opt).__name__}; expected "
-                                 "a torch.optim.Optimizer, e.g. lambda p: torch.optim.AdamW(p)")
-            return opt
         name = getattr(optimizer, "__qualname__", type(optimizer).__name__)
-        return build, name
+        return _checked_build(lambda: optimizer(params), f"the factory {name}"), name
     raise UsageError(f"optimizer: expected a torch.optim.Optimizer, a factory such as "
                      f"lambda params: torch.optim.AdamW(params), 'none' or None, but got "
                      f"{type(optimizer).__name__}")
+
+
+def _refuse_step_kind(cls, params):
+    """UsageError for the torch.optim classes whose step the trial cannot run as the user's loop
+    does (named with the reason)."""
+    name = cls.__name__
+    if issubclass(cls, torch.optim.LBFGS):
+        raise UsageError("optimizer: LBFGS steps with a closure that re-runs forward and backward "
+                         "several times per step (and keeps a history of past gradients), which "
+                         "a trial's step (one forward, backward and step per micro-batch) does "
+                         "not model, so its answer would not hold: autobatch does not size LBFGS "
+                         "jobs")
+    muon = getattr(torch.optim, "Muon", None)
+    if muon is not None and issubclass(cls, muon) and any(p.dim() != 2 for p in params):
+        raise UsageError(f"optimizer: {name} takes 2-D parameters only, but "
+                         f"{sum(p.dim() != 2 for p in params)} of the parameters it would get are "
+                         "not 2-D (biases, norms); build it over the 2-D weights only (the "
+                         "others then need an optimizer of their own, which one trial cannot "
+                         "hold: size with the optimizer of the larger state)")
 
 
 def _impl(opt, device):
@@ -222,7 +348,7 @@ def fingerprint(model, example_batch=None, **options):
     def shapes(x):
         if isinstance(x, torch.Tensor):
             return ("tensor", tuple(x.shape), str(x.dtype))
-        if isinstance(x, dict):
+        if isinstance(x, Mapping):
             return tuple((k, shapes(v)) for k, v in sorted(x.items()))
         if isinstance(x, (list, tuple)):
             return tuple(shapes(v) for v in x)
@@ -265,6 +391,13 @@ def _device_of(model, device):
     params = list(model.parameters())
     if not params:
         raise UsageError("model: it has no parameters, so there is nothing to train")
+    lazy = [n for n, p in model.named_parameters()
+            if isinstance(p, torch.nn.parameter.UninitializedParameter)]
+    if lazy:
+        raise UsageError(f"model: {len(lazy)} parameter(s) are not initialized yet ({lazy[0]}: "
+                         "a lazy module such as nn.LazyLinear learns its shapes from its first "
+                         "input); run one forward on the example first, e.g. model(example), "
+                         "then call autobatch")
     where = {p.device for p in params}
     if any(d.type == "meta" for d in where):
         raise UsageError("model: its parameters are on the meta device (shapes without data); "
@@ -317,6 +450,11 @@ _FIND_DOC = """
     ddp: True when the job wraps the model in DistributedDataParallel: every trial holds one
       buffer of the trained parameters' gradient bytes (DDP's gradient buckets, unless
       gradient_as_bucket_view=True) from its start to its end, as `autobatch --ddp` does.
+    zero_grad: "none" (zero_grad(set_to_none=True), PyTorch's default) or "zeros" (the gradients
+      kept allocated between steps). keep_output: True (the default, the command's
+      --keep-output yes) keeps the model's output alive through backward, as
+      `out = model(**batch); out.loss.backward()` does; False drops it before backward, as a
+      Lightning training_step or the Hugging Face Trainer does (the drop-ins pass False).
 """
 
 
@@ -328,12 +466,12 @@ class _Session:
                  device=None, memory_limit=None, margin=None, target_batch=None, world_size=1,
                  time_limit=None, steps_per_trial=2, min_batch=1, max_batch=None,
                  dataset_size=None, max_trials=None, strategy="guided", plan="auto", reserve=None,
-                 step=None, ddp=False, zero_grad="none"):
+                 step=None, ddp=False, zero_grad="none", keep_output=True):
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
         self.n0 = leading_size(example_batch)
         if not self.n0:
-            raise UsageError("example_batch: expected a tensor, tuple, list or dict holding at "
+            raise UsageError("example_batch: expected a tensor, tuple, list or mapping holding at "
                              "least one tensor with a leading batch dimension (e.g. "
                              "torch.randn(1, 3, 224, 224), or {'input_ids': ids, 'labels': ids} "
                              "with ids of shape (1, T))")
@@ -348,6 +486,12 @@ class _Session:
                              "itself (it replaces model(batch) and loss_fn)")
         if not isinstance(ddp, bool):
             raise UsageError(f"ddp: expected True or False, but got {ddp!r}")
+        if not isinstance(keep_output, bool):
+            raise UsageError(f"keep_output: expected True (the output alive through backward, as "
+                             f"`out = model(x); out.loss.backward()` keeps it) or False (dropped "
+                             f"before backward, as Lightning's training_step), but got "
+                             f"{keep_output!r}")
+        self.keep_output = keep_output
         if zero_grad not in ("none", "zeros"):
             raise UsageError(f"zero_grad: expected 'none' (zero_grad(set_to_none=True), PyTorch's "
                              f"default: the gradients freed after each step) or 'zeros' "
@@ -366,12 +510,14 @@ class _Session:
         self.gradient_bytes = _distinct_bytes(self.trained)
         self.ddp_bucket_bytes = self.gradient_bytes if self.ddp else 0
         self.options = {
-            "memory_limit_bytes": _bytes(memory_limit, "memory_limit"),
+            "memory_limit_bytes": _limit(memory_limit),
             "reserve_bytes": _bytes(reserve, "reserve"), "margin_fraction": fraction,
-            "margin_bytes": margin_bytes, "min_batch": min_batch, "max_batch": max_batch or 0,
-            "dataset_size": dataset_size or 0, "strategy": strategy, "plan": plan,
-            "target_batch": _target(target_batch), "world_size": world_size,
-            "time_limit_s": float(time_limit or 0.0), "max_trials": max_trials or 0}
+            "margin_bytes": margin_bytes, "min_batch": _count(min_batch, "min_batch", none_is=1),
+            "max_batch": _count(max_batch, "max_batch"),
+            "dataset_size": _count(dataset_size, "dataset_size"), "strategy": strategy,
+            "plan": plan, "target_batch": _target(target_batch),
+            "world_size": _count(world_size, "world_size", none_is=1),
+            "time_limit_s": _seconds(time_limit), "max_trials": _count(max_trials, "max_trials")}
         if self.device.type == "cuda":  # the caching allocator's units (autobatch/trial.h)
             self.options.update(block_bytes=2 << 20, page_bytes=20 << 20)
         self.optimizer_code = _code_digest(optimizer) if callable(optimizer) else None
@@ -381,7 +527,8 @@ class _Session:
                                step=(_name(step), _code_digest(step)),
                                loss_fn=(_name(loss_fn), _code_digest(loss_fn)), ddp=ddp,
                                **self.options,
-                               **({"zero_grad": zero_grad} if zero_grad != "none" else {}))
+                               **({"zero_grad": zero_grad} if zero_grad != "none" else {}),
+                               **({"keep_output": False} if not keep_output else {}))
 
     def describe(self, doc, probe):
         """The JSON report with the options of the step that ran (the C++ report writes the
@@ -390,7 +537,8 @@ class _Session:
                 "loss": _loss_name(self, probe.loss_rule),
                 "optimizer": probe.facts["optimizer"],
                 "optimizer_impl": probe.facts["model"]["optimizer_impl"] or "none",
-                "zero_grad": self.zero_grad, "keep_output": False, "precision": self.precision,
+                "zero_grad": self.zero_grad, "keep_output": self.keep_output,
+                "precision": self.precision,
                 "steps_per_trial": self.steps, "device": str(self.device),
                 "learning_rate": None, "cudnn_benchmark": None, "optimize_graph": None,
                 "seed": None, "ddp": self.ddp,
@@ -403,7 +551,26 @@ class _Session:
         return doc
 
     def run(self, fn):
-        state = ModelState(self.model)
+        """fn(probe, facts) with the meter installed and the model's state captured; everything
+        put back afterwards. One search at a time per process (the CPU budget allocator and the
+        memory fraction are process-wide), in grad mode whatever the caller's."""
+        if torch.is_inference_mode_enabled():
+            raise UsageError("autobatch runs training steps, which need autograd, but it was "
+                             "called inside torch.inference_mode(); call it outside that block")
+        if not _ONE_AT_A_TIME.acquire(blocking=False):
+            raise UsageError(f"another autobatch search is running in this process (thread "
+                             f"{_RUNNING[0]!r}): the memory it measures is process-wide, so two "
+                             "at once would measure each other; run them one after the other")
+        _RUNNING[:] = [threading.current_thread().name]
+        try:
+            with torch.enable_grad():  # the user's no_grad() is theirs, not the trial's
+                return self._run(fn)
+        finally:
+            _RUNNING[:] = [None]
+            _ONE_AT_A_TIME.release()
+
+    def _run(self, fn):
+        state = ModelState(self.model, self.example)
         meter = None
         try:
             limit, reserve = self.options["memory_limit_bytes"], self.options["reserve_bytes"]
@@ -415,16 +582,16 @@ class _Session:
                          if self.device.type == "cuda" else Meter.cpu(limit, reserve))
             except _core.Error as e:
                 raise UsageError(str(e)) from None
+            self._check_room(meter)
+            meter.notes += _held_note(state)
             state.detach_grads()
             self.model.train()
             probe = EagerProbe(self.model, self.example, self.n0, self.device, self.make_optimizer,
                                self.loss_fn, self.autocast, meter, state, self.steps, self.step,
                                self.ddp_bucket_bytes)
-            probe.zero_grad = self.zero_grad
+            probe.zero_grad, probe.keep_output = self.zero_grad, self.keep_output
             if meter.needs_warm_up() or ranks > 1:
-                min_batch = self.options["min_batch"]
-                probe.warm_up(min_batch if isinstance(min_batch, int) and min_batch > 1 else 1,
-                              check_collectives=ranks > 1)
+                probe.warm_up(self.options["min_batch"], check_collectives=ranks > 1)
             try:
                 meter.finish_setup(state.untracked_bytes())
             except _core.Error as e:
@@ -440,6 +607,37 @@ class _Session:
             if meter is not None:
                 meter.remove()
 
+    def _check_room(self, meter):
+        """UsageError before any trial when the reserve or the margin in bytes leave nothing of
+        the limit (issue 40 row 13: they were found only after trials, or read as 0 bytes)."""
+        limit, o = meter.limit_bytes() + meter.reserve_bytes, self.options
+        if meter.limit_bytes() <= 0:
+            raise UsageError(f"reserve: {o['reserve_bytes']} bytes leave nothing of the memory "
+                             f"limit, {limit} bytes ({meter.limit_source()}); expected a reserve "
+                             "below the limit")
+        if o["margin_bytes"] >= meter.limit_bytes():
+            raise UsageError(f"margin: {o['margin_bytes']} bytes are not less than the limit the "
+                             f"trials run under, {meter.limit_bytes()} bytes "
+                             f"({meter.limit_source()}, less the reserve); expected a smaller "
+                             "margin, or a fraction such as 0.05")
+
+
+_ONE_AT_A_TIME = threading.Lock()
+_RUNNING = [None]  # the name of the thread whose search holds the lock
+
+
+def _held_note(state):
+    """The result's line naming the tensors the modules hold outside their parameters and buffers
+    (issue 40 row 2): counted in the baseline, so the user knows where those bytes went."""
+    held = state.held_bytes()
+    if not held:
+        return []
+    names = ", ".join(f"{name} ({_core.format_bytes(n)})" for name, n in held[:5])
+    more = f" and {len(held) - 5} more" if len(held) > 5 else ""
+    total = _core.format_bytes(sum(n for _, n in held))
+    return [f"the model holds {total} in tensors that are neither parameters nor buffers: "
+            f"{names}{more}; counted in every trial's memory as your job will hold them"]
+
 
 def _ranks_searching_alone():
     """The world size of the process group this process is in (1 without torch.distributed):
@@ -454,13 +652,13 @@ def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, 
          memory_limit=None, margin=None, target_batch=None, world_size=1, time_limit=None,
          steps_per_trial=2, min_batch=1, max_batch=None, dataset_size=None, max_trials=None,
          strategy="guided", plan="auto", reserve=None, progress=None, step=None, ddp=False,
-         zero_grad="none", eval=False, cache=None, cache_trust=False):
+         zero_grad="none", keep_output=True, eval=False, cache=None, cache_trust=False):
     eval_state = eval_state_of(eval, target_batch)
     cache_dir = _cache_dir(cache, cache_trust, eval_state)
     session = _Session(model, example_batch, optimizer, loss_fn, precision, device, memory_limit,
                        margin, target_batch, world_size, time_limit, steps_per_trial, min_batch,
                        max_batch, dataset_size, max_trials, strategy, plan, reserve, step, ddp,
-                       zero_grad)
+                       zero_grad, keep_output)
     if eval_state:
         session.key = fingerprint(model, example_batch, base=session.key, eval=eval_state)
     probes = []
@@ -474,14 +672,17 @@ def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, 
             where = {"dir": cache_dir, "trust": cache_trust,
                      "fields": _cache_key_fields(session, facts)}
         try:
-            return _core.search(probe, session.options, facts, probe.cancel, evaluator,
-                                eval_state, where)
+            return _core.search(probe.stopping_at_model_error, session.options, facts,
+                                probe.cancel, evaluator, eval_state, where)
         finally:
             if probe.bar is not None:
                 probe.bar.close()
     out = session.run(search)
     result = Result.from_report(session.describe(json.loads(out["json"]), probes[0]),
                                 out["text"], out["env"], session.key)
+    if probes[0].stopped_by is not None:  # raised with what the search verified before it
+        error = probes[0].stopped_by
+        raise ModelError(str(error), result, error.micro_batch) from error.__cause__
     if probes[0].interrupted:
         raise Cancelled("interrupted: the search stopped at Ctrl-C; the model is restored", result)
     if eval_state == "parameters-only" and result.eval_safe_batch == 0:  # the evaluation's words
@@ -560,7 +761,8 @@ def _cache_key_fields(session, facts):
         ("optimizer", f"{facts['optimizer']} {session.optimizer_name} "
                       f"{session.optimizer_code} {facts['optimizer_options']}"),
         ("optimizer_impl", model["optimizer_impl"] or "none"),
-        ("zero_grad", session.zero_grad), ("precision", session.precision),
+        ("zero_grad", session.zero_grad), ("keep_output", session.keep_output),
+        ("precision", session.precision),
         ("steps_per_trial", session.steps), ("ddp_bucket_bytes", session.ddp_bucket_bytes),
         ("memory_limit_bytes", facts["context"]["memory_limit_bytes"]),
         ("reserve_bytes", o["reserve_bytes"]),
@@ -685,7 +887,7 @@ def _inputs(x):
     """The example's tensors as input specs of the command's syntax (docs/inputs.md), in order."""
     if isinstance(x, torch.Tensor):
         return [_describe(x)]
-    values = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else ()
+    values = x.values() if isinstance(x, Mapping) else x if isinstance(x, (list, tuple)) else ()
     return [spec for v in values for spec in _inputs(v)]
 
 
@@ -693,7 +895,7 @@ def _describe(x):
     if isinstance(x, torch.Tensor):
         dims = "x".join(str(d) for d in x.shape[1:]) or "scalar"
         return f"{str(x.dtype).replace('torch.', '')}:{dims}"
-    if isinstance(x, dict):
+    if isinstance(x, Mapping):
         return "{" + ", ".join(f"{k}: {_describe(v)}" for k, v in x.items()) + "}"
     if isinstance(x, (list, tuple)):
         return "(" + ", ".join(_describe(v) for v in x) + ")"

@@ -1,7 +1,49 @@
 """Result, Plan and Trial: the JSON report of the search (docs/report.md) as Python objects.
 `Result.raw` is the whole dict, with the schema the `autobatch` command writes with --json."""
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import List, Optional
+
+
+class RunLengths(Sequence):
+    """A sequence given as runs of equal values [(value, count), ...]: a plan's micro-batches
+    and loss weights without listing them (a target of 2^40 samples at micro-batch 2 has 2^39
+    of them; issue 40 row 5). Indexing, len, iteration and equality as a list's."""
+
+    def __init__(self, runs):
+        self.runs = [(v, int(n)) for v, n in runs if int(n) > 0]
+        self._len = sum(n for _, n in self.runs)
+
+    def __len__(self):
+        return self._len
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._len))]
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError("RunLengths index out of range")
+        for v, n in self.runs:
+            if i < n:
+                return v
+            i -= n
+        raise IndexError("RunLengths index out of range")  # not reached
+
+    def __iter__(self):
+        for v, n in self.runs:
+            for _ in range(n):
+                yield v
+
+    def __eq__(self, other):
+        if isinstance(other, RunLengths):
+            return self.runs == other.runs
+        return isinstance(other, Sequence) and len(other) == self._len and list(self) == list(other)
+
+    def __repr__(self):
+        if self._len <= 16:
+            return repr(list(self))
+        return "RunLengths(" + ", ".join(f"{v!r} x {n}" for v, n in self.runs) + ")"
 
 
 @dataclass(frozen=True)
@@ -9,28 +51,32 @@ class Plan:
     """One accumulation plan: `micro_batches` (samples, per optimizer step on one rank) sum to
     `per_rank_batch`; `loss_weights[i]` = micro_batches[i] / per_rank_batch (scale each
     micro-batch's mean loss by it so the accumulated gradient is the mean over the effective
-    batch); `effective_batch` = per_rank_batch x world_size, the target."""
+    batch); `effective_batch` = per_rank_batch x world_size, the target. `groups`: the plan as
+    runs of equal micro-batches [(micro_batch, count, loss_weight), ...]; `micro_batches` and
+    `loss_weights` are sequences over them (RunLengths), never a list of every step, so plans of
+    any size are held."""
 
     kind: str  # "uniform" (equal micro-batches) or "balanced" (fewest steps, sizes differ by <= 1)
     micro_batch_size: int  # the largest micro-batch, samples
     accumulation_steps: int
-    micro_batches: List[int]
-    loss_weights: List[float]
+    micro_batches: Sequence
+    loss_weights: Sequence
     world_size: int
     per_rank_batch: int
     effective_batch: int
+    groups: tuple = ()
 
     @classmethod
     def from_json(cls, p):
-        weights = []
-        for g in p["groups"]:
-            weights += [g["loss_weight"]] * g["count"]
-        return cls(p["kind"], p["micro_batch_size"], p["accumulation_steps"], list(p["micro_batches"]),
-                   weights, p["world_size"], p["per_rank_batch"], p["effective_batch"])
+        groups = tuple((g["micro_batch_size"], g["count"], g["loss_weight"]) for g in p["groups"])
+        return cls(p["kind"], p["micro_batch_size"], p["accumulation_steps"],
+                   RunLengths((b, n) for b, n, _ in groups),
+                   RunLengths((w, n) for _, n, w in groups), p["world_size"], p["per_rank_batch"],
+                   p["effective_batch"], groups)
 
     def __str__(self):
-        sizes = (f"{self.micro_batch_size}" if len(set(self.micro_batches)) == 1
-                 else "+".join(str(b) for b in self.micro_batches))
+        sizes = ("+".join(f"{b}" if n == 1 else f"{n} x {b}" for b, n, _ in self.groups)
+                 if len(self.groups) > 1 else f"{self.micro_batch_size}")
         return (f"{self.kind} plan: micro-batch {sizes} x {self.accumulation_steps} accumulation "
                 f"steps x {self.world_size} rank(s) = {self.effective_batch}")
 

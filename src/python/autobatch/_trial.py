@@ -7,9 +7,11 @@ traceback frames cleared before control returns to the C++ search: a failed step
 alive as long as the exception or its frames do.
 """
 import contextlib
+import copy
 import logging
 import time
 import traceback
+from collections.abc import Mapping
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -27,7 +29,7 @@ def leading_size(example):
     """The example's batch size: the leading dimension of its first tensor (dim >= 1)."""
     if isinstance(example, torch.Tensor):
         return example.shape[0] if example.dim() > 0 else None
-    values = example.values() if isinstance(example, dict) else (
+    values = example.values() if isinstance(example, Mapping) else (
         example if isinstance(example, (list, tuple)) else ())
     for v in values:
         n = leading_size(v)
@@ -45,18 +47,32 @@ def make_batch(example, size, n0, device):
             return example.to(device)
         index = torch.arange(size, device=example.device) % n0
         return example.index_select(0, index).to(device)
-    if isinstance(example, dict):
-        return type(example)({k: make_batch(v, size, n0, device) for k, v in example.items()})
+    if isinstance(example, Mapping):
+        return same_mapping(example, {k: make_batch(v, size, n0, device)
+                                      for k, v in example.items()})
     if isinstance(example, (list, tuple)):
         items = [make_batch(v, size, n0, device) for v in example]
         return type(example)(items) if isinstance(example, list) else tuple(items)
     return example
 
 
+def same_mapping(example, items):
+    """A mapping of example's kind holding `items`: a shallow copy of it refilled (keeps a
+    tokenizer's BatchEncoding, a defaultdict's factory, an OrderedDict), else a plain dict for a
+    read-only Mapping (issue 40 row 10)."""
+    try:
+        out = copy.copy(example)
+        out.clear()
+        out.update(items)
+        return out
+    except (AttributeError, TypeError):
+        return dict(items)
+
+
 def call_model(model, batch):
-    """model(**batch) for a dict (as Hugging Face models take it), model(*batch) for a tuple or
-    list, model(batch) for a tensor."""
-    if isinstance(batch, dict):
+    """model(**batch) for a mapping (a dict, a tokenizer's BatchEncoding: as Hugging Face models
+    take it), model(*batch) for a tuple or list, model(batch) for a tensor."""
+    if isinstance(batch, Mapping):
         return model(**batch)
     if isinstance(batch, (list, tuple)):
         return model(*batch)
@@ -69,7 +85,7 @@ def default_loss(output, rule=None):
     output tensor (the `autobatch` command's default loss, "mean")."""
     rule = rule if rule is not None else []
     loss = getattr(output, "loss", None)
-    if loss is None and isinstance(output, dict):
+    if loss is None and isinstance(output, Mapping):
         loss = output.get("loss")
     if loss is not None:
         rule.append("model")  # the model computed it (the command's --loss model)
@@ -79,6 +95,12 @@ def default_loss(output, rule=None):
     if isinstance(output, torch.Tensor):
         rule.append("model" if output.dim() == 0 else "mean")
         return output if output.dim() == 0 else output.float().mean()
+    if hasattr(output, "loss") or hasattr(output, "logits"):  # a transformers ModelOutput
+        raise TypeError(
+            f"the model returned {type(output).__name__} with no loss: a Hugging Face model "
+            "computes its loss only when the batch holds `labels` (issue 40 row 14); add them to "
+            "example_batch, e.g. {'input_ids': ids, 'attention_mask': mask, 'labels': ids} for a "
+            "causal LM, or pass loss_fn=lambda output, batch: ... to autobatch.find")
     raise TypeError(
         f"the model returned {type(output).__name__}, from which no loss can be taken: expected "
         "a tensor, a tuple whose first element is one, or an output with .loss / ['loss']; pass "
@@ -121,6 +143,7 @@ class Meter:
     def __init__(self, backend, reserve_bytes, api=None):
         self.backend = backend
         self.name = backend.name()  # "cpu-budget" or "cuda-caching"
+        self.notes = []  # the search's own lines for the result's warnings
         self.reserve_bytes = reserve_bytes
         self.api = api
 
@@ -181,7 +204,7 @@ class Meter:
         return self.backend.installed() and self.backend.poisoned()
 
     def warnings(self):
-        out = list(self.backend.limit_warnings())
+        out = list(self.backend.limit_warnings()) + self.notes
         if self.api is not None and not self.api.clears_workspaces:
             out.append("this torch has no torch._C._cuda_clearCublasWorkspaces: the cuBLAS "
                        "workspaces stay in the caching allocator after the search")
@@ -294,6 +317,7 @@ class EagerProbe:
         self.meter, self.state, self.steps = meter, state, steps_per_trial
         self.point = ("idle", 0, 0)
         self.interrupted = False
+        self.stopped_by = None  # the ModelError that ended the search (stopping_at_model_error)
         self.largest_oom = 0
         # The largest (micro-batch, micro-batches) seen to fit, per trial body (training and
         # evaluation keep their own): where an ambiguous failure is re-run.
@@ -306,9 +330,21 @@ class EagerProbe:
         self.bar = None  # a tqdm bar (find's progress option), one step per trial
         self.zero_grad = "none"  # "zeros": zero_grad(set_to_none=False), the gradients kept
         self.kept_grads = False  # the evaluation's training state holds the gradients
+        self.keep_output = False  # True: the model's output alive through backward
 
     def cancel(self):
-        return self.interrupted
+        return self.interrupted or self.stopped_by is not None
+
+    def stopping_at_model_error(self, size, micro_batches):
+        """probe(size, micro_batches) for the search: a ModelError ends the search as a
+        cancellation would (its verified sizes kept) and is kept in `stopped_by`, for find() to
+        raise with the search's result (issue 40 row 12: ModelError.result was None)."""
+        try:
+            return self(size, micro_batches)
+        except ModelError as e:
+            self.stopped_by = e
+            return {"cancelled": True, "memory_limit_bytes": self.meter.limit_bytes(),
+                    "steps_completed": 0, "reason": "the model raised an error"}
 
     def _enter(self, name, size, micro=0, step=0):
         self.point = (name, micro, step)
@@ -347,10 +383,13 @@ class EagerProbe:
                 output, loss = self.forward_loss(batch, size, micro, step)
                 if self.step is not None:
                     _check_loss(loss, self.step)
-                del output, batch  # dropped before backward, as a training_step returns the loss
+                del batch
+                if not self.keep_output:  # dropped before backward, as a training_step does
+                    del output
+                    output = None
                 self._enter("backward", size, micro, step)
                 (loss / micro_batches).backward()
-                del loss
+                del loss, output  # kept: alive through backward, as `out = model(x)` keeps it
             if optimizer is not None:
                 self._enter("optimizer-step", size, 0, step)
                 optimizer.step()

@@ -108,6 +108,8 @@ class AutobatchFinder(pl.Callback):
         if callable(options.get("memory_limit")):
             options["memory_limit"] = options["memory_limit"](trainer.global_rank)
 
+        options.setdefault("keep_output", False)  # training_step returns the loss only
+
         def search():
             return _find.find(pl_module, example, optimizer=_optimizer_factory(pl_module),
                               precision=precision, device=device, world_size=world, ddp=ddp,

@@ -100,6 +100,9 @@ def fit_training_arguments_with_result(args, model, example_batch, target_batch,
     with _checkpointing(model, args):
         trial_model = _compiled(model, args)
 
+        # The Trainer's training_step keeps compute_loss's loss, not the model's output.
+        options.setdefault("keep_output", False)
+
         def search():
             return _find.find(trial_model, example_batch, optimizer=_optimizer_factory(args, model),
                               precision=precision, device=device, target_batch=target,

@@ -1,0 +1,272 @@
+"""The package as users really call it (issue 40, "hostile input, third round"): each test is a
+row of the issue, fails on the code before it, and names the wrong implementation it catches."""
+import collections
+import random
+import threading
+
+import pytest
+import torch
+
+import autobatch
+
+LIMIT = "24MiB"
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+
+def x():
+    return torch.randn(1, 32)
+
+
+def state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+# Row 1. Catches the rebuild of an optimizer instance as cls(groups, **defaults): torch 2.11's
+# AdamW.defaults holds decoupled_weight_decay, which AdamW() does not take, so every AdamW
+# instance failed with TypeError. Every class of torch.optim the model allows runs, the instance
+# untouched; LBFGS is refused by name, Muon over parameters that are not 2-D too (its instance
+# over the 2-D weights runs), SparseAdam on dense gradients fails in its own words.
+def test_every_optimizer_instance_is_rebuilt():
+    refused = {"LBFGS": "closure", "SparseAdam": None}
+    for name in dir(torch.optim):
+        cls = getattr(torch.optim, name)
+        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or \
+                cls is torch.optim.Optimizer:
+            continue
+        model = mlp()
+        params = [p for p in model.parameters() if p.dim() == 2 or name != "Muon"]
+        opt = cls(params)
+        before = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+        if name in refused and refused[name] is not None:
+            with pytest.raises(autobatch.UsageError, match=refused[name]):
+                autobatch.check_batch(model, x(), 4, optimizer=opt, memory_limit=LIMIT)
+            continue
+        if name == "SparseAdam":  # dense gradients: its own error, as ModelError
+            with pytest.raises(autobatch.ModelError, match="SparseAdam"):
+                autobatch.check_batch(model, x(), 4, optimizer=opt, memory_limit=LIMIT)
+            continue
+        trial = autobatch.check_batch(model, x(), 4, optimizer=opt, memory_limit=LIMIT)
+        assert trial.outcome == "fits", name
+        assert all(float(v.get("step", 0)) == 0 for v in opt.state.values()), name  # not stepped
+        assert {k: v for k, v in opt.param_groups[0].items() if k != "params"} == before, name
+
+
+def test_muon_over_parameters_that_are_not_2d_is_refused():
+    muon = getattr(torch.optim, "Muon", None)
+    if muon is None:
+        pytest.skip("this torch has no Muon")
+    with pytest.raises(autobatch.UsageError, match="2-D parameters only"):
+        autobatch.check_batch(mlp(), x(), 4, optimizer=muon, memory_limit=LIMIT)
+
+
+# Row 4. Catches a factory that returns the user's existing optimizer: the trials stepped it (its
+# step count went 1 -> 13) and its state was never counted.
+def test_a_factory_returning_an_existing_optimizer_is_refused():
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(autobatch.UsageError, match="already exists"):
+        autobatch.find(model, x(), optimizer=lambda p: opt, memory_limit=LIMIT)
+    assert not opt.state
+    model(x()).sum().backward()
+    opt.step()
+    steps = opt.state[next(iter(opt.state))]["step"].item()
+    with pytest.raises(autobatch.UsageError, match="already exists"):
+        autobatch.find(model, x(), optimizer=lambda p: opt, memory_limit=LIMIT)
+    assert opt.state[next(iter(opt.state))]["step"].item() == steps
+
+
+# Row 5. Catches plans read from the JSON's micro_batches list, which is null above 4096 steps:
+# autobatch.plan(1, 4097) raised TypeError, and find lost its whole search at the end.
+def test_plans_of_any_size():
+    p = autobatch.plan(1, 4097)
+    assert p.accumulation_steps == 4097 and len(p.micro_batches) == 4097
+    assert p.micro_batches[4096] == 1 and sum(p.loss_weights) == pytest.approx(1.0)
+    huge = autobatch.plan(3, 2 ** 40 + 1, kind="balanced")
+    assert sum(b * n for b, n, _ in huge.groups) == 2 ** 40 + 1
+    assert len(huge.micro_batches) == huge.accumulation_steps
+    r = autobatch.find(mlp(), x(), memory_limit=LIMIT, max_batch=4, target_batch=20000)
+    assert r.plan.effective_batch == 20000 and r.plan.accumulation_steps == 5000
+
+
+# Rows 6 and 13. Catches options taken as "no limit" or cast raw: memory_limit=0 sized against
+# the whole machine, min_batch="4" raised pybind11's RuntimeError, 2.5 and 2.0 were truncated, a
+# margin or reserve that leaves nothing ran trials first, " 8MiB " said "(no number)".
+@pytest.mark.parametrize("options,match", [
+    ({"memory_limit": 0}, "more than 0 bytes"),
+    ({"memory_limit": "0"}, "more than 0 bytes"),
+    ({"memory_limit": "0GiB"}, "more than 0 bytes"),
+    ({"memory_limit": " 8MiB "}, "no spaces"),
+    ({"memory_limit": LIMIT, "min_batch": "4"}, "min_batch: expected an int"),
+    ({"memory_limit": LIMIT, "max_batch": 2.5}, "max_batch: expected an int"),
+    ({"memory_limit": LIMIT, "world_size": 2.0}, "world_size: expected an int"),
+    ({"memory_limit": LIMIT, "dataset_size": 1e4}, "dataset_size: expected an int"),
+    ({"memory_limit": LIMIT, "time_limit": "10"}, "time_limit: expected seconds"),
+    ({"memory_limit": "8MiB", "margin": "100MiB"}, "margin: .* not less than"),
+    ({"memory_limit": "8MiB", "reserve": "8MiB"}, "reserve: .* leave nothing"),
+])
+def test_bad_options_are_usage_errors_before_any_trial(options, match):
+    calls = []
+
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 4)
+
+        def forward(self, v):
+            calls.append(1)
+            return self.lin(v)
+    with pytest.raises(autobatch.UsageError, match=match):
+        autobatch.find(Counting(), x(), **options)
+    assert calls == []
+
+
+# Row 7 (the second half). Catches a second search in the same process at the same time, which
+# met the first one's budget allocator ("expected no other TrialRunner"): a UsageError in the
+# user's terms, and the first search unharmed.
+def test_a_second_search_at_the_same_time_is_a_usage_error():
+    started, release, errors, results = threading.Event(), threading.Event(), [], []
+
+    class Waiting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 4)
+
+        def forward(self, v):
+            started.set()
+            release.wait(30)
+            return self.lin(v)
+
+    def first():
+        results.append(autobatch.check_batch(Waiting(), x(), 2, memory_limit=LIMIT))
+    t = threading.Thread(target=first, name="first-search")
+    t.start()
+    assert started.wait(30)
+    try:
+        autobatch.find(mlp(), x(), memory_limit=LIMIT)
+    except autobatch.UsageError as e:
+        errors.append(str(e))
+    release.set()
+    t.join(60)
+    assert errors and "another autobatch search is running" in errors[0], errors
+    assert "first-search" in errors[0]
+    assert results and results[0].outcome == "fits"
+
+
+# Rows 2 and 8. Catches state the search left changed or did not count: a tensor attribute built
+# before the search (not counted: the answer did not fit a fresh process), a GRU-style carried
+# state left as the trials' shape, a buffer registered in forward left behind, a module's
+# generator, Python's and numpy's generators advanced, the example's .grad changed.
+def test_the_model_and_the_process_as_they_were():
+    np = pytest.importorskip("numpy")
+
+    class Stateful(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 4)
+            self.table = torch.zeros(512 * 1024)  # 2 MiB, a plain attribute
+            self.hidden = torch.zeros(1, 4)
+            self.gen = torch.Generator().manual_seed(7)
+
+        def forward(self, v):
+            random.random()
+            np.random.rand()
+            noise = torch.rand(v.shape[0], 4, generator=self.gen)
+            self.hidden = self.lin(v).detach()[:1] + self.hidden  # carried across calls
+            if "seen" not in self._buffers:
+                self.register_buffer("seen", torch.ones(1))
+            return self.lin(v) + noise + self.table[:4]
+    model = Stateful()
+    example = torch.randn(1, 32, requires_grad=True)
+    hidden, gen_state = model.hidden, model.gen.get_state()
+    py_state, np_state = random.getstate(), np.random.get_state()
+    r = autobatch.find(model, example, memory_limit=LIMIT)
+    assert model.hidden is hidden and model.hidden.shape == (1, 4)
+    assert torch.equal(model.gen.get_state(), gen_state)
+    assert "seen" not in model._buffers
+    assert random.getstate() == py_state
+    assert np.random.get_state()[1].tolist() == np_state[1].tolist()
+    assert example.grad is None
+    note = [w for w in r.warnings if "neither parameters nor buffers" in w]
+    assert note and "table (2.00 MiB)" in note[0], r.warnings
+    # The table counts: the same model without it fits more.
+    del model.table
+    model.forward = lambda v: model.lin(v)
+    bare = autobatch.find(model, example, memory_limit=LIMIT)
+    assert bare.max_micro_batch > r.max_micro_batch
+
+
+# Row 9. Catches trials run in the caller's grad mode: under no_grad the loss had no grad_fn and
+# the model was blamed; inference_mode is refused in the caller's terms.
+def test_grad_modes_of_the_caller():
+    model = mlp()
+    with torch.no_grad():
+        r = autobatch.find(model, x(), memory_limit=LIMIT, max_batch=64)
+        assert not torch.is_grad_enabled()
+    assert r.max_micro_batch == 64
+    with torch.inference_mode():
+        with pytest.raises(autobatch.UsageError, match="inference_mode"):
+            autobatch.find(model, x(), memory_limit=LIMIT)
+
+
+# Row 10. Catches batches taken only as dict: a tokenizer's BatchEncoding (a UserDict) was
+# refused, and a defaultdict made the batch maker raise (defaultdict(items) needs a factory).
+def test_any_mapping_is_a_batch():
+    class Keyed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 4)
+
+        def forward(self, features, scale):
+            return self.lin(features) * scale
+
+    class Encoding(collections.UserDict):
+        pass
+    for batch in (Encoding(features=x(), scale=torch.ones(1, 1)),
+                  collections.defaultdict(list, features=x(), scale=torch.ones(1, 1))):
+        r = autobatch.find(Keyed(), batch, memory_limit=LIMIT, max_batch=32)
+        assert r.max_micro_batch == 32, type(batch)
+
+
+# Row 11. Catches lazy modules passed uninitialized: torch's raw ValueError escaped.
+def test_lazy_modules_are_a_usage_error():
+    model = torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    with pytest.raises(autobatch.UsageError, match="run one forward"):
+        autobatch.find(model, x(), memory_limit=LIMIT)
+
+
+# Row 12. Catches a ModelError raised without the search's result: the sizes verified before the
+# failure are in .result, as docs/python.md says.
+def test_a_model_error_carries_the_verified_sizes():
+    class Failing(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 4)
+
+        def forward(self, v):
+            if v.shape[0] > 40:
+                raise ValueError("shapes above 40 are not supported")
+            return self.lin(v)
+    with pytest.raises(autobatch.ModelError, match="shapes above 40") as info:
+        autobatch.find(Failing(), x(), memory_limit=LIMIT)
+    result = info.value.result
+    assert result is not None and 0 < result.max_micro_batch <= 40
+    assert all(t.micro_batch_size <= 40 for t in result.trials
+               if t.outcome == "fits" and not t.cancelled)
+    assert result.trials[-1].cancelled and result.trials[-1].micro_batch_size > 40
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+# Row 14. Catches a Hugging Face model called without labels failing with a message that never
+# names them.
+def test_a_transformers_model_without_labels_names_them():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64,
+                                     n_positions=16)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 64, (1, 16))
+    with pytest.raises(autobatch.ModelError, match="labels"):
+        autobatch.find(model, {"input_ids": ids}, memory_limit="64MiB")
