@@ -188,6 +188,13 @@ double SearchDriver::predictTrialSeconds(std::int64_t batch, int micro_batches) 
   double per_sample_s = 0.0;
   if (largest->samples > smallest->samples && largest->step_s >= 2.0 * smallest->step_s) {
     per_sample_s = (largest->step_s - smallest->step_s) / (largest->samples - smallest->samples);
+  } else if (largest->samples > smallest->samples) {
+    // The larger trial did not take twice as long: its time is mostly overhead, or noise (a
+    // larger batch that stepped faster: 1.7 s at batch 1 and 0.9 s at 36 said 0 s per sample, and
+    // a trial at 217,435 ran for minutes past a 10 s budget; issue 40 row 15). What it proves is
+    // an upper bound: at most its whole time per sample. Scaled from it, never from the smallest
+    // trial (issue 27 row 10: batch 1's overhead scaled per sample said minutes for a second).
+    per_sample_s = largest->step_s / largest->samples;
   }
   const double samples = static_cast<double>(batch) * micro_batches;
   const double step_s =

@@ -46,11 +46,13 @@ class SearchDriver {
   /// per-sample cost x samples, through the trial with the most samples per step and never below
   /// the one with the fewest (whose time is at least the overhead). The per-sample cost is the
   /// secant between those two, taken only when the larger took at least twice as long (its time is
-  /// then mostly work per sample); otherwise it is 0. A small trial's time is mostly fixed
-  /// overhead: 1.3 ms per step at batch 1 of a Linear(5, 5) said 233.9 s at batch 91678 when scaled
-  /// per sample, for a trial that took well under a second (issue 27, row 10). A prediction that
-  /// comes out short costs at most one step past the deadline: the deadline hook stops a trial
-  /// between its steps. 0 when no trial completed a step.
+  /// then mostly work per sample); otherwise, with two sizes measured, the larger's whole time per
+  /// sample (an upper bound: a larger batch that stepped faster is noise, not zero cost per sample,
+  /// issue 40 row 15); with one size, 0. A small trial's time is mostly fixed overhead: 1.3 ms per
+  /// step at batch 1 of a Linear(5, 5) said 233.9 s at batch 91678 when scaled per sample, for a
+  /// trial that took well under a second (issue 27, row 10), so batch 1 alone never scales. A
+  /// prediction that comes out short costs at most one step past the deadline: the deadline hook
+  /// stops a trial between its steps. 0 when no trial completed a step.
   double predictTrialSeconds(std::int64_t batch, int micro_batches) const;
   /// What a fitting trial measured, filed for the strategies (MeasuredFit).
   static MeasuredFit measure(const TrialResult& r);

@@ -400,6 +400,11 @@ std::int64_t GuidedStrategy::guidedNext(std::int64_t cap, std::int64_t low, std:
     } else if (streak_ < 0 && streak_ >= -2 && high_failed_ && high > 8 * low) {
       // Out of memory far beyond the largest fit: an extrapolation from small probes failed.
       x = backOff(low, pred > low ? std::min(pred, high - 1) : high - 1);
+    } else if (pred >= high && high > cap && streak_ >= 0) {
+      // Nothing above the anchor failed: the bracket's top is the user's cap, not a contradiction,
+      // and the model puts the boundary past it: the cap itself (issue 40 row 16: a log-space
+      // bisection towards the cap crept up to it in 12 trials when everything fit).
+      x = top;
     } else if (pred >= high || (streak_ < 0 && streak_ <= -2)) {
       // The model puts the boundary at or above a batch that failed (contradicted: its limit or
       // slopes are wrong, e.g. under a real allocator's limit it cannot see), or a second failure
