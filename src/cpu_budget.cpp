@@ -1,5 +1,6 @@
 // The CPU budget allocator: counts every CPU tensor's bytes and throws c10::OutOfMemoryError
 // when an allocation would pass the limit. Includes c10 headers only (no torch/torch.h).
+#include <ATen/Parallel.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -14,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -77,6 +79,13 @@ class BudgetAllocator final : public c10::Allocator {
                         guard_->refusalMessage()));
       }
       current_ += bytes;  // claimed before the real allocation, so threads cannot overshoot
+      // Another thread of the process allocating while a trial runs (a data loader, another
+      // model): counted as the trial's, and said in the warnings. The trial's own intra-op
+      // workers (at::parallel_for) are the trial's; CPU autograd runs on the trial's thread.
+      if (in_trial_ && std::this_thread::get_id() != trial_thread_ && !at::in_parallel_region()) {
+        foreign_bytes_ += bytes;
+        ++foreign_allocations_;
+      }
     }
     void* data = nullptr;
     try {
@@ -203,6 +212,21 @@ class BudgetAllocator final : public c10::Allocator {
     phase_peak_ = current_;
     phase_peaks_.clear();
   }
+  /// A trial runs on the calling thread from now until endTrial().
+  void beginTrialOnThisThread() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    trial_thread_ = std::this_thread::get_id();
+    in_trial_ = true;
+  }
+  void endTrial() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_trial_ = false;
+  }
+  /// Allocations (count, bytes) of other threads while trials ran, since the process started.
+  std::pair<std::int64_t, std::int64_t> foreign() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {foreign_allocations_, foreign_bytes_};
+  }
 
  private:
   BudgetAllocator() = default;
@@ -231,6 +255,10 @@ class BudgetAllocator final : public c10::Allocator {
   InjectedFault fault_;
   InjectedError error_;
   ProcessMemoryGuard* guard_ = nullptr;
+  std::thread::id trial_thread_;  // the thread that runs the trial in progress
+  bool in_trial_ = false;
+  std::int64_t foreign_allocations_ = 0;  // other threads' allocations during trials
+  std::int64_t foreign_bytes_ = 0;
 };
 
 struct Headroom {
@@ -301,6 +329,7 @@ class CpuBudgetBackend final : public MemoryBackend {
     held_bytes_ = budget.current();
     applyLimit();
     budget.setGuard(guard_.get());
+    foreign_at_start_ = budget.foreign();
   }
 
   ~CpuBudgetBackend() override {
@@ -345,6 +374,7 @@ class CpuBudgetBackend final : public MemoryBackend {
   }
   void beginTrial() override {
     BudgetAllocator::instance().resetPeak();
+    BudgetAllocator::instance().beginTrialOnThisThread();
     if (guard_) BudgetAllocator::instance().underLock([this] { guard_->resetPeak(); });
   }
   // Peak compared with the limit: the tensors' peak, or, when the limit is the system's (no
@@ -353,6 +383,7 @@ class CpuBudgetBackend final : public MemoryBackend {
   // plus those tensors). That need counts what the kernel counts and the budget cannot see:
   // glibc's retained free chunks, oneDNN's scratch and primitive cache, thread stacks.
   MemoryPeaks endTrial() override {
+    BudgetAllocator::instance().endTrial();
     MemoryPeaks peaks;
     peaks.peak_allocated_bytes = BudgetAllocator::instance().peak();
     peaks.phase_peaks = BudgetAllocator::instance().phasePeaks();
@@ -395,6 +426,16 @@ class CpuBudgetBackend final : public MemoryBackend {
       const auto changes =
           BudgetAllocator::instance().underLock([this] { return guard_->limitChanges(); });
       warnings.insert(warnings.end(), changes.begin(), changes.end());
+    }
+    const auto [count, bytes] = BudgetAllocator::instance().foreign();
+    if (count > foreign_at_start_.first) {
+      warnings.push_back(
+          "other threads of this process allocated " +
+          formatBytes(bytes - foreign_at_start_.second) + " in " +
+          std::to_string(count - foreign_at_start_.first) +
+          " tensors while the trials ran (a data loader, another model): the budget allocator is "
+          "process-wide, so they counted in the trials' peaks and the answer may be smaller than "
+          "what the job holds alone; search with nothing else running in the process");
     }
     return warnings;
   }
@@ -455,6 +496,7 @@ class CpuBudgetBackend final : public MemoryBackend {
   std::int64_t explicit_limit_ = 0;
   std::int64_t default_headroom_ = 0;
   std::int64_t held_bytes_ = 0;  // tensors counted when the headroom was last measured
+  std::pair<std::int64_t, std::int64_t> foreign_at_start_;  // BudgetAllocator::foreign() then
   std::int64_t limit_ = 0;
   std::string source_;
 };
