@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Bootstrap if needed, configure and build (the shared first half of test.sh and demo.sh).
 # Variables: AUTOBATCH_BUILD_DIR (default build/), AUTOBATCH_JOBS (default: cores), Torch_DIR,
-# CMAKE_BUILD_TYPE (default RelWithDebInfo).
+# CMAKE_BUILD_TYPE (default RelWithDebInfo), AUTOBATCH_BUILD_TARGETS (default: everything, the
+# Python package installed too; scripts/demo.sh builds "autobatch_cli" alone: the library and the
+# command, without the tests and the package, issue 41).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/env.sh
@@ -33,7 +35,10 @@ autobatch_timed "configure" cmake -S "$AUTOBATCH_ROOT" -B "$AUTOBATCH_BUILD_DIR"
 [ "$first" = 0 ] ||
   echo "build: compiling (${AUTOBATCH_JOBS:-$(nproc)} jobs); the files that include LibTorch" \
        "take 20-50 s each: 3 to 5 minutes on 2 cores the first time, less with a warm ccache"
-autobatch_timed "build" cmake --build "$AUTOBATCH_BUILD_DIR" -j "${AUTOBATCH_JOBS:-$(nproc)}"
+targets=()
+for t in ${AUTOBATCH_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+autobatch_timed "build" cmake --build "$AUTOBATCH_BUILD_DIR" -j "${AUTOBATCH_JOBS:-$(nproc)}" \
+  "${targets[@]}"
 
 # The Python package (pyproject.toml: scikit-build-core) installed into the project's environment
 # the way a user installs it, pip install --no-build-isolation, on the tree just built: its
@@ -48,4 +53,5 @@ install_package() {
     return 1
   fi
 }
-autobatch_timed "python package" install_package
+# Only with the whole tree built: pip's build would build everything else first.
+[ ${#targets[@]} -gt 0 ] || autobatch_timed "python package" install_package

@@ -6,7 +6,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/env.sh"
-bash "$here/build.sh" >&2
+# The library and the command only: the tests and the Python package are built by scripts/test.sh.
+AUTOBATCH_BUILD_TARGETS=autobatch_cli bash "$here/build.sh" >&2
 bin="$AUTOBATCH_BUILD_DIR/bin/autobatch"
 "$bin" --version
 args=(--model "$AUTOBATCH_ROOT/models/resnet50.pt" --target-batch 256)
