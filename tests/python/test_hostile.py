@@ -280,8 +280,7 @@ def test_other_threads_allocations_are_said():
 
     def busy():
         while not stop.is_set():
-            held = [torch.empty(256 * 1024) for _ in range(4)]  # 4 MiB, released at once
-            del held
+            torch.stack([torch.empty(256 * 1024) for _ in range(4)])  # 8 MiB, released at once
     t = threading.Thread(target=busy, daemon=True)
     t.start()
     try:
