@@ -8,6 +8,10 @@ error makes every later call raise it again. Counts the calls a test asks about 
 set_per_process_memory_fraction)."""
 import types
 
+# The allocator configuration is read as the package reads it (LibTorch's parsing is not what the
+# tests check: the scenarios give the configuration the backend then sees).
+from autobatch._cuda_api import _conf_value
+
 MiB = 1 << 20
 GiB = 1 << 30
 PAGE = 20 * MiB
@@ -19,14 +23,6 @@ STICKY = ("CUDA error: device-side assert triggered\nCUDA kernel errors might be
 
 class FakeOutOfMemory(RuntimeError):
     pass
-
-
-def _conf_value(conf, key):
-    for item in (conf or "").split(","):
-        name, _, value = item.partition(":")
-        if name.strip() == key:
-            return value.strip()
-    return None
 
 
 class FakeCuda:
