@@ -152,18 +152,23 @@ def test_training_state_that_does_not_fit_is_reported_as_such():
 
 
 class Recorder(torch.nn.Module):
-    """An MLP with dropout that records (training, grad enabled) at every forward."""
+    """An MLP with dropout that records (training, grad enabled) at every forward, in a list
+    outside the module (lists the module holds are put back after each trial, as its other
+    attributes)."""
 
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
         self.net = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.Dropout(0.5),
                                        torch.nn.Linear(256, 4))
-        self.seen = []
+        _SEEN.clear()
 
     def forward(self, x):
-        self.seen.append((self.training, torch.is_grad_enabled()))
+        _SEEN.append((self.training, torch.is_grad_enabled()))
         return self.net(x)
+
+
+_SEEN = []
 
 
 # Catches: an evaluation trial in train mode or with a graph, and a search that leaves the model
@@ -180,7 +185,7 @@ def test_eval_trial_is_eval_mode_no_grad_and_everything_is_restored():
     r = autobatch.find(model, example, optimizer=adamw, memory_limit="64MiB",
                        max_batch=64, eval=True)
     assert r.eval_max_batch == 64 and r.max_micro_batch == 64
-    assert (False, False) in model.seen and (True, True) in model.seen
+    assert (False, False) in _SEEN and (True, True) in _SEEN
     assert all(m.training for m in model.modules())
     assert all(p.grad is g and bool((g == 0.5).all()) for p, g in zip(model.parameters(), grads))
     assert torch.equal(torch.get_rng_state(), rng)

@@ -291,3 +291,92 @@ def test_other_threads_allocations_are_said():
     assert any("other threads of this process allocated" in w for w in r.warnings), r.warnings
     alone = autobatch.find(mlp(), x(), memory_limit=LIMIT, max_batch=256)
     assert not any("other threads" in w for w in alone.warnings), alone.warnings
+
+
+# A new user's round on the rows above (helper, stop 45). Catches state put back by rebinding
+# alone: a buffer that forward replaces (an EMA), lists and dicts filled in place, a counter, a
+# tensor attribute changed in place, a generator kept in a list; the cache key then changed at
+# every call (a counter in the fingerprint) and never hit.
+def test_state_changed_in_place_or_rebound_is_put_back(tmp_path):
+    class Busy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 4)
+            self.register_buffer("ema", torch.zeros(4))
+            self.acts, self.by_call, self.calls = [], {}, 0
+            self.counter = torch.zeros(1)
+            self.gens = [torch.Generator().manual_seed(3)]
+
+        def forward(self, v):
+            y = self.lin(v) + torch.rand(v.shape[0], 4, generator=self.gens[0])
+            self.ema = 0.9 * self.ema + 0.1 * y.detach().mean(0)
+            self.acts.append(y.detach())
+            self.by_call[len(self.by_call)] = y.detach()
+            self.calls += 1
+            self.counter.add_(1)
+            return y
+    model = Busy()
+    ema, gen_state = model.ema, model.gens[0].get_state()
+    before = state(model)
+    first = autobatch.find(model, x(), memory_limit=LIMIT, max_batch=256, cache=str(tmp_path))
+    assert model.ema is ema and torch.equal(model.ema, torch.zeros(4))
+    assert model.acts == [] and model.by_call == {} and model.calls == 0
+    assert model.counter.item() == 0.0 and torch.equal(model.gens[0].get_state(), gen_state)
+    assert all(torch.equal(v, before[k]) for k, v in state(model).items())
+    again = autobatch.find(model, x(), memory_limit=LIMIT, max_batch=256, cache=str(tmp_path))
+    assert first.cache["outcome"] == "miss" and again.cache["outcome"] == "hit"
+
+
+# Catches a namedtuple batch handed to the model as a plain tuple (batch.y failed), keys of mixed
+# types in a batch (the fingerprint sorted them: TypeError), a factory that takes no parameters
+# (a raw TypeError), plan() truncating floats and taking strings, and ints past int64 (pybind11's
+# cast errors).
+def test_more_shapes_of_input():
+    Batch = collections.namedtuple("Batch", "x y")
+
+    class XY(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 4)
+
+        def forward(self, v, w):
+            return self.lin(v)
+    r = autobatch.find(XY(), Batch(x(), torch.tensor([1])), memory_limit=LIMIT, max_batch=16,
+                       loss_fn=lambda out, b: out.mean() + 0 * b.y.sum())
+    assert r.max_micro_batch == 16
+
+    class K(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 4)
+
+        def forward(self, inputs):
+            return self.lin(inputs[0]) + self.lin(inputs["b"])
+    assert autobatch.find(K(), {"inputs": {0: x(), "b": x()}}, memory_limit=LIMIT,
+                          max_batch=16).max_micro_batch == 16
+    model = mlp()
+    with pytest.raises(autobatch.UsageError, match="trainable parameters: TypeError"):
+        autobatch.find(model, x(), optimizer=lambda: torch.optim.AdamW(model.parameters()),
+                       memory_limit=LIMIT)
+    with pytest.raises(autobatch.UsageError, match="Invalid learning rate"):
+        autobatch.find(model, x(), optimizer=lambda p: torch.optim.Adam(p, lr=-1),
+                       memory_limit=LIMIT)
+    for args in ((8, 16.9), (8.7, 16), ("8", 16), (True, 4), (None, 16), (2 ** 70, 100),
+                 (8, 2 ** 64)):
+        with pytest.raises(autobatch.UsageError):
+            autobatch.plan(*args)
+    for options in ({"memory_limit": 2 ** 70}, {"max_batch": 2 ** 70},
+                    {"target_batch": 2 ** 70}):
+        with pytest.raises(autobatch.UsageError, match="2\\^63"):
+            autobatch.find(mlp(), x(), **{"memory_limit": LIMIT, **options})
+
+
+# Catches trials that ran under the caller's autocast while the report said fp32 (the answer was
+# twice the fp32 one): the trials run as precision= says, and the result says why.
+def test_an_enclosing_autocast_is_not_the_trials():
+    plain = autobatch.find(mlp(), x(), memory_limit=LIMIT, max_batch=4096)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = autobatch.find(mlp(), x(), memory_limit=LIMIT, max_batch=4096)
+        assert torch.is_autocast_enabled("cpu")
+    assert inside.max_micro_batch == plain.max_micro_batch
+    assert any("inside torch.autocast" in w for w in inside.warnings), inside.warnings

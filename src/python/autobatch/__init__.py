@@ -30,8 +30,16 @@ def plan(max_micro_batch: int, target_batch: int, world_size: int = 1, kind: str
     library's planner, docs/planner.md). Raises UsageError for an impossible target."""
     import json
 
+    from ._options import _count, _target
+
+    if max_micro_batch is None or target_batch is None:
+        raise UsageError("plan: expected max_micro_batch and target_batch as ints >= 1, but got "
+                         f"{max_micro_batch!r} and {target_batch!r}")
+    max_micro_batch = _count(max_micro_batch, "max_micro_batch")
+    target_batch = _target(target_batch)
+    world_size = _count(world_size, "world_size", none_is=1)
     try:
-        plans = json.loads(_core.plan(int(max_micro_batch), int(target_batch), int(world_size), kind))
+        plans = json.loads(_core.plan(max_micro_batch, target_batch, world_size, kind))
     except _core.Error as e:
         raise UsageError(str(e)) from None
     return Plan.from_json(plans[plans["primary"]])

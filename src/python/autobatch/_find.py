@@ -154,8 +154,12 @@ class _Session:
                              f"{_RUNNING[0]!r}): the memory it measures is process-wide, so two "
                              "at once would measure each other; run them one after the other")
         _RUNNING[:] = [threading.current_thread().name]
+        # The caller's autocast is not the trials': they run as `precision` says, and the result
+        # says so (inside an enclosing bf16 autocast the answer was twice the fp32 one while the
+        # report said fp32).
+        self.outer_autocast = torch.is_autocast_enabled(self.device.type)
         try:
-            with torch.enable_grad():  # the user's no_grad() is theirs, not the trial's
+            with torch.enable_grad(), torch.autocast(self.device.type, enabled=False):
                 return self._run(fn)
         finally:
             _RUNNING[:] = [None]
@@ -176,6 +180,11 @@ class _Session:
                 raise UsageError(str(e)) from None
             self._check_room(meter)
             meter.notes += _held_note(state)
+            if self.outer_autocast:
+                meter.notes.append(
+                    f"autobatch was called inside torch.autocast: the trials ran in "
+                    f"{self.precision} as precision= says, not under the caller's autocast; pass "
+                    "precision='amp-bf16' or 'amp-fp16' to size an autocast training step")
             state.detach_grads()
             self.model.train()
             probe = EagerProbe(self.model, self.example, self.n0, self.device, self.make_optimizer,

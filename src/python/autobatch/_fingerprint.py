@@ -111,7 +111,8 @@ def fingerprint(model, example_batch=None, **options):
         if isinstance(x, torch.Tensor):
             return ("tensor", tuple(x.shape), str(x.dtype))
         if isinstance(x, Mapping):
-            return tuple((k, shapes(v)) for k, v in sorted(x.items()))
+            # Sorted by the keys' repr: keys of mixed types do not compare with each other.
+            return tuple((k, shapes(v)) for k, v in sorted(x.items(), key=lambda i: repr(i[0])))
         if isinstance(x, (list, tuple)):
             return tuple(shapes(v) for v in x)
         return repr(type(x))

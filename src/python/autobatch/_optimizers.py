@@ -60,7 +60,14 @@ def _checked_build(build, what):
     last = [None]  # a weak reference to the last optimizer returned (never kept alive by us)
 
     def checked():
-        opt = build()
+        try:
+            opt = build()
+        except UsageError:
+            raise
+        except (TypeError, ValueError) as e:  # a factory that takes no parameters, a bad lr
+            raise UsageError(f"optimizer: {what} failed when called with the model's trainable "
+                             f"parameters: {type(e).__name__}: {e}; expected a factory such as "
+                             "lambda params: torch.optim.AdamW(params, lr=1e-3)") from e
         if not isinstance(opt, torch.optim.Optimizer):
             raise UsageError(f"optimizer: the factory returned {type(opt).__name__}; expected "
                              "a torch.optim.Optimizer, e.g. lambda p: torch.optim.AdamW(p)")

@@ -8,6 +8,8 @@ import torch
 from . import _core
 from ._errors import UsageError
 
+_INT64_MAX = (1 << 63) - 1  # the library counts bytes and samples in int64
+
 _PRECISIONS = {None: None, "fp32": None, torch.float32: None, "amp-bf16": torch.bfloat16,
                "bf16": torch.bfloat16, torch.bfloat16: torch.bfloat16, "amp-fp16": torch.float16,
                "fp16": torch.float16, torch.float16: torch.float16}
@@ -21,8 +23,8 @@ def _bytes(value, what, hint=""):
         raise UsageError(f"{what}: expected bytes as an int or a string such as '8GiB', but got "
                          f"{value!r}")
     if isinstance(value, int):
-        if value < 0:
-            raise UsageError(f"{what}: expected >= 0 bytes, but got {value}")
+        if value < 0 or value > _INT64_MAX:
+            raise UsageError(f"{what}: expected >= 0 bytes and < 2^63, but got {value}")
         return value
     if value != value.strip() or not value:
         raise UsageError(f"{what}: expected bytes as a string such as '8GiB' or '512MiB' (no "
@@ -51,8 +53,8 @@ def _count(value, what, minimum=1, none_is=0):
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(f"{what}: expected an int >= {minimum}, but got {value!r} "
                          f"({type(value).__name__})")
-    if value < minimum:
-        raise UsageError(f"{what}: expected an int >= {minimum}, but got {value}")
+    if value < minimum or value > _INT64_MAX:
+        raise UsageError(f"{what}: expected an int >= {minimum} and < 2^63, but got {value}")
     return value
 
 
@@ -92,9 +94,10 @@ def _target(target_batch):
     """target_batch: None (no plan) or an int >= 1."""
     if target_batch is None:
         return 0
-    if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1:
-        raise UsageError(f"target_batch: expected an int >= 1 (samples per optimizer step over "
-                         f"all ranks) or None for no plan, but got {target_batch!r}")
+    if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1 \
+            or target_batch > _INT64_MAX:
+        raise UsageError(f"target_batch: expected an int >= 1 and < 2^63 (samples per optimizer "
+                         f"step over all ranks) or None for no plan, but got {target_batch!r}")
     return target_batch
 
 

@@ -36,6 +36,45 @@ def _held(value, depth=0):
     return []
 
 
+def _snapshot(value, own):
+    """What puts a module attribute's value back (see _put_back): a tensor's values (host copy,
+    not for the model's own parameters and buffers), a generator's state, a container's contents
+    and the states of the generators in it; None for a value restored by rebinding alone."""
+    if isinstance(value, torch.Generator):
+        return ("generator", value.get_state())
+    if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.nn.Parameter) or id(value) in own or value.is_meta:
+            return None
+        return ("tensor", value.detach().to("cpu", copy=True))
+    if isinstance(value, (list, dict, set)):
+        items = value.values() if isinstance(value, dict) else value
+        gens = [(g, g.get_state()) for g in items if isinstance(g, torch.Generator)]
+        return ("container", type(value)(value) if not isinstance(value, dict) else dict(value),
+                gens)
+    return None
+
+
+def _put_back(value, saved, device_usable):
+    if saved is None:
+        return
+    if saved[0] == "generator":
+        value.set_state(saved[1])
+    elif saved[0] == "tensor":
+        if device_usable or value.device.type == "cpu":
+            with torch.no_grad():
+                if value.shape == saved[1].shape and value.dtype == saved[1].dtype:
+                    value.copy_(saved[1])
+    else:
+        _, contents, gens = saved
+        if isinstance(value, list):
+            value[:] = contents
+        else:
+            value.clear()
+            value.update(contents)
+        for g, state in gens:
+            g.set_state(state)
+
+
 def _example_tensors(x):
     if isinstance(x, torch.Tensor):
         return [x]
@@ -58,19 +97,22 @@ class ModelState:
         self.training = [(m, m.training) for m in model.modules()]
         self.buffer_names = [(m, set(m._buffers)) for m in model.modules()]
         self.attribute_names = [(m, set(vars(m))) for m in model.modules()]
-        # Plain attributes: every value is put back as it was (a tensor rebound by forward, a
-        # generator advanced, a list of cached tensors); generators' states are restored too.
+        # The modules' own slots: a buffer or parameter that forward rebinds (self.ema = 0.9 *
+        # self.ema + ...) is put back as the same tensor object.
+        self.slots = [(m, table, k, v) for m in model.modules()
+                      for table in (m._parameters, m._buffers) for k, v in table.items()]
+        # Plain attributes, put back as they were: the value itself (a counter, a tensor a forward
+        # rebinds), the contents of a list, dict or set it fills in place, a tensor's values, a
+        # generator's state (also one held in a list or dict).
         self.attributes = []
         self.held = []  # (name, tensor) of the tensors the modules hold outside their parameters
         own = {id(t) for t in self.tensors}
-        for name, m in model.named_modules():
-            for k, v in vars(m).items():
-                if k.startswith("_") or k == "training" or isinstance(v, torch.nn.Module):
-                    continue
-                if isinstance(v, torch.Generator):
-                    self.attributes.append((m, k, v, v.get_state()))
-                elif _held(v):
-                    self.attributes.append((m, k, v, None))
+        with _core.Untracked():
+            for name, m in model.named_modules():
+                for k, v in vars(m).items():
+                    if k.startswith("_") or k == "training" or isinstance(v, torch.nn.Module):
+                        continue
+                    self.attributes.append((m, k, v, _snapshot(v, own)))
                     self.held += [(f"{name + '.' if name else ''}{k}", t) for t in _held(v)
                                   if id(t) not in own]
         self.example_grads = [(t, t.grad) for t in _example_tensors(example) if t.is_leaf]
@@ -89,16 +131,18 @@ class ModelState:
     def restore_weights(self):
         """Parameters and buffers back to their values before the search (after every trial, so
         each trial starts from the same weights), and the modules' plain attributes."""
+        self._restore_attributes()
         with torch.no_grad():
             for t, c in zip(self.tensors, self.copies):
                 t.copy_(c)
-        self._restore_attributes()
 
-    def _restore_attributes(self):
-        for m, k, v, generator_state in self.attributes:
+    def _restore_attributes(self, device_usable=True):
+        for m, table, k, v in self.slots:
+            if table.get(k) is not v:
+                table[k] = v
+        for m, k, v, saved in self.attributes:
             setattr(m, k, v)
-            if generator_state is not None:
-                v.set_state(generator_state)
+            _put_back(v, saved, device_usable)
         for m, names in self.buffer_names:
             for k in [k for k in m._buffers if k not in names]:
                 del m._buffers[k]  # registered by a trial (a forward that registers a buffer)
@@ -115,7 +159,7 @@ class ModelState:
         if device_usable:
             self.restore_weights()
         else:
-            self._restore_attributes()
+            self._restore_attributes(device_usable=False)
         for p, g, r in zip(self.params, self.grads, self.requires_grad):
             p.grad = g
             p.requires_grad_(r)

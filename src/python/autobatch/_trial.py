@@ -52,6 +52,8 @@ def make_batch(example, size, n0, device):
                                       for k, v in example.items()})
     if isinstance(example, (list, tuple)):
         items = [make_batch(v, size, n0, device) for v in example]
+        if hasattr(example, "_fields"):  # a namedtuple keeps its kind (batch.x, batch.y)
+            return type(example)(*items)
         return type(example)(items) if isinstance(example, list) else tuple(items)
     return example
 
