@@ -3,7 +3,8 @@
 device itself says at the step's peak: `device_use_bytes` = the memory outside the caching
 allocator (total - free - reserved, read after the steps) + max_memory_reserved over them, and
 `peak_allocated_bytes`. AdamW, 2 steps, the loss from the output (.loss, else its mean), the
-output dropped before backward, autocast for amp-bf16 / amp-fp16: find's defaults."""
+output alive through backward (find's keep_output=True), autocast for amp-bf16 / amp-fp16:
+find's defaults."""
 import json
 import os
 import sys
@@ -34,9 +35,8 @@ try:
         with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
             out = model(**batch) if isinstance(batch, dict) else model(batch)
             loss = out.loss if hasattr(out, "loss") else out.float().mean()
-        del out
-        loss.backward()
-        del loss
+        loss.backward()  # the output alive through it: find's keep_output=True
+        del loss, out
         opt.step()
         opt.zero_grad()
     torch.cuda.synchronize()

@@ -34,7 +34,8 @@ def adamw(params):
 
 def eager_peak(model, example, b):
     """The user's own job at micro-batch b: AdamW, 2 steps, the loss from the output (its .loss,
-    else its mean, as find's default), the output dropped before backward; max_memory_allocated
+    else its mean, as find's default), the output alive through backward (find's default
+    keep_output=True); max_memory_allocated
     over it (bytes)."""
     def grow(v):
         return v.repeat(b, *([1] * (v.dim() - 1)))
@@ -46,9 +47,8 @@ def eager_peak(model, example, b):
     for _ in range(2):
         out = model(**batch) if isinstance(batch, dict) else model(batch)
         loss = out.loss if hasattr(out, "loss") else out.mean()
-        del out
-        loss.backward()
-        del loss
+        loss.backward()  # the output alive through it: find's keep_output=True
+        del loss, out
         opt.step()
         opt.zero_grad()
     torch.cuda.synchronize()
