@@ -20,7 +20,7 @@ export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:strict_string_checks=1:dete
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 
 autobatch_clang_configure "sanitize: configure core" "$dir/core" "$flags" "$flags" \
-  -DAUTOBATCH_WITH_TORCH=OFF -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_WERROR=ON
+  -DAUTOBATCH_WITH_TORCH=OFF -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_WERROR=ON -DAUTOBATCH_TEST_CXX_FLAGS=
 autobatch_timed "sanitize: build core" cmake --build "$dir/core" -j "$jobs"
 autobatch_timed "sanitize: ctest core (ASan+UBSan)" \
   ctest --test-dir "$dir/core" --output-on-failure -j "$jobs"
@@ -29,9 +29,10 @@ if [ "${AUTOBATCH_SANITIZE_TORCH:-1}" = 1 ]; then
   torch_prefix="$(autobatch_torch_prefix)"
   tflags="-fsanitize=address,undefined -fno-sanitize=vptr,function -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1"
   autobatch_clang_configure "sanitize: configure torch" "$dir/torch" "$tflags" "$tflags" \
-    -DCMAKE_PREFIX_PATH="$torch_prefix" -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_PYTHON="$AUTOBATCH_PYTHON"
+    -DCMAKE_PREFIX_PATH="$torch_prefix" -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_PYTHON="$AUTOBATCH_PYTHON" \
+    -DAUTOBATCH_TEST_CXX_FLAGS=
   autobatch_timed "sanitize: build torch tests" cmake --build "$dir/torch" -j "$jobs" \
-    --target trial_runner_test faults_test failure_torch_test autobatch_test
+    --target runner_tests
   # LibTorch's own allocations are not instrumented and some of its one-time globals are never
   # freed: leaks are checked by the budget allocator's count in the tests themselves. A real
   # allocator failure must come back as std::bad_alloc, not an ASan abort.

@@ -19,6 +19,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace autobatch_test {
 
 using testing::convNet;
 using testing::mlp;
@@ -178,5 +180,6 @@ TEST(Sha1Test, DigestsOfBytesAndFilesAreTheStandardOnes) {
   }
 }
 
+}  // namespace autobatch_test
 }  // namespace
 }  // namespace autobatch

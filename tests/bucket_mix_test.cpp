@@ -15,6 +15,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace bucket_mix_test {
 
 // A fake mixed trial: bucket `length` fails when its micro-batch is above cap[length] (the
 // fragmentation a mix leaves), at its first step over the cap; otherwise the trial fits.
@@ -229,5 +231,6 @@ TEST(BucketMixTest, AMixOverTheMarginInEveryRoundExportsNoSizeOfTheFailingBucket
   EXPECT_THROW(verifyBucketMix({{128, 3}, {64, 5}}, heldMix(12000, calls), -1), Error);
 }
 
+}  // namespace bucket_mix_test
 }  // namespace
 }  // namespace autobatch

@@ -19,6 +19,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace cached_search_test {
 
 namespace fs = std::filesystem;
 
@@ -189,5 +191,6 @@ TEST(CachedSearchTest, AnEmptyFolderIsAnError) {
   }
 }
 
+}  // namespace cached_search_test
 }  // namespace
 }  // namespace autobatch

@@ -19,6 +19,8 @@
 #include "golden.h"
 
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace cli_golden_test {
 
 namespace fs = std::filesystem;
 
@@ -85,4 +87,5 @@ TEST(CliGoldenTest, TorchScriptCheckDoesNotFit) {
                   3);
 }
 
+}  // namespace cli_golden_test
 }  // namespace

@@ -17,6 +17,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace eval_lifetimes_test {
 
 using testing::newModule;
 using testing::param;
@@ -190,5 +192,6 @@ TEST(EvalLifetimesTest, TransformedForwardComputesTheSameOutput) {
             std::string::npos);
 }
 
+}  // namespace eval_lifetimes_test
 }  // namespace
 }  // namespace autobatch

@@ -18,6 +18,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace eval_test {
 
 namespace fs = std::filesystem;
 using testing::CliRun;
@@ -417,5 +419,6 @@ TEST(EvalCliTest, LengthSweepCombinationsAreUsageErrors) {
   }
 }
 
+}  // namespace eval_test
 }  // namespace
 }  // namespace autobatch

@@ -17,6 +17,8 @@ namespace autobatch {
 void PrintTo(FailureKind kind, std::ostream* os) { *os << toString(kind); }
 
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace failure_test {
 
 constexpr FailureContext kPlain{};
 constexpr FailureContext kNearLimit{true, false};
@@ -493,5 +495,6 @@ TEST(FailureTest, SizesPastInt64AreOutOfMemoryAndParseWithoutWrapping) {
   EXPECT_EQ(in_use.failed_in_use_bytes, std::numeric_limits<std::int64_t>::max());
 }
 
+}  // namespace failure_test
 }  // namespace
 }  // namespace autobatch

@@ -12,6 +12,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace failure_torch_test {
 
 // Catches a classifyException that takes the wrong ExceptionType from a live exception: a
 // c10::OutOfMemoryError read as plain text (its request size lost), std::bad_alloc counted as out
@@ -42,5 +44,6 @@ TEST(ClassifyExceptionTest, SyntheticExceptionsOfEachType) {
   EXPECT_EQ(classify([] { throw 42; }, {true, true}).kind, FailureKind::kRethrow);
 }
 
+}  // namespace failure_torch_test
 }  // namespace
 }  // namespace autobatch

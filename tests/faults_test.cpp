@@ -26,6 +26,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace faults_test {
 
 using detail::TrialPhase;
 using detail::TrialPoint;
@@ -429,5 +431,6 @@ TEST(FaultTest, SearchUnderARealAllocatorFailureInAChildProcess) {
                              "FaultChildTest.FreshProcessFitsTheFoundBatch", batch);
 }
 
+}  // namespace faults_test
 }  // namespace
 }  // namespace autobatch

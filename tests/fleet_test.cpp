@@ -21,6 +21,8 @@
 #include "test_models.h"
 
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace fleet_test {
 
 namespace fs = std::filesystem;
 using autobatch::FleetSize;
@@ -262,4 +264,5 @@ TEST(FleetCliTest, CombinationsThatCannotBeTabledAreUsageErrors) {
   }
 }
 
+}  // namespace fleet_test
 }  // namespace

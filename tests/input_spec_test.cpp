@@ -12,6 +12,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace input_spec_test {
 
 std::string errorOf(const std::string& text) {
   try {
@@ -131,6 +133,7 @@ TEST(InputSpecTest, ADimensionPastInt64IsTooLargeNotMalformed) {
             std::string::npos);
 }
 
+}  // namespace input_spec_test
 }  // namespace
 }  // namespace autobatch
 

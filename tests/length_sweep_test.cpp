@@ -14,6 +14,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace length_sweep_test {
 
 namespace fs = std::filesystem;
 
@@ -257,5 +259,6 @@ TEST(LengthSweepTest, ALoweredRowWithoutAPlanGetsNone) {
   EXPECT_FALSE(p.row.plan.has_value());
 }
 
+}  // namespace length_sweep_test
 }  // namespace
 }  // namespace autobatch

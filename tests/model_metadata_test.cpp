@@ -14,6 +14,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace model_metadata_test {
 
 TEST(ModelMetadataTest, ParsesStringAndObjectForms) {
   const ModelMetadata m = parseModelMetadata(
@@ -123,5 +125,6 @@ TEST(ModelMetadataTest, NoInputsFromEitherSourceNamesBothWays) {
   }
 }
 
+}  // namespace model_metadata_test
 }  // namespace
 }  // namespace autobatch

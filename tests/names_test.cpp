@@ -8,6 +8,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace names_test {
 
 TEST(NamesTest, EveryPrecisionRoundTrips) {
   for (auto p : {Precision::kFp32, Precision::kAmpFp16, Precision::kAmpBf16, Precision::kFp16,
@@ -66,5 +68,6 @@ TEST(NamesTest, OutcomeNames) {
   EXPECT_EQ(toString(TrialOutcome::kSizeLimit), "size-limit");
 }
 
+}  // namespace names_test
 }  // namespace
 }  // namespace autobatch

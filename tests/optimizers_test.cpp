@@ -11,6 +11,8 @@
 
 namespace autobatch::detail {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace optimizers_test {
 
 // Two parameter groups of different dtypes (grouping by device and dtype), one parameter
 // without a gradient (skipped, as PyTorch skips .grad None), three steps.
@@ -123,5 +125,6 @@ TEST(OptimizersTest, AutoIsPyTorchsDefaultForTheDevice) {
   EXPECT_EQ(makeTrialOptimizer(OptimizerKind::kNone, OptimizerImpl::kForeach, {}, 0.1), nullptr);
 }
 
+}  // namespace optimizers_test
 }  // namespace
 }  // namespace autobatch::detail

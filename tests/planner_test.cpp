@@ -11,6 +11,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace planner_test {
 
 constexpr std::int64_t kMaxTarget = 2048;
 constexpr std::int64_t kMaxMicro = 600;
@@ -172,5 +174,6 @@ TEST(PlannerTest, OnlyPlansUpToTheListLimitListTheirMicroBatches) {
   EXPECT_EQ(huge.balanced.accumulation_steps, 366503875926);
 }
 
+}  // namespace planner_test
 }  // namespace
 }  // namespace autobatch

@@ -12,6 +12,8 @@
 
 namespace autobatch::detail {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace process_memory_test {
 
 namespace fs = std::filesystem;
 
@@ -428,5 +430,6 @@ TEST(ProcessMemoryGuardTest, ThisProcessHasAGuardThatRefusesTheImpossible) {
   EXPECT_GT(guard->baselineNeedBytes(), 0);
 }
 
+}  // namespace process_memory_test
 }  // namespace
 }  // namespace autobatch::detail

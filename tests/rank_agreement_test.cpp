@@ -14,6 +14,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace rank_agreement_test {
 
 SearchResult found(std::int64_t safe, std::int64_t plan_max, const SearchOptions& options) {
   SearchResult s;
@@ -150,5 +152,6 @@ TEST(RankAgreementTest, TwoRanksAgreeOnTheSmallerBatchThroughTheStore) {
   EXPECT_TRUE(other_search.warnings.empty());
 }
 
+}  // namespace rank_agreement_test
 }  // namespace
 }  // namespace autobatch

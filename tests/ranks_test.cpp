@@ -10,6 +10,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace ranks_test {
 
 EnvLookup envOf(std::map<std::string, std::string> vars) {
   return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {
@@ -252,5 +254,6 @@ TEST(RanksTest, AStoreHostThatIsNoAddressIsAUsageError) {
             "SLURM_JOB_NODELIST");
 }
 
+}  // namespace ranks_test
 }  // namespace
 }  // namespace autobatch

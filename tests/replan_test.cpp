@@ -7,6 +7,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace replan_test {
 
 // A search that found 40 samples safe and planned a target of 240 over 2 ranks on 40.
 SearchResult planned(SearchOptions& options) {
@@ -83,5 +85,6 @@ TEST(ReplanTest, WithoutATargetOnlyTheSafeBatchChanges) {
   EXPECT_FALSE(s.plan_verified);
 }
 
+}  // namespace replan_test
 }  // namespace
 }  // namespace autobatch

@@ -23,6 +23,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace report_golden_test {
 
 constexpr std::int64_t kKiB = 1024;
 constexpr std::int64_t kMiB = 1024 * kKiB;
@@ -406,5 +408,6 @@ TEST(ReportGoldenTest, UsageError) {
   check("usage_error", d);
 }
 
+}  // namespace report_golden_test
 }  // namespace
 }  // namespace autobatch

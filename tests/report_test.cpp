@@ -20,6 +20,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace report_test {
 
 namespace fs = std::filesystem;
 
@@ -200,5 +202,6 @@ TEST(ReportTest, ReportPathsAreCheckedBeforeAnyTrial) {
   EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 2);
 }
 
+}  // namespace report_test
 }  // namespace
 }  // namespace autobatch

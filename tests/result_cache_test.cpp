@@ -15,6 +15,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace result_cache_test {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -202,5 +204,6 @@ TEST(ResultCacheTest, AFolderInTheEntrysPlaceIsNamedAndTheStoreSaysWhyItFailed) 
   EXPECT_NE(under_file.find("Not a directory"), std::string::npos) << under_file;
 }
 
+}  // namespace result_cache_test
 }  // namespace
 }  // namespace autobatch

@@ -15,6 +15,8 @@
 
 namespace autobatch::detail {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace scratch_files_test {
 
 namespace fs = std::filesystem;
 
@@ -104,5 +106,6 @@ TEST(ScratchFilesTest, AFolderThatCannotBeMadeIsAnErrorNamingIt) {
   }
 }
 
+}  // namespace scratch_files_test
 }  // namespace
 }  // namespace autobatch::detail

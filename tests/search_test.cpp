@@ -16,6 +16,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace search_test {
 
 using testing::MemoryModel;
 using testing::modelWithThreshold;
@@ -935,5 +937,6 @@ TEST(SearchTest, NoisyStepTimesStillBoundTheTimeBudget) {
   }
 }
 
+}  // namespace search_test
 }  // namespace
 }  // namespace autobatch

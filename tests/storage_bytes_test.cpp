@@ -6,6 +6,8 @@
 
 namespace autobatch::detail {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace storage_bytes_test {
 
 // Catches a count per tensor instead of per storage: a view and a second handle of one storage
 // would add its bytes three times (3 * 400), and a narrowed view only its own 40 bytes.
@@ -35,5 +37,6 @@ TEST(DistinctStoragesTest, FilterRefusesStoragesWithoutCountingThemLater) {
   EXPECT_EQ(storages.bytes(), 80);
 }
 
+}  // namespace storage_bytes_test
 }  // namespace
 }  // namespace autobatch::detail

@@ -7,6 +7,8 @@
 #include <filesystem>
 
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace torch_smoke_test {
 
 TEST(TorchSmokeTest, SavedModuleTrainsWithAdamW) {
   torch::manual_seed(0);
@@ -44,4 +46,5 @@ TEST(TorchSmokeTest, SavedModuleTrainsWithAdamW) {
   EXPECT_LT(losses.back(), losses.front());
 }
 
+}  // namespace torch_smoke_test
 }  // namespace

@@ -29,6 +29,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace trial_runner_test {
 
 using testing::convNet;
 using testing::mlp;
@@ -785,5 +787,6 @@ TEST(TrialRunnerTest, InputsTooLargeToCountAreOutOfMemoryBeforeAnyAllocation) {
   EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
 }
 
+}  // namespace trial_runner_test
 }  // namespace
 }  // namespace autobatch

@@ -8,6 +8,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace units_test {
 
 TEST(UnitsTest, BothUnitFamiliesAreExact) {
   EXPECT_EQ(parseBytes("24GiB"), 24LL << 30);
@@ -133,5 +135,6 @@ TEST(UnitsTest, ANumberWithoutAUnitIsRefusedExceptZero) {
   EXPECT_EQ(parseBytes("5MiB"), 5LL << 20);
 }
 
+}  // namespace units_test
 }  // namespace
 }  // namespace autobatch

@@ -7,6 +7,8 @@
 
 namespace autobatch {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace version_test {
 
 // The versions come from the build's configuration (tests/CMakeLists.txt passes project()'s version
 // and the LibTorch version find_package(Torch) found), so the test holds across upgrades. Catches
@@ -30,5 +32,6 @@ TEST(VersionTest, ReportsTheLibTorchItWasBuiltWith) {
       << text;
 }
 
+}  // namespace version_test
 }  // namespace
 }  // namespace autobatch

@@ -16,6 +16,8 @@
 
 namespace autobatch::detail {
 namespace {
+// Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
+namespace zip_members_test {
 
 struct Entry {
   std::string name;
@@ -378,5 +380,6 @@ TEST(ZipMembersTest, CheckModelFileSaysWhichFormatIsDamagedAndNamesTheMember) {
   EXPECT_NE(archive.find("save it again with torch.jit.save"), std::string::npos);
 }
 
+}  // namespace zip_members_test
 }  // namespace
 }  // namespace autobatch::detail

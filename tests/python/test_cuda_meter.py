@@ -273,6 +273,7 @@ def test_report_device_fields_come_from_the_backend():
 # different batches at different times, so a collective waits for a rank that never joins: a hang
 # until the process group's timeout): refused before the collective runs, naming the module, on
 # every rank, within the test's bound.
+@pytest.mark.slow  # a torchrun job: the slow tier
 def test_a_step_with_a_collective_is_refused_on_every_rank(tmp_path):
     run, ranks = torchrun.run(tmp_path, "ranks_alone.py", "collective", port_offset=200,
                               timeout=240)
@@ -287,6 +288,7 @@ def test_a_step_with_a_collective_is_refused_on_every_rank(tmp_path):
 # Row 5, the ranks. Catches an agreement that a rank skips when its search raised an error that is
 # not an AutobatchError (the former all_reduce: the other rank then waited until gloo's timeout):
 # both ranks end, rank 1 with its own error, rank 0 naming the other rank.
+@pytest.mark.slow  # a torchrun job: the slow tier
 def test_an_error_on_one_rank_ends_every_rank(tmp_path):
     run, ranks = torchrun.run(tmp_path, "ranks_alone.py", "error", port_offset=300, timeout=240)
     assert len(ranks) == 2, run.stderr[-3000:]

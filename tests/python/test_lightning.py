@@ -76,6 +76,7 @@ def _ddp(tmp_path, target, limits):
     return torchrun.run(tmp_path, "lightning_ddp.py", target, *limits)
 
 
+@pytest.mark.slow  # a torchrun job: the slow tier
 def test_ddp_ranks_agree_on_the_smaller_ranks_size(tmp_path):
     # Catches: each rank keeping its own size (the ranks' loaders would differ), the maximum
     # taken instead of the minimum, a plan that ignores the world size, trials without DDP's
@@ -92,6 +93,7 @@ def test_ddp_ranks_agree_on_the_smaller_ranks_size(tmp_path):
     assert all(r["ddp_bucket_bytes"] > 0 for r in ranks)
 
 
+@pytest.mark.slow  # a torchrun job: the slow tier
 def test_ddp_rank_where_nothing_fits_stops_every_rank(tmp_path):
     # Catches: a rank that raises before the agreement (the other waits in all_reduce until the
     # timeout) and ranks that train with a size one of them cannot hold.

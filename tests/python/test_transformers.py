@@ -94,6 +94,7 @@ def test_refusals(tmp_path, call, message):
         call(arguments(tmp_path), model, example)
 
 
+@pytest.mark.slow  # a torchrun job: the slow tier
 def test_ranks_under_torchrun_agree_on_the_smaller_size(tmp_path):
     # Catches: each rank keeping its own size (its Trainer would step with another batch than
     # the other's), the maximum instead of the minimum (target 80: 40 x 1 from the larger rank's
