@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The slow tier (README; issue 41 item 2), after scripts/test.sh: the pt2 test program and the pt2
-# packages the tests use (scripts/pt2_packages.py, cached under the environment root: about a
-# minute cold on 2 cores, seconds warm), every ctest labelled slow (ctest -L slow: pt2 exports and
-# packages, torchrun jobs, the fidelity set, the install test, the framework examples), then the
-# Python package against the newest torch (scripts/test_newest.sh). Prints each phase's time;
-# exits non-zero on any failure. Extra arguments go to ctest.
+# The slow tier (README; issue 41 item 2), after scripts/test.sh: the pt2 packages the tests use
+# (scripts/pt2_packages.py, cached under the environment root: about a minute cold on 2 cores,
+# seconds warm), every ctest labelled slow (ctest -L slow: the pt2 export and pt2 format tests,
+# the multi-rank CLI runs and the package's torchrun jobs, the fidelity set, the install test, the
+# framework examples), then the Python package against the newest torch (scripts/test_newest.sh).
+# Prints each phase's time; exits non-zero on any failure. Extra arguments go to ctest.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/env.sh"
@@ -16,8 +16,6 @@ t0=$SECONDS
 export AUTOBATCH_JOBS="${AUTOBATCH_JOBS:-$(nproc)}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 bash "$here/build.sh"
-autobatch_timed "build pt2_test" cmake --build "$AUTOBATCH_BUILD_DIR" -j "$AUTOBATCH_JOBS" \
-  --target pt2_test
 autobatch_timed "pt2 packages" bash -c '"$0" "$1" @tests >/dev/null' \
   "$AUTOBATCH_PYTHON" "$here/pt2_packages.py"
 autobatch_timed "ctest (slow tier)" ctest --test-dir "$AUTOBATCH_BUILD_DIR" --output-on-failure \
