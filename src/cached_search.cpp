@@ -10,6 +10,7 @@
 #include "autobatch/error.h"
 #include "autobatch/result_cache.h"
 #include "autobatch/trial_runner.h"
+#include "workflow_budget.h"
 
 namespace autobatch {
 namespace {
@@ -24,8 +25,6 @@ std::string utcNow() {
   std::strftime(text.data(), text.size(), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return text.data();
 }
-
-bool cancelled(const SearchOptions& options) { return options.cancel && options.cancel(); }
 
 // The key of this run: what the answer depends on, from the set-up runner's facts.
 CacheKey cacheKeyOf(const TrainingSpec& spec, const SearchOptions& options,

@@ -15,11 +15,10 @@
 #include "autobatch/search.h"
 #include "autobatch/trial_runner.h"
 #include "autobatch/units.h"
+#include "workflow_budget.h"
 
 namespace autobatch {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // The largest micro-batch whose peak the fits put at or under `budget`: linear between the
 // largest fit under it and the smallest fit above it, else along the last two fits' slope;
@@ -116,12 +115,6 @@ class TrialBank {
  private:
   std::vector<TrialResult> trials_;
 };
-
-double timeLeftS(double limit_s, Clock::time_point start) {
-  if (limit_s <= 0.0) return 0.0;
-  const double spent_s = std::chrono::duration<double>(Clock::now() - start).count();
-  return std::max(limit_s - spent_s, 1e-9);  // 0 would mean no limit
-}
 
 // One size's search: reused trials answered from the bank, the others run and banked.
 struct SizeSearch {

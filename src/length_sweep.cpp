@@ -17,11 +17,10 @@
 #include "autobatch/replan.h"
 #include "autobatch/trial_runner.h"
 #include "autobatch/units.h"
+#include "workflow_budget.h"
 
 namespace autobatch {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 std::vector<InputSpec> inputsAtLength(const std::vector<std::string>& texts, std::int64_t length) {
   std::vector<InputSpec> inputs;
@@ -30,17 +29,6 @@ std::vector<InputSpec> inputsAtLength(const std::vector<std::string>& texts, std
   }
   return inputs;
 }
-
-// What is left of the sweep's wall-clock budget (it was each length's: 21.6 s with --time-limit
-// 8; issue 27, row 10). Once it is spent, a length stops before its first trial with status
-// time-budget. 0: no limit.
-double timeLeftS(double limit_s, Clock::time_point start) {
-  if (limit_s <= 0.0) return 0.0;
-  const double spent_s = std::chrono::duration<double>(Clock::now() - start).count();
-  return std::max(limit_s - spent_s, 1e-9);  // 0 would mean no limit
-}
-
-bool cancelled(const SearchOptions& options) { return options.cancel && options.cancel(); }
 
 // A length's row from its search.
 SweepRow sweepRowOf(std::int64_t length, std::int64_t tokens_per_sample, const LengthRun& run) {

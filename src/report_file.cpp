@@ -13,14 +13,13 @@
 
 #include "autobatch/error.h"
 #include "autobatch/report.h"
+#include "os_text.h"
 
 namespace autobatch {
 
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string errnoText(int error) { return std::strerror(error); }
 
 // Where a report for `path` goes: a symbolic link's target (a rename would replace the link).
 fs::path reportTarget(const std::string& path) {

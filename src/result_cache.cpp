@@ -19,6 +19,7 @@
 
 #include "autobatch/error.h"
 #include "autobatch/planner.h"
+#include "os_text.h"
 
 namespace autobatch {
 namespace {
@@ -73,8 +74,6 @@ constexpr std::int64_t kMaxEntryBytes = std::int64_t{1} << 20;
 // The CLI's bound on any micro-batch (--max-batch, --target-batch).
 constexpr std::int64_t kMaxMicroBatch = std::int64_t{1} << 40;
 constexpr std::int64_t kMaxInt64 = std::numeric_limits<std::int64_t>::max();
-
-std::string errnoText(int error) { return std::generic_category().message(error); }
 
 // A value as a message shows it: its JSON text, cut to 40 characters.
 std::string shown(const json& value) {

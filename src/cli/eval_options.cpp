@@ -9,10 +9,6 @@
 
 namespace autobatch::cli {
 
-namespace {
-constexpr std::int64_t kMaxBatch = std::int64_t{1} << 40;  // as options.cpp's
-}  // namespace
-
 // --eval, --eval-only or --check-eval-batch on a format that cannot evaluate (pt2), said before
 // the format's other checks.
 void checkEvalFormat(const cxxopts::ParseResult& args, const std::string& model_path,

@@ -19,8 +19,6 @@
 namespace autobatch::cli {
 namespace {
 
-constexpr std::int64_t kMaxBatch = std::int64_t{1} << 40;
-
 std::optional<int> intFlag(const cxxopts::ParseResult& args, const std::string& name,
                            std::int64_t min, std::int64_t max) {
   if (args.count(name) == 0U) return std::nullopt;

@@ -16,6 +16,10 @@
 
 namespace autobatch::cli {
 
+/// The largest micro-batch any flag accepts (--min-batch, --max-batch, --target-batch,
+/// --check-batch, --check-eval-batch, ...).
+inline constexpr std::int64_t kMaxBatch = std::int64_t{1} << 40;
+
 /// What the command line asks for.
 struct CliConfig {
   /// The run's spec, options and rank, filled in place as the flags are read (so that a usage
