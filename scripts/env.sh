@@ -34,6 +34,20 @@ autobatch_timed() {
   return $rc
 }
 
+# One test tier's ctest run (scripts/test.sh, scripts/test_slow.sh), timed:
+#   autobatch_ctest_tier LABEL [CTEST ARGS...]
+# One job per core (AUTOBATCH_JOBS, default: cores), each with one OpenMP thread unless the caller
+# set OMP_NUM_THREADS: LibTorch's and OpenMP's pools of every job on top of the jobs
+# oversubscribe the cores (2 cores: the four heaviest tests took 387 s beside each other with the
+# default pools, 190 s with one thread each). The job count is read first: nproc follows
+# OMP_NUM_THREADS.
+autobatch_ctest_tier() {
+  local label="$1"; shift
+  local jobs="${AUTOBATCH_JOBS:-$(nproc)}"
+  OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" autobatch_timed "$label" \
+    ctest --test-dir "$AUTOBATCH_BUILD_DIR" --output-on-failure -j "$jobs" "$@"
+}
+
 # Configures a clang-14 Debug build tree for the sanitizer and fuzz scripts, printing its time; the
 # CMake output goes to DIR/configure.log, shown only when it fails.
 #   autobatch_clang_configure LABEL DIR CXXFLAGS LDFLAGS [CMAKE ARGS...]

@@ -8,13 +8,6 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/env.sh"
 t0=$SECONDS
-# ctest runs one test per core side by side; LibTorch's and OpenMP's thread pools of each on top
-# oversubscribe the cores (2 cores: the four heaviest tests took 387 s beside each other with the
-# default pools, 190 s with one thread each). A value the caller set is kept. The job count is
-# taken first: nproc follows OMP_NUM_THREADS.
-export AUTOBATCH_JOBS="${AUTOBATCH_JOBS:-$(nproc)}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 bash "$here/build.sh"
-autobatch_timed "ctest (fast tier)" ctest --test-dir "$AUTOBATCH_BUILD_DIR" --output-on-failure \
-  -j "$AUTOBATCH_JOBS" -LE slow "$@"
+autobatch_ctest_tier "ctest (fast tier)" -LE slow "$@"
 echo "[time] test.sh total: $((SECONDS - t0)) s"

@@ -9,16 +9,9 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/env.sh"
 t0=$SECONDS
-# ctest runs one test per core side by side; LibTorch's and OpenMP's thread pools of each on top
-# oversubscribe the cores (2 cores: the four heaviest tests took 387 s beside each other with the
-# default pools, 190 s with one thread each). A value the caller set is kept. The job count is
-# taken first: nproc follows OMP_NUM_THREADS.
-export AUTOBATCH_JOBS="${AUTOBATCH_JOBS:-$(nproc)}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 bash "$here/build.sh"
 autobatch_timed "pt2 packages" bash -c '"$0" "$1" @tests >/dev/null' \
   "$AUTOBATCH_PYTHON" "$here/pt2_packages.py"
-autobatch_timed "ctest (slow tier)" ctest --test-dir "$AUTOBATCH_BUILD_DIR" --output-on-failure \
-  -j "$AUTOBATCH_JOBS" -L slow --no-tests=error "$@"
+autobatch_ctest_tier "ctest (slow tier)" -L slow --no-tests=error "$@"
 bash "$here/test_newest.sh"
 echo "[time] test_slow.sh total: $((SECONDS - t0)) s"
