@@ -11,6 +11,7 @@
 #endif
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -28,6 +29,35 @@ namespace autobatch::detail {
 namespace {
 
 thread_local int t_untracked_depth = 0;
+// CpuInterruptScope: the hook armed on this thread, whether it fired, and whether it is running
+// (an allocation from inside the hook is not checked again).
+thread_local const std::function<bool()>* t_interrupt = nullptr;
+thread_local bool t_interrupt_fired = false;
+thread_local bool t_in_interrupt_hook = false;
+thread_local bool t_interrupt_active = false;
+
+// Throws when the hook armed on this thread (CpuInterruptScope) answers true.
+void checkInterrupt(std::int64_t bytes) {
+  if (t_interrupt == nullptr || !t_interrupt_active || t_in_interrupt_hook ||
+      at::in_parallel_region()) {
+    return;
+  }
+  bool stop = false;
+  t_in_interrupt_hook = true;
+  try {
+    stop = (*t_interrupt)();
+  } catch (...) {
+    t_in_interrupt_hook = false;
+    throw;
+  }
+  t_in_interrupt_hook = false;
+  if (!stop) return;
+  t_interrupt_fired = true;
+  TORCH_CHECK(false,
+              "autobatch: trial interrupted inside a step (cancelled, or the time budget ran "
+              "out) at an allocation of ",
+              bytes, " bytes");
+}
 
 // One process-wide instance, never destroyed: tensors it allocated may outlive any runner, and
 // their deleter must still find it.
@@ -55,6 +85,7 @@ class BudgetAllocator final : public c10::Allocator {
       void* data = c10::alloc_cpu(n);
       return {data, data, &deleteTracked, c10::Device(c10::DeviceType::CPU)};
     }
+    checkInterrupt(bytes);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (error_) {
@@ -510,6 +541,20 @@ std::unique_ptr<MemoryBackend> makeCpuBudgetBackend(std::int64_t memory_limit_by
 
 UntrackedCpuScope::UntrackedCpuScope() { ++t_untracked_depth; }
 UntrackedCpuScope::~UntrackedCpuScope() { --t_untracked_depth; }
+
+CpuInterruptScope::CpuInterruptScope(const std::function<bool()>& hook, bool active) {
+  t_interrupt = hook ? &hook : nullptr;
+  t_interrupt_fired = false;
+  t_interrupt_active = active;
+}
+CpuInterruptScope::~CpuInterruptScope() {
+  t_interrupt = nullptr;
+  t_interrupt_active = false;
+}
+void setInterruptActive(bool active) { t_interrupt_active = active; }
+
+bool interruptRequested() { return t_interrupt != nullptr && (*t_interrupt)(); }
+bool interruptFired() { return t_interrupt_fired; }
 
 bool isBudgetTracked(const void* data) { return BudgetAllocator::instance().tracked(data); }
 

@@ -149,6 +149,39 @@ class UntrackedCpuScope {
   UntrackedCpuScope& operator=(const UntrackedCpuScope&) = delete;
 };
 
+/// Scope in which a trial's steps can be stopped inside a step on the CPU (issue 40 row 15: one
+/// step at a batch of 217,435 ran for minutes past a 10 s budget, and SIGTERM waited for it).
+/// While alive, every allocation this thread makes through the CPU budget allocator (counted, not
+/// in an UntrackedCpuScope, not inside an at::parallel_for region) first calls `hook`; when it
+/// answers true the allocation throws c10::Error ("autobatch: trial interrupted ..."; never a
+/// c10::OutOfMemoryError, so it is not taken for running out) and interruptFired() turns true.
+/// Every op allocates its output, so a step stops within one op of the hook firing; an op already
+/// running (one large matmul) finishes first. The CUDA caching allocator has no such seam: there a
+/// step still ends before the hook is seen (its kernels are queued asynchronously, so the host
+/// waits only at the synchronizations). `hook` runs on this thread at every allocation: it must be
+/// cheap (the CLI's reads an atomic flag and a clock) and must not allocate tensors (a call made
+/// from inside the hook is not checked again). An empty hook arms nothing. Not nestable.
+class CpuInterruptScope {
+ public:
+  explicit CpuInterruptScope(const std::function<bool()>& hook, bool active = true);
+  ~CpuInterruptScope();
+  CpuInterruptScope(const CpuInterruptScope&) = delete;
+  CpuInterruptScope& operator=(const CpuInterruptScope&) = delete;
+};
+
+/// Whether the allocations of this thread ask the hook of its CpuInterruptScope (a scope starts
+/// active). The Python package arms the scope around a whole probe and turns it on around the
+/// trial's steps only, so that putting the weights back after a trial is never stopped.
+void setInterruptActive(bool active);
+
+/// The hook armed on this thread by a CpuInterruptScope, asked now (false when none is armed):
+/// the check a trial makes between its steps (the Python package's step loop).
+bool interruptRequested();
+
+/// True when the CpuInterruptScope armed on this thread has fired (an allocation threw for it):
+/// an error that reaches the trial afterwards is the interruption, not the model's.
+bool interruptFired();
+
 /// True when `data` was allocated (and is counted) by the budget allocator.
 bool isBudgetTracked(const void* data);
 

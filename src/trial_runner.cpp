@@ -388,6 +388,9 @@ struct TrialRunner::Impl final : detail::StepHost {
   detail::StepsRun runSteps(const TrialRequest& request,
                             const std::vector<detail::PlannedStep>& plan, TrialResult& result) {
     detail::StepsRun run;
+    // The hook is also seen inside a step, at each CPU allocation: a step at a very large batch
+    // stops within an op of the deadline or a signal, not at its end (issue 40 row 15).
+    const detail::CpuInterruptScope interrupt(request.cancel);
     std::unique_ptr<detail::TrialOptimizer> optimizer;
     at::Tensor ddp_buckets;  // --ddp: DDP's gradient buckets, alive for the whole trial
     at::Generator gen;
@@ -425,8 +428,12 @@ struct TrialRunner::Impl final : detail::StepHost {
         resident_ddp_buckets = std::move(ddp_buckets);
       }
     } catch (...) {  // classified by runPlan; whatever is not OOM or a size limit is rethrown
-      run.error = std::current_exception();
-      run.failed_point = point;
+      if (detail::interruptFired()) {
+        result.cancelled = true;  // stopped inside a step: the trial does not count, no error
+      } else {
+        run.error = std::current_exception();
+        run.failed_point = point;
+      }
     }
     return run;
   }

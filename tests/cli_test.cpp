@@ -630,7 +630,7 @@ Interrupted interruptAfterFirstTrial(const std::vector<std::string>& args,
 
 class InterruptTest : public ::testing::TestWithParam<int> {};
 
-TEST_P(InterruptTest, FirstSignalFinishesTheStepAndWritesTheBestVerifiedResult) {
+TEST_P(InterruptTest, FirstSignalStopsTheTrialAndWritesTheBestVerifiedResult) {
   const int sig = GetParam();
   const fs::path json_path = tmpDir() / "interrupted.json";
   const Interrupted run =
@@ -1768,6 +1768,36 @@ TEST(CliTest, TimeLimitIsNotStoppedByAStepTimeThatIsMostlyOverhead) {
   for (const auto& w : doc["warnings"]) {
     EXPECT_EQ(w.get<std::string>().find("time budget"), std::string::npos) << w;
   }
+}
+
+// Issue 40 row 15: the deadline was seen only between a trial's steps, so one step at a large
+// batch ran for minutes past a 10 s budget. Here each step is about 4 s of small ops (a million
+// scalar additions in the interpreter, one allocation each) whatever the batch, under a 1.5 s
+// budget: the first trial is stopped inside step 0, within an op of the deadline. Catches a
+// deadline checked only between steps (steps_completed 1, elapsed about 4 s), and a stopped step
+// reported as out of memory or as the model's error.
+TEST(CliTest, TimeLimitStopsAStepInProgress) {
+  const std::string slow = customModel("long_step", R"(
+    def forward(self, x):
+        s = torch.zeros([1])
+        for i in range(1000000):
+            s = s + 1.0
+        return torch.mean(x) * torch.sum(self.w) + s
+  )");
+  const fs::path json_path = tmpDir() / "long_step.json";
+  const CliRun run = runCli("--model " + slow +
+                            " --input 8 --device cpu --memory-limit 16MiB --time-limit 1.5 -q "
+                            "--env --json " +
+                            json_path.string());
+  EXPECT_EQ(run.exit_code, 3) << run.err;
+  EXPECT_NE(run.out.find("AUTOBATCH_CAPPED_BY=time-budget"), std::string::npos) << run.out;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  ASSERT_EQ(doc["trials"].size(), 1U) << doc["trials"].dump();
+  const auto& trial = doc["trials"][0];
+  EXPECT_TRUE(trial["cancelled"].get<bool>()) << trial.dump();
+  EXPECT_EQ(trial["steps_completed"], 0) << trial.dump();
+  EXPECT_NE(trial["outcome"], "out-of-memory") << trial.dump();
+  EXPECT_LT(doc["result"]["elapsed_s"].get<double>(), 1.5 + 1.0) << doc["result"].dump();
 }
 
 // Rows 10 and 21: a time limit that stops the search before anything fits says so everywhere:

@@ -458,16 +458,41 @@ TEST(TrialRunnerTest, RestoresProcessAndThreadState) {
   EXPECT_EQ(FLAGS_torch_jit_enable_rethrow_caught_exception, rethrow);
 }
 
-TEST(TrialRunnerTest, CancelledTrialStopsBetweenStepsAndIsMarked) {
+// The cancel hook is also asked inside a step, at every CPU allocation (issue 40 row 15: a step
+// at batch 217,435 ran for minutes past a 10 s budget, and SIGTERM waited for it). Its first call
+// is before step 0; the second is at step 0's first allocation. Catches: a hook seen only between
+// steps (steps_completed 1), an interruption reported as out of memory or rethrown as a model
+// error, and a stopped step that leaves its tensors held (currentBytes above the baseline, or a
+// later trial's peak changed).
+TEST(TrialRunnerTest, CancelledTrialStopsInsideAStepAndLeavesNothingBehind) {
   auto m = mlp(kIn, kHidden, kClasses);
   auto spec = specOf("3", LossKind::kMean, OptimizerKind::kAdamW);
   spec.steps_per_trial = 3;
   TrialRunner runner(m, spec, limit(kUnlimited));
+  const auto before = runner.run({kBatch, 1, {}});
   int calls = 0;
   const auto r = runner.run({kBatch, 1, [&calls] { return ++calls > 1; }});
   EXPECT_TRUE(r.cancelled);
-  EXPECT_EQ(r.steps_completed, 1);
+  EXPECT_EQ(r.steps_completed, 0);
+  EXPECT_EQ(calls, 2);  // the allocation that saw it threw; no later one asked again
+  EXPECT_NE(r.outcome, TrialOutcome::kOutOfMemory);
   EXPECT_EQ(runner.currentBytes(), runner.baselineBytes());
+  const auto after = runner.run({kBatch, 1, {}});
+  EXPECT_EQ(after.outcome, TrialOutcome::kFits);
+  EXPECT_FALSE(after.cancelled);
+  EXPECT_EQ(after.steps_completed, 3);
+  EXPECT_EQ(after.peak_bytes, before.peak_bytes);
+
+  // A hook that never fires is asked at every counted allocation of the trial's thread, and the
+  // trial runs as without one.
+  int asked = 0;
+  const auto watched = runner.run({kBatch, 1, [&asked] {
+                                     ++asked;
+                                     return false;
+                                   }});
+  EXPECT_FALSE(watched.cancelled);
+  EXPECT_EQ(watched.peak_bytes, before.peak_bytes);
+  EXPECT_GT(asked, 3 * 3);  // more than the checks between steps: every step allocates
 }
 
 TEST(TrialRunnerTest, ReadsInputsAndLossFromTheArchive) {

@@ -6,7 +6,8 @@
 // cancelled. Out-of-memory and size-limit outcomes steer the search; exceptions thrown by the
 // probe (model or device errors) propagate unchanged and end the search. Strategies and their
 // guarantees: docs/search.md. The overloads that run a model (TrainingSpec) live elsewhere.
-// Thread safety: findMaxBatch calls the probe and the cancel hook from the calling thread only;
+// Thread safety: findMaxBatch calls the probe and the cancel hook from the calling thread only
+// (a trial runner asks the hook from the same thread, inside the probe);
 // concurrent searches need their own probes.
 #pragma once
 

@@ -96,7 +96,8 @@ struct SearchOptions {
   int world_size = 1;
   /// Default: auto (the CLI's default is fastest).
   PlanKind plan = PlanKind::kAuto;
-  /// Checked between trials and passed to every trial (TrialRequest::cancel). May be empty.
+  /// Checked between trials and passed to every trial (TrialRequest::cancel: also asked at every
+  /// CPU allocation inside a step, so keep it cheap). May be empty.
   CancelHook cancel;
   /// Called before every trial with its request, from the searching thread (progress logs, and
   /// naming the batch in an error the trial throws). Must not throw. May be empty.

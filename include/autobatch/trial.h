@@ -29,7 +29,10 @@ struct TrialRequest {
   /// Micro-batches per optimizer step: 1, or 2 to include the peak of gradient accumulation
   /// (gradients are alive during the second forward; N >= 2 micro-batches peak like 2).
   int micro_batches_per_step = 1;
-  /// Checked between steps; a cancelled trial stops after the step in progress. May be empty.
+  /// Checked before every step and, on the CPU (the budget allocator), at every allocation inside
+  /// a step, from the trial's thread: a cancelled trial stops within an op (one op already
+  /// running finishes first; on CUDA, at the end of the step in progress), issue 40 row 15. Keep
+  /// it cheap (an atomic flag, a clock) and free of tensor allocations. May be empty.
   CancelHook cancel;
 };
 

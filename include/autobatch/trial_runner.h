@@ -96,7 +96,8 @@ class TrialRunner {
   /// [micro_batch_size, sample_shape...]; values are drawn from a generator seeded with spec.seed.
   /// Returns: outcome fits / out-of-memory / size-limit with the trial's peaks. After it returns
   /// or throws, currentBytes() equals baselineBytes() and the weights are restored.
-  /// The cancel hook is checked before every step; a cancelled trial has cancelled = true.
+  /// The cancel hook is checked before every step and at every CPU allocation of the trial's
+  /// thread (TrialRequest::cancel); a cancelled trial has cancelled = true.
   /// A failure that is only possibly out of memory (FailureKind::kPossibleOutOfMemory) is decided
   /// by re-running the largest micro-batch already seen to fit, with the cache emptied: that
   /// trial comes back in `classification_rerun` (autobatch/trial.h).

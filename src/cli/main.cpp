@@ -56,11 +56,13 @@ constexpr const char* kExitCodes = R"(Exit codes:
   3    does not fit (nothing fits at the minimum batch, memory limit below what the model
        itself needs, --check-batch failed)
   4    ranks could not agree (multi-rank timeout)
-  130  interrupted by SIGINT, 143 by SIGTERM: the current step finishes, the best verified
-       result is printed and written; a second signal exits at once without writing
+  130  interrupted by SIGINT, 143 by SIGTERM: the trial stops (on the CPU at its next op, on
+       CUDA after the current step), the best verified result is printed and written; a
+       second signal exits at once without writing
 )";
 
-// The first SIGINT/SIGTERM asks the run to stop after the step in progress; a second one
+// The first SIGINT/SIGTERM asks the run to stop (inside a CPU step, at its next allocation; on
+// CUDA after the step in progress); a second one
 // exits at once, removing a pt2 package's files extracted at that moment (async-signal-safe: an
 // atomic, unlink, rmdir and _exit). Constant-initialised, so it is valid before any constructor
 // runs.

@@ -14,7 +14,9 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -187,6 +189,18 @@ autobatch::ReportData reportData(const py::dict& facts, const autobatch::SearchO
 // probe (`fn` must outlive it).
 autobatch::Probe pythonProbe(const py::object& fn) {
   return [&fn](const autobatch::TrialRequest& request) {
+    // The search's deadline and the caller's cancellation, seen inside the trial: at each CPU
+    // allocation (the budget allocator) and between steps (trial_should_stop); issue 40 row 15.
+    // Asked at most every 2 ms: each ask takes the GIL and calls Python (about 3 us, which on
+    // a step of a thousand small allocations was a tenth of its time).
+    const std::function<bool()> hook = [&request,
+                                        last = std::chrono::steady_clock::time_point{}]() mutable {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last < std::chrono::milliseconds(2)) return false;
+      last = now;
+      return request.cancel && request.cancel();
+    };
+    const autobatch::detail::CpuInterruptScope interrupt(hook, false);
     const py::object answer = fn(request.micro_batch_size, request.micro_batches_per_step);
     return trialFromDict(request, answer.cast<py::dict>());
   };
@@ -275,7 +289,11 @@ py::dict search(const py::function& probe, const py::dict& options_dict, const p
                 const py::object& cache) {
   autobatch::SearchOptions options = optionsFromDict(options_dict);
   if (!cancel.is_none()) {
-    options.cancel = [cancel]() -> bool { return cancel().cast<bool>(); };
+    // Also asked from the CPU allocator inside a trial, where torch's ops run without the GIL.
+    options.cancel = [cancel]() -> bool {
+      const py::gil_scoped_acquire gil;
+      return cancel().cast<bool>();
+    };
   }
   const autobatch::Probe cpp_probe = pythonProbe(probe);
   autobatch::ReportData data = reportData(facts, options);
@@ -545,6 +563,23 @@ class Untracked {
 
 }  // namespace
 
+namespace {
+
+// The probe's view of the search's deadline and cancellation inside a trial (issue 40 row 15).
+void defineTrialHooks(py::module_& m) {
+  m.def("trial_should_stop", &autobatch::detail::interruptRequested,
+        "Inside a probe's trial: True when the search's deadline passed or the search was "
+        "cancelled (checked between the trial's steps).");
+  m.def("interrupt_active", &autobatch::detail::setInterruptActive, py::arg("active"),
+        "Inside a probe's trial: whether CPU allocations ask the deadline and cancellation (on "
+        "around the trial's steps only, never around putting the weights back).");
+  m.def("trial_interrupted", &autobatch::detail::interruptFired,
+        "Inside a probe's trial: True when a CPU allocation was refused because the deadline "
+        "passed or the search was cancelled; the error the step raised is that, not the model's.");
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "autobatch's C++ search, planner, report and CPU budget allocator (plain data only)";
   py::register_exception<autobatch::Error>(m, "Error", PyExc_ValueError);
@@ -553,6 +588,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("cache") = py::none(),
         "Runs the search with a Python probe (and the evaluation search with `eval`, or through "
         "the result cache with `cache`); returns {'json', 'text', 'env'}.");
+  defineTrialHooks(m);
   m.def(
       "default_cache_dir",
       [] { return autobatch::defaultCacheDir(autobatch::processEnvironment()); },

@@ -380,3 +380,66 @@ def test_an_enclosing_autocast_is_not_the_trials():
         assert torch.is_autocast_enabled("cpu")
     assert inside.max_micro_batch == plain.max_micro_batch
     assert any("inside torch.autocast" in w for w in inside.warnings), inside.warnings
+
+
+# Row 15, in the package: the search's deadline was seen only before a trial, so a step at a
+# large batch ran whole past `time_limit` (here each forward is 20,000 scalar ops per sample, up
+# to 3,000,000: batch 1 steps in about 0.1 s, guided's jump to a large batch would step for tens
+# of seconds). Now the deadline is asked between steps and at every CPU allocation inside one.
+# Catches: a deadline not checked inside the trial (steps_completed 1 or 2, elapsed far past the
+# budget), and the stopped step reported as the model's error or as out of memory.
+def test_the_time_limit_stops_a_step_in_progress():
+    class PerSample(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 4)
+
+        def forward(self, v):
+            s = torch.zeros(1)
+            for _ in range(min(20000 * v.shape[0], 3_000_000)):
+                s = s + 1.0
+            return self.lin(v) + s
+    r = autobatch.find(PerSample(), x(), memory_limit=LIMIT, time_limit=2.0)
+    assert r.status == "time-budget" and r.capped_by == "time-budget"
+    last = r.trials[-1]
+    assert last.cancelled and last.steps_completed == 0 and last.outcome != "out-of-memory"
+    assert r.max_micro_batch >= 1 and last.micro_batch_size > r.max_micro_batch
+    elapsed = r.raw["result"]["elapsed_s"]
+    assert elapsed < 2.0 + 1.5, elapsed
+
+
+# A new user's round, left from stop 45: a loss_fn or step of the wrong arity failed at the first
+# trial as the model's TypeError ("<lambda>() takes 1 positional argument but 2 were given"), and
+# BatchNorm1d at the default min_batch=1 as the model's ValueError, neither saying the fix.
+# Catches: no check of the signature before the trials (the forward would run), and a BatchNorm
+# error without min_batch=2 in it.
+def test_wrong_arity_and_batchnorm_at_one_say_the_fix():
+    calls = []
+
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 4)
+
+        def forward(self, v):
+            calls.append(v.shape[0])
+            return self.lin(v)
+    with pytest.raises(autobatch.UsageError, match=r"loss_fn\(output, batch\)"):
+        autobatch.find(Counting(), x(), memory_limit=LIMIT, loss_fn=lambda out: out.sum())
+    with pytest.raises(autobatch.UsageError, match=r"step\(model, batch\)"):
+        autobatch.find(Counting(), x(), memory_limit=LIMIT, step=lambda model: model.lin.weight)
+    with pytest.raises(autobatch.UsageError, match="loss_fn: expected a function"):
+        autobatch.find(Counting(), x(), memory_limit=LIMIT, loss_fn="mse")
+    assert calls == []
+    # Two arguments, however written, are taken.
+    r = autobatch.find(Counting(), x(), memory_limit=LIMIT, max_batch=8,
+                       loss_fn=lambda *args: args[0].sum())
+    assert r.max_micro_batch == 8
+
+    torch.manual_seed(0)
+    bn = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64),
+                             torch.nn.Linear(64, 4))
+    with pytest.raises(autobatch.ModelError, match="pass min_batch=2"):
+        autobatch.find(bn, x(), memory_limit=LIMIT)
+    assert autobatch.find(bn, x(), memory_limit=LIMIT, min_batch=2, max_batch=16) \
+        .max_micro_batch == 16

@@ -1,4 +1,5 @@
 """autobatch.find: the C++ search, planner and report, with the user's own eager step as the trial."""
+import inspect
 import json
 import logging
 import os
@@ -73,6 +74,13 @@ class _Session:
         if step is not None and not callable(step):
             raise UsageError(f"step: expected a function step(model, batch) -> loss, but got "
                              f"{type(step).__name__}")
+        if loss_fn is not None and not callable(loss_fn):
+            raise UsageError(f"loss_fn: expected a function loss_fn(output, batch) -> scalar, but "
+                             f"got {type(loss_fn).__name__}")
+        _check_arity(loss_fn, "loss_fn", "loss_fn(output, batch) -> scalar",
+                     "lambda output, batch: F.cross_entropy(output, batch[1])")
+        _check_arity(step, "step", "step(model, batch) -> loss",
+                     "lambda model, batch: model(**batch).loss")
         if step is not None and loss_fn is not None:
             raise UsageError("step and loss_fn: pass one; step(model, batch) computes the loss "
                              "itself (it replaces model(batch) and loss_fn)")
@@ -225,6 +233,22 @@ class _Session:
 
 _ONE_AT_A_TIME = threading.Lock()
 _RUNNING = [None]  # the name of the thread whose search holds the lock
+
+
+def _check_arity(fn, name, form, example):
+    """A UsageError before any trial when `fn` cannot take two positional arguments (a loss_fn
+    written as loss_fn(output) failed at the first trial as the model's TypeError; issue 40)."""
+    if fn is None:
+        return
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function without a signature: tried as is
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise UsageError(f"{name}: expected a function called as {form}, but its signature is "
+                         f"{signature}; e.g. {example}") from None
 
 
 def _held_note(state):

@@ -102,6 +102,7 @@ class Trial:
     reason: str
     cancelled: bool
     eval: bool = False  # an evaluation trial (find(eval=...)): 2 batches, no optimizer step
+    steps_completed: int = 0  # whole optimizer steps run (a stopped or failed trial: fewer)
 
     @classmethod
     def from_json(cls, t):
@@ -112,7 +113,8 @@ class Trial:
                    t["peak_allocated_bytes"], t["peak_reserved_bytes"], t.get("peak_phase", ""),
                    phases, t.get("failed_phase", ""), t.get("failed_in_use_bytes", 0),
                    t.get("failed_request_bytes", 0), t.get("step_ms", 0.0), t.get("reason", ""),
-                   t.get("cancelled", False), bool(t.get("eval", False)))
+                   t.get("cancelled", False), bool(t.get("eval", False)),
+                   int(t.get("steps_completed", 0)))
 
 
 @dataclass

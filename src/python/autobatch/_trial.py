@@ -132,6 +132,25 @@ def _check_loss(loss, step):
 
 # ---- memory ---------------------------------------------------------------------------------
 
+
+
+def _hint(error, size):
+    """The fix for a model error the search's own choice of size caused: BatchNorm in training
+    needs two values per channel (torch.nn.functional._verify_batch_size), so min_batch=1 fails
+    for BatchNorm1d over (N, C) inputs at the first trial (issue 40)."""
+    if size == 1 and "Expected more than 1 value per channel when training" in str(error):
+        return ("; BatchNorm in training needs at least 2 samples per batch: pass min_batch=2 "
+                "(a run that trains at micro-batch 1 fails the same way)")
+    return ""
+
+class _TrialStopped(Exception):
+    """Raised between a trial's steps when the search's deadline passed or it was cancelled
+    (_core.trial_should_stop); `done` steps of `total_ms` ran whole before it."""
+
+    def __init__(self, done, total_ms):
+        super().__init__("trial stopped between steps")
+        self.done, self.total_ms = done, total_ms
+
 class Meter:
     """One of the C++ library's memory backends (src/memory_backend.h) for one search, the same
     as the `autobatch` command's: on the CPU the budget allocator, installed in this process (every
@@ -378,6 +397,8 @@ class EagerProbe:
             keep.append(optimizer)
         done, total_ms = 0, 0.0
         for step in range(self.steps if steps is None else steps):
+            if _core.trial_should_stop():  # the search's deadline or cancellation (row 15)
+                raise _TrialStopped(done, total_ms)
             t0 = time.perf_counter()
             for micro in range(micro_batches):
                 self._enter("inputs", size, micro, step)
@@ -457,20 +478,35 @@ class EagerProbe:
         failure, error = None, None
         self.meter.begin()
         try:
-            done, total_ms = body(size, micro_batches)
+            _core.interrupt_active(True)  # CPU allocations of the steps ask the deadline (row 15)
+            try:
+                done, total_ms = body(size, micro_batches)
+            finally:
+                _core.interrupt_active(False)
             record["steps_completed"] = done
             record["step_ms"] = total_ms / done if done else 0.0
         except KeyboardInterrupt:
             self.interrupted = True
             record["cancelled"] = True
+        except _TrialStopped as e:  # between steps: the steps before it ran whole
+            record["cancelled"] = True
+            record["steps_completed"] = e.done
+            record["step_ms"] = e.total_ms / e.done if e.done else 0.0
         except Exception as e:  # noqa: BLE001  torch.OutOfMemoryError is a RuntimeError
-            if _core.is_fatal(str(e)):
-                self.meter.mark_poisoned()
-            failure = self._failure(e)
-            traceback.clear_frames(e.__traceback__)
-            if failure["kind"] not in ("out-of-memory", "size-limit"):
-                error = e
-            del e
+            if _core.trial_interrupted():
+                # A CPU allocation refused at the deadline or a cancellation, inside a step: the
+                # trial does not count; neither the model's error nor out of memory.
+                record["cancelled"] = True
+                traceback.clear_frames(e.__traceback__)
+                del e
+            else:
+                if _core.is_fatal(str(e)):
+                    self.meter.mark_poisoned()
+                failure = self._failure(e)
+                traceback.clear_frames(e.__traceback__)
+                if failure["kind"] not in ("out-of-memory", "size-limit"):
+                    error = e
+                del e
         finally:
             if not self.kept_grads:
                 for p in self.state.params:
@@ -560,7 +596,8 @@ class EagerProbe:
                 "restored. Start a new process (CUDA_LAUNCH_BLOCKING=1 helps find the kernel)",
                 micro_batch=size)
         return ModelError(f"the model raised an error at micro-batch {size} (not out of "
-                          f"memory): {type(error).__name__}: {error}", micro_batch=size)
+                          f"memory): {type(error).__name__}: {error}{_hint(error, size)}",
+                          micro_batch=size)
 
     def _failure(self, e):
         """The library's classification of a failed step (autobatch/failure.h)."""
