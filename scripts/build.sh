@@ -26,7 +26,8 @@ first=0
 # configure of the same tree changes no compile flag and rebuilds nothing.
 defs=(-DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" -DCMAKE_PREFIX_PATH="$torch_prefix"
       -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DAUTOBATCH_WERROR=ON -DAUTOBATCH_PYTHON="$AUTOBATCH_PYTHON"
-      -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_PYTHON_MODULE=ON -DPython_EXECUTABLE="$AUTOBATCH_PYTHON")
+      -DAUTOBATCH_BUILD_TESTS=ON -DAUTOBATCH_PYTHON_MODULE=ON -DAUTOBATCH_WITH_TORCH=ON
+      -DPython_EXECUTABLE="$AUTOBATCH_PYTHON")
 # -U SKBUILD*: the variables pip's configure leaves in the cache (the wheel's install rules).
 autobatch_timed "configure" cmake -S "$AUTOBATCH_ROOT" -B "$AUTOBATCH_BUILD_DIR" -G Ninja \
   -U 'SKBUILD*' "${defs[@]}" \

@@ -1,15 +1,15 @@
+// The result cache around any probe (findMaxBatchThroughCache): LibTorch-free, in the core (the
+// Python extension's search goes through it); the runner's front door is cached_search_runner.cpp.
 #include "autobatch/cached_search.h"
 
 #include <array>
 #include <chrono>
 #include <ctime>
-#include <filesystem>
 #include <utility>
 #include <vector>
 
 #include "autobatch/error.h"
 #include "autobatch/result_cache.h"
-#include "autobatch/trial_runner.h"
 #include "workflow_budget.h"
 
 namespace autobatch {
@@ -24,25 +24,6 @@ std::string utcNow() {
   std::array<char, 32> text{};
   std::strftime(text.data(), text.size(), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return text.data();
-}
-
-// The key of this run: what the answer depends on, from the set-up runner's facts.
-CacheKey cacheKeyOf(const TrainingSpec& spec, const SearchOptions& options,
-                    const ResultCacheOptions& cache, const TrialRunner& runner) {
-  ReportData data;
-  data.spec = spec;
-  data.options = options;
-  data.build = cache.build ? *cache.build : buildInfo();
-  data.model_sha1 = cache.model_sha1;
-  data.model_file_bytes = cache.model_file_bytes;
-  if (data.model_sha1.empty()) {
-    data.model_file_bytes = static_cast<std::int64_t>(std::filesystem::file_size(spec.model_path));
-    data.model_sha1 = fileSha1(spec.model_path);
-  }
-  data.result = runnerFacts(runner);
-  CacheKey key = cacheKeyFields(data);
-  key.hash = sha1Hex(key.canonicalText());
-  return key;
 }
 
 // The confirming trial of a hit (none when trusted), through the search's hooks.
@@ -119,28 +100,6 @@ SearchResult findMaxBatchThroughCache(const Probe& probe, const SearchOptions& o
     }
   }
   return search;
-}
-
-CachedSearchResult findMaxBatchCached(const TrainingSpec& spec, const SearchOptions& options,
-                                      const ResultCacheOptions& cache_options) {
-  if (cache_options.dir.empty()) {
-    throw Error("result cache: expected a folder, but got an empty path");
-  }
-  const auto start = Clock::now();
-  TrialRunner runner(spec, options);
-  if (cache_options.on_setup) cache_options.on_setup(runnerFacts(runner));
-  CacheReport cache;
-  cache.dir = cache_options.dir;
-  cache.key = cacheKeyOf(spec, options, cache_options, runner);
-  SearchResult search = findMaxBatchThroughCache(
-      runner.probe(), runnerSearchOptions(runner, options), cache, cache_options.trust);
-  // The runner's facts after the trials: the optimizer's state exists once a step ran.
-  CachedSearchResult out{runnerFacts(runner), std::move(cache)};
-  out.result.search = std::move(search);
-  if (out.cache.outcome == "hit") {  // this call's wall time, the runner's set-up included
-    out.result.search.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
-  }
-  return out;
 }
 
 }  // namespace autobatch

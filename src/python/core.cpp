@@ -161,10 +161,44 @@ py::dict reportOf(autobatch::ReportData& data) {
   return out;
 }
 
+// BuildInfo as the torch this process imported sees it (the extension is built without torch's
+// headers, so TORCH_VERSION and the CUDA runtime calls of version.cpp are not here): torch's
+// version without its local part ("2.11.0", as TORCH_VERSION), torch.version.cuda, the driver,
+// and the GPUs torch sees.
+autobatch::BuildInfo pythonBuildInfo() {
+  autobatch::BuildInfo info;
+  info.autobatch_version = AUTOBATCH_VERSION;
+  const py::module_ torch = py::module_::import("torch");
+  const auto version = torch.attr("__version__").cast<std::string>();
+  info.libtorch_version = version.substr(0, version.find('+'));
+  const py::object cuda = torch.attr("version").attr("cuda");
+  info.cuda_build = !cuda.is_none();
+  if (!info.cuda_build) return info;
+  info.cuda_version = cuda.cast<std::string>();
+  const py::object torch_c = torch.attr("_C");
+  if (py::hasattr(torch_c, "_cuda_getDriverVersion")) {
+    try {
+      info.cuda_driver_version = torch_c.attr("_cuda_getDriverVersion")().cast<int>();
+    } catch (const py::error_already_set&) {
+      info.cuda_driver_version = 0;  // no driver installed
+    }
+  }
+  const py::object torch_cuda = torch.attr("cuda");
+  if (!torch_cuda.attr("is_available")().cast<bool>()) return info;
+  const int count = torch_cuda.attr("device_count")().cast<int>();
+  for (int i = 0; i < count; ++i) {
+    const py::object p = torch_cuda.attr("get_device_properties")(i);
+    info.cuda_devices.push_back({i, p.attr("name").cast<std::string>(),
+                                 p.attr("total_memory").cast<std::int64_t>(),
+                                 p.attr("major").cast<int>(), p.attr("minor").cast<int>()});
+  }
+  return info;
+}
+
 // The report's fields that come from the Python side's facts (see search) and the options.
 autobatch::ReportData reportData(const py::dict& facts, const autobatch::SearchOptions& options) {
   autobatch::ReportData data;
-  data.build = autobatch::buildInfo();
+  data.build = pythonBuildInfo();
   // The devices as torch sees them (name, total memory): the report's device fields whatever
   // CUDA this extension was built with.
   if (facts.contains("cuda_devices")) {
@@ -272,7 +306,11 @@ autobatch::CacheReport cacheOf(const py::dict& d) {
   autobatch::CacheReport cache;
   cache.dir = get<std::string>(d, "dir", "");
   cache.key.fields = d["fields"].cast<std::vector<std::pair<std::string, std::string>>>();
-  cache.key.hash = autobatch::sha1Hex(cache.key.canonicalText());
+  // hashlib's SHA-1 (the CLI's is c10::sha1's): the extension is built without torch's headers.
+  cache.key.hash = py::module_::import("hashlib")
+                       .attr("sha1")(py::bytes(cache.key.canonicalText()))
+                       .attr("hexdigest")()
+                       .cast<std::string>();
   return cache;
 }
 
@@ -609,7 +647,7 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("text"), py::arg("what") = "size");
   m.def("format_bytes", &autobatch::formatBytes);
-  m.def("version", [] { return autobatch::versionText(autobatch::buildInfo()); });
+  m.def("version", [] { return autobatch::versionText(pythonBuildInfo()); });
   // A storage's data_ptr() from Python is an address as an integer: the one cast of the module.
   m.def("is_tracked", [](std::uintptr_t data) {
     // NOLINTNEXTLINE(performance-no-int-to-ptr): the address is only compared, never read

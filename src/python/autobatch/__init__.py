@@ -14,7 +14,30 @@ the search, the planner and the report are the C++ library's (autobatch._core), 
 # CUDA toolkit is on its RUNPATH (issue 29, measured).
 import torch  # noqa: F401  (imported for its side effect: LibTorch loaded first)
 
-from . import _core
+
+def _load_core():
+    """autobatch._core, or an ImportError that says which torch it was built for and how to
+    rebuild: its CPU budget allocator is compiled against torch's C++ ABI (issue 41), so a _core
+    built for another torch fails with an undefined symbol, or worse, loads."""
+    try:
+        from . import _built
+        built = _built.TORCH_VERSION
+    except ImportError:  # a source tree without a build: _core's own error says more
+        built = None
+    fix = ("rebuild it against this torch: pip install --no-build-isolation --force-reinstall "
+           "--no-deps <the autobatch source folder> (docs/python.md, 'After a torch upgrade')")
+    if built is not None and built != torch.__version__:
+        raise ImportError(f"autobatch._core was built against torch {built}, and this environment "
+                          f"has torch {torch.__version__}; {fix}")
+    try:
+        from . import _core as core
+    except ImportError as e:
+        raise ImportError(f"autobatch._core does not load with torch {torch.__version__} "
+                          f"({e}); {fix}") from e
+    return core
+
+
+_core = _load_core()
 from ._errors import AutobatchError, Cancelled, DoesNotFit, ModelError, UsageError
 from ._export import export, export_pt2
 from ._check_eval import check_eval_batch
