@@ -61,9 +61,9 @@ EOF
 step "pip install" unshare -m --propagation private bash "$work/hidden.sh"
 echo "pip_fresh: the configure, as pip ran it (CMake's lines):"
 grep -E "^ *(-- |CMake Error)" "$work/pip install.log" | head -40
-if grep -qi "CUDAToolkit\|nvcc" "$work/pip install.log"; then
+if grep -v "^pip_fresh:" "$work/pip install.log" | grep -qi "CUDAToolkit\|nvcc"; then
   echo "pip_fresh: the log names CUDAToolkit or nvcc:"
-  grep -i "CUDAToolkit\|nvcc" "$work/pip install.log" | head
+  grep -v "^pip_fresh:" "$work/pip install.log" | grep -i "CUDAToolkit\|nvcc" | head
 fi
 
 cat >"$work/check.py" <<'EOF'

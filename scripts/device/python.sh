@@ -58,7 +58,7 @@ torch_prefix="$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix
 defs=(-DCMAKE_BUILD_TYPE="$build_type"
       "-DCMAKE_PREFIX_PATH=$torch_prefix;$debs/usr;$debs/usr/lib/x86_64-linux-gnu/cmake"
       "-DCMAKE_CXX_FLAGS=-isystem $debs/usr/include" -DAUTOBATCH_PYTHON="$python"
-      -DAUTOBATCH_PYTHON_MODULE=ON -DPython_EXECUTABLE="$python")
+      -DAUTOBATCH_PYTHON_MODULE=ON -DAUTOBATCH_WITH_TORCH=ON -DPython_EXECUTABLE="$python")
 config=()
 for d in "${defs[@]}"; do config+=(-C "cmake.define.${d#-D}"); done
 if [ "${AUTOBATCH_DEVICE_SKIP_INSTALL:-0}" = 1 ]; then
