@@ -2,7 +2,8 @@
 # The Python package against the newest torch on the package index (issue 29 item 6; CI runs it
 # after scripts/test.sh): a second environment from requirements-newest.txt, kept beside the first
 # and keyed by a hash of that file (created once: about 5 GB, a few minutes), the package installed
-# into it with pip install --no-build-isolation (its own build tree, build-newest/, compiled
+# into it with pip install --no-build-isolation, the `autobatch` executable included
+# (AUTOBATCH_WITH_TORCH=ON: test_export.py runs it; its own build tree, build-newest/, compiled
 # against that torch: minutes the first time, seconds with a warm ccache), then the package's
 # pytest suite with that Python. Prints each phase's time; exits non-zero on any failure.
 # Variables: AUTOBATCH_ENV_ROOT (scripts/env.sh), AUTOBATCH_JOBS (default: cores).
@@ -40,6 +41,7 @@ install_package() {
        CMAKE_BUILD_PARALLEL_LEVEL="${AUTOBATCH_JOBS:-$(nproc)}" \
        "$py" -m pip install --no-build-isolation --no-deps --force-reinstall \
        -C build-dir="$build" -C cmake.build-type=RelWithDebInfo -C cmake.define.AUTOBATCH_WERROR=ON \
+       -C cmake.define.AUTOBATCH_WITH_TORCH=ON \
        "$AUTOBATCH_ROOT" >"$log" 2>&1; then
     tail -n 60 "$log"
     return 1

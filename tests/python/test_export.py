@@ -12,8 +12,11 @@ import tiny_models
 
 
 def cli():
-    exe = os.path.join(os.path.dirname(sys.executable), "autobatch")  # installed by the package
-    assert os.access(exe, os.X_OK), exe
+    # Installed by the package when built with AUTOBATCH_WITH_TORCH=ON (scripts/build.sh and
+    # scripts/test_newest.sh do; a default pip install leaves it out: docs/python.md).
+    exe = os.path.join(os.path.dirname(sys.executable), "autobatch")
+    assert os.access(exe, os.X_OK), (f"{exe}: no `autobatch` executable; install the package with "
+                                     "-C cmake.define.AUTOBATCH_WITH_TORCH=ON")
     return exe
 
 
