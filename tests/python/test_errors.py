@@ -159,3 +159,28 @@ def test_usage_errors_for_devices_autobatch_cannot_measure():
             autobatch.find(mlp(), torch.randn(1, 32), device="cuda")
     with pytest.raises(autobatch.UsageError, match="meta device"):
         autobatch.find(mlp().to("meta"), torch.randn(1, 32))
+
+
+# Issue 41 item 4. Catches: a _core built against another torch imported silently (its CPU
+# budget allocator uses torch's C++ ABI: an undefined symbol at best), instead of an ImportError
+# that names both versions and the rebuild; and a _core linked against libautobatch.so again
+# (which needs LibTorch's CMake config, and with torch's CUDA wheel the CUDA toolkit, to build).
+def test_the_extension_is_checked_against_the_torch_it_runs_with():
+    import subprocess
+    import sys
+    code = ("import sys, types\n"
+            "m = types.ModuleType('autobatch._built'); m.TORCH_VERSION = '1.0.0+other'\n"
+            "sys.modules['autobatch._built'] = m\n"
+            "import autobatch\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    assert "built against torch 1.0.0+other" in run.stderr, run.stderr
+    assert f"this environment has torch {torch.__version__}" in run.stderr, run.stderr
+    assert "pip install --no-build-isolation --force-reinstall" in run.stderr, run.stderr
+
+    code = ("import autobatch\n"
+            "maps = open('/proc/self/maps').read()\n"
+            "print('libautobatch' in maps, 'libc10' in maps)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "True"], run.stdout
