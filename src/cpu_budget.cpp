@@ -550,10 +550,12 @@ CpuInterruptScope::CpuInterruptScope(const std::function<bool()>& hook, bool act
 CpuInterruptScope::~CpuInterruptScope() {
   t_interrupt = nullptr;
   t_interrupt_active = false;
+  t_interrupt_fired = false;  // outside a scope no error is an interruption (a later warm-up's)
 }
 void setInterruptActive(bool active) { t_interrupt_active = active; }
 
 bool interruptRequested() { return t_interrupt != nullptr && (*t_interrupt)(); }
+// False outside a scope: the scope's end clears it.
 bool interruptFired() { return t_interrupt_fired; }
 
 bool isBudgetTracked(const void* data) { return BudgetAllocator::instance().tracked(data); }

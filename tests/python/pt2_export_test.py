@@ -5,7 +5,10 @@ Checks the private joint-graph call and its output kinds, then runs a tiny MLP's
 with an eager forward/backward; also the tied-weight path (an embedding shared with the output
 head) and a model that does not export. Run by ctest (label cpu) with the project's Python:
 
-    python tests/python/pt2_export_test.py [--workdir DIR]
+    python tests/python/pt2_export_test.py [--workdir DIR] [--only NAME,...]
+
+(--only: the checks named, e.g. `mlp,tied`; scripts/test_newest.sh runs such a subset against the
+newest torch.)
 
 Wrong implementations it catches: a package whose gradients are listed in another order than the
 metadata says (the comparison is by name), a batch dimension frozen at export (batch 1 would fail
@@ -658,6 +661,8 @@ def test_does_not_export(workdir: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workdir", default="")
+    parser.add_argument("--only", default="",
+                        help="comma-separated check names (test_<name>), default: all")
     parser.add_argument("--export-under-count", metavar="PATH", help=export_under_count.__doc__)
     parser.add_argument("--export-variant", nargs=2, metavar=("PATH", "VARIANT"),
                         help=export_variant.__doc__)
@@ -670,17 +675,18 @@ def main() -> int:
         return 0
     workdir = args.workdir or tempfile.mkdtemp(prefix="pt2_export_test_")
     os.makedirs(workdir, exist_ok=True)
-    test_mlp(workdir)
-    test_tied(workdir)
-    test_wide_mean_stays_dynamic(workdir)
-    test_conv_stays_dynamic(workdir)
-    test_attention_stays_fused(workdir)
-    test_wrong_gradients_refused(workdir)
-    test_does_not_export(workdir)
-    test_constants_stored(workdir)
-    test_memory_check(workdir)
-    test_eager_buffers(workdir)
-    print(f"{len(FAILURES)} failure(s)")
+    checks = [test_mlp, test_tied, test_wide_mean_stays_dynamic, test_conv_stays_dynamic,
+              test_attention_stays_fused, test_wrong_gradients_refused, test_does_not_export,
+              test_constants_stored, test_memory_check, test_eager_buffers]
+    names = {c.__name__[len("test_"):]: c for c in checks}
+    wanted = [n for n in args.only.split(",") if n] or list(names)
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        print(f"--only: no check named {', '.join(unknown)}; expected some of {', '.join(names)}")
+        return 2
+    for name in wanted:
+        names[name](workdir)
+    print(f"{len(FAILURES)} failure(s) in {len(wanted)} check(s)")
     return 1 if FAILURES else 0
 
 

@@ -406,6 +406,9 @@ def test_the_time_limit_stops_a_step_in_progress():
     assert r.max_micro_batch >= 1 and last.micro_batch_size > r.max_micro_batch
     elapsed = r.raw["result"]["elapsed_s"]
     assert elapsed < 2.0 + 1.5, elapsed
+    # Outside a trial nothing is an interruption: a flag left set would turn the next find's
+    # warm-up error into a cancelled trial.
+    assert not autobatch._core.trial_interrupted()
 
 
 # A new user's round, left from stop 45: a loss_fn or step of the wrong arity failed at the first
