@@ -35,7 +35,7 @@ autobatch_timed "configure" cmake -S "$AUTOBATCH_ROOT" -B "$AUTOBATCH_BUILD_DIR"
 # ninja prints [done/total] per step.
 [ "$first" = 0 ] ||
   echo "build: compiling (${AUTOBATCH_JOBS:-$(nproc)} jobs); the files that include LibTorch" \
-       "take 20-50 s each: 3 to 5 minutes on 2 cores the first time, less with a warm ccache"
+       "take 20-50 s each: 1 to 2 minutes on 2 cores the first time (few units), less with a warm ccache"
 targets=()
 for t in ${AUTOBATCH_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
 autobatch_timed "build" cmake --build "$AUTOBATCH_BUILD_DIR" -j "${AUTOBATCH_JOBS:-$(nproc)}" \
