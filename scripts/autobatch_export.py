@@ -1,22 +1,27 @@
 """The export helpers, for scripts and for checkouts where the package is not installed.
 
-They live in the Python package (src/python/autobatch/_export.py; `autobatch.export` and
-`autobatch.export_pt2` once `pip install --no-build-isolation .` installed it). This shim loads
-that file by its path and stands in for it, so `import autobatch_export` (with scripts/ on
-sys.path) and `python scripts/autobatch_export.py ...` keep working before the package is built
+They live in the Python package (src/python/autobatch/_export.py and the modules it imports;
+`autobatch.export` and `autobatch.export_pt2` once `pip install --no-build-isolation .` installed
+it). This shim loads them from the checkout without the package's __init__ (which needs the built
+extension): the folder is registered as a namespace of its own, `_autobatch_source`, and its
+_export module stands in for this one, so `import autobatch_export` (with scripts/ on sys.path) and
+`python scripts/autobatch_export.py ...` keep working before the package is built
 (scripts/bootstrap.sh exports the real models that way). Module attributes set through this name
-are the module's own (the shim replaces itself in sys.modules).
+are the module's own (the shim replaces itself in sys.modules); `autobatch_export.SOURCES` lists
+the files of the export's code.
 """
-import importlib.util
+import importlib
 import os
 import sys
+import types
 
-_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "python",
-                     "autobatch", "_export.py")
-_spec = importlib.util.spec_from_file_location("autobatch_export", _PATH)
-_module = importlib.util.module_from_spec(_spec)
+_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "python", "autobatch")
+if "_autobatch_source" not in sys.modules:
+    _package = types.ModuleType("_autobatch_source")
+    _package.__path__ = [os.path.normpath(_DIR)]
+    sys.modules["_autobatch_source"] = _package
+_module = importlib.import_module("_autobatch_source._export")
 sys.modules["autobatch_export"] = _module
-_spec.loader.exec_module(_module)
 
 if __name__ == "__main__":
     _module.main()

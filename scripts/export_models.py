@@ -152,8 +152,8 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     digest = hashlib.sha256()
-    import autobatch_export  # the shim: its __file__ is the export's code in the package
-    for script in (__file__, autobatch_export.__file__):
+    import autobatch_export  # the shim: SOURCES are the export's code in the package
+    for script in (__file__, *autobatch_export.SOURCES):
         with open(script, "rb") as f:
             digest.update(f.read())
     stamp = digest.hexdigest()[:16] + " torch " + torch.__version__

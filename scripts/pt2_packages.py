@@ -338,9 +338,9 @@ def rewrite_metadata(src: str, dst: str, key: str, value: str) -> None:
 
 def cache_key() -> str:
     digest = hashlib.sha256()
-    # The export's code is in the package (src/python/autobatch/_export.py; the shim in scripts/
-    # only loads it): hash the file that holds it.
-    for name in ("pt2_packages.py", ab.__file__, "export_models.py"):
+    # The export's code is in the package (src/python/autobatch/_export.py and the modules it
+    # imports, ab.SOURCES; the shim in scripts/ only loads them): hash the files that hold it.
+    for name in ("pt2_packages.py", *ab.SOURCES, "export_models.py"):
         with open(os.path.join(HERE, name), "rb") as f:
             digest.update(f.read())
     from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -380,12 +380,13 @@ def build(name: str, path: str) -> None:
     elif variant in ("fused", "reordered"):
         import contextlib
 
-        kernels, order = ab.EAGER_KERNELS, ab._eager_order
-        buffers, dropout = ab._eager_buffers, ab._eager_dropout
-        ab._eager_order = contextlib.nullcontext
+        patches = ab.inductor_patches  # where the export reads them
+        kernels, order = patches.EAGER_KERNELS, patches._eager_order
+        buffers, dropout = patches._eager_buffers, patches._eager_dropout
+        patches._eager_order = contextlib.nullcontext
         if variant == "fused":
-            ab.EAGER_KERNELS = ()
-            ab._eager_buffers = ab._eager_dropout = contextlib.nullcontext
+            patches.EAGER_KERNELS = ()
+            patches._eager_buffers = patches._eager_dropout = contextlib.nullcontext
             # Inductor's defaults
             ab._INDUCTOR_OVERRIDES.update(max_fusion_size=64, allow_buffer_reuse=True)
         staged = path[:-len(".pt2")] + ".variant.pt2"
@@ -395,8 +396,8 @@ def build(name: str, path: str) -> None:
             ab.export_pt2(model, staged, example, loss=loss, int_high=int_high,
                           check_memory=False)
         finally:
-            ab.EAGER_KERNELS, ab._eager_order = kernels, order
-            ab._eager_buffers, ab._eager_dropout = buffers, dropout
+            patches.EAGER_KERNELS, patches._eager_order = kernels, order
+            patches._eager_buffers, patches._eager_dropout = buffers, dropout
             for key in ("max_fusion_size", "allow_buffer_reuse"):
                 ab._INDUCTOR_OVERRIDES.pop(key, None)
         if variant == "fused":

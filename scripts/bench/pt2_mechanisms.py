@@ -64,24 +64,24 @@ EXTRA = {"gelu_mlp_nodrop": lambda: (GeluMlpNoDrop(), (torch.randn(8, 16, 64),),
 def apply(variant: str) -> None:
     """Turns the variant's mechanism off in this process (each variant runs in its own)."""
     if variant == "fused":
-        ab._eager_buffers = contextlib.nullcontext
+        ab.inductor_patches._eager_buffers = contextlib.nullcontext
         ab._INDUCTOR_OVERRIDES.update(max_fusion_size=64, allow_buffer_reuse=True)
     elif variant == "groups":
         from torch._inductor.codegen.cpp import CppScheduling
 
-        buffers = ab._eager_buffers
+        buffers = ab.inductor_patches._eager_buffers
 
         class realized_only(buffers):  # results realized, no fusion; kernel groups kept
             def __enter__(self):
                 super().__enter__()
                 CppScheduling.MAX_FUSED_KERNEL_ARGS_NUM = self._args
                 return self
-        ab._eager_buffers = realized_only
+        ab.inductor_patches._eager_buffers = realized_only
         ab._INDUCTOR_OVERRIDES["allow_buffer_reuse"] = True
     elif variant == "mask":
-        ab._eager_dropout = contextlib.nullcontext
+        ab.inductor_patches._eager_dropout = contextlib.nullcontext
     elif variant == "lifetimes":
-        ab._eager_lifetimes = contextlib.nullcontext
+        ab.inductor_patches._eager_lifetimes = contextlib.nullcontext
     elif variant != "final":
         raise SystemExit(f"pt2_mechanisms: unknown variant '{variant}'")
 

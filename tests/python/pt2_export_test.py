@@ -7,8 +7,8 @@ head) and a model that does not export. Run by ctest (label cpu) with the projec
 
     python tests/python/pt2_export_test.py [--workdir DIR] [--only NAME,...]
 
-(--only: the checks named, e.g. `mlp,tied`; scripts/test_newest.sh runs such a subset against the
-newest torch.)
+(--only: the checks named, e.g. `mlp,tied`, and `eager_buffers:lifetimes` for one of that check's
+models; scripts/test_newest.sh runs such a subset against the newest torch.)
 
 Wrong implementations it catches: a package whose gradients are listed in another order than the
 metadata says (the comparison is by name), a batch dimension frozen at export (batch 1 would fail
@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import zipfile
 
 import torch
@@ -385,8 +386,8 @@ def test_wrong_gradients_refused(workdir: str) -> None:
     qkv gradients are off by several times their largest element (qkv.bias: 6.3; the
     decomposition hands the attention matrix to a backward that reads the log-sum-exp). Catches an export that compiles such a graph (no check,
     or a check that compares the wrong tensors), with no package written."""
-    kept = ab.EAGER_KERNELS
-    ab.EAGER_KERNELS = ()
+    kept = ab.inductor_patches.EAGER_KERNELS
+    ab.inductor_patches.EAGER_KERNELS = ()
     path = os.path.join(workdir, "attention_decomposed.pt2")
     try:
         torch.manual_seed(0)
@@ -397,7 +398,7 @@ def test_wrong_gradients_refused(workdir: str) -> None:
         check("other gradients than eager" in text and "model.qkv." in text
               and "--format torchscript" in text, f"decomposed attention: {text[:200]}")
     finally:
-        ab.EAGER_KERNELS = kept
+        ab.inductor_patches.EAGER_KERNELS = kept
     check(not os.path.exists(path), "decomposed attention: no package written")
 
 
@@ -589,12 +590,12 @@ def export_variant(path: str, variant: str) -> None:
     import contextlib
 
     if variant == "fused":
-        ab._eager_buffers = contextlib.nullcontext
+        ab.inductor_patches._eager_buffers = contextlib.nullcontext
         ab._INDUCTOR_OVERRIDES.update(max_fusion_size=64, allow_buffer_reuse=True)
     elif variant == "mask":
-        ab._eager_dropout = contextlib.nullcontext
+        ab.inductor_patches._eager_dropout = contextlib.nullcontext
     else:
-        ab._eager_lifetimes = contextlib.nullcontext
+        ab.inductor_patches._eager_lifetimes = contextlib.nullcontext
     torch.manual_seed(0)
     try:
         ab.export_pt2(EAGER_BUFFER_MODELS[variant](), path,
@@ -603,7 +604,7 @@ def export_variant(path: str, variant: str) -> None:
         raise SystemExit(f"autobatch_export: error: {error}") from None
 
 
-def test_eager_buffers(workdir: str) -> None:
+def test_eager_buffers(workdir: str, variants=None) -> None:
     """Issue 26, item 1 (the GPT-2 row, 7.13% under): the package holds the tensors the eager
     CPU step holds, one per op, and dropout's float noise. Catches: an export that lets Inductor
     compute pointwise chains inside their consumers (GeluMlp), and one that traces dropout as
@@ -612,10 +613,13 @@ def test_eager_buffers(workdir: str) -> None:
     it (PooledMlp: avg_pool2d_backward's input, DenseNet-121's 0.70%); each, made in a child
     process, must be refused by the memory check, while the export as it is passes within
     -0.5%..+1% of the eager step at batch 8 and 32. Also: the joint graph draws bernoulli noise
-    (eager's CPU dropout), not native_dropout, and dropout's own kernel is back afterwards."""
+    (eager's CPU dropout), not native_dropout, and dropout's own kernel is back afterwards.
+    ``variants``: some of EAGER_BUFFER_MODELS' keys only (`--only eager_buffers:lifetimes`)."""
     import subprocess
 
     for variant, model in EAGER_BUFFER_MODELS.items():
+        if variants and variant not in variants:
+            continue
         path = os.path.join(workdir, f"{model.__name__}.pt2")
         torch.manual_seed(0)
         ab.export_pt2(model(), path, (torch.randn(*EAGER_BUFFER_EXAMPLE),), loss="cross-entropy")
@@ -645,7 +649,7 @@ def test_eager_buffers(workdir: str) -> None:
     check("aten.bernoulli.p" in ops and "aten.native_dropout.default" not in ops,
           "DropoutMlp: the joint graph draws eager's CPU noise (bernoulli), no native_dropout")
     check(torch.ops.aten.dropout.default.py_kernels.get(torch._C.DispatchKey.Autograd)
-          is not ab._cpu_eager_dropout,
+          is not ab.inductor_patches._cpu_eager_dropout,
           "DropoutMlp: dropout's own kernels are back after the export")
 
 
@@ -679,13 +683,24 @@ def main() -> int:
               test_attention_stays_fused, test_wrong_gradients_refused, test_does_not_export,
               test_constants_stored, test_memory_check, test_eager_buffers]
     names = {c.__name__[len("test_"):]: c for c in checks}
-    wanted = [n for n in args.only.split(",") if n] or list(names)
-    unknown = [n for n in wanted if n not in names]
+    # NAME or NAME:VARIANT+VARIANT (eager_buffers only: some of EAGER_BUFFER_MODELS)
+    wanted = [tuple(n.partition(":")[::2]) for n in args.only.split(",") if n] or \
+        [(n, "") for n in names]
+    unknown = [n for n, v in wanted if n not in names or (v and n != "eager_buffers")]
+    unknown += [v for n, v in wanted if n == "eager_buffers" and v
+                for v in v.split("+") if v not in EAGER_BUFFER_MODELS]
     if unknown:
-        print(f"--only: no check named {', '.join(unknown)}; expected some of {', '.join(names)}")
+        print(f"--only: no check named {', '.join(unknown)}; expected some of {', '.join(names)}"
+              f" (eager_buffers:{'+'.join(EAGER_BUFFER_MODELS)} for some of its models)")
         return 2
-    for name in wanted:
-        names[name](workdir)
+    for name, variants in wanted:
+        start = time.monotonic()
+        if variants:
+            names[name](workdir, variants.split("+"))
+        else:
+            names[name](workdir)
+        print(f"[time] {name}{':' + variants if variants else ''}: "
+              f"{time.monotonic() - start:.0f} s")
     print(f"{len(FAILURES)} failure(s) in {len(wanted)} check(s)")
     return 1 if FAILURES else 0
 

@@ -52,3 +52,42 @@ def test_a_plain_module_is_scripted_as_before(tmp_path):
     assert meta == {"version": 1, "inputs": ["8"], "loss": "cross-entropy"}
     assert isinstance(torch.jit.load(path), torch.jit.ScriptModule)
     assert "Sequential" in torch.jit.load(path).original_name
+
+
+# The pt2 export patches private names of torch (autobatch/_inductor_patches.py, issue 42). On the
+# torch that runs this (torch 2.11 in scripts/test.sh, the newest in scripts/test_newest.sh) every
+# name is as the patches expect; with one missing and one taking other parameters, the export is
+# refused before anything is compiled, naming both and the TorchScript format, and nothing is
+# written. Catches: a fence keyed by the version string (the version is unchanged here while the
+# names differ), a fence that checks names but not signatures (compute_dependencies is still
+# there), a fence export_pt2 does not consult (it would compile, then fail inside Inductor or write
+# a package that under-counts).
+def test_the_pt2_export_refuses_a_torch_whose_internals_differ(tmp_path, monkeypatch):
+    import pytest
+    from torch._inductor.codegen.cpp import CppScheduling
+    from torch._inductor.scheduler import Scheduler
+
+    from autobatch import _inductor_patches as patches
+
+    assert patches.check_internals() == []
+    monkeypatch.setattr(patches, "_CHECKED", [])  # looked up again, then restored
+
+    def compute_dependencies(self, extra):
+        pass
+
+    monkeypatch.setattr(Scheduler, "compute_dependencies", compute_dependencies)
+    monkeypatch.delattr(CppScheduling, "MAX_FUSED_KERNEL_ARGS_NUM")
+    found = patches.check_internals()
+    assert len(found) == 2, found
+    assert found[0].startswith("torch._inductor.codegen.cpp.CppScheduling."
+                               "MAX_FUSED_KERNEL_ARGS_NUM is missing (AttributeError")
+    assert found[1] == ("torch._inductor.scheduler.Scheduler.compute_dependencies takes "
+                        "['self', 'extra'], the patch expects ['self']")
+    with pytest.raises(ValueError) as error:
+        autobatch.export_pt2(torch.nn.Linear(4, 2), str(tmp_path / "linear.pt2"),
+                             (torch.randn(2, 4),), check_memory=False)
+    text = str(error.value)
+    assert f"does not support torch {torch.__version__}" in text
+    assert found[1] in text and "MAX_FUSED_KERNEL_ARGS_NUM is missing" in text
+    assert "--format torchscript" in text and "2.11.0" in text
+    assert list(tmp_path.iterdir()) == []

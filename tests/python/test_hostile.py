@@ -92,6 +92,20 @@ def test_plans_of_any_size():
     assert r.plan.effective_batch == 20000 and r.plan.accumulation_steps == 5000
 
 
+class Counting(torch.nn.Module):
+    """A Linear that records the batch of every forward it runs (``calls``): a test that expects
+    a refusal before any trial expects none."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 4)
+        self.calls = []
+
+    def forward(self, v):
+        self.calls.append(v.shape[0])
+        return self.lin(v)
+
+
 # Rows 6 and 13. Catches options taken as "no limit" or cast raw: memory_limit=0 sized against
 # the whole machine, min_batch="4" raised pybind11's RuntimeError, 2.5 and 2.0 were truncated, a
 # margin or reserve that leaves nothing ran trials first, " 8MiB " said "(no number)".
@@ -109,19 +123,10 @@ def test_plans_of_any_size():
     ({"memory_limit": "8MiB", "reserve": "8MiB"}, "reserve: .* leave nothing"),
 ])
 def test_bad_options_are_usage_errors_before_any_trial(options, match):
-    calls = []
-
-    class Counting(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(32, 4)
-
-        def forward(self, v):
-            calls.append(1)
-            return self.lin(v)
+    model = Counting()
     with pytest.raises(autobatch.UsageError, match=match):
-        autobatch.find(Counting(), x(), **options)
-    assert calls == []
+        autobatch.find(model, x(), **options)
+    assert model.calls == []
 
 
 # Row 7 (the second half). Catches a second search in the same process at the same time, which
@@ -417,23 +422,14 @@ def test_the_time_limit_stops_a_step_in_progress():
 # Catches: no check of the signature before the trials (the forward would run), and a BatchNorm
 # error without min_batch=2 in it.
 def test_wrong_arity_and_batchnorm_at_one_say_the_fix():
-    calls = []
-
-    class Counting(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(32, 4)
-
-        def forward(self, v):
-            calls.append(v.shape[0])
-            return self.lin(v)
+    model = Counting()
     with pytest.raises(autobatch.UsageError, match=r"loss_fn\(output, batch\)"):
-        autobatch.find(Counting(), x(), memory_limit=LIMIT, loss_fn=lambda out: out.sum())
+        autobatch.find(model, x(), memory_limit=LIMIT, loss_fn=lambda out: out.sum())
     with pytest.raises(autobatch.UsageError, match=r"step\(model, batch\)"):
-        autobatch.find(Counting(), x(), memory_limit=LIMIT, step=lambda model: model.lin.weight)
+        autobatch.find(model, x(), memory_limit=LIMIT, step=lambda model: model.lin.weight)
     with pytest.raises(autobatch.UsageError, match="loss_fn: expected a function"):
-        autobatch.find(Counting(), x(), memory_limit=LIMIT, loss_fn="mse")
-    assert calls == []
+        autobatch.find(model, x(), memory_limit=LIMIT, loss_fn="mse")
+    assert model.calls == []
     # Two arguments, however written, are taken.
     r = autobatch.find(Counting(), x(), memory_limit=LIMIT, max_batch=8,
                        loss_fn=lambda *args: args[0].sum())
