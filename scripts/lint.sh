@@ -76,21 +76,45 @@ log="$(mktemp)"
 trap 'rm -rf "$log" "$dbdir"' EXIT
 # A unit found clean is not checked again while nothing it is checked from changed (issue 41: 99
 # units took 1,236 s of every CI run): the key is the unit's content, its compile command (the
-# clone's path taken out, so clones share it), every header of the project, .clang-tidy, the tool's
-# version and requirements.txt (LibTorch's headers). Kept outside the clone, in
-# AUTOBATCH_LINT_CACHE (default $AUTOBATCH_ENV_ROOT/clang-tidy-clean); AUTOBATCH_LINT_CACHE=off
+# clone's path taken out, so clones share it), the content of every project header it includes,
+# directly or through other project headers (its `#include "..."` and `#include <autobatch/...>`
+# lines, resolved as the compiler does: beside the including file, then the command's -I folders
+# inside the checkout), .clang-tidy, the tool's version and requirements.txt (LibTorch's headers).
+# A header's change re-checks the units that include it, not all of them. Kept outside the clone,
+# in AUTOBATCH_LINT_CACHE (default $AUTOBATCH_ENV_ROOT/clang-tidy-clean); AUTOBATCH_LINT_CACHE=off
 # checks every unit.
 cache="${AUTOBATCH_LINT_CACHE:-$AUTOBATCH_ENV_ROOT/clang-tidy-clean}"
-common="$( (clang-tidy-14 --version; cat .clang-tidy requirements.txt
-            git ls-files 'src/*.h' 'include/*.h' 'tests/*.h' | xargs cat) | sha256sum | cut -c1-32)"
+common="$( (clang-tidy-14 --version; cat .clang-tidy requirements.txt) | sha256sum | cut -c1-32)"
 mapfile -t keyed < <("$AUTOBATCH_PYTHON" - "$db" "$AUTOBATCH_ROOT" "$common" "${tus[@]}" <<'PY'
-import hashlib, json, sys
+import hashlib, json, os, re, shlex, sys
 db, root, common, units = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 commands = {e["file"]: e.get("command") or " ".join(e.get("arguments", [])) for e in json.load(open(db))}
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+OURS = tuple(f"{root}/{folder}/" for folder in ("src", "include", "tests", "examples"))
+
+def project_headers(path, folders, seen):
+    """The project headers `path` includes, directly or through others (into `seen`)."""
+    for name in INCLUDE.findall(open(path, encoding="utf-8", errors="replace").read()):
+        for folder in (os.path.dirname(path), *folders):
+            found = os.path.normpath(os.path.join(folder, name))
+            if os.path.isfile(found):
+                if found.startswith(OURS) and found not in seen:
+                    seen.add(found)
+                    project_headers(found, folders, seen)
+                break
+    return seen
+
 for unit in units:
+    command = commands.get(f"{root}/{unit}", "")
+    words = shlex.split(command)
+    folders = [w[2:] for w in words if w.startswith("-I") and len(w) > 2]
+    folders += [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-I", "-iquote")]
+    folders = [f for f in folders if os.path.normpath(f).startswith(root + "/")]
     h = hashlib.sha256(common.encode())
-    h.update(commands.get(f"{root}/{unit}", "").replace(root, "ROOT").encode())
+    h.update(command.replace(root, "ROOT").encode())
     h.update(open(f"{root}/{unit}", "rb").read())
+    for header in sorted(project_headers(f"{root}/{unit}", folders, set())):
+        h.update(header.replace(root, "ROOT").encode() + b"\0" + open(header, "rb").read())
     print(f"{unit}:{h.hexdigest()[:32]}")
 PY
 )
