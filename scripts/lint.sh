@@ -44,6 +44,9 @@ while IFS=$'\t' read -r n where name; do
 done <<<"$lengths"
 [ "$long" = 0 ] || exit 1
 
+# The layers' dependency direction (docs/architecture.md): no file includes a higher layer's header.
+"$AUTOBATCH_PYTHON" "$here/check_layers.py"
+
 if [ $# -gt 0 ]; then files=("$@"); else
   mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.h' 'include/*.h' 'tests/*.cpp' 'tests/*.h' \
                        'examples/*.cpp' | grep -v '^tests/fixtures/')
