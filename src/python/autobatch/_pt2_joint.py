@@ -96,21 +96,8 @@ def accumulating_program(joint, tied=()):
         if stored not in parameter_node:
             raise RuntimeError(f"joint graph: expected parameter {stored} among its inputs")
         target = PT2_GRAD_PREFIX + stored
-        with graph.inserting_before(first_user):
-            # a Python identifier: FX writes the name into generated code, and module names
-            # need not be one (torchvision's RegNet: "block1-0" failed with a SyntaxError)
-            buffer = graph.placeholder("b_" + re.sub(r"\W", "_", target))
-        buffer.meta = dict(parameter_node[stored].meta)
         made = sorted((gradient_node[n] for n in names), key=position.__getitem__)
-        total = made[0]
-        for gradient in made[1:]:
-            with graph.inserting_after(gradient):
-                summed = graph.call_function(torch.ops.aten.add.Tensor, (total, gradient))
-            summed.meta = dict(gradient.meta)
-            total = summed
-        with graph.inserting_after(total):
-            added = graph.call_function(torch.ops.aten.add.Tensor, (buffer, total))
-        added.meta = dict(total.meta)
+        buffer, added = _add_into_buffer(graph, first_user, parameter_node[stored], made, target)
         new_inputs.append(InputSpec(InputKind.BUFFER, TensorArgument(buffer.name), target, True))
         new_outputs.append(OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(added.name),
                                       target))
@@ -133,6 +120,28 @@ def accumulating_program(joint, tied=()):
                            module_call_graph=joint.module_call_graph,
                            example_inputs=joint.example_inputs, constants=joint.constants,
                            verifiers=[joint.verifier])
+
+
+def _add_into_buffer(graph, first_user, parameter, made, target: str):
+    """accumulating_program's edit for one stored parameter: a placeholder for its gradient
+    buffer ``target`` (before the first user input, with the parameter's metadata), the group's
+    gradients ``made`` (in graph order) summed each right after it is made, and the sum added
+    into the buffer right after the last. Returns (the placeholder, the add's node)."""
+    with graph.inserting_before(first_user):
+        # a Python identifier: FX writes the name into generated code, and module names
+        # need not be one (torchvision's RegNet: "block1-0" failed with a SyntaxError)
+        buffer = graph.placeholder("b_" + re.sub(r"\W", "_", target))
+    buffer.meta = dict(parameter.meta)
+    total = made[0]
+    for gradient in made[1:]:
+        with graph.inserting_after(gradient):
+            summed = graph.call_function(torch.ops.aten.add.Tensor, (total, gradient))
+        summed.meta = dict(gradient.meta)
+        total = summed
+    with graph.inserting_after(total):
+        added = graph.call_function(torch.ops.aten.add.Tensor, (buffer, total))
+    added.meta = dict(total.meta)
+    return buffer, added
 
 
 def stored_tensors(wrapped: torch.nn.Module, joint) -> Dict[str, torch.Tensor]:
