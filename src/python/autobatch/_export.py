@@ -53,7 +53,7 @@ from ._inductor_patches import EAGER_KERNELS
 from ._pt2 import _INDUCTOR_OVERRIDES, batch_range, export_pt2
 from ._pt2_joint import GRADIENT_CHECK_TOLERANCE, export_joint
 from ._pt2_memory import (MEMORY_FLOOR_BYTES, MEMORY_OVER_PCT, MEMORY_UNDER_PCT, eager_step_peak,
-                          find_cli, memory_check)
+                          find_cli, memory_check, profiled_peak)
 
 # What scripts and tests take from here (scripts/autobatch_export.py). A patch of the export's
 # behaviour is made where the name is used: inductor_patches.<name> for the patches.
@@ -62,7 +62,8 @@ __all__ = ["EAGER_KERNELS", "EXPORT_FILE", "EXTRA_FILE", "GRADIENT_CHECK_TOLERAN
            "PT2_BATCH_RANGE", "PT2_GRAD_PREFIX", "PT2_MEMORY_CHECK", "PT2_METADATA_KEY",
            "PT2_WEIGHTS", "_INDUCTOR_OVERRIDES", "_WithLoss", "batch_range", "eager_step_peak",
            "export", "export_joint", "export_pt2", "find_cli", "inductor_patches", "input_spec",
-           "main", "memory_check", "metadata", "untie_parameters", "unwrap", "SOURCES"]
+           "main", "memory_check", "metadata", "profiled_peak", "untie_parameters", "unwrap",
+           "SOURCES"]
 
 # The files of the export's code, which caches of exported models and packages are keyed by
 # (scripts/export_models.py, scripts/pt2_packages.py).
