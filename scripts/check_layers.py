@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """The layers' dependency direction (issue 42, docs/architecture.md): a file of a lower layer never
-includes a header of a higher one. Run by scripts/lint.sh; exits 1 naming each violation, and each
-source file the table below does not place.
+includes a header of a higher one. Run by scripts/lint.sh; exits 1 naming each violation, each
+source file outside the layers' folders, and each include that names no file of the checkout.
 
-A module is a stem (search for src/search.cpp, include/autobatch/search.h); LAYERS lists them
-from the bottom up. src/cli/ and src/python/ are the front doors whatever their names. A few
-files sit apart from their stem (FILE_LAYERS) and a few includes are allowed across (ALLOWED),
-each with its reason.
+A layer is a folder: src/<layer>/ for the sources and private headers, include/autobatch/<layer>/
+for the public headers, and the includes name it ("search/search_driver.h",
+<autobatch/search/planner.h>), so a file's layer and each include's layer are read from paths.
+LAYERS lists them from the bottom up; src/cli/ and src/python/ are the front doors. The public
+entry header include/autobatch/autobatch.h sits at the top of include/autobatch/ and belongs to the
+layer that implements it (FILE_LAYERS); a few includes are allowed across (ALLOWED), each with its
+reason.
 
 Usage: scripts/check_layers.py [--self-test]   (from the checkout; --self-test checks the checker)
 """
@@ -17,87 +20,92 @@ import re
 import subprocess
 import sys
 
-LAYERS = [
-    ("vocabulary", "units error input_spec training_spec search_options trial failure "
-                   "model_metadata name_table os_text version version_text "
-                   "zip_members"),
-    ("search", "search search_driver search_strategy search_doubling search_guided search_plan "
-               "search_finish planner replan"),
-    ("memory", "memory_backend cpu_budget cuda_api cuda_backend cuda_runtime cuda_backend_stub "
-               "cuda_device cgroup_memory process_memory storage_bytes scratch_files "
-               "stderr_capture"),
-    ("probes", "model_format trial_runner step_program torchscript_step pt2_step pt2_package "
-               "pt2_archive pt2_metadata optimizers trial_inputs trial_plan trial_classification "
-               "failure_torch runner_checks weight_snapshot rng_state_guard step_progress "
-               "trained_parameters eval_lifetimes"),
-    ("run", "autobatch eval_options result_cache bucket_mix ranks rank_group rank_agreement "
-            "workflow_budget"),
-    ("reports", "report report_internal report_json report_text report_env report_file"),
-    ("workflows", "cached_search cached_search_runner length_sweep fleet fleet_sizes fleet_gpus"),
-    ("front", ""),
-]
-FOLDER_LAYERS = {"src/cli/": "front", "src/python/": "front"}
+LAYERS = ["vocabulary", "search", "memory", "probes", "run", "reports", "workflows", "front"]
+FRONT_FOLDERS = ("cli", "python")
 FILE_LAYERS = {
-    # fills the public BuildInfo from LibTorch and the CUDA runtime (cuda_device.h); the
-    # vocabulary's half of it, with no LibTorch, is version_text.cpp
-    "src/version.cpp": "memory",
+    # the entry header (findMaxBatch, SearchOutcome); src/run/autobatch.cpp implements it
+    "include/autobatch/autobatch.h": "run",
 }
 ALLOWED = {
     # defines autobatch::removeScratchFiles(), which the public entry header declares for
     # launchers (a signal handler's cleanup)
-    ("src/scratch_files.cpp", "autobatch"): "defines a function autobatch.h declares",
+    ("src/memory/scratch_files.cpp", "include/autobatch/autobatch.h"):
+        "defines a function autobatch.h declares",
 }
-ORDER = [name for name, _ in LAYERS]
-MODULE_LAYER = {stem: name for name, stems in LAYERS for stem in stems.split()}
-# the project's headers only: "name.h" (src/) and <autobatch/name.h> (include/), not <fmt/...>
-INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]((?:autobatch/)?[A-Za-z0-9_]+)\.(?:h|inc)[>"]', re.M)
-
-
-def stem(path: str) -> str:
-    return re.sub(r"\.(cpp|h|inc)$", "", os.path.basename(path))
+# the project's headers only: "layer/name.h" (src/) and <autobatch/...> (include/), not <fmt/...>
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+\.(?:h|inc))[>"]', re.M)
 
 
 def layer_of(path: str):
+    """The layer of a checkout path (src/..., include/autobatch/...), None outside the layers."""
     if path in FILE_LAYERS:
         return FILE_LAYERS[path]
-    for folder, layer in FOLDER_LAYERS.items():
-        if path.startswith(folder):
-            return layer
-    return MODULE_LAYER.get(stem(path))
+    parts = path.split("/")
+    if parts[0] == "include" and len(parts) == 4 and parts[1] == "autobatch":
+        folder = parts[2]
+    elif parts[0] == "src" and len(parts) >= 3:
+        folder = parts[1]
+    else:
+        return None
+    if folder in FRONT_FOLDERS:
+        return "front"
+    return folder if folder in LAYERS else None
+
+
+def included_path(path: str, name: str, sources: dict):
+    """The checkout path an include names, as the compiler resolves it (beside the including
+    file, then src/, then include/), or None when it is no project file (<fmt/...>, tests')."""
+    for candidate in (os.path.join(os.path.dirname(path), name), f"src/{name}", f"include/{name}"):
+        candidate = os.path.normpath(candidate)
+        if candidate in sources:
+            return candidate
+    return None
 
 
 def violations(sources: dict) -> list:
-    """The problems in ``sources`` (path -> text), one text per unplaced file or upward include."""
+    """The problems in ``sources`` (path -> text), one text per misplaced file or upward include."""
     found = []
     for path, text in sorted(sources.items()):
         layer = layer_of(path)
         if layer is None:
-            found.append(f"{path}: in no layer; add its stem to LAYERS in scripts/check_layers.py "
-                         f"(docs/architecture.md says which)")
+            found.append(f"{path}: in no layer's folder; move it into src/<layer>/ (or "
+                         f"include/autobatch/<layer>/), docs/architecture.md says which")
             continue
-        for included in INCLUDE.findall(text):
-            target = MODULE_LAYER.get(os.path.basename(included))
-            if target is None or (path, os.path.basename(included)) in ALLOWED:
+        for name in INCLUDE.findall(text):
+            target_path = included_path(path, name, sources)
+            if target_path is None:
+                if name.startswith("autobatch/") or "/" in name and name.split("/")[0] in LAYERS:
+                    found.append(f"{path} includes {name}, which is no file of the checkout")
                 continue
-            if ORDER.index(target) > ORDER.index(layer):
-                found.append(f"{path} ({layer}) includes {included} ({target}): a lower layer "
+            target = layer_of(target_path)
+            if (path, target_path) in ALLOWED or target is None:
+                continue
+            if LAYERS.index(target) > LAYERS.index(layer):
+                found.append(f"{path} ({layer}) includes {name} ({target}): a lower layer "
                              f"includes a higher one; move the shared part down, or the file up")
     return found
 
 
 def self_test() -> None:
-    """Catches a checker that never fails: an upward include, an unplaced file and an allowed
-    include must give exactly the first two."""
+    """Catches a checker that never fails: an upward include, a file outside the folders, an
+    include of a missing header and an allowed include must give exactly the first three."""
     found = violations({
-        "src/planner.cpp": '#include "autobatch/report.h"\n#include "autobatch/units.h"\n',
-        "src/brand_new.cpp": '#include "autobatch/units.h"\n',
-        "src/scratch_files.cpp": '#include "autobatch/autobatch.h"\n',
-        "src/cli/main.cpp": '#include "autobatch/cached_search.h"\n',
+        "src/search/planner.cpp": '#include "autobatch/reports/report.h"\n'
+                                  '#include "autobatch/vocabulary/units.h"\n',
+        "src/brand_new.cpp": '#include "autobatch/vocabulary/units.h"\n',
+        "src/memory/scratch_files.cpp": '#include "autobatch/autobatch.h"\n'
+                                        '#include "memory/gone.h"\n',
+        "src/cli/main.cpp": '#include "autobatch/workflows/cached_search.h"\n',
+        "include/autobatch/autobatch.h": "", "include/autobatch/reports/report.h": "",
+        "include/autobatch/vocabulary/units.h": "",
+        "include/autobatch/workflows/cached_search.h": "",
     })
-    assert len(found) == 2, found
-    assert found[0].startswith("src/brand_new.cpp: in no layer"), found
-    assert found[1].startswith("src/planner.cpp (search) includes autobatch/report (reports)"), \
+    assert len(found) == 3, found
+    assert found[0].startswith("src/brand_new.cpp: in no layer's folder"), found
+    assert found[1].startswith("src/memory/scratch_files.cpp includes memory/gone.h, which is no"), \
         found
+    assert found[2].startswith("src/search/planner.cpp (search) includes "
+                               "autobatch/reports/report.h (reports)"), found
 
 
 def main() -> int:
@@ -113,8 +121,8 @@ def main() -> int:
         print(f"check_layers: {text}")
     if found:
         return 1
-    print(f"check_layers: {len(paths)} files in {len(ORDER)} layers, no include upward "
-          f"({' < '.join(ORDER)})")
+    print(f"check_layers: {len(paths)} files in {len(LAYERS)} layers, no include upward "
+          f"({' < '.join(LAYERS)})")
     return 0
 
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "autobatch/error.h"
+#include "autobatch/vocabulary/error.h"
 #include "test_models.h"
 
 namespace autobatch {

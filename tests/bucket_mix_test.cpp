@@ -1,6 +1,6 @@
 // Mixed verification of a sweep's buckets (src/bucket_mix.cpp, autobatch/bucket_mix.h, issue 18)
 // with fake mixed trials (LibTorch-free). Moved from tests/search_test.cpp (issue 28).
-#include "autobatch/bucket_mix.h"
+#include "autobatch/run/bucket_mix.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "autobatch/error.h"
+#include "autobatch/vocabulary/error.h"
 
 namespace autobatch {
 namespace {

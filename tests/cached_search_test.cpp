@@ -1,6 +1,6 @@
 // findMaxBatchCached (autobatch/cached_search.h) on a tiny TorchScript MLP under the CPU budget
 // allocator, with a result folder of the test's own; no CLI.
-#include "autobatch/cached_search.h"
+#include "autobatch/workflows/cached_search.h"
 
 #include <gtest/gtest.h>
 #include <torch/script.h>
@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "autobatch/error.h"
-#include "autobatch/input_spec.h"
-#include "autobatch/result_cache.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/vocabulary/input_spec.h"
+#include "autobatch/run/result_cache.h"
 
 namespace autobatch {
 namespace {

@@ -18,10 +18,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "autobatch/error.h"
-#include "cuda_api.h"
+#include "autobatch/vocabulary/error.h"
+#include "memory/cuda_api.h"
 #include "fake_cuda.h"
-#include "memory_backend.h"
+#include "memory/memory_backend.h"
 
 namespace autobatch::detail {
 namespace {

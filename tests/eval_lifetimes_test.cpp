@@ -11,8 +11,8 @@
 #include <string>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/trial_runner.h"
-#include "eval_lifetimes.h"
+#include "autobatch/probes/trial_runner.h"
+#include "probes/eval_lifetimes.h"
 #include "test_models.h"
 
 namespace autobatch {

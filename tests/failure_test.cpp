@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "autobatch/failure.h"
+#include "autobatch/vocabulary/failure.h"
 
 namespace autobatch {
 

@@ -8,7 +8,7 @@
 #include <new>
 #include <stdexcept>
 
-#include "autobatch/failure.h"
+#include "autobatch/vocabulary/failure.h"
 
 namespace autobatch {
 namespace {

@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cuda_api.h"
+#include "memory/cuda_api.h"
 
 // GCC 12 at -O2 warns that a copied std::optional<std::string> "may be used uninitialized" (a
 // known false positive, GCC bug 80635) when the fake returns its CudaAllocatorFacts.

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "autobatch/trial.h"
+#include "autobatch/vocabulary/trial.h"
 
 namespace autobatch::testing {
 

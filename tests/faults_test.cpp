@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/error.h"
-#include "autobatch/search.h"
-#include "autobatch/trial_runner.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/search/search.h"
+#include "autobatch/probes/trial_runner.h"
 #include "child_process.h"
-#include "memory_backend.h"
+#include "memory/memory_backend.h"
 #include "test_models.h"
 
 namespace autobatch {

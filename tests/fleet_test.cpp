@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "autobatch/error.h"
-#include "autobatch/fleet.h"
-#include "autobatch/search.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/workflows/fleet.h"
+#include "autobatch/search/search.h"
 #include "cli_run.h"
 #include "fake_probe.h"
 #include "test_models.h"

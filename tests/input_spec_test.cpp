@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 
-#include "autobatch/error.h"
-#include "autobatch/input_spec.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/vocabulary/input_spec.h"
 
 namespace autobatch {
 namespace {

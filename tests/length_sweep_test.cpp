@@ -1,6 +1,6 @@
 // sweepLengths and lowerSweepRow (autobatch/length_sweep.h): a token model under the CPU budget
 // allocator, and the lowering of a row on plain values; no CLI.
-#include "autobatch/length_sweep.h"
+#include "autobatch/workflows/length_sweep.h"
 
 #include <gtest/gtest.h>
 #include <torch/script.h>
@@ -9,8 +9,8 @@
 
 #include <filesystem>
 
-#include "autobatch/error.h"
-#include "autobatch/planner.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/search/planner.h"
 
 namespace autobatch {
 namespace {

@@ -1,6 +1,6 @@
 // The archive metadata parser and the resolution of inputs and loss (src/model_metadata.cpp,
 // autobatch/model_metadata.h; LibTorch-free). Moved from tests/input_spec_test.cpp (issue 28).
-#include "autobatch/model_metadata.h"
+#include "autobatch/vocabulary/model_metadata.h"
 
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "autobatch/error.h"
-#include "autobatch/input_spec.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/vocabulary/input_spec.h"
 
 namespace autobatch {
 namespace {

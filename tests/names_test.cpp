@@ -1,10 +1,10 @@
 #include <gtest/gtest.h>
 
-#include "autobatch/error.h"
-#include "autobatch/input_spec.h"
-#include "autobatch/search_options.h"
-#include "autobatch/training_spec.h"
-#include "autobatch/trial.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/vocabulary/input_spec.h"
+#include "autobatch/vocabulary/search_options.h"
+#include "autobatch/vocabulary/training_spec.h"
+#include "autobatch/vocabulary/trial.h"
 
 namespace autobatch {
 namespace {

@@ -6,8 +6,8 @@
 
 #include <vector>
 
-#include "autobatch/error.h"
-#include "optimizers.h"
+#include "autobatch/vocabulary/error.h"
+#include "probes/optimizers.h"
 
 namespace autobatch::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "autobatch/planner.h"
+#include "autobatch/search/planner.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "autobatch/error.h"
+#include "autobatch/vocabulary/error.h"
 
 namespace autobatch {
 namespace {

@@ -1,6 +1,6 @@
 // The process-wide memory limits (cgroup v1 / v2 discovery, need against limit) and the guard, on
 // fake /proc and /sys/fs/cgroup trees written under a temporary folder. LibTorch-free.
-#include "process_memory.h"
+#include "memory/process_memory.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -24,14 +24,14 @@
 #include <string>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/error.h"
-#include "autobatch/report.h"
-#include "autobatch/trial_runner.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/reports/report.h"
+#include "autobatch/probes/trial_runner.h"
 #include "cli_golden.h"
 #include "cli_run.h"
 #include "golden.h"
-#include "pt2_package.h"
-#include "zip_members.h"
+#include "probes/pt2_package.h"
+#include "vocabulary/zip_members.h"
 
 namespace autobatch {
 namespace {

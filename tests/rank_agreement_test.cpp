@@ -1,6 +1,6 @@
 // The agreement across ranks (autobatch/rank_agreement.h): what a rank publishes, how it applies
 // the minimum, and the whole exchange between two ranks of this process on 127.0.0.1.
-#include "autobatch/rank_agreement.h"
+#include "autobatch/run/rank_agreement.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -10,7 +10,7 @@
 #include <future>
 #include <thread>
 
-#include "autobatch/planner.h"
+#include "autobatch/search/planner.h"
 
 namespace autobatch {
 namespace {

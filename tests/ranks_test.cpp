@@ -1,12 +1,12 @@
 // Rank resolution from flags, torchrun and Slurm environments, and the agreement rule.
-#include "autobatch/ranks.h"
+#include "autobatch/run/ranks.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 #include <string>
 
-#include "autobatch/error.h"
+#include "autobatch/vocabulary/error.h"
 
 namespace autobatch {
 namespace {

@@ -1,9 +1,9 @@
 // replan(): an answer lowered after its search (a sweep's lowered bucket, the ranks' minimum).
-#include "autobatch/replan.h"
+#include "autobatch/search/replan.h"
 
 #include <gtest/gtest.h>
 
-#include "autobatch/planner.h"
+#include "autobatch/search/planner.h"
 
 namespace autobatch {
 namespace {

@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
-#include "autobatch/input_spec.h"
-#include "autobatch/planner.h"
-#include "autobatch/report.h"
+#include "autobatch/vocabulary/input_spec.h"
+#include "autobatch/search/planner.h"
+#include "autobatch/reports/report.h"
 #include "golden.h"
 
 namespace autobatch {

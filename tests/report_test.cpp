@@ -1,5 +1,5 @@
 // The outputs a launcher reads: env lines, the JSON's plans, report files (autobatch/report.h).
-#include "autobatch/report.h"
+#include "autobatch/reports/report.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -15,8 +15,8 @@
 #include <sstream>
 #include <string>
 
-#include "autobatch/error.h"
-#include "autobatch/planner.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/search/planner.h"
 
 namespace autobatch {
 namespace {

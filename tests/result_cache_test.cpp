@@ -1,5 +1,5 @@
 // The result cache's entries (autobatch/result_cache.h): what is read back, and what is refused.
-#include "autobatch/result_cache.h"
+#include "autobatch/run/result_cache.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "autobatch/error.h"
+#include "autobatch/vocabulary/error.h"
 
 namespace autobatch {
 namespace {

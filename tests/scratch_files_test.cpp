@@ -10,8 +10,8 @@
 #include <string>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/error.h"
-#include "scratch_files.h"
+#include "autobatch/vocabulary/error.h"
+#include "memory/scratch_files.h"
 
 namespace autobatch::detail {
 namespace {

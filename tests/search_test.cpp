@@ -1,4 +1,4 @@
-#include "autobatch/search.h"
+#include "autobatch/search/search.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <stdexcept>
 #include <thread>
 
-#include "autobatch/bucket_mix.h"
-#include "autobatch/error.h"
+#include "autobatch/run/bucket_mix.h"
+#include "autobatch/vocabulary/error.h"
 #include "fake_probe.h"
 
 namespace autobatch {

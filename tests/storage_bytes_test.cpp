@@ -1,5 +1,5 @@
 // The distinct-storage byte count (src/storage_bytes.h, internal).
-#include "storage_bytes.h"
+#include "memory/storage_bytes.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

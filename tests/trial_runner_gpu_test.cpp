@@ -13,10 +13,10 @@
 #include <iostream>
 #include <sstream>
 
-#include "autobatch/error.h"
-#include "autobatch/trial_runner.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/probes/trial_runner.h"
 #include "cli_run.h"
-#include "cuda_api.h"
+#include "memory/cuda_api.h"
 #include "test_models.h"
 
 namespace autobatch {

@@ -1,5 +1,5 @@
 // The trial runner on the CPU with the budget allocator, on tiny real TorchScript models.
-#include "autobatch/trial_runner.h"
+#include "autobatch/probes/trial_runner.h"
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/CPUAllocator.h>
@@ -21,9 +21,9 @@
 #include <optional>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/error.h"
-#include "autobatch/model_metadata.h"
-#include "autobatch/units.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/vocabulary/model_metadata.h"
+#include "autobatch/vocabulary/units.h"
 #include "child_process.h"
 #include "test_models.h"
 

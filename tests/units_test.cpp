@@ -1,10 +1,10 @@
-#include "autobatch/units.h"
+#include "autobatch/vocabulary/units.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "autobatch/error.h"
+#include "autobatch/vocabulary/error.h"
 
 namespace autobatch {
 namespace {

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "autobatch/version.h"
+#include "autobatch/vocabulary/version.h"
 
 namespace autobatch {
 namespace {

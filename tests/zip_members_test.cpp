@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "autobatch/error.h"
-#include "autobatch/model_metadata.h"
-#include "zip_members.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/vocabulary/model_metadata.h"
+#include "vocabulary/zip_members.h"
 
 namespace autobatch::detail {
 namespace {

@@ -12,10 +12,10 @@
 #include <torch/torch.h>
 
 #include <autobatch/autobatch.h>
-#include <autobatch/cached_search.h>
-#include <autobatch/error.h>
-#include <autobatch/model_metadata.h>
-#include <autobatch/units.h>
+#include <autobatch/workflows/cached_search.h>
+#include <autobatch/vocabulary/error.h>
+#include <autobatch/vocabulary/model_metadata.h>
+#include <autobatch/vocabulary/units.h>
 
 #include <cstdint>
 #include <exception>

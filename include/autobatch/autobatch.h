@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "autobatch/input_spec.h"
-#include "autobatch/planner.h"
-#include "autobatch/search.h"
-#include "autobatch/search_options.h"
-#include "autobatch/training_spec.h"
-#include "autobatch/trial.h"
+#include "autobatch/vocabulary/input_spec.h"
+#include "autobatch/search/planner.h"
+#include "autobatch/search/search.h"
+#include "autobatch/vocabulary/search_options.h"
+#include "autobatch/vocabulary/training_spec.h"
+#include "autobatch/vocabulary/trial.h"
 
 namespace torch::jit {
 struct Module;

@@ -2,9 +2,9 @@
 // and the combinations they exclude. Part of readOptions (options.cpp).
 #include <string>
 
-#include "autobatch/error.h"
-#include "autobatch/model_format.h"
-#include "autobatch/units.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/probes/model_format.h"
+#include "autobatch/vocabulary/units.h"
 #include "options.h"
 
 namespace autobatch::cli {

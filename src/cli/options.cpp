@@ -8,13 +8,13 @@
 #include <limits>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/error.h"
-#include "autobatch/input_spec.h"
-#include "autobatch/model_format.h"
-#include "autobatch/planner.h"
-#include "autobatch/ranks.h"
-#include "autobatch/result_cache.h"
-#include "autobatch/units.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/vocabulary/input_spec.h"
+#include "autobatch/probes/model_format.h"
+#include "autobatch/search/planner.h"
+#include "autobatch/run/ranks.h"
+#include "autobatch/run/result_cache.h"
+#include "autobatch/vocabulary/units.h"
 
 namespace autobatch::cli {
 namespace {

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "autobatch/fleet.h"
-#include "autobatch/model_format.h"
-#include "autobatch/rank_group.h"
-#include "autobatch/report.h"
+#include "autobatch/workflows/fleet.h"
+#include "autobatch/probes/model_format.h"
+#include "autobatch/run/rank_group.h"
+#include "autobatch/reports/report.h"
 
 namespace autobatch::cli {
 

@@ -24,19 +24,19 @@
 #include <vector>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/cached_search.h"
-#include "autobatch/error.h"
-#include "autobatch/failure.h"
-#include "autobatch/planner.h"
-#include "autobatch/ranks.h"
-#include "autobatch/report.h"
-#include "autobatch/result_cache.h"
-#include "autobatch/search.h"
-#include "autobatch/units.h"
-#include "autobatch/version.h"
-#include "cuda_api.h"
-#include "memory_backend.h"
-#include "report_internal.h"
+#include "autobatch/workflows/cached_search.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/vocabulary/failure.h"
+#include "autobatch/search/planner.h"
+#include "autobatch/run/ranks.h"
+#include "autobatch/reports/report.h"
+#include "autobatch/run/result_cache.h"
+#include "autobatch/search/search.h"
+#include "autobatch/vocabulary/units.h"
+#include "autobatch/vocabulary/version.h"
+#include "memory/cuda_api.h"
+#include "memory/memory_backend.h"
+#include "reports/report_internal.h"
 
 namespace py = pybind11;
 using autobatch::TrialPhase;

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "../test_models.h"
-#include "autobatch/trial_runner.h"
+#include "autobatch/probes/trial_runner.h"
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "../fake_probe.h"
-#include "autobatch/search.h"
+#include "autobatch/search/search.h"
 
 namespace {
 

@@ -18,8 +18,8 @@
 #include <exception>
 #include <string_view>
 
-#include "autobatch/error.h"
-#include "autobatch/result_cache.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/run/result_cache.h"
 #include "fuzz_check.h"
 
 namespace {

@@ -25,12 +25,12 @@
 #include <string_view>
 #include <vector>
 
-#include "autobatch/error.h"
-#include "autobatch/input_spec.h"
-#include "autobatch/model_metadata.h"
-#include "autobatch/units.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/vocabulary/input_spec.h"
+#include "autobatch/vocabulary/model_metadata.h"
+#include "autobatch/vocabulary/units.h"
 #include "fuzz_check.h"
-#include "process_memory.h"
+#include "memory/process_memory.h"
 
 namespace {
 

@@ -20,7 +20,7 @@
 #include <exception>
 #include <string_view>
 
-#include "zip_members.h"
+#include "vocabulary/zip_members.h"
 
 namespace {
 
