@@ -1,6 +1,6 @@
-// The library's entry points (src/autobatch.cpp, autobatch/autobatch.h): findMaxBatch on a borrowed
-// module, checkBatch's verdicts, the model-format detection and the SHA-1 digests, on tiny real
-// TorchScript models on the CPU with the budget allocator.
+// The library's entry points (src/run/autobatch.cpp, autobatch/autobatch.h): findMaxBatch on a
+// borrowed module, checkBatch's verdicts, the model-format detection and the SHA-1 digests, on tiny
+// real TorchScript models on the CPU with the budget allocator.
 #include "autobatch/autobatch.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
-// Mixed verification of a sweep's buckets (src/bucket_mix.cpp, autobatch/bucket_mix.h, issue 18)
-// with fake mixed trials (LibTorch-free). Moved from tests/search_test.cpp (issue 28).
+// Mixed verification of a sweep's buckets (src/run/bucket_mix.cpp, autobatch/run/bucket_mix.h,
+// issue 18) with fake mixed trials (LibTorch-free). Moved from tests/search_test.cpp (issue 28).
 #include "autobatch/run/bucket_mix.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
-// findMaxBatchCached (autobatch/cached_search.h) on a tiny TorchScript MLP under the CPU budget
-// allocator, with a result folder of the test's own; no CLI.
+// findMaxBatchCached (autobatch/workflows/cached_search.h) on a tiny TorchScript MLP under the CPU
+// budget allocator, with a result folder of the test's own; no CLI.
 #include "autobatch/workflows/cached_search.h"
 
 #include <gtest/gtest.h>
@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "autobatch/run/result_cache.h"
 #include "autobatch/vocabulary/error.h"
 #include "autobatch/vocabulary/input_spec.h"
-#include "autobatch/run/result_cache.h"
 
 namespace autobatch {
 namespace {

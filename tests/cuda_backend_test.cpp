@@ -1,9 +1,9 @@
-// The CUDA memory backend's logic (src/cuda_backend.cpp) on the CPU, against a fake of the CUDA
-// calls that behaves as LibTorch 2.11 does: the caching allocator's fraction is of totalGlobalMem
-// and refuses a segment that would take reserved bytes past it; cuBLAS keeps a 32 MiB workspace
-// per handle inside the allocator until clearCublasWorkspaces(); the outside part (context, kernel
-// modules, handles) grows at the first kernel of each kind; expandable segments map 20 MiB pages;
-// a sticky device error makes every later device call throw it again.
+// The CUDA memory backend's logic (src/memory/cuda_backend.cpp) on the CPU, against a fake of the
+// CUDA calls that behaves as LibTorch 2.11 does: the caching allocator's fraction is of
+// totalGlobalMem and refuses a segment that would take reserved bytes past it; cuBLAS keeps a 32
+// MiB workspace per handle inside the allocator until clearCublasWorkspaces(); the outside part
+// (context, kernel modules, handles) grows at the first kernel of each kind; expandable segments
+// map 20 MiB pages; a sticky device error makes every later device call throw it again.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,8 +19,8 @@
 #include <string>
 
 #include "autobatch/vocabulary/error.h"
-#include "memory/cuda_api.h"
 #include "fake_cuda.h"
+#include "memory/cuda_api.h"
 #include "memory/memory_backend.h"
 
 namespace autobatch::detail {

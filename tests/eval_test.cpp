@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/vocabulary/error.h"
 #include "autobatch/probes/trial_runner.h"
+#include "autobatch/vocabulary/error.h"
 #include "cli_run.h"
 #include "test_models.h"
 

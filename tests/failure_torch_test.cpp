@@ -1,6 +1,6 @@
-// classifyException: the LibTorch half of the failure classification (src/failure_torch.cpp), on
-// live exceptions of each type LibTorch and the standard library throw (moved from
-// tests/trial_runner_test.cpp, issue 28).
+// classifyException: the LibTorch half of the failure classification
+// (src/probes/failure_torch.cpp), on live exceptions of each type LibTorch and the standard library
+// throw (moved from tests/trial_runner_test.cpp, issue 28).
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 

@@ -1,7 +1,8 @@
 // Faults during a search, on the CPU with the budget allocator: out-of-memory injected at each
-// phase of a step (through the allocator's test seam, src/memory_backend.h), a real allocator
-// failure under RLIMIT_DATA in a child process, and the caller's module after findMaxBatch().
-// Every search here must end with memory back to its baseline and a result that re-checks.
+// phase of a step (through the allocator's test seam, src/memory/memory_backend.h), a real
+// allocator failure under RLIMIT_DATA in a child process, and the caller's module after
+// findMaxBatch(). Every search here must end with memory back to its baseline and a result that
+// re-checks.
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <malloc.h>
@@ -17,9 +18,9 @@
 #include <vector>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/vocabulary/error.h"
-#include "autobatch/search/search.h"
 #include "autobatch/probes/trial_runner.h"
+#include "autobatch/search/search.h"
+#include "autobatch/vocabulary/error.h"
 #include "child_process.h"
 #include "memory/memory_backend.h"
 #include "test_models.h"

@@ -1,6 +1,6 @@
-// The fleet table (autobatch/fleet.h, --fleet): the list's parser, the shared-trial search on fake
-// probes (each size's answer is what a search of that size alone finds, with fewer trials run),
-// and the command on a small TorchScript model under the CPU budget allocator.
+// The fleet table (autobatch/workflows/fleet.h, --fleet): the list's parser, the shared-trial
+// search on fake probes (each size's answer is what a search of that size alone finds, with fewer
+// trials run), and the command on a small TorchScript model under the CPU budget allocator.
 #include <gtest/gtest.h>
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "autobatch/search/search.h"
 #include "autobatch/vocabulary/error.h"
 #include "autobatch/workflows/fleet.h"
-#include "autobatch/search/search.h"
 #include "cli_run.h"
 #include "fake_probe.h"
 #include "test_models.h"

@@ -1,4 +1,4 @@
-// The input-spec text syntax and the length placeholder of sweeps (src/input_spec.cpp;
+// The input-spec text syntax and the length placeholder of sweeps (src/vocabulary/input_spec.cpp;
 // LibTorch-free).
 #include <gtest/gtest.h>
 

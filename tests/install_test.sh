@@ -11,7 +11,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 cmake --install "$build" --prefix "$prefix" >"$work/install.log"
 for f in bin/autobatch lib/libautobatch.so include/autobatch/autobatch.h \
-         include/autobatch/planner.h lib/cmake/autobatch/autobatchConfig.cmake \
+         include/autobatch/search/planner.h lib/cmake/autobatch/autobatchConfig.cmake \
          lib/cmake/autobatch/autobatchConfigVersion.cmake lib/cmake/autobatch/autobatchTargets.cmake \
          lib/cmake/autobatch/AutobatchTorch.cmake; do
   [ -e "$prefix/$f" ] || fail "missing $f in the install prefix"

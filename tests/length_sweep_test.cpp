@@ -1,5 +1,5 @@
-// sweepLengths and lowerSweepRow (autobatch/length_sweep.h): a token model under the CPU budget
-// allocator, and the lowering of a row on plain values; no CLI.
+// sweepLengths and lowerSweepRow (autobatch/workflows/length_sweep.h): a token model under the CPU
+// budget allocator, and the lowering of a row on plain values; no CLI.
 #include "autobatch/workflows/length_sweep.h"
 
 #include <gtest/gtest.h>
@@ -9,8 +9,8 @@
 
 #include <filesystem>
 
-#include "autobatch/vocabulary/error.h"
 #include "autobatch/search/planner.h"
+#include "autobatch/vocabulary/error.h"
 
 namespace autobatch {
 namespace {

@@ -1,5 +1,6 @@
-// The archive metadata parser and the resolution of inputs and loss (src/model_metadata.cpp,
-// autobatch/model_metadata.h; LibTorch-free). Moved from tests/input_spec_test.cpp (issue 28).
+// The archive metadata parser and the resolution of inputs and loss
+// (src/vocabulary/model_metadata.cpp, autobatch/vocabulary/model_metadata.h; LibTorch-free). Moved
+// from tests/input_spec_test.cpp (issue 28).
 #include "autobatch/vocabulary/model_metadata.h"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
-// The optimizer implementations of a trial (src/optimizers.h, internal): foreach and fused compute
-// the same update as the loop (torch::optim), so the memory they are measured for is that of a
-// real optimizer step; auto resolves as PyTorch's default does.
+// The optimizer implementations of a trial (src/probes/optimizers.h, internal): foreach and fused
+// compute the same update as the loop (torch::optim), so the memory they are measured for is that
+// of a real optimizer step; auto resolves as PyTorch's default does.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

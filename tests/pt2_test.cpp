@@ -24,9 +24,9 @@
 #include <string>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/vocabulary/error.h"
-#include "autobatch/reports/report.h"
 #include "autobatch/probes/trial_runner.h"
+#include "autobatch/reports/report.h"
+#include "autobatch/vocabulary/error.h"
 #include "cli_golden.h"
 #include "cli_run.h"
 #include "golden.h"

@@ -1,5 +1,5 @@
-// The agreement across ranks (autobatch/rank_agreement.h): what a rank publishes, how it applies
-// the minimum, and the whole exchange between two ranks of this process on 127.0.0.1.
+// The agreement across ranks (autobatch/run/rank_agreement.h): what a rank publishes, how it
+// applies the minimum, and the whole exchange between two ranks of this process on 127.0.0.1.
 #include "autobatch/run/rank_agreement.h"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
-// Golden outputs of the report (autobatch/report.h, issue 28 item 1): ReportData fixtures built in
-// code, one per kind of run, whose humanReport, toJson and envLines must stay byte for byte what
-// tests/golden/report/<case>.txt / .json / .env hold. They pin today's output so that a
+// Golden outputs of the report (autobatch/reports/report.h, issue 28 item 1): ReportData fixtures
+// built in code, one per kind of run, whose humanReport, toJson and envLines must stay byte for
+// byte what tests/golden/report/<case>.txt / .json / .env hold. They pin today's output so that a
 // restructured report (sections in their own functions and files) cannot change a line unseen.
 //
 // Update mode: AUTOBATCH_UPDATE_GOLDEN=1 build/tests/report_golden_test rewrites the files instead
@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
-#include "autobatch/vocabulary/input_spec.h"
-#include "autobatch/search/planner.h"
 #include "autobatch/reports/report.h"
+#include "autobatch/search/planner.h"
+#include "autobatch/vocabulary/input_spec.h"
 #include "golden.h"
 
 namespace autobatch {

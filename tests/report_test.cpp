@@ -1,4 +1,5 @@
-// The outputs a launcher reads: env lines, the JSON's plans, report files (autobatch/report.h).
+// The outputs a launcher reads: env lines, the JSON's plans, report files
+// (autobatch/reports/report.h).
 #include "autobatch/reports/report.h"
 
 #include <gtest/gtest.h>
@@ -15,8 +16,8 @@
 #include <sstream>
 #include <string>
 
-#include "autobatch/vocabulary/error.h"
 #include "autobatch/search/planner.h"
+#include "autobatch/vocabulary/error.h"
 
 namespace autobatch {
 namespace {

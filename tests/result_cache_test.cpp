@@ -1,4 +1,5 @@
-// The result cache's entries (autobatch/result_cache.h): what is read back, and what is refused.
+// The result cache's entries (autobatch/run/result_cache.h): what is read back, and what is
+// refused.
 #include "autobatch/run/result_cache.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
-// Scratch files (src/scratch_files.h, issue 27 row 6): the folder a pt2 package is extracted into
-// honours TMPDIR, is removed by its owner on every path out, and by removeScratchFiles() (the
+// Scratch files (src/memory/scratch_files.h, issue 27 row 6): the folder a pt2 package is extracted
+// into honours TMPDIR, is removed by its owner on every path out, and by removeScratchFiles() (the
 // CLI's second-signal handler) while it exists.
 #include <gtest/gtest.h>
 

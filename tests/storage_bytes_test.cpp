@@ -1,4 +1,4 @@
-// The distinct-storage byte count (src/storage_bytes.h, internal).
+// The distinct-storage byte count (src/memory/storage_bytes.h, internal).
 #include "memory/storage_bytes.h"
 
 #include <ATen/ATen.h>

@@ -13,8 +13,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "autobatch/vocabulary/error.h"
 #include "autobatch/probes/trial_runner.h"
+#include "autobatch/vocabulary/error.h"
 #include "cli_run.h"
 #include "memory/cuda_api.h"
 #include "test_models.h"

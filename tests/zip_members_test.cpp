@@ -1,6 +1,7 @@
-// The zip member parser and its CRC-32 check (src/zip_members.h, issue 27 row 4) on archives
-// built here byte by byte (PKWARE APPNOTE.TXT 6.3): stored, deflated, zip64, data descriptors,
-// and every way of cutting or altering them. checkModelFile's words for a damaged file too.
+// The zip member parser and its CRC-32 check (src/vocabulary/zip_members.h, issue 27 row 4) on
+// archives built here byte by byte (PKWARE APPNOTE.TXT 6.3): stored, deflated, zip64, data
+// descriptors, and every way of cutting or altering them. checkModelFile's words for a damaged file
+// too.
 #include <gtest/gtest.h>
 #include <zlib.h>
 

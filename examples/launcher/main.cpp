@@ -12,10 +12,10 @@
 #include <torch/torch.h>
 
 #include <autobatch/autobatch.h>
-#include <autobatch/workflows/cached_search.h>
 #include <autobatch/vocabulary/error.h>
 #include <autobatch/vocabulary/model_metadata.h>
 #include <autobatch/vocabulary/units.h>
+#include <autobatch/workflows/cached_search.h>
 
 #include <cstdint>
 #include <exception>

@@ -2,10 +2,10 @@
 // or check that one micro-batch fits.
 //
 // Contract: findMaxBatch() loads (or borrows) a TorchScript model, runs real training steps at
-// the micro-batches the search picks (autobatch/search.h, autobatch/trial_runner.h), and returns
-// the search's result together with the model's memory breakdown and where the limit came from.
-// Out-of-memory is a result; invalid input throws autobatch::Error; errors raised by the model
-// or the device propagate unchanged. After it returns or throws, a borrowed module has its
+// the micro-batches the search picks (autobatch/search/search.h, autobatch/probes/trial_runner.h),
+// and returns the search's result together with the model's memory breakdown and where the limit
+// came from. Out-of-memory is a result; invalid input throws autobatch::Error; errors raised by the
+// model or the device propagate unchanged. After it returns or throws, a borrowed module has its
 // original weights, buffers and training mode, the process-wide state is restored, and the
 // allocator is back to the bytes it held before the call: a launcher can train right after.
 // This header includes no LibTorch header (the module type is forward-declared).
@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "autobatch/vocabulary/input_spec.h"
 #include "autobatch/search/planner.h"
 #include "autobatch/search/search.h"
+#include "autobatch/vocabulary/input_spec.h"
 #include "autobatch/vocabulary/search_options.h"
 #include "autobatch/vocabulary/training_spec.h"
 #include "autobatch/vocabulary/trial.h"
@@ -145,9 +145,9 @@ MaxBatchResult findMaxBatch(const TrainingSpec& spec, const SearchOptions& optio
 MaxBatchResult findMaxBatch(torch::jit::Module& module, const TrainingSpec& spec,
                             const SearchOptions& options);
 
-/// As above on a runner the caller set up (autobatch/trial_runner.h): the CLI reads the runner's
-/// facts first (runnerFacts) to look up the result cache, then searches on the same runner.
-/// options.micro_batches_per_step is replaced by the runner's (min(accumulation_steps, 2)).
+/// As above on a runner the caller set up (autobatch/probes/trial_runner.h): the CLI reads the
+/// runner's facts first (runnerFacts) to look up the result cache, then searches on the same
+/// runner. options.micro_batches_per_step is replaced by the runner's (min(accumulation_steps, 2)).
 MaxBatchResult findMaxBatch(TrialRunner& runner, const SearchOptions& options);
 
 /// The memory breakdown and run context of a set-up runner, with an empty search (no trial run).

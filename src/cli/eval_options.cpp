@@ -2,8 +2,8 @@
 // and the combinations they exclude. Part of readOptions (options.cpp).
 #include <string>
 
-#include "autobatch/vocabulary/error.h"
 #include "autobatch/probes/model_format.h"
+#include "autobatch/vocabulary/error.h"
 #include "autobatch/vocabulary/units.h"
 #include "options.h"
 

@@ -22,18 +22,18 @@
 #include <string>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/workflows/cached_search.h"
-#include "autobatch/vocabulary/error.h"
-#include "autobatch/vocabulary/failure.h"
-#include "autobatch/workflows/fleet.h"
-#include "autobatch/workflows/length_sweep.h"
+#include "autobatch/reports/report.h"
 #include "autobatch/run/rank_agreement.h"
 #include "autobatch/run/rank_group.h"
 #include "autobatch/run/ranks.h"
-#include "autobatch/reports/report.h"
 #include "autobatch/run/result_cache.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/vocabulary/failure.h"
 #include "autobatch/vocabulary/units.h"
 #include "autobatch/vocabulary/version.h"
+#include "autobatch/workflows/cached_search.h"
+#include "autobatch/workflows/fleet.h"
+#include "autobatch/workflows/length_sweep.h"
 #include "options.h"
 
 namespace {
@@ -213,9 +213,9 @@ void searchWithCache(Cli& cli) {
   cli.report.cache = std::move(found.cache);
 }
 
-// --lengths (autobatch/length_sweep.h). The report's result is the longest length that fits
-// (else the last one searched). Exit: 0 when a length fits; else 1 when a length raised an error
-// (thrown here, with the rows in the report), else 3.
+// --lengths (autobatch/workflows/length_sweep.h). The report's result is the longest length that
+// fits (else the last one searched). Exit: 0 when a length fits; else 1 when a length raised an
+// error (thrown here, with the rows in the report), else 3.
 void runSweep(Cli& cli) {
   autobatch::LengthSweepOptions sweep;
   sweep.input_texts = cli.input_texts;
@@ -237,8 +237,8 @@ void runSweep(Cli& cli) {
   if (!found.error.empty()) throw std::runtime_error(found.error);
 }
 
-// --fleet (autobatch/fleet.h). The report's result is the largest measurable size's search.
-// Exit: 0 when some size fits, else 3.
+// --fleet (autobatch/workflows/fleet.h). The report's result is the largest measurable size's
+// search. Exit: 0 when some size fits, else 3.
 void runFleet(Cli& cli) {
   autobatch::FleetResult found =
       autobatch::sizeFleet(cli.fleet, cli.report.spec, cli.report.options);
@@ -254,7 +254,7 @@ void agreeAcrossRanks(Cli& cli) {
 }
 
 // Output paths, before any trial: `--json -` never shares stdout with --env (eval would run the
-// JSON), a --json file can be written and is not the model (autobatch/report.h).
+// JSON), a --json file can be written and is not the model (autobatch/reports/report.h).
 void checkOutputs(Cli& cli, const cxxopts::ParseResult& args) {
   if (cli.env && cli.json_path == "-") {
     cli.json_path.clear();  // the refusal itself must not put the JSON on stdout either
@@ -423,7 +423,7 @@ int main(int argc, char** argv) {
   installSignalHandlers();  // again, should a loader have skipped .preinit_array
   // Thread-safe: the trial runner logs a long step's progress from a thread of its own.
   // The log writes to a copy of descriptor 2, so that its lines reach the terminal while a pt2
-  // package's call sends descriptor 2 itself to the debug log (src/pt2_package.cpp).
+  // package's call sends descriptor 2 itself to the debug log (src/probes/pt2_package.cpp).
   const int log_fd = dup(STDERR_FILENO);
   std::FILE* log_file = log_fd >= 0 ? fdopen(log_fd, "w") : nullptr;
   if (log_file != nullptr) {

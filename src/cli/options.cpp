@@ -8,12 +8,12 @@
 #include <limits>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/vocabulary/error.h"
-#include "autobatch/vocabulary/input_spec.h"
 #include "autobatch/probes/model_format.h"
-#include "autobatch/search/planner.h"
 #include "autobatch/run/ranks.h"
 #include "autobatch/run/result_cache.h"
+#include "autobatch/search/planner.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/vocabulary/input_spec.h"
 #include "autobatch/vocabulary/units.h"
 
 namespace autobatch::cli {
@@ -25,7 +25,7 @@ std::optional<int> intFlag(const cxxopts::ParseResult& args, const std::string& 
   return static_cast<int>(autobatch::parseInteger(flag(args, name), "--" + name, min, max));
 }
 
-// Flags first, then torchrun's or Slurm's environment (autobatch/ranks.h).
+// Flags first, then torchrun's or Slurm's environment (autobatch/run/ranks.h).
 autobatch::RankInfo readRanks(const cxxopts::ParseResult& args) {
   autobatch::RankFlags f;
   f.rank = intFlag(args, "rank", 0, 1 << 20);
@@ -102,8 +102,8 @@ void readRankOptions(const cxxopts::ParseResult& args, CliConfig& cli) {
   }
 }
 
-// --model and --lengths; returns the model's format (autobatch/model_format.h: a pt2 package's
-// input shapes are fixed, it holds no output, it runs on the CPU only).
+// --model and --lengths; returns the model's format (autobatch/probes/model_format.h: a pt2
+// package's input shapes are fixed, it holds no output, it runs on the CPU only).
 const autobatch::ModelFormat& readModel(const cxxopts::ParseResult& args, CliConfig& cli) {
   autobatch::TrainingSpec& spec = cli.report.spec;
   spec.model_path = args.count("model") != 0U ? flag(args, "model") : "";

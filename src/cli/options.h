@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "autobatch/workflows/fleet.h"
 #include "autobatch/probes/model_format.h"
-#include "autobatch/run/rank_group.h"
 #include "autobatch/reports/report.h"
+#include "autobatch/run/rank_group.h"
+#include "autobatch/workflows/fleet.h"
 
 namespace autobatch::cli {
 

@@ -17,7 +17,7 @@
 namespace autobatch::detail {
 
 // TrialPhase and phaseKey (the part of a training step an allocation belongs to, and its JSON
-// name) live in the public autobatch/trial.h, which also declares them in this namespace
+// name) live in the public autobatch/vocabulary/trial.h, which also declares them in this namespace
 // (detail::TrialPhase, detail::phaseKey) for the backends, the runner and fault injection.
 
 /// The peak of tensor bytes while one phase of one micro-batch ran (the largest over the trial's

@@ -1,4 +1,5 @@
-// classifyException: the LibTorch half of autobatch/failure.h (only c10's exception header).
+// classifyException: the LibTorch half of autobatch/vocabulary/failure.h (only c10's exception
+// header).
 #include <c10/util/Exception.h>
 
 #include <new>

@@ -18,10 +18,10 @@
 #include <utility>
 
 #include "autobatch/vocabulary/error.h"
-#include "probes/pt2_archive.h"
-#include "probes/pt2_metadata.h"
 #include "memory/scratch_files.h"
 #include "memory/stderr_capture.h"
+#include "probes/pt2_archive.h"
+#include "probes/pt2_metadata.h"
 #include "vocabulary/zip_members.h"
 
 namespace autobatch::detail {

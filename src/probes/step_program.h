@@ -1,16 +1,16 @@
 // step_program.h (internal) — what differs between the model formats the trial runner replays.
 //
-// A StepProgram is one loaded model in one format (TorchScriptStep: src/torchscript_step.cpp;
-// Pt2Step: src/pt2_step.cpp): its parameters and buffers, the description of its inputs and loss,
-// one micro-step at batch B with the phase marks the runner's memory backend needs, what its
-// output holds, the sizes it cannot run, the warnings about its figures and, through format(),
-// what the format can do (autobatch/model_format.h). The trial runner owns one and never asks
-// which format it is: it keeps the memory backend, the optimizer, the step loop, the
-// classification of failures and the re-run, the weight snapshot and the trial guards.
-// Room left for what comes next: an evaluation forward would be a method beside microStep, asked
-// only where format().capabilities.evaluation_forward; a probe that is not this runner (the
-// user's own step, driven from Python) implements the search's Probe, not this interface.
-// Thread safety: one thread at a time (the runner's).
+// A StepProgram is one loaded model in one format (TorchScriptStep:
+// src/probes/torchscript_step.cpp; Pt2Step: src/probes/pt2_step.cpp): its parameters and buffers,
+// the description of its inputs and loss, one micro-step at batch B with the phase marks the
+// runner's memory backend needs, what its output holds, the sizes it cannot run, the warnings about
+// its figures and, through format(), what the format can do (autobatch/probes/model_format.h). The
+// trial runner owns one and never asks which format it is: it keeps the memory backend, the
+// optimizer, the step loop, the classification of failures and the re-run, the weight snapshot and
+// the trial guards. Room left for what comes next: an evaluation forward would be a method beside
+// microStep, asked only where format().capabilities.evaluation_forward; a probe that is not this
+// runner (the user's own step, driven from Python) implements the search's Probe, not this
+// interface. Thread safety: one thread at a time (the runner's).
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
-#include "autobatch/vocabulary/input_spec.h"
 #include "autobatch/probes/model_format.h"
+#include "autobatch/vocabulary/input_spec.h"
 #include "autobatch/vocabulary/training_spec.h"
 #include "memory/memory_backend.h"
 
@@ -168,14 +168,15 @@ class FileStepSource final : public StepSource {
   mutable const ModelFormat* format_ = nullptr;
 };
 
-/// Loads the TorchScript archive at setup.spec.model_path (src/torchscript_step.cpp): inputs and
-/// loss from the spec, else the archive's autobatch/inputs.json. Throws autobatch::Error for a
+/// Loads the TorchScript archive at setup.spec.model_path (src/probes/torchscript_step.cpp): inputs
+/// and loss from the spec, else the archive's autobatch/inputs.json. Throws autobatch::Error for a
 /// file that is no TorchScript archive (a torch.export program, a torch.save pickle, a truncated
 /// zip), bad metadata, or a forward that takes another number of inputs.
 std::unique_ptr<StepProgram> loadTorchScriptStep(const StepSetup& setup);
 
-/// Loads the pt2 package at setup.spec.model_path (src/pt2_step.cpp). Throws autobatch::Error for
-/// a package Pt2Package refuses and for --input, --loss or --precision other than the package's.
+/// Loads the pt2 package at setup.spec.model_path (src/probes/pt2_step.cpp). Throws
+/// autobatch::Error for a package Pt2Package refuses and for --input, --loss or --precision other
+/// than the package's.
 std::unique_ptr<StepProgram> loadPt2Step(const StepSetup& setup);
 
 }  // namespace autobatch::detail

@@ -13,13 +13,13 @@
 #include <string_view>
 #include <utility>
 
+#include "autobatch/probes/trial_runner.h"
 #include "autobatch/vocabulary/error.h"
 #include "autobatch/vocabulary/model_metadata.h"
-#include "autobatch/probes/trial_runner.h"
+#include "memory/storage_bytes.h"
 #include "probes/eval_lifetimes.h"
 #include "probes/pt2_package.h"
 #include "probes/step_program.h"
-#include "memory/storage_bytes.h"
 
 namespace autobatch {
 namespace detail {

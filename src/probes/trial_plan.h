@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "autobatch/vocabulary/input_spec.h"
 #include "autobatch/probes/model_format.h"
-#include "autobatch/vocabulary/trial.h"
 #include "autobatch/probes/trial_runner.h"
+#include "autobatch/vocabulary/input_spec.h"
+#include "autobatch/vocabulary/trial.h"
 
 namespace autobatch::detail {
 

@@ -1,7 +1,7 @@
-// The trial runner (autobatch/trial_runner.h): the memory backend, the optimizer, the step loop,
-// the classification of failures and the re-run, the weight snapshot and the trial guards. What
-// differs between model formats is the step program's (step_program.h); nothing here asks which
-// format a model is.
+// The trial runner (autobatch/probes/trial_runner.h): the memory backend, the optimizer, the step
+// loop, the classification of failures and the re-run, the weight snapshot and the trial guards.
+// What differs between model formats is the step program's (step_program.h); nothing here asks
+// which format a model is.
 #include "autobatch/probes/trial_runner.h"
 
 #include <ATen/ATen.h>
@@ -19,16 +19,16 @@
 #include <utility>
 #include <vector>
 
+#include "autobatch/probes/model_format.h"
 #include "autobatch/vocabulary/error.h"
 #include "autobatch/vocabulary/failure.h"
-#include "autobatch/probes/model_format.h"
 #include "memory/memory_backend.h"
+#include "memory/storage_bytes.h"
 #include "probes/optimizers.h"
 #include "probes/rng_state_guard.h"
 #include "probes/runner_checks.h"
 #include "probes/step_program.h"
 #include "probes/step_progress.h"
-#include "memory/storage_bytes.h"
 #include "probes/trained_parameters.h"
 #include "probes/trial_classification.h"
 #include "probes/trial_inputs.h"

@@ -24,16 +24,16 @@
 #include <vector>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/workflows/cached_search.h"
+#include "autobatch/reports/report.h"
+#include "autobatch/run/ranks.h"
+#include "autobatch/run/result_cache.h"
+#include "autobatch/search/planner.h"
+#include "autobatch/search/search.h"
 #include "autobatch/vocabulary/error.h"
 #include "autobatch/vocabulary/failure.h"
-#include "autobatch/search/planner.h"
-#include "autobatch/run/ranks.h"
-#include "autobatch/reports/report.h"
-#include "autobatch/run/result_cache.h"
-#include "autobatch/search/search.h"
 #include "autobatch/vocabulary/units.h"
 #include "autobatch/vocabulary/version.h"
+#include "autobatch/workflows/cached_search.h"
 #include "memory/cuda_api.h"
 #include "memory/memory_backend.h"
 #include "reports/report_internal.h"
@@ -415,7 +415,8 @@ std::string plan(std::int64_t max_micro_batch, std::int64_t target_batch, int wo
   return autobatch::detail::plansJsonText(search, options);
 }
 
-// The library's classification of a failed step (autobatch/failure.h): kind, reason, bytes.
+// The library's classification of a failed step (autobatch/vocabulary/failure.h): kind, reason,
+// bytes.
 py::dict classify(const std::string& type, const std::string& message, bool process_limit_near,
                   bool after_larger_oom) {
   autobatch::ExceptionType t = autobatch::ExceptionType::kOther;
@@ -441,7 +442,7 @@ TrialPhase phaseNamed(const std::string& name) {
       name + "\"");
 }
 
-// detail::CudaApi (src/cuda_api.h) over a Python object with the same calls in snake_case
+// detail::CudaApi (src/memory/cuda_api.h) over a Python object with the same calls in snake_case
 // (autobatch/_cuda_api.py: TorchCudaApi over torch.cuda, or a fake in tests): the C++ CUDA backend
 // then measures the package's trials as it measures the command's, with no CUDA header or toolkit
 // in this extension. Called with the GIL held (every caller is a bound method); a Python exception
@@ -686,7 +687,7 @@ PYBIND11_MODULE(_core, m) {
       "is_fatal", [](const std::string& message) { return autobatch::isFatalDeviceError(message); },
       py::arg("message"),
       "True for a sticky device error (illegal address, device-side assert): no device call "
-      "may follow it (autobatch/failure.h).");
+      "may follow it (autobatch/vocabulary/failure.h).");
   py::class_<Untracked>(m, "Untracked")
       .def(py::init<>())
       .def("__enter__", [](Untracked& u) { u.enter(); })

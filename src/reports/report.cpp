@@ -1,4 +1,4 @@
-// The report's shared parts (src/report_internal.h), the trial's peak phase and the result
+// The report's shared parts (src/reports/report_internal.h), the trial's peak phase and the result
 // cache's key fields. The human report is in report_text.cpp, the JSON in report_json.cpp, the
 // env lines in report_env.cpp, the report files in report_file.cpp.
 #include "autobatch/reports/report.h"

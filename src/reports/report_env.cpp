@@ -1,4 +1,5 @@
-// The env lines a launcher can `eval` (autobatch/report.h, envLines): every value one shell word.
+// The env lines a launcher can `eval` (autobatch/reports/report.h, envLines): every value one shell
+// word.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

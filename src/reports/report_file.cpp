@@ -1,5 +1,5 @@
-// Report files (autobatch/report.h): the check before any trial that a path can take the report,
-// and the write that never leaves it truncated (a temporary file renamed over it).
+// Report files (autobatch/reports/report.h): the check before any trial that a path can take the
+// report, and the write that never leaves it truncated (a temporary file renamed over it).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,8 +10,8 @@
 #include <system_error>
 #include <vector>
 
-#include "autobatch/vocabulary/error.h"
 #include "autobatch/reports/report.h"
+#include "autobatch/vocabulary/error.h"
 #include "vocabulary/os_text.h"
 
 namespace autobatch {

@@ -1,4 +1,4 @@
-// Internal: what the report's parts share (src/report.cpp defines it; report_text.cpp,
+// Internal: what the report's parts share (src/reports/report.cpp defines it; report_text.cpp,
 // report_json.cpp and report_env.cpp use it). Not installed. LibTorch-free; pure functions.
 #pragma once
 

@@ -1,6 +1,6 @@
-// The JSON report (autobatch/report.h's schema; docs/report.md lists every field). Keys come out
-// sorted (nlohmann::json's object is a std::map), so the order in which the parts are built does
-// not change the document.
+// The JSON report (autobatch/reports/report.h's schema; docs/report.md lists every field). Keys
+// come out sorted (nlohmann::json's object is a std::map), so the order in which the parts are
+// built does not change the document.
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -72,7 +72,7 @@ json toJson(const TrialResult& t) {
           {"cancelled", t.cancelled}};
 }
 
-// The buckets run mixed in one trial (autobatch/bucket_mix.h): its trials and lowered buckets.
+// The buckets run mixed in one trial (autobatch/run/bucket_mix.h): its trials and lowered buckets.
 json toJson(const MixVerification& v) {
   json trials = json::array();
   for (const auto& t : v.trials) {

@@ -1,5 +1,6 @@
-// The human report (autobatch/report.h, humanReport): one function per section, in the order
-// they are printed: header, trials, result, plans, memory, ranks, warnings, sweep, check, error.
+// The human report (autobatch/reports/report.h, humanReport): one function per section, in the
+// order they are printed: header, trials, result, plans, memory, ranks, warnings, sweep, check,
+// error.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

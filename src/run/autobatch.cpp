@@ -7,8 +7,8 @@
 #include <iterator>
 #include <sstream>
 
-#include "autobatch/vocabulary/error.h"
 #include "autobatch/probes/trial_runner.h"
+#include "autobatch/vocabulary/error.h"
 #include "probes/pt2_package.h"
 
 namespace autobatch {

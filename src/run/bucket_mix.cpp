@@ -1,4 +1,4 @@
-// The mixed verification of a sweep's buckets (autobatch/bucket_mix.h, docs/sweeps.md).
+// The mixed verification of a sweep's buckets (autobatch/run/bucket_mix.h, docs/sweeps.md).
 #include "autobatch/run/bucket_mix.h"
 
 #include <algorithm>

@@ -17,8 +17,8 @@
 #include <string_view>
 #include <system_error>
 
-#include "autobatch/vocabulary/error.h"
 #include "autobatch/search/planner.h"
+#include "autobatch/vocabulary/error.h"
 #include "vocabulary/os_text.h"
 
 namespace autobatch {

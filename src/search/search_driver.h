@@ -1,4 +1,4 @@
-// search_driver.h (internal) — the search's driver (findMaxBatch, autobatch/search.h): one
+// search_driver.h (internal) — the search's driver (findMaxBatch, autobatch/search/search.h): one
 // search over one kind of trial (micro-batches per step). It owns the bracket, the trial and time
 // budgets, cancellation, retries of contradicted failures, the safe phase, the plan verification
 // and the guarantees (never an unverified answer, non-monotonic memory reported, bounds kept);

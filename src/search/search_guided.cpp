@@ -159,7 +159,7 @@ Slope phaseSlope(const SearchTrials& trials, const Anchor& anchor, const Room& r
 /// it overshoots: mlp_8x2048's backward rises 24.6 KB per sample from 1 to 2, 73.5 KB from 2 to
 /// 7072, and 90.1 KB, forward's slope, near 7258.
 /// A package's one call is the same: its peak counting none of the gradients it returns
-/// ("forward-backward-activations", src/trial_runner.cpp) plays forward's part. Without it
+/// ("forward-backward-activations", src/probes/trial_runner.cpp) plays forward's part. Without it
 /// ResNet-18's package jumped from batch 2 to 265 and 244 (both out of memory; the answer was 75)
 /// on a forward-backward secant of 0.43 MiB per sample.
 void boundByActivations(std::map<std::string, Slope>& slopes) {

@@ -1,9 +1,10 @@
-// Internal: the search's strategies, apart from its driver (src/search.cpp). A strategy only
+// Internal: the search's strategies, apart from its driver (src/search/search.cpp). A strategy only
 // answers "given the trials so far and the bracket, which batch next"; the driver runs the trial,
 // files its outcome, keeps the bracket, the budgets, the time limit and cancellation, retries, the
 // safe phase, the plan verification and every guarantee (docs/search.md).
-// Strategies: guided (src/search_guided.cpp); power and binsearch (src/search_doubling.cpp).
-// LibTorch-free. A strategy object serves one goal of one search, from one thread.
+// Strategies: guided (src/search/search_guided.cpp); power and binsearch
+// (src/search/search_doubling.cpp). LibTorch-free. A strategy object serves one goal of one search,
+// from one thread.
 #pragma once
 
 #include <cstdint>

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "autobatch/vocabulary/error.h"
 #include "autobatch/run/result_cache.h"
+#include "autobatch/vocabulary/error.h"
 #include "run/workflow_budget.h"
 
 namespace autobatch {

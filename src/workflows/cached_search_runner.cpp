@@ -4,10 +4,10 @@
 #include <filesystem>
 #include <utility>
 
-#include "autobatch/workflows/cached_search.h"
-#include "autobatch/vocabulary/error.h"
-#include "autobatch/run/result_cache.h"
 #include "autobatch/probes/trial_runner.h"
+#include "autobatch/run/result_cache.h"
+#include "autobatch/vocabulary/error.h"
+#include "autobatch/workflows/cached_search.h"
 
 namespace autobatch {
 namespace {

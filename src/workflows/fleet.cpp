@@ -1,4 +1,5 @@
-// The fleet table (autobatch/fleet.h): one search per memory size, largest first, trials shared.
+// The fleet table (autobatch/workflows/fleet.h): one search per memory size, largest first, trials
+// shared.
 #include "autobatch/workflows/fleet.h"
 
 #include <c10/util/Exception.h>
@@ -11,9 +12,9 @@
 #include <set>
 #include <utility>
 
-#include "autobatch/vocabulary/error.h"
-#include "autobatch/search/search.h"
 #include "autobatch/probes/trial_runner.h"
+#include "autobatch/search/search.h"
+#include "autobatch/vocabulary/error.h"
 #include "autobatch/vocabulary/units.h"
 #include "run/workflow_budget.h"
 
@@ -58,7 +59,7 @@ std::optional<std::int64_t> predictedBoundary(std::vector<const TrialResult*> fi
 class TrialBank {
  public:
   // A trial of `request` run under a limit >= `limit` that answers it under `limit` (file
-  // comment of autobatch/fleet.h), as a result under `limit`; nullopt when none does.
+  // comment of autobatch/workflows/fleet.h), as a result under `limit`; nullopt when none does.
   std::optional<TrialResult> answer(const TrialRequest& request, std::int64_t limit,
                                     std::int64_t slack) const {
     for (std::size_t i = trials_.size(); i-- > 0;) {  // the latest first

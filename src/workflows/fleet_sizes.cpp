@@ -1,4 +1,4 @@
-// --fleet's sizes: the GPU table and the list parser (autobatch/fleet.h).
+// --fleet's sizes: the GPU table and the list parser (autobatch/workflows/fleet.h).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -6,8 +6,8 @@
 #include <string>
 
 #include "autobatch/vocabulary/error.h"
-#include "autobatch/workflows/fleet.h"
 #include "autobatch/vocabulary/units.h"
+#include "autobatch/workflows/fleet.h"
 
 namespace autobatch {
 namespace {

@@ -9,13 +9,13 @@
 #include <exception>
 #include <utility>
 
+#include "autobatch/probes/trial_runner.h"
 #include "autobatch/run/bucket_mix.h"
+#include "autobatch/run/ranks.h"
+#include "autobatch/search/replan.h"
 #include "autobatch/vocabulary/error.h"
 #include "autobatch/vocabulary/failure.h"
 #include "autobatch/vocabulary/input_spec.h"
-#include "autobatch/run/ranks.h"
-#include "autobatch/search/replan.h"
-#include "autobatch/probes/trial_runner.h"
 #include "autobatch/vocabulary/units.h"
 #include "run/workflow_budget.h"
 
@@ -119,7 +119,7 @@ std::optional<LengthRun> searchLength(LengthRun run, const LengthSweepOptions& s
   }
 }
 
-// The buckets of a sweep run mixed in one trial (autobatch/bucket_mix.h), on a runner made for
+// The buckets of a sweep run mixed in one trial (autobatch/run/bucket_mix.h), on a runner made for
 // `longest` (the longest length that fits). Micro-batches per step: 2 when a bucket's plan
 // accumulates (as the job will run it), else the runner's.
 MixVerification verifyMix(const std::vector<Bucket>& buckets, const LengthRun& longest,

@@ -1,5 +1,5 @@
 // libFuzzer target for the result cache's entry reader (parseCachedResult,
-// autobatch/result_cache.h): a file in the cache folder is text anyone could have written.
+// autobatch/run/result_cache.h): a file in the cache folder is text anyone could have written.
 //
 // Properties checked (a violation aborts, which libFuzzer reports as a crash):
 // - only autobatch::Error escapes the reader; any other exception is a bug;
@@ -18,8 +18,8 @@
 #include <exception>
 #include <string_view>
 
-#include "autobatch/vocabulary/error.h"
 #include "autobatch/run/result_cache.h"
+#include "autobatch/vocabulary/error.h"
 #include "fuzz_check.h"
 
 namespace {

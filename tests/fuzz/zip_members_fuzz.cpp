@@ -1,5 +1,5 @@
-// libFuzzer target for the zip member parser (src/zip_members.h): the input is read as a zip
-// archive (a model file or the weights.pt inside a package), with the seeds
+// libFuzzer target for the zip member parser (src/vocabulary/zip_members.h): the input is read as a
+// zip archive (a model file or the weights.pt inside a package), with the seeds
 // tests/fuzz/corpus/zip_members/ (stored, deflated, zip64, a data descriptor).
 //
 // Properties checked (a violation aborts, which libFuzzer reports as a crash):

@@ -1,4 +1,4 @@
-// autobatch/model_format.h — what each model format autobatch runs is and can do.
+// autobatch/probes/model_format.h — what each model format autobatch runs is and can do.
 //
 // Contract: one description per format (a TorchScript archive; a pt2 training-step package from
 // scripts/autobatch_export.py --format pt2, docs/formats.md), read by the CLI's checks (--device

@@ -1,12 +1,12 @@
-// autobatch/trial_runner.h — runs real training steps of a model at a micro-batch B: a
-// TorchScript archive or module, or a pt2 training-step package (autobatch/model_format.h,
+// autobatch/probes/trial_runner.h — runs real training steps of a model at a micro-batch B: a
+// TorchScript archive or module, or a pt2 training-step package (autobatch/probes/model_format.h,
 // docs/formats.md).
 //
 // Contract: a TrialRunner owns (or borrows) one model on one device and runs trials: each trial
 // is `steps_per_trial` optimizer steps of `micro_batches_per_step` forward/loss/backward passes
 // on synthetic inputs, from the same weights, buffers and a fresh optimizer every time. It
-// reports whether the trial fits and its peak memory (autobatch/trial.h). Out-of-memory and
-// kernel size limits are results; model errors and fatal device errors leave `run` unchanged.
+// reports whether the trial fits and its peak memory (autobatch/vocabulary/trial.h). Out-of-memory
+// and kernel size limits are results; model errors and fatal device errors leave `run` unchanged.
 // What differs between the formats (loading, inputs and loss, the micro-step, the batch range a
 // package was compiled for) is a step program per format inside the runner; the runner never
 // branches on the format, and refuses what the format cannot do (ModelFormat::capabilities).
@@ -36,7 +36,7 @@ struct Module;
 }  // namespace torch::jit
 
 namespace autobatch::detail {
-class StepSource;  // src/step_program.h
+class StepSource;  // src/probes/step_program.h
 }  // namespace autobatch::detail
 
 namespace autobatch {
@@ -55,24 +55,22 @@ struct MixedStep {
 class TrialRunner {
  public:
   /// Loads `spec.model_path` onto `spec.device` in its format (modelFormatAt,
-  /// autobatch/model_format.h) and prepares the trials: a TorchScript archive with
+  /// autobatch/probes/model_format.h) and prepares the trials: a TorchScript archive with
   /// torch::jit::load, its inputs and loss `spec.inputs` / `spec.loss` when given, else the
-  /// archive's "autobatch/inputs.json" (autobatch/model_metadata.h), else loss "mean"; a pt2
-  /// package with its own inputs, loss and precision (flags may only repeat them) on the CPU only
-  /// (docs/formats.md, "How a package runs").
-  /// `options`: memory_limit_bytes (0: the device's) and reserve_bytes are used; the rest is the
-  /// search's, except min_batch (the warm-up's micro-batch). `spec.device` "cuda" means
-  /// cuda:<current device>, resolved once here (device() tells it). Side effects: installs the
-  /// memory backend (see the file comment); on CUDA runs one warm-up training step at
-  /// max(options.min_batch, 1) (weights and RNG restored after it), then releases the cuBLAS
-  /// workspaces and the cache before the baseline and the memory outside the allocator are read,
-  /// and sets the memory fraction (docs/trial_runner.md, "The CUDA backend"); precision fp16/bf16
-  /// casts the model.
-  /// Throws: autobatch::Error for an invalid spec (steps_per_trial or accumulation_steps < 1, an
-  /// unknown device, no inputs from either source, a bad metadata file, another CPU runner alive;
-  /// for a pt2 package: a device other than the CPU, flags that contradict the package, a damaged
-  /// or foreign package);
-  /// c10::Error from torch::jit::load for an unreadable archive; on CUDA, autobatch::Error for
+  /// archive's "autobatch/inputs.json" (autobatch/vocabulary/model_metadata.h), else loss "mean"; a
+  /// pt2 package with its own inputs, loss and precision (flags may only repeat them) on the CPU
+  /// only (docs/formats.md, "How a package runs"). `options`: memory_limit_bytes (0: the device's)
+  /// and reserve_bytes are used; the rest is the search's, except min_batch (the warm-up's
+  /// micro-batch). `spec.device` "cuda" means cuda:<current device>, resolved once here (device()
+  /// tells it). Side effects: installs the memory backend (see the file comment); on CUDA runs one
+  /// warm-up training step at max(options.min_batch, 1) (weights and RNG restored after it), then
+  /// releases the cuBLAS workspaces and the cache before the baseline and the memory outside the
+  /// allocator are read, and sets the memory fraction (docs/trial_runner.md, "The CUDA backend");
+  /// precision fp16/bf16 casts the model. Throws: autobatch::Error for an invalid spec
+  /// (steps_per_trial or accumulation_steps < 1, an unknown device, no inputs from either source, a
+  /// bad metadata file, another CPU runner alive; for a pt2 package: a device other than the CPU,
+  /// flags that contradict the package, a damaged or foreign package); c10::Error from
+  /// torch::jit::load for an unreadable archive; on CUDA, autobatch::Error for
   /// PYTORCH_NO_CUDA_MEMORY_CACHING=1, backend:cudaMallocAsync or a limit the memory outside the
   /// allocator already fills, and the model's own error when the warm-up step raises one.
   TrialRunner(const TrainingSpec& spec, const SearchOptions& options = {});
@@ -100,7 +98,7 @@ class TrialRunner {
   /// thread (TrialRequest::cancel); a cancelled trial has cancelled = true.
   /// A failure that is only possibly out of memory (FailureKind::kPossibleOutOfMemory) is decided
   /// by re-running the largest micro-batch already seen to fit, with the cache emptied: that
-  /// trial comes back in `classification_rerun` (autobatch/trial.h).
+  /// trial comes back in `classification_rerun` (autobatch/vocabulary/trial.h).
   /// Throws: autobatch::Error for micro_batch_size < 1 or micro_batches_per_step < 1, a model
   /// output the loss cannot use, or a device poisoned by an earlier fatal error; model and fatal
   /// device errors unchanged. After a fatal device error (a sticky CUDA error) no device call is

@@ -1,4 +1,4 @@
-// autobatch/report.h — the results as people and programs read them: a human report, a JSON
+// autobatch/reports/report.h — the results as people and programs read them: a human report, a JSON
 // document (schema below), and shell lines a launcher can `eval`.
 //
 // LibTorch-free. Thread safety: pure functions of their arguments.
@@ -95,14 +95,15 @@ struct SweepReport {
   std::int64_t longest_trainable_length = 0;
   /// --target-tokens (tokens per optimizer step over all ranks); 0 when not given.
   std::int64_t target_tokens = 0;
-  /// The buckets run mixed in one trial (autobatch/bucket_mix.h); nullopt when it did not run
+  /// The buckets run mixed in one trial (autobatch/run/bucket_mix.h); nullopt when it did not run
   /// (interrupted before it).
   std::optional<MixVerification> mixed;
 };
 
 /// One memory size of a fleet table (--fleet, docs/fleet.md).
 struct FleetRow {
-  /// The size as given: a GPU key of the table (autobatch/fleet.h, "a100-40gb") or the size text
+  /// The size as given: a GPU key of the table (autobatch/workflows/fleet.h, "a100-40gb") or the
+  /// size text
   /// ("24GiB").
   std::string name;
   /// The size in bytes: the device's total memory (CUDA's totalGlobalMem) for a GPU key.

@@ -1,4 +1,4 @@
-// autobatch/bucket_mix.h — the mixed verification of a length sweep's buckets (issue 18,
+// autobatch/run/bucket_mix.h — the mixed verification of a length sweep's buckets (issue 18,
 // docs/sweeps.md "Mixed verification").
 //
 // Each bucket (length, micro-batch) of a sweep was searched alone, with the allocator's cache

@@ -1,9 +1,9 @@
-// autobatch/rank_agreement.h — the ranks of a multi-rank preflight agree on one answer: each
-// publishes its search's result, all take the minimum (autobatch/ranks.h, agree()), and each
-// lowers its own result to it and plans again (autobatch/replan.h).
+// autobatch/run/rank_agreement.h — the ranks of a multi-rank preflight agree on one answer: each
+// publishes its search's result, all take the minimum (autobatch/run/ranks.h, agree()), and each
+// lowers its own result to it and plans again (autobatch/search/replan.h).
 //
 // Contract: agreeAcrossRanks() runs the exchange through a connected RankGroup
-// (autobatch/rank_group.h: a c10d TCPStore, no NCCL/Gloo collective) and changes only the
+// (autobatch/run/rank_group.h: a c10d TCPStore, no NCCL/Gloo collective) and changes only the
 // SearchResult it is given; rankReportOf() and applyAgreement() are pure. This header includes no
 // LibTorch header. Thread safety: as RankGroup (one thread uses a group); the pure functions are
 // free of shared state.

@@ -1,4 +1,4 @@
-// autobatch/rank_group.h — the ranks of a multi-rank preflight agree on one micro-batch through
+// autobatch/run/rank_group.h — the ranks of a multi-rank preflight agree on one micro-batch through
 // LibTorch's c10d TCPStore, under a PrefixStore of ours.
 //
 // Contract: the constructor connects to the store (rank 0 hosts it at master_port, or, under

@@ -1,8 +1,8 @@
-// autobatch/ranks.h — who this process is in a multi-rank job, and how the ranks' answers become
-// one.
+// autobatch/run/ranks.h — who this process is in a multi-rank job, and how the ranks' answers
+// become one.
 //
 // LibTorch-free: environment parsing (torchrun, Slurm) and the agreement rule, tested without a
-// store. The exchange itself is autobatch/rank_group.h. Thread safety: pure functions.
+// store. The exchange itself is autobatch/run/rank_group.h. Thread safety: pure functions.
 #pragma once
 
 #include <cstdint>

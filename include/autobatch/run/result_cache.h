@@ -1,9 +1,9 @@
-// autobatch/result_cache.h — a folder of past search results, for repeat preflights (issue 18).
+// autobatch/run/result_cache.h — a folder of past search results, for repeat preflights (issue 18).
 //
 // A preflight in every job of a sweep re-runs a search of minutes for the same answer. With
 // `--cache` the CLI keys each result by a hash of exactly what the answer depends on
-// (autobatch/report.h, cacheKeyFields) and, on a hit, confirms the cached answer with one trial
-// instead of searching. This file holds the storage: one JSON file per key, written to a
+// (autobatch/reports/report.h, cacheKeyFields) and, on a hit, confirms the cached answer with one
+// trial instead of searching. This file holds the storage: one JSON file per key, written to a
 // temporary file in the same folder and renamed over the entry, so that several ranks of one node
 // writing the same key at once leave one whole entry (rename is atomic within a file system). An
 // entry that cannot be read or parsed is a miss with a warning, never an error.
@@ -41,7 +41,7 @@ struct CacheKey {
 };
 
 /// One stored search result: what a repeat preflight needs to answer, in the units of
-/// autobatch/search.h (micro-batch sizes in samples, bytes).
+/// autobatch/search/search.h (micro-batch sizes in samples, bytes).
 struct CachedResult {
   std::string key;                      ///< CacheKey::hash it was stored under
   std::string stored_at;                ///< UTC, ISO 8601 ("2026-11-30T20:15:03Z")

@@ -1,4 +1,4 @@
-// autobatch/planner.h — turns a maximum micro-batch and a target effective batch into a
+// autobatch/search/planner.h — turns a maximum micro-batch and a target effective batch into a
 // gradient-accumulation plan.
 //
 // Contract: pure arithmetic, no LibTorch, no I/O, no allocation beyond the returned vectors.

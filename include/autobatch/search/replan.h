@@ -1,7 +1,8 @@
-// autobatch/replan.h — an answer made smaller after its search: a length of a sweep whose bucket
-// the mixed verification lowered (autobatch/length_sweep.h), or the minimum the ranks of a
-// multi-rank preflight agreed on (autobatch/rank_agreement.h). Both lower the safe micro-batch and
-// plan again for the target on the lowered bound; this is the one place that does it.
+// autobatch/search/replan.h — an answer made smaller after its search: a length of a sweep whose
+// bucket the mixed verification lowered (autobatch/workflows/length_sweep.h), or the minimum the
+// ranks of a multi-rank preflight agreed on (autobatch/run/rank_agreement.h). Both lower the safe
+// micro-batch and plan again for the target on the lowered bound; this is the one place that does
+// it.
 //
 // Contract: pure arithmetic on a SearchResult (no LibTorch, no I/O, no trial). Thread safety: none
 // needed (it changes only its argument).
@@ -30,7 +31,7 @@ struct PlanBound {
 ///   with nothing safe), no plan, plan_max_micro_batch 0; plan_verified is left as it was;
 /// - else, with `plan_bound` and options.target_batch > 0: plan_max_micro_batch and
 ///   plan_verified become the bound's, and the plan is planAccumulation(bound, target_batch,
-///   world_size, plan kind) (autobatch/planner.h);
+///   world_size, plan kind) (autobatch/search/planner.h);
 /// - else (no bound given, or no target) the plan and its bound are left as they are: a search
 ///   that made no plan (the 2-micro-batch check found none) keeps none.
 /// Other fields (trials, max_micro_batch, warnings) are not touched.

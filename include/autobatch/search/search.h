@@ -1,14 +1,15 @@
-// autobatch/search.h — finds the largest micro-batch that trains, from trials run by a probe.
+// autobatch/search/search.h — finds the largest micro-batch that trains, from trials run by a
+// probe.
 //
-// Contract: the search is plain C++ (no LibTorch). It sees only a `Probe` (autobatch/trial.h),
-// decides which micro-batch to try next, and never reports a size it did not see fit: every
-// batch in a SearchResult was the request of a trial whose outcome was kFits and that was not
-// cancelled. Out-of-memory and size-limit outcomes steer the search; exceptions thrown by the
-// probe (model or device errors) propagate unchanged and end the search. Strategies and their
-// guarantees: docs/search.md. The overloads that run a model (TrainingSpec) live elsewhere.
-// Thread safety: findMaxBatch calls the probe and the cancel hook from the calling thread only
-// (a trial runner asks the hook from the same thread, inside the probe);
-// concurrent searches need their own probes.
+// Contract: the search is plain C++ (no LibTorch). It sees only a `Probe`
+// (autobatch/vocabulary/trial.h), decides which micro-batch to try next, and never reports a size
+// it did not see fit: every batch in a SearchResult was the request of a trial whose outcome was
+// kFits and that was not cancelled. Out-of-memory and size-limit outcomes steer the search;
+// exceptions thrown by the probe (model or device errors) propagate unchanged and end the search.
+// Strategies and their guarantees: docs/search.md. The overloads that run a model (TrainingSpec)
+// live elsewhere. Thread safety: findMaxBatch calls the probe and the cancel hook from the calling
+// thread only (a trial runner asks the hook from the same thread, inside the probe); concurrent
+// searches need their own probes.
 #pragma once
 
 #include <cstdint>

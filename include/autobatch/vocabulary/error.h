@@ -1,10 +1,11 @@
-// autobatch/error.h — the exception autobatch throws for invalid input.
+// autobatch/vocabulary/error.h — the exception autobatch throws for invalid input.
 //
 // Contract: `autobatch::Error` is thrown for input that autobatch itself detects as wrong (flags,
 // specs, files, model signatures, impossible targets). Its message says what was expected, what
 // was given, and how to fix it. It maps to exit code 2 in the CLI (see docs/errors.md).
-// Out-of-memory is never an Error: it is a trial outcome (autobatch/trial.h). Errors raised by the
-// model or the device are not wrapped: they propagate with their own type and message.
+// Out-of-memory is never an Error: it is a trial outcome (autobatch/vocabulary/trial.h). Errors
+// raised by the model or the device are not wrapped: they propagate with their own type and
+// message.
 #pragma once
 
 #include <stdexcept>

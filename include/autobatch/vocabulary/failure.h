@@ -1,4 +1,5 @@
-// autobatch/failure.h — what an exception raised during a trial means: the ONE classification.
+// autobatch/vocabulary/failure.h — what an exception raised during a trial means: the ONE
+// classification.
 //
 // A trial that throws is either out of memory (a result: the batch does not fit), possibly out of
 // memory (a library failure that memory exhaustion and a model or install fault both cause: the

@@ -1,4 +1,4 @@
-// autobatch/input_spec.h — what one forward argument of the model looks like.
+// autobatch/vocabulary/input_spec.h — what one forward argument of the model looks like.
 //
 // The trial runner builds a synthetic tensor per InputSpec: shape [micro_batch, sample_shape...],
 // the given dtype, values in [low, high) for integer dtypes (memory does not depend on values).

@@ -1,4 +1,5 @@
-// autobatch/model_metadata.h — the description a model archive can carry of its own inputs.
+// autobatch/vocabulary/model_metadata.h — the description a model archive can carry of its own
+// inputs.
 //
 // A TorchScript archive saved with
 //     torch.jit.save(m, "net.pt", _extra_files={"autobatch/inputs.json": json.dumps({...})})

@@ -1,7 +1,7 @@
-// autobatch/search_options.h — how the search for the largest micro-batch is run.
+// autobatch/vocabulary/search_options.h — how the search for the largest micro-batch is run.
 //
-// Plain value type, no LibTorch. Read by the search (autobatch/search.h) and, for the memory limit
-// and reserve, by the trial runner that sets up the memory backend.
+// Plain value type, no LibTorch. Read by the search (autobatch/search/search.h) and, for the memory
+// limit and reserve, by the trial runner that sets up the memory backend.
 #pragma once
 
 #include <cstdint>

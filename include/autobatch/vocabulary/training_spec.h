@@ -1,4 +1,4 @@
-// autobatch/training_spec.h — what one training step of the user's job is made of.
+// autobatch/vocabulary/training_spec.h — what one training step of the user's job is made of.
 //
 // A TrainingSpec describes the model, its inputs, the loss, the optimizer, the precision and the
 // device of the job whose batch size autobatch looks for. It is a plain value type; this header

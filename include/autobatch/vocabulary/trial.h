@@ -1,9 +1,10 @@
-// autobatch/trial.h — the vocabulary shared by the trial runner and the search.
+// autobatch/vocabulary/trial.h — the vocabulary shared by the trial runner and the search.
 //
 // The search never sees LibTorch: it calls a `Probe`, a function that runs (or fakes) one trial
-// for a `TrialRequest` and returns a `TrialResult`. The trial runner (autobatch/trial_runner.h)
-// provides the real probe; tests provide fake ones. This header includes no LibTorch header.
-// Thread safety: plain value types; a Probe is called from one thread at a time.
+// for a `TrialRequest` and returns a `TrialResult`. The trial runner
+// (autobatch/probes/trial_runner.h) provides the real probe; tests provide fake ones. This header
+// includes no LibTorch header. Thread safety: plain value types; a Probe is called from one thread
+// at a time.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// autobatch/units.h — byte sizes as users write them, and as reports print them.
+// autobatch/vocabulary/units.h — byte sizes as users write them, and as reports print them.
 //
 // LibTorch-free (fuzzed by tests/fuzz/). Thread safety: pure functions.
 #pragma once

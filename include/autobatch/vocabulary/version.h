@@ -1,4 +1,4 @@
-// autobatch/version.h — what autobatch was built with and which devices it sees.
+// autobatch/vocabulary/version.h — what autobatch was built with and which devices it sees.
 #pragma once
 
 #include <cstdint>

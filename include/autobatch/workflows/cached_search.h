@@ -1,11 +1,12 @@
-// autobatch/cached_search.h — a search that reuses a past search's answer (issue 18, `--cache`).
+// autobatch/workflows/cached_search.h — a search that reuses a past search's answer (issue 18,
+// `--cache`).
 //
 // A preflight in every job of a sweep re-runs a search of minutes for the same answer. The cached
 // search sets the trial runner up, keys the run by exactly what the answer depends on
-// (autobatch/report.h, cacheKeyFields: the model's SHA-1 and size, the resolved inputs, loss,
-// optimizer, precision, memory limit, margin, bounds, device and versions), and on a hit confirms
-// the cached answer with one trial instead of searching (autobatch/result_cache.h). A miss, or a
-// hit whose confirming trial fails, searches on the same runner and stores the answer.
+// (autobatch/reports/report.h, cacheKeyFields: the model's SHA-1 and size, the resolved inputs,
+// loss, optimizer, precision, memory limit, margin, bounds, device and versions), and on a hit
+// confirms the cached answer with one trial instead of searching (autobatch/run/result_cache.h). A
+// miss, or a hit whose confirming trial fails, searches on the same runner and stores the answer.
 //
 // Contract: as findMaxBatch (autobatch/autobatch.h) for the trials; the result cache's folder is
 // read and written (one JSON file per key, replaced atomically). This header includes no LibTorch
@@ -30,7 +31,7 @@ namespace autobatch {
 /// Where the cache is and how a hit is answered.
 struct ResultCacheOptions {
   /// The results folder (created on the first store). Required: the CLI gives
-  /// defaultCacheDir(processEnvironment()) (autobatch/result_cache.h).
+  /// defaultCacheDir(processEnvironment()) (autobatch/run/result_cache.h).
   std::string dir;
   /// Answer a hit without the confirming trial (`--cache-trust`). Default: false.
   bool trust = false;
@@ -40,7 +41,7 @@ struct ResultCacheOptions {
   std::string model_sha1;
   std::int64_t model_file_bytes = 0;
   /// The build and devices the key names (versions, the device's name and total memory).
-  /// nullopt: buildInfo() (autobatch/version.h). Default: nullopt.
+  /// nullopt: buildInfo() (autobatch/vocabulary/version.h). Default: nullopt.
   std::optional<BuildInfo> build;
   /// Called once the trial runner is set up, before any trial, with its facts (memory breakdown
   /// and run context; an empty search): a caller that reports errors can show them when a trial
@@ -62,7 +63,7 @@ struct CachedSearchResult {
 };
 
 /// findMaxBatch() through the result cache in `cache.dir`:
-/// - hit (an entry with this key that parses, autobatch/result_cache.h): one confirming trial
+/// - hit (an entry with this key that parses, autobatch/run/result_cache.h): one confirming trial
 ///   (confirmRequest: the cached safe batch, or the plan's largest micro-batch with 2 per step);
 ///   when it fits under the cached limit less the margin (or with cache.trust, without a trial)
 ///   the cached answer is returned (outcome "hit");

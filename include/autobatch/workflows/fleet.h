@@ -1,6 +1,6 @@
-// autobatch/fleet.h — a fleet table (issue 31, docs/fleet.md, `--fleet`): for each of several
-// memory sizes (GPU kinds a job may land on), the largest micro-batch and the plan for the target
-// batch, from one run on this device, each size emulated by the backend's memory limit.
+// autobatch/workflows/fleet.h — a fleet table (issue 31, docs/fleet.md, `--fleet`): for each of
+// several memory sizes (GPU kinds a job may land on), the largest micro-batch and the plan for the
+// target batch, from one run on this device, each size emulated by the backend's memory limit.
 //
 // Contract: sizes are searched largest first, each with a trial runner of its own under that
 // size's limit (SearchOptions::memory_limit_bytes). A trial already run under a larger size

@@ -1,6 +1,6 @@
-// autobatch/length_sweep.h — a sequence-length sweep (issue 18, docs/sweeps.md, `--lengths`): the
-// largest micro-batch at each length, longest first, then the lengths' buckets run mixed in one
-// trial (autobatch/bucket_mix.h) and lowered where the mix does not fit.
+// autobatch/workflows/length_sweep.h — a sequence-length sweep (issue 18, docs/sweeps.md,
+// `--lengths`): the largest micro-batch at each length, longest first, then the lengths' buckets
+// run mixed in one trial (autobatch/run/bucket_mix.h) and lowered where the mix does not fit.
 //
 // Contract: one search per length (findMaxBatch, or findMaxBatchCached with a cache), each with
 // the model's inputs at that length, then at most 6 mixed trials on a runner made for the longest
@@ -17,19 +17,19 @@
 #include <vector>
 
 #include "autobatch/autobatch.h"
-#include "autobatch/workflows/cached_search.h"
 #include "autobatch/reports/report.h"
 #include "autobatch/search/search.h"
 #include "autobatch/vocabulary/search_options.h"
 #include "autobatch/vocabulary/training_spec.h"
+#include "autobatch/workflows/cached_search.h"
 
 namespace autobatch {
 
 /// What to sweep.
 struct LengthSweepOptions {
-  /// The forward's inputs as `--input` texts (autobatch/input_spec.h), one per text, some of them
-  /// naming the length placeholder L ("int64:L:<32000", "2xL"); parsed at each length. They
-  /// replace TrainingSpec::inputs. At least one must name L.
+  /// The forward's inputs as `--input` texts (autobatch/vocabulary/input_spec.h), one per text,
+  /// some of them naming the length placeholder L ("int64:L:<32000", "2xL"); parsed at each length.
+  /// They replace TrainingSpec::inputs. At least one must name L.
   std::vector<std::string> input_texts;
   /// The values of L, in tokens, longest first (as parseLengths returns them). Non-empty, each in
   /// [1, 2^20].
@@ -104,8 +104,8 @@ LengthSweepResult sweepLengths(const TrainingSpec& spec, const SearchOptions& op
 /// it left the mix): row.lowered_from = from, a warning on `search`, the safe micro-batch and the
 /// tokens per micro-batch at most `to`; at 0 the row's status becomes "fails-mixed" and the
 /// search nothing-fits without a plan; else a plan the search had is made again on at most `to`
-/// (replan(), autobatch/replan.h), and the row shows it. `options`: the length's (its target).
-/// Throws: autobatch::Error from the planner (see replan()).
+/// (replan(), autobatch/search/replan.h), and the row shows it. `options`: the length's (its
+/// target). Throws: autobatch::Error from the planner (see replan()).
 void lowerSweepRow(SweepRow& row, SearchResult& search, std::int64_t from, std::int64_t to,
                    const SearchOptions& options);
 

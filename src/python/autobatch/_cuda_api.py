@@ -1,7 +1,7 @@
-"""The CUDA calls of the C++ memory backend (src/cuda_api.h, `CudaApi`), written over torch.cuda.
+"""The CUDA calls of the C++ memory backend (src/memory/cuda_api.h, `CudaApi`), written over torch.cuda.
 
 The package measures CUDA memory with the same backend as the `autobatch` command
-(src/cuda_backend.cpp: the limit, the warm-up before the outside part is read, the re-read after
+(src/memory/cuda_backend.cpp: the limit, the warm-up before the outside part is read, the re-read after
 every trial, the workspaces cleared, the user's fraction kept and restored, unsupported allocator
 settings refused). That backend reaches CUDA only through these calls; here they are torch.cuda's,
 so the extension needs neither LibTorch's CUDA headers nor a CUDA toolkit. `_core.Backend.cuda`

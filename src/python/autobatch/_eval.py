@@ -32,7 +32,7 @@ class EvalProbe:
         Returns the step's trial record with "holds" and "resident_bytes"."""
         p = self.probe
         # The evaluation trials' own evidence of out-of-memory for the failure rules
-        # (autobatch/failure.h), as the runner keeps eval_evidence apart from the training's; the
+        # (autobatch/vocabulary/failure.h), as the runner keeps eval_evidence apart from the training's; the
         # state's training step runs with none, as holdEvalState's.
         self.training_oom, p.largest_oom = p.largest_oom, 0
         if not training:

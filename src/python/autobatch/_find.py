@@ -118,7 +118,7 @@ class _Session:
             "plan": plan, "target_batch": _target(target_batch),
             "world_size": _count(world_size, "world_size", none_is=1),
             "time_limit_s": _seconds(time_limit), "max_trials": _count(max_trials, "max_trials")}
-        if self.device.type == "cuda":  # the caching allocator's units (autobatch/trial.h)
+        if self.device.type == "cuda":  # the caching allocator's units (autobatch/vocabulary/trial.h)
             self.options.update(block_bytes=2 << 20, page_bytes=20 << 20)
         self.optimizer_code = _code_digest(optimizer) if callable(optimizer) else None
         self.key = fingerprint(model, example_batch, device=str(self.device),

@@ -164,7 +164,7 @@ def eager_batch1_error(wrapped: torch.nn.Module, args: Sequence[torch.Tensor]) -
     and 1), so a check that only batch 1 trips, such as BatchNorm's "Expected more than 1 value
     per channel when training" (torch/nn/functional.py, _verify_batch_size), is not in the
     compiled code: the package would run a batch the user's eager job cannot. The runner fails
-    such a batch as the eager step would (src/trial_runner.cpp)."""
+    such a batch as the eager step would (src/probes/trial_runner.cpp)."""
     import copy
 
     probe = copy.deepcopy(wrapped).train()

@@ -2,7 +2,7 @@
 phase (inputs, forward, loss, backward, optimizer-step) as the C++ runner measures its own.
 
 Out of memory (torch.OutOfMemoryError, the budget allocator's error, MemoryError) is caught here,
-classified by the library's rules (autobatch/failure.h), turned into a plain record, and its
+classified by the library's rules (autobatch/vocabulary/failure.h), turned into a plain record, and its
 traceback frames cleared before control returns to the C++ search: a failed step's tensors stay
 alive as long as the exception or its frames do.
 """
@@ -152,11 +152,11 @@ class _TrialStopped(Exception):
         self.done, self.total_ms = done, total_ms
 
 class Meter:
-    """One of the C++ library's memory backends (src/memory_backend.h) for one search, the same
+    """One of the C++ library's memory backends (src/memory/memory_backend.h) for one search, the same
     as the `autobatch` command's: on the CPU the budget allocator, installed in this process (every
     CPU tensor allocated while it is in place is counted, and an allocation above the limit raises
     torch.OutOfMemoryError; storages allocated before it enter as baseline bytes); on CUDA the
-    caching allocator's backend (src/cuda_backend.cpp) over torch.cuda (TorchCudaApi): the limit
+    caching allocator's backend (src/memory/cuda_backend.cpp) over torch.cuda (TorchCudaApi): the limit
     emulated with the memory fraction, the outside part read after a warm-up step and re-read after
     every trial, the cuBLAS workspaces cleared with the cache, the process's own fraction kept as a
     cap and restored, unsupported allocator settings refused (docs/trial_runner.md)."""
@@ -469,7 +469,7 @@ class EagerProbe:
     def trial(self, size, micro_batches, body, label=None):
         """One trial: body(size, micro_batches) -> (steps completed, total ms) under the meter,
         its out-of-memory turned into a record (see the module's docstring). The command's rules
-        (src/trial_runner.cpp, trial_classification.cpp): after a fatal device error (sticky CUDA
+        (src/probes/trial_runner.cpp, trial_classification.cpp): after a fatal device error (sticky CUDA
         error) no device call is made, not even to restore the weights, and ModelError says so; an
         ambiguous failure (cuDNN finding no engine) re-runs the largest batch seen to fit: it fits,
         so the failure was memory."""
@@ -559,11 +559,11 @@ class EagerProbe:
         return error
 
     def _memory_after_all(self, size, body, failure):
-        """An ambiguous failure at `size` (autobatch/failure.h, possible-out-of-memory): True when
+        """An ambiguous failure at `size` (autobatch/vocabulary/failure.h, possible-out-of-memory): True when
         it was memory. The largest batch seen to fit by this body is re-run with the cache emptied:
         it fits (or runs out of memory), so the failure was memory; it fails too, so the error is
         the model's or the install's. Nothing fitted yet: memory. Inside a re-run: the outer trial
-        decides. (TrialEvidence::classifyAmbiguous, src/trial_classification.cpp.)"""
+        decides. (TrialEvidence::classifyAmbiguous, src/probes/trial_classification.cpp.)"""
         if self.classifying:
             return False
         best = self.largest_fit.get(_body_key(body))
@@ -600,7 +600,7 @@ class EagerProbe:
                           micro_batch=size)
 
     def _failure(self, e):
-        """The library's classification of a failed step (autobatch/failure.h)."""
+        """The library's classification of a failed step (autobatch/vocabulary/failure.h)."""
         name, micro, step = self.point
         if isinstance(e, torch.OutOfMemoryError):
             kind = "out-of-memory"
