@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "autobatch/vocabulary/error.h"
@@ -29,6 +30,8 @@ namespace autobatch::detail {
 namespace {
 
 thread_local int t_untracked_depth = 0;
+// Inside a collective's call on this thread (setBudgetBackendScope): allocations set apart.
+thread_local bool t_backend_scope = false;
 // CpuInterruptScope: the hook armed on this thread, whether it fired, and whether it is running
 // (an allocation from inside the hook is not checked again).
 thread_local const std::function<bool()>* t_interrupt = nullptr;
@@ -86,6 +89,7 @@ class BudgetAllocator final : public c10::Allocator {
       return {data, data, &deleteTracked, c10::Device(c10::DeviceType::CPU)};
     }
     checkInterrupt(bytes);
+    bool apart = false;  // another thread's, or inside a collective's call
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (error_) {
@@ -113,10 +117,13 @@ class BudgetAllocator final : public c10::Allocator {
       // Another thread of the process allocating while a trial runs (a data loader, another
       // model): counted as the trial's, and said in the warnings. The trial's own intra-op
       // workers (at::parallel_for) are the trial's; CPU autograd runs on the trial's thread.
-      if (in_trial_ && std::this_thread::get_id() != trial_thread_ && !at::in_parallel_region()) {
+      const bool other_thread =
+          in_trial_ && std::this_thread::get_id() != trial_thread_ && !at::in_parallel_region();
+      if (other_thread) {
         foreign_bytes_ += bytes;
         ++foreign_allocations_;
       }
+      apart = other_thread || t_backend_scope;
     }
     void* data = nullptr;
     try {
@@ -128,9 +135,14 @@ class BudgetAllocator final : public c10::Allocator {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     sizes_[data] = n;
+    if (apart) {
+      apart_live_.insert(data);
+      apart_current_ += bytes;
+    }
     if (logging_) log_.push_back({data, bytes});
     peak_ = std::max(peak_, current_);
     phase_peak_ = std::max(phase_peak_, current_);
+    own_peak_ = std::max(own_peak_, current_ - apart_current_);
     return {data, data, &deleteTracked, c10::Device(c10::DeviceType::CPU)};
   }
 
@@ -155,6 +167,9 @@ class BudgetAllocator final : public c10::Allocator {
       const auto it = self.sizes_.find(data);
       if (it != self.sizes_.end()) {
         self.current_ -= static_cast<std::int64_t>(it->second);
+        if (!self.apart_live_.empty() && self.apart_live_.erase(data) > 0) {
+          self.apart_current_ -= static_cast<std::int64_t>(it->second);
+        }
         if (self.logging_) self.log_.push_back({data, -static_cast<std::int64_t>(it->second)});
         self.sizes_.erase(it);
       }
@@ -171,6 +186,7 @@ class BudgetAllocator final : public c10::Allocator {
     external_ += bytes;
     current_ += bytes;
     peak_ = std::max(peak_, current_);
+    own_peak_ = std::max(own_peak_, current_ - apart_current_);
   }
   void clearExternal() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -241,7 +257,14 @@ class BudgetAllocator final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     peak_ = current_;
     phase_peak_ = current_;
+    own_peak_ = current_ - apart_current_;
     phase_peaks_.clear();
+  }
+  /// The peak since resetPeak() of the bytes held less those set apart (allocated by other
+  /// threads, or inside a collective's call), and the bytes set apart held now (issue 43).
+  std::pair<std::int64_t, std::int64_t> ownPeak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {own_peak_, apart_current_};
   }
   /// A trial runs on the calling thread from now until endTrial().
   void beginTrialOnThisThread() {
@@ -290,6 +313,10 @@ class BudgetAllocator final : public c10::Allocator {
   bool in_trial_ = false;
   std::int64_t foreign_allocations_ = 0;  // other threads' allocations during trials
   std::int64_t foreign_bytes_ = 0;
+  // Allocations set apart (other threads', a collective's) still held, and the peak without them.
+  std::unordered_set<void*> apart_live_;
+  std::int64_t apart_current_ = 0;
+  std::int64_t own_peak_ = 0;
 };
 
 struct Headroom {
@@ -563,6 +590,16 @@ bool isBudgetTracked(const void* data) { return BudgetAllocator::instance().trac
 std::pair<std::uint64_t, std::string> budgetRefusals() {
   return BudgetAllocator::instance().refusals();
 }
+
+std::pair<std::int64_t, std::int64_t> budgetForeignAllocations() {
+  return BudgetAllocator::instance().foreign();
+}
+
+std::pair<std::int64_t, std::int64_t> budgetOwnPeak() {
+  return BudgetAllocator::instance().ownPeak();
+}
+
+void setBudgetBackendScope(bool inside) { t_backend_scope = inside; }
 
 std::int64_t startAllocationLog() { return BudgetAllocator::instance().startLog(); }
 

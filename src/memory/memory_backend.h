@@ -191,6 +191,23 @@ bool isBudgetTracked(const void* data);
 /// when the count moved across it.
 std::pair<std::uint64_t, std::string> budgetRefusals();
 
+/// Allocations (count, bytes) the budget allocator took from other threads of the process while
+/// trials ran, since the process started (a collective backend's worker threads, a data loader;
+/// not the trial's own intra-op workers). Bytes allocated, not held: a difference across a trial
+/// says how much another thread allocated during it (issue 43: gloo's buffers in an FSDP2 step).
+std::pair<std::int64_t, std::int64_t> budgetForeignAllocations();
+
+/// (the peak since the trial began of the bytes held less those set apart, the bytes set apart
+/// held now). Set apart: allocations of other threads, and of this thread inside
+/// setBudgetBackendScope(true): a collective backend's buffers (gloo allocates some on the
+/// caller's thread inside its collectives, freed when its worker finishes), apart from the
+/// step's own (issue 43, scripts/bench/fsdp_fidelity.py). Equal to the trial's peak when nothing
+/// was set apart.
+std::pair<std::int64_t, std::int64_t> budgetOwnPeak();
+
+/// Marks this thread as inside (true) or outside (false) a collective's call, for budgetOwnPeak.
+void setBudgetBackendScope(bool inside);
+
 /// One tracked allocation (bytes > 0) or release (bytes < 0) of the budget allocator.
 struct AllocationEvent {
   const void* data = nullptr;

@@ -655,6 +655,12 @@ PYBIND11_MODULE(_core, m) {
     return autobatch::detail::isBudgetTracked(reinterpret_cast<const void*>(data));
   });
   m.def("refusals", [] { return autobatch::detail::budgetRefusals().first; });
+  // (count, bytes) other threads allocated during trials since the process started (issue 43).
+  m.def("foreign_allocations", [] { return autobatch::detail::budgetForeignAllocations(); });
+  // (the trial's peak without the bytes set apart, the bytes set apart held now), since the
+  // trial began; set apart: other threads' allocations and those inside backend_scope(True).
+  m.def("own_peak", [] { return autobatch::detail::budgetOwnPeak(); });
+  m.def("backend_scope", &autobatch::detail::setBudgetBackendScope, py::arg("inside"));
   py::class_<Backend>(m, "Backend")
       .def_static("cpu_budget", &Backend::cpuBudget, py::arg("limit_bytes"),
                   py::arg("reserve_bytes") = 0,

@@ -157,3 +157,40 @@ def test_a_device_side_assert_ends_in_model_error():
 def test_evaluation_sizing_on_cuda():
     r = check("eval")
     assert r["eval_safe_batch"] > 0 and r["fits"], r
+
+
+# find_sharded on CUDA (issue 43): catches a rank's trial that misses or double-counts FSDP2's
+# CUDA allocations (all-gather outputs on the all-gather stream, reduce-scatter inputs, the
+# padded shard) against the user's own FSDP2 loop, rank 0 of 8 under torch's fake process group,
+# max_memory_allocated over two steps.
+def test_a_sharded_ranks_trial_peak_matches_its_own_fsdp2_loop():
+    pytest.importorskip("transformers")
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    ids = torch.randint(0, 503, (1, 64), device="cuda")
+    example = {"input_ids": ids, "labels": ids}
+    r = autobatch.find_sharded(tiny_models.sharded_llama, tiny_models.shard_units, example,
+                               world_size=8, optimizer=tiny_models.adamw, memory_limit=LIMIT,
+                               device="cuda")
+    b = next(t for t in reversed(r.result.trials) if t.outcome == "fits").micro_batch_size
+    trial = next(t for t in r.result.trials if t.outcome == "fits" and t.micro_batch_size == b)
+    dist.init_process_group("fake", rank=0, world_size=8, store=FakeStore())
+    try:
+        with torch.device("meta"):
+            model = tiny_models.sharded_llama()
+        tiny_models.shard_units(model, init_device_mesh("cuda", (8,)))
+        model.to_empty(device="cuda")
+        batch = {k: v.repeat(b, 1) for k, v in example.items()}
+        opt = tiny_models.adamw(model.parameters())
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(2):
+            model(**batch).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    finally:
+        dist.destroy_process_group()
+    assert abs(trial.peak_allocated_bytes - peak) <= 0.01 * peak, (b, trial, peak)

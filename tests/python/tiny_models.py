@@ -47,3 +47,62 @@ def mlp():
 
 
 MODELS["mlp"] = mlp
+
+
+# ---- sharded (FSDP2) models for find_sharded (issue 43): a constructor to run on the meta device
+# and the job's fully_shard calls.
+
+class _Block(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.up, self.down = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+class ShardedMlp(torch.nn.Module):
+    """A pre-norm MLP stack with a classification head, width 257: no world size above 1 divides
+    it, so the last ranks own fewer rows than the first (FSDP2 pads their storage)."""
+
+    def __init__(self, d=257, depth=3, classes=10):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Block(d) for _ in range(depth))
+        self.head = torch.nn.Linear(d, classes)
+
+    def forward(self, x):
+        for b in self.layers:
+            x = b(x)
+        return self.head(x)
+
+
+def sharded_mlp_batch():
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(1, 257, generator=g), torch.randint(0, 10, (1,), generator=g))
+
+
+def sharded_mlp_step(model, batch):
+    return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
+def sharded_llama():
+    """A tiny Llama from a config (no download); its decoder layers are the units."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=503, hidden_size=96, intermediate_size=250, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+
+
+def shard_units(model, mesh):
+    """The job's sharding: every unit (the MLP's blocks, the Llama's decoder layers), then the
+    root, with fully_shard's defaults."""
+    from torch.distributed.fsdp import fully_shard
+    layers = model.model.layers if hasattr(model, "model") else model.layers
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, foreach=False)

@@ -15,7 +15,7 @@ from ._result import Result, Trial
 from ._fingerprint import _code_digest, fingerprint
 from ._optimizers import _impl, _optimizer_factory
 from ._options import _autocast, _bytes, _count, _device_of, _limit, _margin, _seconds, _target
-from ._state import ModelState
+from ._state import ModelState, local_tensor
 from ._trial import EagerProbe, Meter, leading_size, refuse_collective_modules
 
 log = logging.getLogger("autobatch")
@@ -265,10 +265,13 @@ def _held_note(state):
 
 
 def _ranks_searching_alone():
-    """The world size of the process group this process is in (1 without torch.distributed):
-    above 1, each rank's search runs on its own and its step must run no collective."""
+    """The world size of the process group this process is in (1 without torch.distributed, or
+    in torch's fake process group, whose collectives do nothing): above 1, each rank's search runs
+    on its own and its step must run no collective."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    if dist.get_backend() == "fake":  # collectives return at once (find_sharded's group): no hang
         return 1
     return dist.get_world_size()
 
@@ -450,7 +453,7 @@ def _distinct_bytes(tensors):
     """Bytes of the distinct storages behind `tensors` (tied weights counted once)."""
     seen, total = set(), 0
     for t in tensors:
-        st = t.untyped_storage()
+        st = local_tensor(t).untyped_storage()
         if st.data_ptr() not in seen:
             seen.add(st.data_ptr())
             total += st.nbytes()

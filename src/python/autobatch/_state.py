@@ -12,7 +12,15 @@ from collections.abc import Mapping
 
 import torch
 
-from . import _core
+from . import _core, _fsdp
+
+
+def local_tensor(t):
+    """The tensor whose storage holds `t`'s bytes in this process: a DTensor's local shard (an
+    FSDP2-sharded parameter, its gradient, optimizer state built from it), else `t` itself. A
+    DTensor's own storage is a wrapper's, with no data pointer."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None and type(t).__name__ == "DTensor" else t
 
 
 def _tensors(model):
@@ -88,6 +96,7 @@ class ModelState:
 
     def __init__(self, model, example=None):
         self.model = model
+        self.fsdp = _fsdp.fsdp_modules(model)  # FSDP2 states, put back after each trial
         self.tensors = _tensors(model)
         with _core.Untracked():
             self.copies = [t.detach().to("cpu", copy=True) for t in self.tensors]
@@ -131,6 +140,7 @@ class ModelState:
     def restore_weights(self):
         """Parameters and buffers back to their values before the search (after every trial, so
         each trial starts from the same weights), and the modules' plain attributes."""
+        _fsdp.reset(self.fsdp)  # first: it registers the sharded parameters again
         self._restore_attributes()
         with torch.no_grad():
             for t, c in zip(self.tensors, self.copies):
@@ -179,7 +189,7 @@ class ModelState:
         parameters or buffers), largest first."""
         seen, out = set(), []
         for name, t in self.held:
-            s = t.untyped_storage()
+            s = local_tensor(t).untyped_storage()
             if s.data_ptr() in seen or s.nbytes() == 0:
                 continue
             seen.add(s.data_ptr())
@@ -194,7 +204,7 @@ class ModelState:
         for t in self.tensors + [t for _, t in self.held]:
             if t.device.type != "cpu":
                 continue
-            s = t.untyped_storage()
+            s = local_tensor(t).untyped_storage()
             ptr = s.data_ptr()
             if ptr == 0 or ptr in seen or _core.is_tracked(ptr):
                 continue

@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import _core
 from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
+from ._state import local_tensor
 
 log = logging.getLogger("autobatch")
 
@@ -115,7 +116,7 @@ def state_bytes(optimizer):
     for per_param in optimizer.state.values():
         for v in per_param.values():
             if isinstance(v, torch.Tensor) and v.numel() > 0:
-                s = v.untyped_storage()
+                s = local_tensor(v).untyped_storage()
                 if s.data_ptr() not in seen:
                     seen.add(s.data_ptr())
                     total += s.nbytes()

@@ -1,0 +1,394 @@
+"""autobatch.find_sharded: one rank of an FSDP2 job of any world size, sized from one process
+(issue 43, docs/python.md "Sharded jobs").
+
+torch's fake process group (`dist.init_process_group("fake", rank=r, world_size=N)`) runs no
+collective, yet FSDP2 (`fully_shard`) allocates what rank r of a world of N allocates: its padded
+parameter shard, the all-gather outputs of the unsharded parameters, the reduce-scatter inputs of
+the gradients, the sharded gradients, and an optimizer state built from the shard. The model is
+built on the meta device, sharded by the user's own function, and materialized with `to_empty`:
+only rank r's shard is ever allocated, so one device holds one rank of a job far larger than
+itself. The search is find()'s, with the user's real step on the real device.
+
+Which ranks are sized: FSDP2 splits dim 0 of each parameter (or the dim the user's
+`shard_placement_fn` names) in chunks of ceil(d/N) rows, as torch.chunk does; ranks whose local
+row counts are equal for every parameter allocate the same, and a rank whose every shard is no
+larger than another's allocates no more than it (each of FSDP2's per-rank allocations follows the
+local shard; the all-gather and reduce-scatter buffers are the same on every rank). So the ranks
+sized are the largest of the classes no other class covers, at most three, and the answer is the
+smallest of their safe micro-batches.
+
+Not measured here: the collective backend's own buffers (gloo's, NCCL's), which the fake group
+never allocates; the result says so. Against real torchrun jobs on gloo, the rest of each rank's
+peak (FSDP2's and the step's) equals the emulation's to the byte (scripts/bench/fsdp_fidelity.py,
+docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import List
+
+import torch
+
+from . import _fsdp
+from ._errors import UsageError
+from ._find import _check_arity, find
+from ._options import _count
+from ._result import Result
+
+BACKEND_NOT_MEASURED = (
+    "the collective backend's own buffers: the fake process group runs no collective. On gloo "
+    "they are what it allocates inside each collective's call and on its worker threads "
+    "(scripts/bench/fsdp_fidelity.py: 0 to 2.1 MB of a 14 MB rank peak on a small MLP, varying "
+    "with the run's timing; 0 on a tiny Llama); on NCCL they are not measured. Keep that room, "
+    "or verify on the real job")
+
+
+@dataclass
+class RankResult:
+    """One sized rank: `result` is find()'s Result for it (its trials, plan and memory);
+    `parameter_bytes` the padded shard FSDP2 allocates (every rank: ceil(d0/N) rows per
+    parameter), `local_parameter_bytes` the rows this rank owns (less on the last ranks)."""
+
+    rank: int
+    ranks_alike: List[int]
+    parameter_bytes: int
+    local_parameter_bytes: int
+    result: Result = field(repr=False)
+
+
+@dataclass
+class ShardedResult:
+    """What find_sharded measured for one world size. `micro_batch`, `max_micro_batch`,
+    `safe_micro_batch` and `plan` are the binding rank's (the sized rank with the smallest safe
+    micro-batch): every rank of the job can train with them. `ranks` holds every rank sized;
+    `layout` the classes of ranks whose shards are alike ({"ranks": [first, last], "count",
+    "local_parameter_bytes"}), largest first; `backend` what is not measured."""
+
+    world_size: int
+    binding_rank: int
+    ranks: List[RankResult]
+    layout: list
+    backend: str = BACKEND_NOT_MEASURED
+
+    @property
+    def result(self) -> Result:
+        return next(r.result for r in self.ranks if r.rank == self.binding_rank)
+
+    @property
+    def micro_batch(self) -> int:
+        return self.result.safe_micro_batch
+
+    @property
+    def safe_micro_batch(self) -> int:
+        return self.result.safe_micro_batch
+
+    @property
+    def max_micro_batch(self) -> int:
+        return self.result.max_micro_batch
+
+    @property
+    def plan(self):
+        return self.result.plan
+
+    def to_dict(self):
+        """The JSON section "sharded" (docs/report.md): plain data."""
+        return {"world_size": self.world_size, "binding_rank": self.binding_rank,
+                "ranks": [{"rank": r.rank, "ranks_alike": _span(r.ranks_alike),
+                           "parameter_bytes": r.parameter_bytes,
+                           "local_parameter_bytes": r.local_parameter_bytes,
+                           "gradient_bytes": r.result.memory.get("gradient_bytes", 0),
+                           "optimizer_state_bytes": r.result.memory.get("optimizer_state_bytes",
+                                                                        0),
+                           "max_micro_batch": r.result.max_micro_batch,
+                           "safe_micro_batch": r.result.safe_micro_batch,
+                           "trials": len(r.result.trials)} for r in self.ranks],
+                "layout": self.layout, "backend_buffers": self.backend}
+
+    def __str__(self):
+        lines = [f"sharded (FSDP2, fake process group): world size {self.world_size}, "
+                 f"micro-batch {self.safe_micro_batch} (max {self.max_micro_batch}), binding "
+                 f"rank {self.binding_rank}"]
+        for r in self.ranks:
+            lines.append(f"  rank {r.rank} (as ranks {_text_span(r.ranks_alike)}): parameter "
+                         f"shard {r.parameter_bytes} bytes ({r.local_parameter_bytes} its own "
+                         f"rows), optimizer state "
+                         f"{r.result.memory.get('optimizer_state_bytes', 0)} bytes, max "
+                         f"{r.result.max_micro_batch}, safe {r.result.safe_micro_batch}, "
+                         f"{len(r.result.trials)} trials")
+        if self.plan is not None:
+            lines.append(f"  {self.plan}")
+        lines.append(f"  not measured: {self.backend}")
+        return "\n".join(lines)
+
+
+@dataclass
+class ShardedTable:
+    """find_sharded over several world sizes: one ShardedResult per world size (`rows`), each
+    measured (its own fake group and searches), none extrapolated. `str()` is the table;
+    `to_dict()` the JSON ({"world_sizes": [...], "rows": [each row's to_dict() and plan]})."""
+
+    rows: List[ShardedResult]
+
+    def __getitem__(self, world_size) -> ShardedResult:
+        return next(r for r in self.rows if r.world_size == world_size)
+
+    def to_dict(self):
+        return {"world_sizes": [r.world_size for r in self.rows],
+                "rows": [{**r.to_dict(), "max_micro_batch": r.max_micro_batch,
+                          "safe_micro_batch": r.safe_micro_batch,
+                          "plan": r.result.raw.get("plans")} for r in self.rows]}
+
+    def __str__(self):
+        head = (f"{'world size':>10} {'rank':>5} {'parameter shard':>16} "
+                f"{'optimizer state':>16} {'max':>7} {'safe':>7}  plan")
+        lines = ["sharded (FSDP2, fake process group), per rank:", head]
+        for r in self.rows:
+            b = next(x for x in r.ranks if x.rank == r.binding_rank)
+            plan = str(r.plan) if r.plan is not None else "-"
+            lines.append(f"{r.world_size:>10} {r.binding_rank:>5} {b.parameter_bytes:>16,} "
+                         f"{b.result.memory.get('optimizer_state_bytes', 0):>16,} "
+                         f"{r.max_micro_batch:>7} {r.safe_micro_batch:>7}  {plan}")
+        lines.append(f"not measured: {self.rows[0].backend}" if self.rows else "")
+        return "\n".join(lines)
+
+
+def _span(ranks):
+    return [ranks[0], ranks[-1]] if ranks == list(range(ranks[0], ranks[-1] + 1)) else ranks
+
+
+def _text_span(ranks):
+    s = _span(ranks)
+    if len(s) == 2 and s[1] - s[0] + 1 == len(ranks):
+        return f"{s[0]}-{s[1]}" if s[0] != s[1] else f"{s[0]}"
+    return ", ".join(map(str, s))
+
+
+# ---- the fake process group ---------------------------------------------------------------
+
+@contextlib.contextmanager
+def fake_group(rank, world_size):
+    """torch's fake process group as rank `rank` of `world_size`, destroyed on leaving."""
+    dist = torch.distributed
+    if not dist.is_available():
+        raise UsageError("find_sharded needs torch.distributed, which this torch build lacks")
+    if dist.is_initialized():
+        raise UsageError(
+            f"find_sharded sets up its own (fake) process group, and this process is already in "
+            f"one (backend {dist.get_backend()!r}, world size {dist.get_world_size()}); call it "
+            "before init_process_group, or in a process of its own (under torchrun, size the "
+            "job before the real group exists)")
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as e:
+        raise UsageError(f"find_sharded needs torch's fake process group "
+                         f"(torch.testing._internal.distributed.fake_pg), which torch "
+                         f"{torch.__version__} does not import: {e}") from None
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _build(build, shard, init, device, world_size, materialize=True):
+    """The model as rank r of the current (fake) group: built on the meta device and sharded by
+    the user's `shard(model, mesh)`; with `materialize`, moved to `device` with to_empty (only
+    this rank's shard is allocated) and initialized by `init`."""
+    from torch.distributed.device_mesh import init_device_mesh
+    with torch.device("meta"):
+        model = build()
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"build: expected a function that returns a torch.nn.Module, but it "
+                         f"returned {type(model).__name__}")
+    mesh = init_device_mesh(device.type, (world_size,))
+    shard(model, mesh)
+    modules = _fsdp.fsdp_modules(model)
+    if not modules:
+        raise UsageError("shard: after shard(model, mesh) no module of the model is an FSDP2 "
+                         "module; call fully_shard(module, mesh=mesh) on each unit and on the "
+                         "root, e.g. for layer in model.layers: fully_shard(layer, mesh=mesh), "
+                         "then fully_shard(model, mesh=mesh)")
+    missing = _fsdp.check_internals(modules)
+    if missing:
+        raise UsageError(f"find_sharded puts FSDP2 back between trials through names private to "
+                         f"torch's FSDP2, and torch {torch.__version__} lacks "
+                         f"{', '.join(missing)}; it was checked on torch 2.11 and 2.15")
+    if not materialize:
+        return model
+    with warnings.catch_warnings():
+        # DTensor's random ops warn on a CPU mesh; the values do not change any allocation.
+        warnings.filterwarnings("ignore", message="DTensor random operators")
+        model.to_empty(device=device)
+        with torch.no_grad():
+            init(model)
+    return model
+
+
+def reset_parameters(model):
+    """find_sharded's default init: reset_parameters() of every module that has one (what
+    torch's FSDP2 examples call after to_empty). Buffers computed in a constructor (rotary
+    frequencies) keep whatever to_empty left; the memory of a step does not depend on them."""
+    for m in model.modules():
+        if callable(getattr(m, "reset_parameters", None)):
+            m.reset_parameters()
+
+
+# ---- the shard layout ---------------------------------------------------------------------
+
+def shard_rows(d, world_size, rank):
+    """Rows of a dimension of size `d` that rank `rank` owns when FSDP2 shards it over
+    `world_size` ranks: chunks of ceil(d/N) as torch.chunk makes them, the last ones shorter or
+    empty (FSDP2 pads every rank's storage to the first chunk)."""
+    chunk = math.ceil(d / world_size)
+    return max(0, min(chunk, d - rank * chunk))
+
+
+def layout(model, world_size):
+    """The model's sharded parameters as [(global shape, shard dim or None, itemsize)], and the
+    padded shard bytes every rank allocates."""
+    params, padded = [], 0
+    for p in model.parameters():
+        placements = getattr(p, "placements", None)
+        if placements is None:  # not sharded: every rank holds it whole
+            params.append((tuple(p.shape), None, p.element_size()))
+            padded += p.numel() * p.element_size()
+            continue
+        if len(placements) != 1 or not (placements[0].is_shard() or
+                                        placements[0].is_replicate()):
+            raise UsageError(f"find_sharded sizes FSDP2 on a 1-D mesh (fully_shard's Shard "
+                             f"placements), and a parameter has placements {placements}; pass "
+                             "shard() that calls fully_shard with a 1-D mesh")
+        dim = placements[0].dim if placements[0].is_shard() else None
+        shape = tuple(p.shape)
+        rows = math.ceil(shape[dim] / world_size) if dim is not None else 1
+        per_row = p.numel() // shape[dim] if dim is not None and shape[dim] else p.numel()
+        params.append((shape, dim, p.element_size()))
+        padded += (rows * per_row if dim is not None else p.numel()) * p.element_size()
+    return params, padded
+
+
+def local_bytes(params, world_size, rank):
+    """Bytes of the rows rank `rank` owns, per parameter (a tuple: the rank's shard signature)."""
+    out = []
+    for shape, dim, itemsize in params:
+        numel = math.prod(shape)
+        if dim is None or not shape[dim]:
+            out.append(numel * itemsize)
+        else:
+            out.append(shard_rows(shape[dim], world_size, rank) * (numel // shape[dim]) * itemsize)
+    return tuple(out)
+
+
+def rank_classes(params, world_size):
+    """Ranks grouped by their shard signature, largest total first: [(signature, [ranks])].
+    The signature changes at most at the few ranks where chunks run short, so this walks runs."""
+    classes = {}
+    for r in range(world_size):
+        classes.setdefault(local_bytes(params, world_size, r), []).append(r)
+    return sorted(classes.items(), key=lambda kv: (-sum(kv[0]), kv[1][0]))
+
+
+def ranks_to_size(classes, limit=3):
+    """The representative (first) rank of each class no other class covers (a class covers
+    another when each of its parameters' local bytes is at least the other's), largest first, at
+    most `limit`."""
+    chosen = []
+    for signature, ranks in classes:
+        if any(all(a >= b for a, b in zip(s, signature)) for s, _ in chosen):
+            continue
+        chosen.append((signature, ranks))
+    return chosen[:limit]
+
+
+# ---- find_sharded -------------------------------------------------------------------------
+
+def find_sharded(build, shard, example_batch, *, world_size, ranks=None, init=None,
+                 device=None, **options):
+    """Sizes rank r of an FSDP2 job of `world_size` ranks from this one process (see the
+    module's docstring), and returns a ShardedResult.
+
+    build: `build() -> torch.nn.Module`, called on the meta device (no memory); the model's
+      constructor as the training job calls it.
+    shard: `shard(model, mesh)`: the job's own fully_shard calls on the 1-D DeviceMesh of
+      `world_size` ranks it is given (units, MixedPrecisionPolicy, reshard_after_forward,
+      OffloadPolicy), e.g. `for b in model.layers: fully_shard(b, mesh=mesh)`, then
+      `fully_shard(model, mesh=mesh)`.
+    example_batch: one sample (or a few) on `device`, as for find().
+    world_size: the job's ranks, any int >= 1 (far beyond this machine: only one rank's shard is
+      allocated), or a list of them ([8, 64, 512]): then a ShardedTable, one measured row per
+      world size. ranks: which ranks to size (default: derived from the shard layout, at most
+      three; the answer is the smallest safe micro-batch among them).
+    init: `init(model)` after `to_empty` (under no_grad); default: each module's
+      reset_parameters(). device: where the rank runs (default: CUDA's current device when CUDA
+      is available, else the CPU).
+    options: find()'s (optimizer, step or loss_fn, precision, memory_limit, margin,
+      target_batch: the global batch over all ranks, time_limit, ...), not world_size.
+
+    Raises UsageError for bad arguments or when this process is already in a process group (the
+    fake group is set up and torn down here; the process is left without one), and what find()
+    raises for the sized rank. Side effects: find()'s, for each rank sized.
+    """
+    if "world_size" in options or "ddp" in options:
+        raise UsageError("find_sharded: world_size is the job's (the fake group's), given once; "
+                         "ddp does not apply to a sharded model")
+    sizes = world_size if isinstance(world_size, (list, tuple)) else [world_size]
+    sizes = [_count(w, "world_size") for w in sizes]
+    if not sizes:
+        raise UsageError("world_size: expected an int >= 1 or a non-empty list of them, but got []")
+    for fn, name, form, example in (
+            (build, "build", "build() -> torch.nn.Module", "lambda: MyModel(config)"),
+            (shard, "shard", "shard(model, mesh)",
+             "lambda model, mesh: [fully_shard(b, mesh=mesh) for b in model.layers] and "
+             "fully_shard(model, mesh=mesh)")):
+        if not callable(fn):
+            raise UsageError(f"{name}: expected a function {form}, but got {type(fn).__name__}; "
+                             f"e.g. {example}")
+    _check_arity(shard, "shard", "shard(model, mesh)",
+                 "lambda model, mesh: fully_shard(model, mesh=mesh)")
+    if init is not None and not callable(init):
+        raise UsageError(f"init: expected a function init(model), but got {type(init).__name__}")
+    device = torch.device(device) if device is not None else torch.device(
+        "cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    init = init or reset_parameters
+    if ranks is not None:
+        ranks = [_count(r, "ranks[]", minimum=0) for r in ranks]
+        if not ranks or any(r >= min(sizes) for r in ranks):
+            raise UsageError(f"ranks: expected a non-empty list of ranks below every world size "
+                             f"({min(sizes)}), but got {ranks!r}")
+
+    if isinstance(world_size, (list, tuple)):
+        return ShardedTable([_size_world(w, build, shard, init, device, example_batch, ranks,
+                                         options) for w in sizes])
+    return _size_world(sizes[0], build, shard, init, device, example_batch, ranks, options)
+
+
+def _size_world(n, build, shard, init, device, example_batch, ranks, options):
+    """One world size: the layout from a build on the meta device (nothing allocated), then a
+    search per rank to size."""
+    with fake_group(0, n):
+        params, _ = layout(_build(build, shard, init, device, n, materialize=False), n)
+    classes = rank_classes(params, n)
+    todo = list(ranks) if ranks is not None else [rs[0] for _, rs in ranks_to_size(classes)]
+    sized = []
+    for rank in todo:
+        with fake_group(rank, n):
+            model = _build(build, shard, init, device, n)
+            try:
+                _, padded = layout(model, n)
+                result = find(model, example_batch, world_size=n, device=device, **options)
+                alike = next(rs for _, rs in classes if rank in rs)
+                sized.append(RankResult(rank, alike, padded,
+                                        sum(local_bytes(params, n, rank)), result))
+            finally:
+                del model
+                gc.collect()
+    binding = min(sized, key=lambda r: (r.result.safe_micro_batch, r.rank)).rank
+    table = [{"ranks": _span(rs), "count": len(rs), "local_parameter_bytes": sum(sig)}
+             for sig, rs in classes]
+    out = ShardedResult(n, binding, sized, table)
+    out.result.raw["sharded"] = out.to_dict()  # the binding rank's JSON report carries it
+    return out
