@@ -162,5 +162,6 @@ def test_unsupported_strategy():
     from lightning.pytorch.strategies import FSDPStrategy
     finder = abl.AutobatchFinder(memory_limit=LIMIT)
     trainer = _Seen(lm.trainer(), strategy=FSDPStrategy())
-    with pytest.raises(autobatch.UsageError, match="FSDPStrategy strategy is not supported"):
+    with pytest.raises(autobatch.UsageError, match="FSDPStrategy strategy is not supported") as e:
         finder.setup(trainer, lm.Net(), "fit")
+    assert "autobatch.find_sharded" in str(e.value)  # the way that does size it

@@ -208,3 +208,20 @@ def test_the_budget_allocator_sets_a_backends_bytes_apart_while_they_are_held():
     finally:
         held.clear()
         meter.remove()
+
+
+def _raises(*args):
+    raise KeyError("the user's own error")
+
+
+# Catches: the user's own error in build, shard or init swallowed, turned into another, or leaving
+# the fake process group behind (the next call would be refused as "already in one").
+@pytest.mark.parametrize("where", ["build", "shard", "init"])
+def test_the_users_error_in_build_shard_or_init_leaves_unchanged_and_leaves_no_group(where):
+    args = {"build": tiny_models.ShardedMlp, "shard": tiny_models.shard_units, "init": None}
+    args[where] = _raises
+    with pytest.raises(KeyError, match="the user's own error"):
+        autobatch.find_sharded(args["build"], args["shard"], tiny_models.sharded_mlp_batch(),
+                               world_size=4, init=args["init"], step=tiny_models.sharded_mlp_step,
+                               memory_limit="24MiB", device="cpu")
+    assert not dist.is_initialized()

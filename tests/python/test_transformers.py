@@ -75,12 +75,21 @@ def test_a_trainer_trains_a_step_with_the_returned_arguments(tmp_path):
     assert out.global_step == 1 and seen == [micro] * steps and micro * steps == 96
 
 
+def _with(args, **changes):
+    import dataclasses
+    return dataclasses.replace(args, **changes)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda args, m, x: abt.fit_training_arguments({"lr": 1}, m, x, 64), "TrainingArguments"),
     (lambda args, m, x: abt.fit_training_arguments(args, m, x, 64, optimizer="sgd"),
      "come from the TrainingArguments"),
     (lambda args, m, x: abt.fit_training_arguments(args, m, x, None), "target_batch"),
     (lambda args, m, x: abt.fit_training_arguments(args, m, x, 64, memory_limit="1MiB"), None),
+    # FSDP: refused before any trial (each rank would hold the whole model), naming the way that
+    # sizes it (issue 43)
+    (lambda args, m, x: abt.fit_training_arguments(_with(args, fsdp=True), m, x, 64),
+     "FSDP is not supported yet.*autobatch.find_sharded"),
 ])
 def test_refusals(tmp_path, call, message):
     # Catches: bad arguments accepted and sized anyway; a limit the model cannot fit reported as

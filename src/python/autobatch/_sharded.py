@@ -329,8 +329,9 @@ def find_sharded(build, shard, example_batch, *, world_size, ranks=None, init=No
       target_batch: the global batch over all ranks, time_limit, ...), not world_size.
 
     Raises UsageError for bad arguments or when this process is already in a process group (the
-    fake group is set up and torn down here; the process is left without one), and what find()
-    raises for the sized rank. Side effects: find()'s, for each rank sized.
+    fake group is set up and torn down here; the process is left without one), what find()
+    raises for the sized rank, and the errors of build, shard and init unchanged (the group torn
+    down first). Side effects: find()'s, for each rank sized.
     """
     if "world_size" in options or "ddp" in options:
         raise UsageError("find_sharded: world_size is the job's (the fake group's), given once; "

@@ -158,10 +158,17 @@ def _check_can_size(trainer, pl_module, batch_arg_name):
     from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
     strategy = trainer.strategy
     if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):
+        sharded = ("; for FSDP (FSDPStrategy, ModelParallelStrategy with fully_shard), size "
+                   "the job before it starts with autobatch.find_sharded(build, shard, "
+                   "example_batch, world_size=N) from one process (docs/python.md, 'Sharded "
+                   "jobs')" if type(strategy).__name__ in ("FSDPStrategy",
+                                                           "ModelParallelStrategy") else "")
         raise UsageError(f"AutobatchFinder: the {type(strategy).__name__} strategy is not supported "
-                         "yet: autobatch sizes single-device and DDP training, while FSDP, "
+                         "yet: autobatch sizes single-device and DDP training here, while FSDP, "
                          "DeepSpeed and model-parallel strategies shard parameters and optimizer "
-                         "state that the trial would hold whole; use strategy='ddp' or one device")
+                         "state that the trial would hold whole, and sizing inside the running "
+                         "job would leave ranks waiting in the strategy's collectives; use "
+                         f"strategy='ddp' or one device{sharded}")
     if not trainer.fit_loop._data_source.is_module():
         raise UsageError("AutobatchFinder: the train dataloader was passed to fit() directly, so "
                          "its batch size cannot be set; build it in the LightningModule's or the "

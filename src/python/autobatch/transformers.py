@@ -129,8 +129,11 @@ def fit_training_arguments_with_result(args, model, example_batch, target_batch,
 def _check_supported(args, target):
     if args.deepspeed or getattr(args, "fsdp", None):
         which = "DeepSpeed" if args.deepspeed else "FSDP"
+        sharded = (" For FSDP, size the job before it starts with autobatch.find_sharded(build, "
+                   "shard, example_batch, world_size=N) from one process (docs/python.md, "
+                   "'Sharded jobs')" if which == "FSDP" else "")
         raise UsageError(f"fit_training_arguments: {which} is not supported yet: it shards "
-                         "parameters and optimizer state that the trial would hold whole")
+                         f"parameters and optimizer state that the trial would hold whole.{sharded}")
     if args.n_gpu > 1:
         raise UsageError(f"fit_training_arguments: {args.n_gpu} GPUs in one process "
                          "(DataParallel) is not supported; launch one process per GPU with "
