@@ -617,6 +617,27 @@ void defineTrialHooks(py::module_& m) {
         "passed or the search was cancelled; the error the step raised is that, not the model's.");
 }
 
+// What the CPU budget allocator knows of the process's allocations, for the package and the
+// benchmarks (scripts/bench/fsdp_fidelity.py).
+void defineBudgetQueries(py::module_& m) {
+  // A storage's data_ptr() from Python is an address as an integer: the one cast of the module.
+  m.def("is_tracked", [](std::uintptr_t data) {
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): the address is only compared, never read
+    return autobatch::detail::isBudgetTracked(reinterpret_cast<const void*>(data));
+  });
+  m.def("refusals", [] { return autobatch::detail::budgetRefusals().first; });
+  m.def(
+      "foreign_allocations", [] { return autobatch::detail::budgetForeignAllocations(); },
+      "(count, bytes) other threads allocated during trials since the process started.");
+  m.def(
+      "own_peak", [] { return autobatch::detail::budgetOwnPeak(); },
+      "(the trial's peak without the bytes set apart, the bytes set apart held now) since the "
+      "trial began; set apart: other threads' allocations and those inside backend_scope(True).");
+  m.def("backend_scope", &autobatch::detail::setBudgetBackendScope, py::arg("inside"),
+        "Marks this thread as inside (True) or outside (False) a collective's call: what it "
+        "allocates meanwhile is set apart from own_peak (issue 43).");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -649,18 +670,7 @@ PYBIND11_MODULE(_core, m) {
       py::arg("text"), py::arg("what") = "size");
   m.def("format_bytes", &autobatch::formatBytes);
   m.def("version", [] { return autobatch::versionText(pythonBuildInfo()); });
-  // A storage's data_ptr() from Python is an address as an integer: the one cast of the module.
-  m.def("is_tracked", [](std::uintptr_t data) {
-    // NOLINTNEXTLINE(performance-no-int-to-ptr): the address is only compared, never read
-    return autobatch::detail::isBudgetTracked(reinterpret_cast<const void*>(data));
-  });
-  m.def("refusals", [] { return autobatch::detail::budgetRefusals().first; });
-  // (count, bytes) other threads allocated during trials since the process started (issue 43).
-  m.def("foreign_allocations", [] { return autobatch::detail::budgetForeignAllocations(); });
-  // (the trial's peak without the bytes set apart, the bytes set apart held now), since the
-  // trial began; set apart: other threads' allocations and those inside backend_scope(True).
-  m.def("own_peak", [] { return autobatch::detail::budgetOwnPeak(); });
-  m.def("backend_scope", &autobatch::detail::setBudgetBackendScope, py::arg("inside"));
+  defineBudgetQueries(m);
   py::class_<Backend>(m, "Backend")
       .def_static("cpu_budget", &Backend::cpuBudget, py::arg("limit_bytes"),
                   py::arg("reserve_bytes") = 0,
