@@ -276,6 +276,10 @@ class BudgetAllocator final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     in_trial_ = false;
   }
+  void setRefusalSuffix(std::string suffix) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    refusal_suffix_ = std::move(suffix);
+  }
   /// Allocations (count, bytes) of other threads while trials ran, since the process started.
   std::pair<std::int64_t, std::int64_t> foreign() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -288,13 +292,14 @@ class BudgetAllocator final : public c10::Allocator {
   // Called with mutex_ held.
   [[noreturn]] void refuse(const std::string& message) {
     ++refusals_;
-    last_refusal_ = message;
-    TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+    last_refusal_ = message + refusal_suffix_;
+    TORCH_CHECK_WITH(OutOfMemoryError, false, last_refusal_);
   }
 
   std::mutex mutex_;
   std::uint64_t refusals_ = 0;
   std::string last_refusal_;
+  std::string refusal_suffix_;  // setRefusalSuffix: appended to every refusal's message
   std::unordered_map<void*, std::size_t> sizes_;
   std::int64_t current_ = 0;
   std::int64_t peak_ = 0;
@@ -600,6 +605,10 @@ std::pair<std::int64_t, std::int64_t> budgetOwnPeak() {
 }
 
 void setBudgetBackendScope(bool inside) { t_backend_scope = inside; }
+
+void setBudgetRefusalSuffix(std::string suffix) {
+  BudgetAllocator::instance().setRefusalSuffix(std::move(suffix));
+}
 
 std::int64_t startAllocationLog() { return BudgetAllocator::instance().startLog(); }
 

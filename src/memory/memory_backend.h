@@ -208,6 +208,13 @@ std::pair<std::int64_t, std::int64_t> budgetOwnPeak();
 /// Marks this thread as inside (true) or outside (false) a collective's call, for budgetOwnPeak.
 void setBudgetBackendScope(bool inside);
 
+/// Text appended to the message of every refusal from now on (empty: none, the default). For
+/// the fair race of finders (issue 44, scripts/bench/): Lightning's is_oom_error and
+/// accelerate's should_reduce_batch_size take a RuntimeError for out of memory only when its one
+/// argument contains "DefaultCPUAllocator: can't allocate memory" (or a CUDA text); with that
+/// suffix every finder meets the same budget. The refusal stays a c10::OutOfMemoryError.
+void setBudgetRefusalSuffix(std::string suffix);
+
 /// One tracked allocation (bytes > 0) or release (bytes < 0) of the budget allocator.
 struct AllocationEvent {
   const void* data = nullptr;

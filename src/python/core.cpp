@@ -636,6 +636,9 @@ void defineBudgetQueries(py::module_& m) {
   m.def("backend_scope", &autobatch::detail::setBudgetBackendScope, py::arg("inside"),
         "Marks this thread as inside (True) or outside (False) a collective's call: what it "
         "allocates meanwhile is set apart from own_peak (issue 43).");
+  m.def("set_refusal_suffix", &autobatch::detail::setBudgetRefusalSuffix, py::arg("suffix"),
+        "Text appended to every refusal's message from now on ('' for none): the fair race's "
+        "harness words the budget's refusal as the peers' matchers expect (issue 44).");
 }
 
 }  // namespace

@@ -116,11 +116,19 @@ def test_shard_rows_and_classes_follow_torch_chunk():
 # init_process_group, would then fail).
 @pytest.mark.parametrize("kwargs,words", [
     ({"world_size": 0}, "world_size: expected an int >= 1"),
+    ({"world_size": None}, "None means the running job's, and this process is in no process"),
     ({"world_size": 4, "ranks": [4]}, "ranks: expected a non-empty list of ranks below"),
     ({"world_size": 4, "shard": lambda model: None}, "shard: expected a function called as"),
     ({"world_size": 4, "shard": lambda model, mesh: None}, "no module of the model is an FSDP2"),
     ({"world_size": 4, "build": lambda: 3}, "build: expected a function that returns"),
     ({"world_size": 4, "ddp": True}, "ddp does not apply"),
+    ({"world_size": 4, "ranks": 3}, "ranks: expected a list of ranks"),
+    ({"world_size": [2, 8], "target_batch": 1004}, "not a multiple of the world size 8"),
+    ({"world_size": 4, "cache": True}, "cache: find_sharded does not use the result cache"),
+    ({"world_size": 4, "verify_timeout": 0}, "verify_timeout: expected seconds > 0"),
+    # a model built elsewhere than on the meta device: every rank would allocate it whole
+    ({"world_size": 4, "build": lambda: torch.nn.Linear(3, 3, device="cpu")},
+     "must construct the model there"),
 ])
 def test_bad_arguments_are_usage_errors_and_leave_no_process_group(kwargs, words):
     args = {"build": tiny_models.ShardedMlp, "shard": tiny_models.shard_units}
@@ -225,3 +233,26 @@ def test_the_users_error_in_build_shard_or_init_leaves_unchanged_and_leaves_no_g
                                world_size=4, init=args["init"], step=tiny_models.sharded_mlp_step,
                                memory_limit="24MiB", device="cpu")
     assert not dist.is_initialized()
+
+
+# Inside a running torchrun job (issue 43 item 3). Catches: a rank sizing through the real group
+# (its FSDP2 collectives would wait for ranks that try other batches: a hang), ranks that keep
+# their own answers instead of the smallest, and a failed verification step that leaves the
+# other rank waiting in a collective (the job would hang until the group's timeout, 120 s here)
+# or ends it without naming the rank.
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ok", "fail"])
+def test_the_ranks_of_a_job_size_agree_and_verify_or_all_end(tmp_path, mode):
+    import torchrun
+    done, ranks = torchrun.run(tmp_path, "sharded_job.py", mode, port_offset=41, timeout=300)
+    assert done.returncode == 0 and len(ranks) == 2, done.stderr[-3000:]
+    if mode == "ok":
+        assert all(r["ok"] for r in ranks), ranks
+        agreed = {r["micro_batch"] for r in ranks}
+        assert len(agreed) == 1 and agreed.pop() == min(r["own"] for r in ranks) > 0, ranks
+        assert all(r["sharded"]["verified"] for r in ranks)
+        return
+    for r in ranks:
+        assert not r["ok"] and r["error"] == "ModelError", ranks
+        assert "rank 1" in r["message"] and "made to fail on purpose" in r["message"], r
+        assert r["seconds"] < 120, r  # well before the job's own group timeout

@@ -264,6 +264,22 @@ def _held_note(state):
             f"{names}{more}; counted in every trial's memory as your job will hold them"]
 
 
+_COLLECTIVES_NEVER_WAIT = [False]  # inside collectives_never_wait()
+
+
+class collectives_never_wait:  # noqa: N801  (a context manager, named as one)
+    """Inside: the model's collectives go to a fake process group (find_sharded in a running
+    job shards the rank's model over one made beside the real group), so the search is not a
+    rank's search alone: no CollectiveGuard, no refusal of collective modules."""
+
+    def __enter__(self):
+        _COLLECTIVES_NEVER_WAIT[0] = True
+
+    def __exit__(self, *exc):
+        _COLLECTIVES_NEVER_WAIT[0] = False
+        return False
+
+
 def _ranks_searching_alone():
     """The world size of the process group this process is in (1 without torch.distributed, or
     in torch's fake process group, whose collectives do nothing): above 1, each rank's search runs
@@ -271,7 +287,7 @@ def _ranks_searching_alone():
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return 1
-    if dist.get_backend() == "fake":  # collectives return at once (find_sharded's group): no hang
+    if dist.get_backend() == "fake" or _COLLECTIVES_NEVER_WAIT[0]:  # collectives return at once
         return 1
     return dist.get_world_size()
 

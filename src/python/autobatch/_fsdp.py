@@ -101,3 +101,26 @@ def reset(modules):
             comm.post_forward_order.clear()
         if hasattr(comm, "reduce_scatter_state"):
             comm.reduce_scatter_state = None
+
+
+def forget_meshes():
+    """Clears DTensor's sharding-propagation caches (torch 2.11 and 2.15: the
+    ShardingPropagator's propagate_op_sharding and _propagate_tensor_meta_cached), whose keys
+    hold meshes: two DeviceMeshes over the same ranks with the same dimension names compare and
+    hash equal whatever their process groups, so a result cached on the fake group's mesh could
+    stand for a later mesh of the user's (our meshes are named apart, _sharded_job.FAKE_MESH;
+    this drops what the fake group's ops left). Called whenever one of our groups is torn down.
+    Returns the names cleared (empty when this torch has none of them)."""
+    try:
+        from torch.distributed.tensor import DTensor
+        propagator = DTensor._op_dispatcher.sharding_propagator
+    except (ImportError, AttributeError):
+        return []
+    cleared = []
+    for name in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
+        cache = getattr(propagator, name, None)
+        if callable(getattr(cache, "cache_clear", None)):
+            cache.cache_clear()
+            cleared.append(name)
+    return cleared
+

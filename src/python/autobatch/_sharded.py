@@ -17,6 +17,9 @@ local shard; the all-gather and reduce-scatter buffers are the same on every ran
 sized are the largest of the classes no other class covers, at most three, and the answer is the
 smallest of their safe micro-batches.
 
+Inside a running job (a real default process group): every rank sizes itself beside it, the ranks
+agree, and one real step verifies (_sharded_job.py).
+
 Not measured here: the collective backend's own buffers (gloo's, NCCL's), which the fake group
 never allocates; the result says so. Against real torchrun jobs on gloo, the rest of each rank's
 peak (FSDP2's and the step's) equals the emulation's to the byte (scripts/bench/fsdp_fidelity.py,
@@ -26,18 +29,19 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 import torch
 
-from . import _fsdp
+from . import _core, _fsdp
 from ._errors import UsageError
 from ._find import _check_arity, find
-from ._options import _count
-from ._result import Result
+from ._options import _checked_device, _count, _target
+from ._result import Plan, Result
 
 BACKEND_NOT_MEASURED = (
     "the collective backend's own buffers: the fake process group runs no collective. On gloo "
@@ -73,6 +77,10 @@ class ShardedResult:
     ranks: List[RankResult]
     layout: list
     backend: str = BACKEND_NOT_MEASURED
+    # inside a running job: the micro-batch the ranks agreed on and verified by a real step, and
+    # the plan for target_batch at it (this rank's own `result` may allow more)
+    agreed_micro_batch: int = 0
+    agreed_plan: Optional[Plan] = None
 
     @property
     def result(self) -> Result:
@@ -80,11 +88,13 @@ class ShardedResult:
 
     @property
     def micro_batch(self) -> int:
-        return self.result.safe_micro_batch
+        """The micro-batch to train with: the agreed one in a job, else the binding rank's safe
+        one."""
+        return self.agreed_micro_batch or self.result.safe_micro_batch
 
     @property
     def safe_micro_batch(self) -> int:
-        return self.result.safe_micro_batch
+        return self.agreed_micro_batch or self.result.safe_micro_batch
 
     @property
     def max_micro_batch(self) -> int:
@@ -92,7 +102,7 @@ class ShardedResult:
 
     @property
     def plan(self):
-        return self.result.plan
+        return self.agreed_plan if self.agreed_micro_batch else self.result.plan
 
     def to_dict(self):
         """The JSON section "sharded" (docs/report.md): plain data."""
@@ -106,12 +116,19 @@ class ShardedResult:
                            "max_micro_batch": r.result.max_micro_batch,
                            "safe_micro_batch": r.result.safe_micro_batch,
                            "trials": len(r.result.trials)} for r in self.ranks],
-                "layout": self.layout, "backend_buffers": self.backend}
+                "layout": self.layout, "backend_buffers": self.backend,
+                **({"agreed_micro_batch": self.agreed_micro_batch, "verified": True}
+                   if self.agreed_micro_batch else {})}
 
     def __str__(self):
         lines = [f"sharded (FSDP2, fake process group): world size {self.world_size}, "
                  f"micro-batch {self.safe_micro_batch} (max {self.max_micro_batch}), binding "
                  f"rank {self.binding_rank}"]
+        if self.agreed_micro_batch:
+            lines[0] = (f"sharded (FSDP2, in the job): world size {self.world_size}, agreed "
+                        f"micro-batch {self.agreed_micro_batch}, verified by one real step on "
+                        f"every rank; this rank ({self.binding_rank}) alone: safe "
+                        f"{self.result.safe_micro_batch}, max {self.max_micro_batch}")
         for r in self.ranks:
             lines.append(f"  rank {r.rank} (as ranks {_text_span(r.ranks_alike)}): parameter "
                          f"shard {r.parameter_bytes} bytes ({r.local_parameter_bytes} its own "
@@ -134,7 +151,11 @@ class ShardedTable:
     rows: List[ShardedResult]
 
     def __getitem__(self, world_size) -> ShardedResult:
-        return next(r for r in self.rows if r.world_size == world_size)
+        for r in self.rows:
+            if r.world_size == world_size:
+                return r
+        raise KeyError(f"world size {world_size!r}: the table has "
+                       f"{[r.world_size for r in self.rows]}")
 
     def to_dict(self):
         return {"world_sizes": [r.world_size for r in self.rows],
@@ -178,9 +199,9 @@ def fake_group(rank, world_size):
     if dist.is_initialized():
         raise UsageError(
             f"find_sharded sets up its own (fake) process group, and this process is already in "
-            f"one (backend {dist.get_backend()!r}, world size {dist.get_world_size()}); call it "
-            "before init_process_group, or in a process of its own (under torchrun, size the "
-            "job before the real group exists)")
+            f"one (backend {dist.get_backend()!r}, world size {dist.get_world_size()}); destroy "
+            "it first (dist.destroy_process_group()). In a running job with a real group, every "
+            "rank calls find_sharded with world_size=None instead")
     try:
         from torch.testing._internal.distributed.fake_pg import FakeStore
     except ImportError as e:
@@ -192,19 +213,25 @@ def fake_group(rank, world_size):
         yield
     finally:
         dist.destroy_process_group()
+        _fsdp.forget_meshes()  # no DTensor op after this may reuse the fake group's mesh
 
 
-def _build(build, shard, init, device, world_size, materialize=True):
-    """The model as rank r of the current (fake) group: built on the meta device and sharded by
-    the user's `shard(model, mesh)`; with `materialize`, moved to `device` with to_empty (only
-    this rank's shard is allocated) and initialized by `init`."""
-    from torch.distributed.device_mesh import init_device_mesh
+def _build(build, shard, init, device, mesh, materialize=True):
+    """The model as this rank of `mesh`'s group: built on the meta device and sharded by the
+    user's `shard(model, mesh)`; with `materialize`, moved to `device` with to_empty (only this
+    rank's shard is allocated) and initialized by `init`."""
     with torch.device("meta"):
         model = build()
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"build: expected a function that returns a torch.nn.Module, but it "
                          f"returned {type(model).__name__}")
-    mesh = init_device_mesh(device.type, (world_size,))
+    where = sorted({str(p.device) for p in model.parameters() if p.device.type != "meta"})
+    if where:
+        raise UsageError(f"build: it is called under torch.device('meta') and must construct the "
+                         f"model there (nothing allocated, only rank r's shard is materialized), "
+                         f"but it returned parameters on {where}: construct a fresh model without "
+                         "device= or a checkpoint (e.g. LlamaForCausalLM(config), not "
+                         "from_pretrained); load the weights in init= if their values matter")
     shard(model, mesh)
     modules = _fsdp.fsdp_modules(model)
     if not modules:
@@ -212,6 +239,16 @@ def _build(build, shard, init, device, world_size, materialize=True):
                          "module; call fully_shard(module, mesh=mesh) on each unit and on the "
                          "root, e.g. for layer in model.layers: fully_shard(layer, mesh=mesh), "
                          "then fully_shard(model, mesh=mesh)")
+    group = mesh.get_group().group_name
+    other = sorted({n for n, p in model.named_parameters()
+                    if getattr(p, "device_mesh", None) is not None and
+                    p.device_mesh.get_group().group_name != group})
+    if other:
+        raise UsageError(f"shard: parameter {other[0]} is sharded on another mesh than the one "
+                         "shard(model, mesh) was given (fully_shard without mesh= takes the "
+                         "default group's: inside a job the real one, whose collectives would "
+                         "wait for ranks that try other batches); pass mesh=mesh to every "
+                         "fully_shard call")
     missing = _fsdp.check_internals(modules)
     if missing:
         raise UsageError(f"find_sharded puts FSDP2 back between trials through names private to "
@@ -228,10 +265,20 @@ def _build(build, shard, init, device, world_size, materialize=True):
     return model
 
 
+def _mesh(device, world_size):
+    """The 1-D mesh of the fake default group, named so that it never stands for another mesh
+    over the same ranks (_sharded_job.FAKE_MESH)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ._sharded_job import FAKE_MESH
+    return init_device_mesh(device.type, (world_size,), mesh_dim_names=FAKE_MESH)
+
+
 def reset_parameters(model):
     """find_sharded's default init: reset_parameters() of every module that has one (what
-    torch's FSDP2 examples call after to_empty). Buffers computed in a constructor (rotary
-    frequencies) keep whatever to_empty left; the memory of a step does not depend on them."""
+    torch's FSDP2 examples call after to_empty). Buffers computed in a constructor keep whatever
+    to_empty left: rotary frequencies change no allocation, but an index buffer (position ids)
+    can then index out of range; pass init= that fills such buffers."""
     for m in model.modules():
         if callable(getattr(m, "reset_parameters", None)):
             m.reset_parameters()
@@ -306,8 +353,8 @@ def ranks_to_size(classes, limit=3):
 
 # ---- find_sharded -------------------------------------------------------------------------
 
-def find_sharded(build, shard, example_batch, *, world_size, ranks=None, init=None,
-                 device=None, **options):
+def find_sharded(build, shard, example_batch, *, world_size=None, ranks=None, init=None,
+                 device=None, verify_timeout=120, **options):
     """Sizes rank r of an FSDP2 job of `world_size` ranks from this one process (see the
     module's docstring), and returns a ShardedResult.
 
@@ -320,24 +367,46 @@ def find_sharded(build, shard, example_batch, *, world_size, ranks=None, init=No
     example_batch: one sample (or a few) on `device`, as for find().
     world_size: the job's ranks, any int >= 1 (far beyond this machine: only one rank's shard is
       allocated), or a list of them ([8, 64, 512]): then a ShardedTable, one measured row per
-      world size. ranks: which ranks to size (default: derived from the shard layout, at most
-      three; the answer is the smallest safe micro-batch among them).
+      world size. Inside a running job (every rank of torchrun calls it after
+      init_process_group): None, the job's; each rank sizes itself beside the real group, the
+      ranks agree on the smallest safe micro-batch, and one real step at it verifies it on every
+      rank; a rank that fails that step ends every rank within 3 x `verify_timeout` seconds at
+      most, with a ModelError naming it (_sharded_job.py).
+    ranks: which ranks to size (default: derived from the shard layout, at most three; the
+      answer is the smallest safe micro-batch among them); given, the answer covers the ranks
+      named only. Not inside a job (each rank sizes itself).
     init: `init(model)` after `to_empty` (under no_grad); default: each module's
       reset_parameters(). device: where the rank runs (default: CUDA's current device when CUDA
-      is available, else the CPU).
+      is available, else the CPU). verify_timeout: inside a job, the seconds the verification
+      step's collectives wait for a rank (default 120).
     options: find()'s (optimizer, step or loss_fn, precision, memory_limit, margin,
       target_batch: the global batch over all ranks, time_limit, ...), not world_size.
 
-    Raises UsageError for bad arguments or when this process is already in a process group (the
-    fake group is set up and torn down here; the process is left without one), what find()
+    Raises UsageError for bad arguments or when this process is already in a fake process group
+    (the fake group is set up and torn down here; the process is left without one), what find()
     raises for the sized rank, and the errors of build, shard and init unchanged (the group torn
     down first). Side effects: find()'s, for each rank sized.
     """
     if "world_size" in options or "ddp" in options:
         raise UsageError("find_sharded: world_size is the job's (the fake group's), given once; "
                          "ddp does not apply to a sharded model")
+    if options.get("cache") not in (None, False):
+        raise UsageError("cache: find_sharded does not use the result cache (its key holds "
+                         "neither the world size nor the rank's shard); drop cache=")
+    if isinstance(verify_timeout, bool) or not isinstance(verify_timeout, (int, float)) \
+            or not verify_timeout > 0:
+        raise UsageError(f"verify_timeout: expected seconds > 0 (an int or a float), but got "
+                         f"{verify_timeout!r}")
+    if _in_job():
+        from ._sharded_job import check_job
+        check_job(world_size, ranks)
+        world_size = torch.distributed.get_world_size()
+    elif world_size is None:
+        raise UsageError("world_size: expected the job's number of ranks (an int >= 1, or a list "
+                         "of them for a table); None means the running job's, and this process "
+                         "is in no process group")
     sizes = world_size if isinstance(world_size, (list, tuple)) else [world_size]
-    sizes = [_count(w, "world_size") for w in sizes]
+    sizes = list(dict.fromkeys(_count(w, "world_size") for w in sizes))  # each once, in order
     if not sizes:
         raise UsageError("world_size: expected an int >= 1 or a non-empty list of them, but got []")
     for fn, name, form, example in (
@@ -352,32 +421,74 @@ def find_sharded(build, shard, example_batch, *, world_size, ranks=None, init=No
                  "lambda model, mesh: fully_shard(model, mesh=mesh)")
     if init is not None and not callable(init):
         raise UsageError(f"init: expected a function init(model), but got {type(init).__name__}")
-    device = torch.device(device) if device is not None else torch.device(
-        "cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = _checked_device(device if device is not None else
+                             "cuda" if torch.cuda.is_available() else "cpu")
     init = init or reset_parameters
+    target = _target(options.get("target_batch"))
+    for w in sizes:  # every world size's plan is possible, before any search
+        if target and target % w:
+            raise UsageError(f"target_batch: {target} is not a multiple of the world size {w} "
+                             "(every rank takes an equal share)")
     if ranks is not None:
-        ranks = [_count(r, "ranks[]", minimum=0) for r in ranks]
+        if not isinstance(ranks, (list, tuple)):
+            raise UsageError(f"ranks: expected a list of ranks, e.g. [0, 63], but got {ranks!r}")
+        ranks = list(dict.fromkeys(_count(r, "ranks[]", minimum=0) for r in ranks))
         if not ranks or any(r >= min(sizes) for r in ranks):
             raise UsageError(f"ranks: expected a non-empty list of ranks below every world size "
                              f"({min(sizes)}), but got {ranks!r}")
 
+    if _in_job():
+        return _size_in_job(build, shard, init, device, example_batch, world_size, ranks,
+                            verify_timeout, options)
     if isinstance(world_size, (list, tuple)):
         return ShardedTable([_size_world(w, build, shard, init, device, example_batch, ranks,
                                          options) for w in sizes])
     return _size_world(sizes[0], build, shard, init, device, example_batch, ranks, options)
 
 
+def _in_job():
+    """True inside a running job: a real (not fake) default process group exists."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() != "fake"
+
+
+def _size_in_job(build, shard, init, device, example_batch, world_size, ranks, timeout, options):
+    """Every rank of a running job sizes itself, the ranks agree, one real step verifies
+    (_sharded_job.py); the result is this rank's, with the agreed micro-batch."""
+    from ._sharded_job import size_on_job
+    dist = torch.distributed
+    rank, n = dist.get_rank(), dist.get_world_size()
+    padded_local = []
+
+    def build_on(mesh):
+        model = _build(build, shard, init, device, mesh)
+        params, padded = layout(model, n)
+        padded_local[:] = [padded, sum(local_bytes(params, n, rank))]
+        return model
+    result, agreed = size_on_job(build_on, example_batch, options, device, timeout)
+    target = _target(options.get("target_batch"))
+    plan = None
+    if target:
+        doc = json.loads(_core.plan(agreed, target, n, options.get("plan", "auto")))
+        plan = Plan.from_json(doc[doc["primary"]])
+    out = ShardedResult(n, rank, [RankResult(rank, [rank], *padded_local, result)], [],
+                        agreed_micro_batch=agreed, agreed_plan=plan)
+    out.result.raw["sharded"] = out.to_dict()
+    return out
+
+
 def _size_world(n, build, shard, init, device, example_batch, ranks, options):
     """One world size: the layout from a build on the meta device (nothing allocated), then a
     search per rank to size."""
     with fake_group(0, n):
-        params, _ = layout(_build(build, shard, init, device, n, materialize=False), n)
+        params, _ = layout(_build(build, shard, init, device, _mesh(device, n),
+                                  materialize=False), n)
     classes = rank_classes(params, n)
     todo = list(ranks) if ranks is not None else [rs[0] for _, rs in ranks_to_size(classes)]
     sized = []
     for rank in todo:
         with fake_group(rank, n):
-            model = _build(build, shard, init, device, n)
+            model = _build(build, shard, init, device, _mesh(device, n))
             try:
                 _, padded = layout(model, n)
                 result = find(model, example_batch, world_size=n, device=device, **options)
