@@ -1,4 +1,5 @@
 """autobatch.find: the C++ search, planner and report, with the user's own eager step as the trial."""
+import contextlib
 import inspect
 import json
 import logging
@@ -264,20 +265,19 @@ def _held_note(state):
             f"{names}{more}; counted in every trial's memory as your job will hold them"]
 
 
-_COLLECTIVES_NEVER_WAIT = [False]  # inside collectives_never_wait()
+_COLLECTIVES_NEVER_WAIT = threading.Event()  # set inside collectives_never_wait()
 
 
-class collectives_never_wait:  # noqa: N801  (a context manager, named as one)
+@contextlib.contextmanager
+def collectives_never_wait():
     """Inside: the model's collectives go to a fake process group (find_sharded in a running
     job shards the rank's model over one made beside the real group), so the search is not a
     rank's search alone: no CollectiveGuard, no refusal of collective modules."""
-
-    def __enter__(self):
-        _COLLECTIVES_NEVER_WAIT[0] = True
-
-    def __exit__(self, *exc):
-        _COLLECTIVES_NEVER_WAIT[0] = False
-        return False
+    _COLLECTIVES_NEVER_WAIT.set()
+    try:
+        yield
+    finally:
+        _COLLECTIVES_NEVER_WAIT.clear()
 
 
 def _ranks_searching_alone():
@@ -287,7 +287,7 @@ def _ranks_searching_alone():
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return 1
-    if dist.get_backend() == "fake" or _COLLECTIVES_NEVER_WAIT[0]:  # collectives return at once
+    if dist.get_backend() == "fake" or _COLLECTIVES_NEVER_WAIT.is_set():  # collectives return at once
         return 1
     return dist.get_world_size()
 

@@ -481,8 +481,8 @@ def _size_world(n, build, shard, init, device, example_batch, ranks, options):
     """One world size: the layout from a build on the meta device (nothing allocated), then a
     search per rank to size."""
     with fake_group(0, n):
-        params, _ = layout(_build(build, shard, init, device, _mesh(device, n),
-                                  materialize=False), n)
+        params, padded = layout(_build(build, shard, init, device, _mesh(device, n),
+                                    materialize=False), n)
     classes = rank_classes(params, n)
     todo = list(ranks) if ranks is not None else [rs[0] for _, rs in ranks_to_size(classes)]
     sized = []
@@ -490,7 +490,6 @@ def _size_world(n, build, shard, init, device, example_batch, ranks, options):
         with fake_group(rank, n):
             model = _build(build, shard, init, device, _mesh(device, n))
             try:
-                _, padded = layout(model, n)
                 result = find(model, example_batch, world_size=n, device=device, **options)
                 alike = next(rs for _, rs in classes if rank in rs)
                 sized.append(RankResult(rank, alike, padded,
