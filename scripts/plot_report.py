@@ -11,6 +11,11 @@ are lower bounds: the peak reached before the failing allocation.
 A report with a fleet table (--fleet) gets a second panel: each size's safe micro-batch (a bar,
 labelled with its plan), sizes that fit nothing at 0 and sizes above what the device could
 emulate marked "not measurable"; the trial panel then draws every size's limit.
+
+A find_sharded table along the world size (`json.dump(table.to_dict(), f)`, docs/python.md)
+is drawn as two panels over the world sizes: the binding rank's max and safe micro-batch (labelled
+with the plan's micro-batch x accumulation steps), and the rank's sharded state (parameter shard,
+gradients, optimizer state) in MiB.
 """
 
 import json
@@ -27,6 +32,9 @@ GIB = float(1 << 30)
 def main(report_path: str, out_path: str) -> None:
     with open(report_path) as f:
         doc = json.load(f)
+    if "world_sizes" in doc:
+        sharded_table(doc, out_path)
+        return
     trials = doc.get("trials") or []
     if not trials:
         sys.exit(f"plot_report: {report_path} has no trials (status {doc.get('status')})")
@@ -122,6 +130,49 @@ def fleet_panel(ax, fleet) -> None:
     ax.set_ylabel("safe micro-batch (samples)")
     ax.set_title(f"fleet: {len(rows)} sizes, {fleet['trials_run']} trials run")
     ax.grid(alpha=0.3, axis="y")
+
+
+def sharded_table(doc, out_path) -> None:
+    """find_sharded's ShardedTable.to_dict(): one column per world size, each row measured."""
+    rows = doc["rows"]
+    if not rows:
+        sys.exit("plot_report: the sharded table has no rows")
+    fig, (ax, state) = plt.subplots(1, 2, figsize=(13, 5))
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r["max_micro_batch"] for r in rows], 0.4, color="tab:grey",
+           label="max micro-batch (seen to fit)")
+    ax.bar([i + 0.2 for i in x], [r["safe_micro_batch"] for r in rows], 0.4, color="tab:blue",
+           label="safe micro-batch (margin)")
+    for i, r in enumerate(rows):
+        plans = r.get("plan") or {}
+        p = plans.get(plans.get("primary", ""), None)
+        if p:
+            ax.annotate(f"{p['micro_batch_size']} x {p['accumulation_steps']}",
+                        (i + 0.2, r["safe_micro_batch"]), ha="center", va="bottom", fontsize=8)
+    labels = [f"{r['world_size']}\nrank {r['binding_rank']}" for r in rows]
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_xlabel("world size (the binding rank)")
+    ax.set_ylabel("micro-batch (samples per rank)")
+    ax.set_title("find_sharded: per rank, along the world size (plan: micro-batch x steps)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    parts = (("parameter_bytes", "parameter shard (padded)"), ("gradient_bytes", "gradients"),
+             ("optimizer_state_bytes", "optimizer state"))
+    for k, (key, name) in enumerate(parts):
+        values = []
+        for r in rows:
+            rank = next(x for x in r["ranks"] if x["rank"] == r["binding_rank"])
+            values.append(rank.get(key, 0) / (1 << 20))
+        state.bar([i + (k - 1) * 0.27 for i in x], values, 0.27, label=name)
+    state.set_xticks(list(x), labels, fontsize=8)
+    state.set_xlabel("world size (the binding rank)")
+    state.set_ylabel("MiB on the rank")
+    state.set_title("the rank's sharded state")
+    state.grid(alpha=0.3, axis="y")
+    state.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    print(f"plot_report: wrote {out_path}")
 
 
 if __name__ == "__main__":

@@ -167,7 +167,8 @@ def test_emulated_peaks_match_each_real_gloo_rank():
 
 # Catches: a table whose rows are extrapolated from one measurement (each row here has its own
 # trials and its own shard bytes), or planned for the wrong world size.
-def test_a_table_along_the_world_size_measures_every_row():
+# The plot: catches a table JSON without what scripts/plot_report.py draws (it would raise).
+def test_a_table_along_the_world_size_measures_every_row(tmp_path):
     table = find_mlp([2, 8], target_batch=4096)
     assert [r.world_size for r in table.rows] == [2, 8]
     shard = {n: sum(math.ceil(p.shape[0] / n) * (p.numel() // p.shape[0]) * p.element_size()
@@ -181,6 +182,11 @@ def test_a_table_along_the_world_size_measures_every_row():
     doc = table.to_dict()
     assert doc["world_sizes"] == [2, 8] and doc["rows"][1]["ranks"][0]["parameter_bytes"] == shard[8]
     assert "world size" in str(table) and not dist.is_initialized()
+    (tmp_path / "table.json").write_text(json.dumps(doc))
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plot_report.py"),
+                           str(tmp_path / "table.json"), str(tmp_path / "table.png")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and (tmp_path / "table.png").stat().st_size > 10_000, done.stderr
 
 
 # The budget allocator's split of a backend's bytes (scripts/bench/fsdp_fidelity.py reads it):

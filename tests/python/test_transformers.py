@@ -80,6 +80,17 @@ def _with(args, **changes):
     return dataclasses.replace(args, **changes)
 
 
+# Catches: FSDP turned on by accelerate's environment (`accelerate launch --use_fsdp`, which sets
+# ACCELERATE_USE_FSDP=true and no TrainingArguments field) missed: the Trainer would shard the
+# model while the trial held it whole on every rank.
+def test_fsdp_from_accelerates_environment_is_refused(tmp_path, monkeypatch):
+    model, example = tiny_models.llama()
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(autobatch.UsageError,
+                       match=r"FSDP \(ACCELERATE_USE_FSDP=true.*autobatch.find_sharded"):
+        abt.fit_training_arguments(arguments(tmp_path), model, example, 64)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda args, m, x: abt.fit_training_arguments({"lr": 1}, m, x, 64), "TrainingArguments"),
     (lambda args, m, x: abt.fit_training_arguments(args, m, x, 64, optimizer="sgd"),

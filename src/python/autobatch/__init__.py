@@ -44,6 +44,7 @@ from ._check_eval import check_eval_batch
 from ._find import check_batch, find, fingerprint
 from ._result import EvalCheck, Plan, Result, Trial
 from ._sharded import RankResult, ShardedResult, ShardedTable, find_sharded
+from ._ddp_job import JobResult, find_ddp
 
 __version__ = "0.1.0"
 
@@ -69,5 +70,5 @@ def plan(max_micro_batch: int, target_batch: int, world_size: int = 1, kind: str
     return Plan.from_json(plans[plans["primary"]])
 
 
-__all__ = ["find", "find_sharded", "ShardedResult", "ShardedTable", "RankResult", "check_batch", "check_eval_batch", "EvalCheck", "fingerprint", "export", "export_pt2", "plan", "Result", "Plan", "Trial", "AutobatchError",
+__all__ = ["find", "find_sharded", "find_ddp", "JobResult", "ShardedResult", "ShardedTable", "RankResult", "check_batch", "check_eval_batch", "EvalCheck", "fingerprint", "export", "export_pt2", "plan", "Result", "Plan", "Trial", "AutobatchError",
            "DoesNotFit", "UsageError", "ModelError", "Cancelled"]

@@ -60,7 +60,10 @@ def size_on_job(build_on, example_batch, options, device, verify_timeout):
     finally:
         dist.destroy_process_group(fake)
         _fsdp.forget_meshes()  # else the verification's parameters would carry the fake mesh
-    verify(build_on, example_batch, options, device, agreed, verify_timeout)
+    from torch.distributed.device_mesh import DeviceMesh
+    verify(lambda group: build_on(DeviceMesh.from_group(group, device.type,
+                                                        mesh_dim_names=VERIFY_MESH)),
+           example_batch, options, device, agreed, verify_timeout)
     return result, agreed
 
 
@@ -79,18 +82,20 @@ def _size_and_agree(build_on, fake, example_batch, options, device, n):
     return search_and_agree(search, n, device, "find_sharded")
 
 
-def verify(build_on, example_batch, options, device, micro_batch, timeout_s):
+def verify(build_on, example_batch, options, device, micro_batch, timeout_s, who="find_sharded",
+           setup_bytes=None):
     """The real lock-step step at `micro_batch` on every rank (see the module's docstring);
-    returns when every rank's step ran, else raises the same ModelError on every rank."""
+    returns when every rank's step ran, else raises the same ModelError on every rank.
+    `build_on(group)` -> the model to step, its collectives on `group` (a new group of the job's
+    backend); `setup_bytes()`: on the CPU, the bytes the model held before the budget allocator
+    was installed (None: the model is built under it)."""
     dist = torch.distributed
-    from torch.distributed.device_mesh import DeviceMesh
     timeout = datetime.timedelta(seconds=timeout_s)
     group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
     error = None
     try:
-        _lock_step(lambda: build_on(DeviceMesh.from_group(group, device.type,
-                                                          mesh_dim_names=VERIFY_MESH)),
-                   example_batch, options, device, micro_batch)
+        _lock_step(lambda: build_on(group), example_batch, options, device, micro_batch,
+                   setup_bytes)
     except Exception as e:  # noqa: BLE001  out of memory, a collective's timeout, the model's
         error = f"{type(e).__name__}: {str(e)[:400]}"
         traceback.clear_frames(e.__traceback__)  # the step's tensors are not kept alive by it
@@ -104,11 +109,11 @@ def verify(build_on, example_batch, options, device, micro_batch, timeout_s):
         dist.destroy_process_group(group)
         _fsdp.forget_meshes()
     if failures:
-        raise ModelError(_failure_message(failures, micro_batch, timeout_s),
+        raise ModelError(_failure_message(failures, micro_batch, timeout_s, who),
                          micro_batch=micro_batch)
 
 
-def _failure_message(failures, micro_batch, timeout_s):
+def _failure_message(failures, micro_batch, timeout_s, who):
     """One text for every rank: the ranks whose step failed first, then those that only timed out
     waiting for them in a collective."""
     waited = [(r, why) for r, why in failures if "timed out" in why.lower()]
@@ -121,22 +126,23 @@ def _failure_message(failures, micro_batch, timeout_s):
     advice = ("the search's answer does not hold on the real job: the collective backend's own "
               "buffers are not in its figures; give a larger margin=" if memory else
               "the step raised an error that is not out of memory")
-    return (f"find_sharded: the real step at the agreed micro-batch {micro_batch} failed within "
+    return (f"{who}: the real step at the agreed micro-batch {micro_batch} failed within "
             f"the verification's {timeout_s} s: {text}; {advice}")
 
 
-def _lock_step(build, example_batch, options, device, micro_batch):
-    """`steps_per_trial` training steps of the freshly built model at `micro_batch` as find()'s
-    trial runs them (precision's autocast around forward and loss, the output kept through
-    backward unless keep_output=False, zero_grad as asked), under the CPU budget's memory limit
-    on the CPU."""
+def _lock_step(build, example_batch, options, device, micro_batch, setup_bytes=None):
+    """`steps_per_trial` training steps of the model `build()` returns at `micro_batch` as
+    find()'s trial runs them (precision's autocast around forward and loss, the output kept
+    through backward unless keep_output=False, zero_grad as asked), under the CPU budget's memory
+    limit on the CPU; `setup_bytes()` as verify() takes it."""
     autocast, _ = _autocast(device, options.get("precision"))
     meter = None
     try:
         if device.type == "cpu":
             meter = Meter.cpu(_bytes(options.get("memory_limit"), "memory_limit"),
                               _bytes(options.get("reserve"), "reserve"))
-            meter.finish_setup(0)  # the model is built under it: its bytes are counted
+            # a model built under it is counted by it; one built before, by what it holds
+            meter.finish_setup(setup_bytes() if setup_bytes is not None else 0)
         model = build()
         params = [p for p in model.parameters() if p.requires_grad]
         make_optimizer, _ = _optimizer_factory(options.get("optimizer"), params)

@@ -21,9 +21,9 @@ strategy's batch transfer, so `transfer_batch_to_device` and its hooks apply), `
 `configure_optimizers` returns (built fresh for every trial), `zero_grad(set_to_none=True)`, in the
 trainer's precision (`32-true`; `16-mixed` / `bf16-mixed` as autocast). Under DDP each trial also
 holds DDP's gradient buckets (`autobatch.find(ddp=True)`), every rank searches under its own
-memory, and the ranks agree on the smallest safe micro-batch through the strategy's own process
-group (one `all_reduce(MIN)`; the `autobatch` command's file-store agreement exists for separate
-processes that share nothing, which Lightning's ranks are not).
+memory, and the ranks agree on the smallest safe micro-batch through the job's store (the
+TCPStore of its process group, no collective: _ranks.py; the `autobatch` command's file-store
+agreement exists for separate processes that share nothing, which Lightning's ranks are not).
 
 Refused with a UsageError (raised from `trainer.fit`): manual optimization, strategies other than
 single-device and DDP (FSDP, DeepSpeed and model parallel shard what the trial holds whole), a

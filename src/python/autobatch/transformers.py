@@ -30,6 +30,7 @@ dataloader exists (transformers 5.24's trainer.py).
 import contextlib
 import dataclasses
 import logging
+import os
 
 import torch
 
@@ -127,13 +128,22 @@ def fit_training_arguments_with_result(args, model, example_batch, target_batch,
 
 
 def _check_supported(args, target):
-    if args.deepspeed or getattr(args, "fsdp", None):
-        which = "DeepSpeed" if args.deepspeed else "FSDP"
+    # The Trainer's own tests: DeepSpeed from args.deepspeed or accelerate's
+    # ACCELERATE_USE_DEEPSPEED (TrainingArguments then holds a deepspeed_plugin); FSDP from
+    # args.fsdp or ACCELERATE_USE_FSDP == "true" (`accelerate launch --use_fsdp` or its config
+    # file; accelerate.Accelerator builds its FSDP plugin from it, transformers 5.24).
+    env_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    deepspeed = args.deepspeed or getattr(args, "deepspeed_plugin", None) is not None
+    if deepspeed or getattr(args, "fsdp", None) or env_fsdp:
+        which = "DeepSpeed" if deepspeed else "FSDP"
+        source = (" (ACCELERATE_USE_FSDP=true in the environment: accelerate launch --use_fsdp "
+                  "or its config)" if which == "FSDP" and not getattr(args, "fsdp", None) else "")
         sharded = (" For FSDP, size the job before it starts with autobatch.find_sharded(build, "
                    "shard, example_batch, world_size=N) from one process (docs/python.md, "
                    "'Sharded jobs')" if which == "FSDP" else "")
-        raise UsageError(f"fit_training_arguments: {which} is not supported yet: it shards "
-                         f"parameters and optimizer state that the trial would hold whole.{sharded}")
+        raise UsageError(f"fit_training_arguments: {which}{source} is not supported yet: it "
+                         f"shards parameters and optimizer state that the trial would hold "
+                         f"whole.{sharded}")
     if args.n_gpu > 1:
         raise UsageError(f"fit_training_arguments: {args.n_gpu} GPUs in one process "
                          "(DataParallel) is not supported; launch one process per GPU with "

@@ -1,0 +1,188 @@
+"""autobatch.find_ddp: a DistributedDataParallel job sized from inside it (issue 43 item 3, "DDP
+goes the same way" as find_sharded's job path, _sharded_job.py).
+
+1. Each rank sizes itself: find() on the bare module with `ddp=True` (every trial holds one
+   buffer of the gradient bytes, as DDP's reducer holds its buckets from construction), no
+   collective in its step (find's CollectiveGuard refuses one), so no rank ever waits for another
+   that tries another batch or failed.
+2. The ranks agree on the smallest safe micro-batch through the job's store (_ranks.py).
+3. One real lock-step step verifies it: the module wrapped in DistributedDataParallel over a new
+   group of the job's backend whose timeout is `verify_timeout` (the reducer's real buckets, the
+   backend's real all-reduce), `steps_per_trial` steps at the agreed micro-batch under the same
+   memory limit; outcomes exchanged through the store, so a rank that fails ends every rank with
+   one ModelError within 3 x `verify_timeout` seconds at most. Then the wrapper and the group are
+   gone and the module is put back as find() leaves it (weights, gradients, flags, RNG states).
+
+Why not DDP over a fake group in the search, as find_sharded shards over one: the reducer
+allocates its buckets when it is built, before the search's meter exists, and outside the module's
+tensors, so on the CPU budget its buckets would go uncounted; the emulated bucket is the same
+bytes (the trained parameters' gradient bytes) held for the same time, and the verification runs
+the real reducer.
+"""
+from __future__ import annotations
+
+import gc
+import inspect
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from . import _core
+from ._errors import UsageError
+from ._find import find
+from ._options import _checked_device
+from ._ranks import search_and_agree
+from ._result import Plan, Result
+from ._state import ModelState
+
+_OURS = ("process_group", "device_mesh")  # the verification's group, set here
+
+
+@dataclass
+class JobResult:
+    """What find_ddp answered on this rank. `micro_batch` is the one every rank agreed on and
+    verified by one real DDP step (the smallest of the ranks' safe micro-batches); `plan` the
+    plan for target_batch at it over the job's ranks; `result` this rank's own search (its
+    trials, report and memory: it may allow more than the agreed micro-batch)."""
+
+    rank: int
+    world_size: int
+    micro_batch: int
+    plan: Optional[Plan]
+    result: Result = field(repr=False)
+    verified: bool = True
+
+    @property
+    def safe_micro_batch(self) -> int:
+        return self.micro_batch
+
+    def to_dict(self):
+        """The JSON section "job" of this rank's report (docs/report.md): plain data."""
+        return {"kind": "ddp", "rank": self.rank, "world_size": self.world_size,
+                "agreed_micro_batch": self.micro_batch, "verified": self.verified,
+                "own_safe_micro_batch": self.result.safe_micro_batch,
+                "own_max_micro_batch": self.result.max_micro_batch}
+
+    def __str__(self):
+        lines = [f"DDP job: world size {self.world_size}, agreed micro-batch {self.micro_batch}, "
+                 f"verified by one real DDP step on every rank; this rank ({self.rank}) alone: "
+                 f"safe {self.result.safe_micro_batch}, max {self.result.max_micro_batch}"]
+        if self.plan is not None:
+            lines.append(f"  {self.plan}")
+        return "\n".join(lines)
+
+
+def find_ddp(model, example_batch, *, ddp_kwargs=None, verify_timeout=120, **options):
+    """Sizes the micro-batch of a DistributedDataParallel job from inside it: every rank of
+    torchrun calls it after init_process_group, with its module before it is wrapped (see the
+    module's docstring). Returns a JobResult.
+
+    model: the torch.nn.Module the job wraps in DistributedDataParallel, on this rank's device,
+      not yet wrapped (find_ddp wraps it itself for the verification, then unwraps).
+    example_batch: as for find().
+    ddp_kwargs: the job's DistributedDataParallel arguments (bucket_cap_mb,
+      gradient_as_bucket_view, static_graph, find_unused_parameters, ...), not process_group or
+      device_mesh; with gradient_as_bucket_view=True the search holds no separate bucket.
+    verify_timeout: seconds the verification's collectives wait for a rank (default 120); every
+      rank ends within 3 x that at most when a rank fails it.
+    options: find()'s (optimizer, step or loss_fn, precision, memory_limit, margin, target_batch:
+      the global batch over all ranks, ...), not world_size (the job's) or ddp.
+
+    Raises UsageError for bad arguments and outside a running job (before the job, size one rank
+    with find(model, example_batch, ddp=True, world_size=N): a DDP rank's memory does not depend
+    on N); what find() raises for this rank (every rank raises when one failed to size); ModelError
+    on every rank when the verification step fails on any (its message names the rank and its
+    error). Side effects: find()'s; the module is restored after the verification step, and the
+    group it made is destroyed.
+    """
+    for name, why in (("world_size", "the job's number of ranks"),
+                      ("ddp", "always True here; gradient_as_bucket_view goes in ddp_kwargs")):
+        if name in options:
+            raise UsageError(f"find_ddp: {name} is {why}; drop {name}=")
+    if isinstance(verify_timeout, bool) or not isinstance(verify_timeout, (int, float)) \
+            or not verify_timeout > 0:
+        raise UsageError(f"verify_timeout: expected seconds > 0 (an int or a float), but got "
+                         f"{verify_timeout!r}")
+    kwargs = _ddp_kwargs(ddp_kwargs, model)
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() == "fake":
+        raise UsageError("find_ddp runs inside a running job: every rank of torchrun calls it "
+                         "after dist.init_process_group(); before the job, size one rank with "
+                         "autobatch.find(model, example_batch, ddp=True, world_size=N) (a DDP "
+                         "rank's memory does not depend on N)")
+    device = _checked_device(options.pop("device", None) or _model_device(model))
+    rank, n = dist.get_rank(), dist.get_world_size()
+
+    def search():
+        return find(model, example_batch, ddp=not kwargs.get("gradient_as_bucket_view", False),
+                    world_size=n, device=device, **options)
+    result, agreed = search_and_agree(search, n, device, "find_ddp")
+    _verify(model, example_batch, kwargs, options, device, agreed, verify_timeout)
+    plan = _plan(agreed, options, n)
+    out = JobResult(rank, n, agreed, plan, result)
+    result.raw["job"] = out.to_dict()
+    return out
+
+
+def _ddp_kwargs(ddp_kwargs, model):
+    """The job's DDP arguments as a dict, checked against DistributedDataParallel's signature."""
+    from torch.nn.parallel import DistributedDataParallel
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
+    if isinstance(model, DistributedDataParallel):
+        raise UsageError("model: it is already wrapped in DistributedDataParallel, whose reducer "
+                         "runs an all-reduce in every backward (the ranks' searches would wait for "
+                         "each other); pass the module before wrapping it (model.module here), "
+                         "and the wrapper's arguments as ddp_kwargs=")
+    if ddp_kwargs is None:
+        return {}
+    if not isinstance(ddp_kwargs, dict):
+        raise UsageError(f"ddp_kwargs: expected a dict of DistributedDataParallel's arguments, "
+                         f"e.g. {{'bucket_cap_mb': 25}}, but got {type(ddp_kwargs).__name__}")
+    ours = [k for k in ddp_kwargs if k in _OURS or k == "module"]
+    if ours:
+        raise UsageError(f"ddp_kwargs: {ours[0]} is find_ddp's own (the verification runs on a "
+                         "group of its own, then destroys it); drop it")
+    try:
+        inspect.signature(DistributedDataParallel.__init__).bind(None, model, **ddp_kwargs)
+    except TypeError as e:
+        raise UsageError(f"ddp_kwargs: not DistributedDataParallel's arguments in torch "
+                         f"{torch.__version__} ({e})") from None
+    return dict(ddp_kwargs)
+
+
+def _model_device(model):
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _verify(model, example_batch, kwargs, options, device, micro_batch, timeout_s):
+    """The real lock-step DDP step (_sharded_job.verify), the module put back after it."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ._sharded_job import verify
+    state = ModelState(model, example_batch)
+    wrapped = []
+
+    def build_on(group):
+        model.train()  # as find()'s trials; put back with the rest
+        wrapped.append(DistributedDataParallel(model, process_group=group, **kwargs))
+        return wrapped[-1]
+    try:
+        verify(build_on, example_batch, options, device, micro_batch, timeout_s, who="find_ddp",
+               setup_bytes=state.untracked_bytes)
+    finally:
+        wrapped.clear()  # the reducer's buckets and hooks go with the wrapper
+        gc.collect()
+        state.restore()
+
+
+def _plan(micro_batch, options, world_size):
+    target = options.get("target_batch")
+    if not target:
+        return None
+    doc = json.loads(_core.plan(micro_batch, int(target), world_size, options.get("plan", "auto")))
+    return Plan.from_json(doc[doc["primary"]])
+
