@@ -167,6 +167,35 @@ def test_emulated_peaks_match_each_real_gloo_rank():
 
 # Catches: a table whose rows are extrapolated from one measurement (each row here has its own
 # trials and its own shard bytes), or planned for the wrong world size.
+# Catches: a reset that leaves the all-gather output FSDP2 keeps through a forward for overlap
+# (comm_ctx.all_gather_state) when out of memory stopped the forward midway: the next trial
+# starts with one unit's unsharded parameters held (2.1 MB here), an overcount that can fail a
+# batch that fits.
+def test_a_forward_stopped_midway_leaves_no_all_gather_output_after_the_reset():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from autobatch import _fsdp
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        model = tiny_models.ShardedMlp()
+        tiny_models.shard_units(model, init_device_mesh("cpu", (4,)))
+
+        def out_of_memory(module, args):
+            raise torch.OutOfMemoryError("made on purpose, inside the second block's forward")
+        hook = model.layers[1].up.register_forward_pre_hook(out_of_memory)
+        with pytest.raises(torch.OutOfMemoryError):
+            model(tiny_models.sharded_mlp_batch()[0])
+        hook.remove()
+        comm = model._get_fsdp_state()._comm_ctx
+        assert comm.all_gather_state is not None  # what the forward left: the test's premise
+        _fsdp.reset(_fsdp.fsdp_modules(model))
+        assert comm.all_gather_state is None
+        assert not _fsdp.check_internals(_fsdp.fsdp_modules(model))
+    finally:
+        dist.destroy_process_group()
+
+
 # The plot: catches a table JSON without what scripts/plot_report.py draws (it would raise).
 def test_a_table_along_the_world_size_measures_every_row(tmp_path):
     table = find_mlp([2, 8], target_batch=4096)

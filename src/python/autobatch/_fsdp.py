@@ -7,7 +7,7 @@ skips its all-gather ("got mixed torch.Tensor and DTensor") and the search fails
 is not the model's. `reset` puts every FSDP2 state of the model back as after a finished backward
 (torch's FSDPState._root_post_backward_final_callback and FSDPParamGroup.finalize_backward do the
 same at the end of every backward): idle, sharded, the unsharded storage freed, no collective
-result held. It reads names private to torch's FSDP2 (checked on torch 2.11 and 2.15);
+result held (nor the all-gather output a stopped forward kept for overlap). It reads names private to torch's FSDP2 (checked on torch 2.11 and 2.15);
 CLASS_NAMES and INSTANCE_NAMES list them, checked by `check_internals()` before a sharded model
 is sized (a torch whose FSDP2 differs is refused, with the name that differs, rather than sized
 wrong).
@@ -101,6 +101,11 @@ def reset(modules):
             comm.post_forward_order.clear()
         if hasattr(comm, "reduce_scatter_state"):
             comm.reduce_scatter_state = None
+        # the last unit's all-gather output, kept through the forward for overlap and freed by
+        # the next unit's wait or the root's final callback: a forward stopped by out of memory
+        # left it held (2.1 MB for a ShardedMlp block at world 4) into the next trial
+        if hasattr(comm, "all_gather_state"):
+            comm.all_gather_state = None
 
 
 def forget_meshes():
