@@ -149,7 +149,9 @@ def plain_steps(args, model, optimizer, size: int, rec: Recorder | None) -> None
             rec.finish(size)
 
 
-def run_lightning(args, rec: Recorder, mode: str | None) -> dict:
+def run_lightning(args, rec: Recorder, mode: str | None, margin: float | None = None) -> dict:
+    """Lightning's finder (mode binsearch or power) or, with mode None, its ground truth; margin:
+    scale_batch_size's (None: Lightning's default, 0.05; the race passes 0.0)."""
     import lightning.pytorch as pl
     from lightning.pytorch.tuner import Tuner
     from torch.utils.data import DataLoader, Dataset
@@ -200,7 +202,9 @@ def run_lightning(args, rec: Recorder, mode: str | None) -> dict:
             trainer.fit(Lit(args.batch))
             return {"fits": rec.done.get(args.batch, 0) >= args.steps}
         trainer = pl.Trainer(max_epochs=1, **common)
-        found = Tuner(trainer).scale_batch_size(Lit(2), mode=mode, steps_per_trial=3, init_val=2)
+        extra = {} if margin is None else {"margin": margin}
+        found = Tuner(trainer).scale_batch_size(Lit(2), mode=mode, steps_per_trial=3, init_val=2,
+                                                **extra)
         return {"found": found}
     finally:
         shutil.rmtree(root, ignore_errors=True)

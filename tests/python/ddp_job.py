@@ -9,7 +9,13 @@ to OUT/rank-<r>.json.
            first collective), so rank 0 waits in DDP's all-reduce: both must end with the
            ModelError naming rank 1 within the verification's timeout, neither hangs;
   wrapped: the module passed already wrapped in DistributedDataParallel: a UsageError on every
-           rank, before any search.
+           rank, before any search;
+  asym:    rank 1 alone passes a misspelt DDP argument: rank 1 refuses it, rank 0 names rank 1's
+           error at once (no wait for the store's timeout); then both call again, rightly, and
+           agree (the agreements' rounds stayed in step);
+  view:    gradient_as_bucket_view=True: the answer holds in the user's own loop with it.
+The ranks' weights differ (seeded by rank) and the user's gradients are set before the call: both
+must be bitwise as before after it.
 """
 import datetime
 import json
@@ -28,7 +34,7 @@ TIMEOUT_S = 10  # the verification's group timeout
 LIMIT = "48MiB"
 
 
-def own_loop(model, micro_batch):
+def own_loop(model, micro_batch, **ddp_kwargs):
     """The user's DDP loop at `micro_batch`, two steps, under the same budget (True: it fit):
     the module wrapped over the job's group, forward, cross-entropy, backward, AdamW step."""
     from autobatch import _core
@@ -40,7 +46,7 @@ def own_loop(model, micro_batch):
     try:
         x, y = tiny_models.sharded_mlp_batch()  # the batch counted, as the job's loader's
         x, y = x.repeat(micro_batch, 1), y.repeat(micro_batch)
-        ddp = DistributedDataParallel(model)
+        ddp = DistributedDataParallel(model, **ddp_kwargs)
         optimizer = tiny_models.adamw(ddp.parameters())
         for _ in range(2):
             torch.nn.functional.cross_entropy(ddp(x), y).backward()
@@ -56,11 +62,20 @@ def own_loop(model, micro_batch):
         backend.remove()
 
 
+def find(model, **kwargs):
+    return autobatch.find_ddp(model, tiny_models.sharded_mlp_batch(),
+                              step=tiny_models.sharded_mlp_step, optimizer=tiny_models.adamw,
+                              memory_limit=LIMIT, margin=0.15, target_batch=1024,
+                              verify_timeout=TIMEOUT_S, **kwargs)
+
+
 def main(out, mode):
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank = dist.get_rank()
-    torch.manual_seed(0)
+    torch.manual_seed(rank)  # the ranks' weights differ: DDP's broadcast from rank 0 must be undone
     model = tiny_models.ShardedMlp()
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.5)  # the user's gradients, to be left as they are
     if mode == "wrapped":
         from torch.nn.parallel import DistributedDataParallel
         model = DistributedDataParallel(model)
@@ -70,23 +85,35 @@ def main(out, mode):
         def failing(*args, **kwargs):
             raise torch.OutOfMemoryError("made to fail on purpose: rank 1's verification step")
         _sharded_job._lock_step = failing
+    kwargs = {"gradient_as_bucket_view": True} if mode == "view" else {}
     before = {k: v.clone() for k, v in model.state_dict().items()}
     t0 = time.monotonic()
+    doc = {}
+    if mode == "asym":
+        try:
+            find(model, ddp_kwargs={"bucket_size_mb": 25} if rank == 1 else None)
+            doc["first"] = "ok"
+        except autobatch.AutobatchError as e:
+            doc["first"] = f"{type(e).__name__}: {e}"
+        doc["first_seconds"] = time.monotonic() - t0
     try:
-        r = autobatch.find_ddp(model, tiny_models.sharded_mlp_batch(),
-                               step=tiny_models.sharded_mlp_step, optimizer=tiny_models.adamw,
-                               memory_limit=LIMIT, margin=0.15, target_batch=1024,
-                               verify_timeout=TIMEOUT_S)
-        doc = {"ok": True, "micro_batch": r.micro_batch, "own": r.result.safe_micro_batch,
-               "own_max": r.result.max_micro_batch, "job": r.result.raw["job"],
-               "plan": str(r.plan), "trials": [[t.micro_batch_size, t.outcome, t.peak_bytes]
-                                                for t in r.result.trials],
-               "restored": all(torch.equal(before[k], v) for k, v in model.state_dict().items())}
+        r = find(model, ddp_kwargs=kwargs)
+        doc.update({"ok": True, "micro_batch": r.micro_batch, "own": r.result.safe_micro_batch,
+                    "own_max": r.result.max_micro_batch, "job": r.result.raw["job"],
+                    "plan": str(r.plan),
+                    "trials": [[t.micro_batch_size, t.outcome, t.peak_bytes]
+                               for t in r.result.trials]})
     except autobatch.AutobatchError as e:
-        doc = {"ok": False, "error": type(e).__name__, "message": str(e)}
+        doc.update({"ok": False, "error": type(e).__name__, "message": str(e)})
     doc["seconds"] = time.monotonic() - t0
+    plain = model.module if mode == "wrapped" else model
+    doc["restored"] = all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    doc["grads_kept"] = all(p.grad is not None and bool((p.grad == 0.5).all())
+                            for p in plain.parameters())
     if doc["ok"]:
-        doc["own_loop"] = {b: own_loop(model, b) for b in
+        for p in model.parameters():
+            p.grad = None
+        doc["own_loop"] = {b: own_loop(model, b, **kwargs) for b in
                            (doc["micro_batch"], doc["own_max"], doc["own_max"] + 1)}
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(doc, f)

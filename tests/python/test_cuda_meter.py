@@ -295,7 +295,9 @@ def test_an_error_on_one_rank_ends_every_rank(tmp_path):
     by_rank = {r["rank"]: r for r in ranks}
     assert by_rank[1]["outcome"] == "error" and "broken" in by_rank[1]["message"], by_rank
     assert by_rank[0]["outcome"] == "error", by_rank
-    assert "another rank failed to size" in by_rank[0]["message"], by_rank
+    # rank 0 names rank 1 and its error (the agreement carries each rank's error text)
+    assert "another rank did not size (rank 1: " in by_rank[0]["message"], by_rank
+    assert "broken" in by_rank[0]["message"], by_rank
 
 
 if __name__ == "__main__":

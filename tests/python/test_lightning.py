@@ -12,7 +12,8 @@ import autobatch.lightning as abl  # noqa: E402
 import lightning_models as lm  # noqa: E402
 import torchrun  # noqa: E402
 
-LIMIT = "7MiB"  # the MLP's largest micro-batch is then about 190 (about 16 KB per sample)
+LIMIT = "7MiB"  # the MLP's largest micro-batch is then about 63 (16 KB a sample, the batch
+# alive through the optimizer step, whose AdamW temporaries set the peak)
 
 
 def fit(finder, model=None, data=None, **trainer_options):
@@ -42,14 +43,18 @@ def test_trial_is_the_modules_training_step():
     # Catches: a trial of model(x) and a loss of autobatch's instead of training_step (this
     # module's step runs the network twice, so its answer is well under a forward's); without a
     # target the size is the safe micro-batch itself and the accumulation stays as the script set.
-    finder = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
+    # 12 MiB: the second pass's input copy (x.flip(0), saved for backward) makes backward the
+    # peak; under LIMIT the optimizer step, with the batch alive through it, binds both nets.
+    finder = abl.AutobatchFinder(memory_limit="12MiB", margin=0)
     trainer, model, data = fit(finder, model=lm.TwoPassNet(), accumulate_grad_batches=3)
     assert trainer.accumulate_grad_batches == 3 and finder.plan is None
     assert data.batch_size == finder.micro_batch == finder.result.safe_micro_batch
     x = torch.randn(4, lm.FEATURES)
-    forward_only = autobatch.find(lm.Net().net, x, memory_limit=LIMIT, margin=0,
+    forward_only = autobatch.find(lm.Net().net, x, memory_limit="12MiB", margin=0,
                                   optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
-    assert finder.micro_batch < 0.75 * forward_only.safe_micro_batch
+    # measured 251 against 287: the copy's 16 KB a sample in backward (a trial of model(x)
+    # would answer the forward's 287)
+    assert finder.micro_batch < 0.92 * forward_only.safe_micro_batch
 
 
 def test_schedule_from_estimated_stepping_batches_follows_the_new_sizes():
@@ -100,7 +105,7 @@ def test_ddp_rank_where_nothing_fits_stops_every_rank(tmp_path):
     run, ranks = _ddp(tmp_path, 512, ["8MiB", "6MiB"])
     assert run.returncode != 0 and not ranks
     text = run.stdout + run.stderr
-    assert "another rank has no micro-batch that fits" in text
+    assert "another rank did not size (rank 1: DoesNotFit: " in text
     assert "nothing fits: micro-batch 1 does not fit" in text
 
 

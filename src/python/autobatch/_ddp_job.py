@@ -2,15 +2,16 @@
 goes the same way" as find_sharded's job path, _sharded_job.py).
 
 1. Each rank sizes itself: find() on the bare module with `ddp=True` (every trial holds one
-   buffer of the gradient bytes, as DDP's reducer holds its buckets from construction), no
+   buffer of the gradient bytes, as DDP's reducer holds its buckets from construction, also with
+   gradient_as_bucket_view: the buckets then hold the gradients), no
    collective in its step (find's CollectiveGuard refuses one), so no rank ever waits for another
    that tries another batch or failed.
 2. The ranks agree on the smallest safe micro-batch through the job's store (_ranks.py).
 3. One real lock-step step verifies it: the module wrapped in DistributedDataParallel over a new
    group of the job's backend whose timeout is `verify_timeout` (the reducer's real buckets, the
    backend's real all-reduce), `steps_per_trial` steps at the agreed micro-batch under the same
-   memory limit; outcomes exchanged through the store, so a rank that fails ends every rank with
-   one ModelError within 3 x `verify_timeout` seconds at most. Then the wrapper and the group are
+   memory limit; outcomes exchanged through the store, so a rank that fails that step ends every
+   rank with one ModelError within 3 x `verify_timeout` seconds at most (checked on gloo). Then the wrapper and the group are
    gone and the module is put back as find() leaves it (weights, gradients, flags, RNG states).
 
 Why not DDP over a fake group in the search, as find_sharded shards over one: the reducer
@@ -35,6 +36,7 @@ from ._find import find
 from ._options import _checked_device
 from ._ranks import search_and_agree
 from ._result import Plan, Result
+from ._sharded_job import check_timeout
 from ._state import ModelState
 
 _OURS = ("process_group", "device_mesh")  # the verification's group, set here
@@ -83,47 +85,73 @@ def find_ddp(model, example_batch, *, ddp_kwargs=None, verify_timeout=120, **opt
       not yet wrapped (find_ddp wraps it itself for the verification, then unwraps).
     example_batch: as for find().
     ddp_kwargs: the job's DistributedDataParallel arguments (bucket_cap_mb,
-      gradient_as_bucket_view, static_graph, find_unused_parameters, ...), not process_group or
-      device_mesh; with gradient_as_bucket_view=True the search holds no separate bucket.
-    verify_timeout: seconds the verification's collectives wait for a rank (default 120); every
-      rank ends within 3 x that at most when a rank fails it.
+      gradient_as_bucket_view, static_graph, find_unused_parameters, ...), checked by name, type
+      and value before the search; not process_group or device_mesh (the verification's own),
+      nor delay_all_reduce_named_params, param_to_hook_all_reduce or mixed_precision (their hooks
+      outlive the wrapper). The search holds DDP's bucket with or without gradient_as_bucket_view.
+    verify_timeout: seconds the verification's collectives wait for a rank, finite, at most 1e6
+      (default 120); every rank ends within 3 x that at most when a rank fails the step (on gloo;
+      NCCL's watchdog may abort a rank first).
+    The user's `step(model, batch)` receives the DistributedDataParallel wrapper in the
+    verification, as in the job.
     options: find()'s (optimizer, step or loss_fn, precision, memory_limit, margin, target_batch:
-      the global batch over all ranks, ...), not world_size (the job's) or ddp.
+      the global batch over all ranks, ...), not world_size (the job's), ddp or eval.
 
     Raises UsageError for bad arguments and outside a running job (before the job, size one rank
     with find(model, example_batch, ddp=True, world_size=N): a DDP rank's memory does not depend
-    on N); what find() raises for this rank (every rank raises when one failed to size); ModelError
+    on N); what find() raises for this rank, or, on the other ranks, an error naming each rank
+    that failed to size and its error (the arguments are checked inside the search, so a rank
+    that refuses its own still answers the agreement); ModelError
     on every rank when the verification step fails on any (its message names the rank and its
     error). Side effects: find()'s; the module is restored after the verification step, and the
     group it made is destroyed.
     """
-    for name, why in (("world_size", "the job's number of ranks"),
-                      ("ddp", "always True here; gradient_as_bucket_view goes in ddp_kwargs")):
-        if name in options:
-            raise UsageError(f"find_ddp: {name} is {why}; drop {name}=")
-    if isinstance(verify_timeout, bool) or not isinstance(verify_timeout, (int, float)) \
-            or not verify_timeout > 0:
-        raise UsageError(f"verify_timeout: expected seconds > 0 (an int or a float), but got "
-                         f"{verify_timeout!r}")
-    kwargs = _ddp_kwargs(ddp_kwargs, model)
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() == "fake":
+        _checked(model, ddp_kwargs, verify_timeout, options)  # a bad argument's own error first
         raise UsageError("find_ddp runs inside a running job: every rank of torchrun calls it "
                          "after dist.init_process_group(); before the job, size one rank with "
                          "autobatch.find(model, example_batch, ddp=True, world_size=N) (a DDP "
                          "rank's memory does not depend on N)")
-    device = _checked_device(options.pop("device", None) or _model_device(model))
     rank, n = dist.get_rank(), dist.get_world_size()
+    checked = {}
 
     def search():
-        return find(model, example_batch, ddp=not kwargs.get("gradient_as_bucket_view", False),
-                    world_size=n, device=device, **options)
-    result, agreed = search_and_agree(search, n, device, "find_ddp")
-    _verify(model, example_batch, kwargs, options, device, agreed, verify_timeout)
+        # The arguments are checked inside the search: a rank that refuses its own (one rank's
+        # ddp_kwargs differ) still reaches the agreement, so no rank waits for it and every
+        # rank's error names it; the agreements' rounds stay in step for a later call.
+        checked.update(_checked(model, ddp_kwargs, verify_timeout, options))
+        # ddp=True whatever gradient_as_bucket_view says: with it, the buckets still exist from
+        # the wrapper's construction and hold the gradients as views, so a search without the
+        # bucket would undercount (an answer the real step then ran out of memory at).
+        return find(model, example_batch, ddp=True, world_size=n, device=checked["device"],
+                    **checked["options"])
+    result, agreed = search_and_agree(search, n, None, "find_ddp")
+    options, device = checked["options"], checked["device"]
+    _verify(model, example_batch, checked["kwargs"], options, device, agreed, verify_timeout)
     plan = _plan(agreed, options, n)
     out = JobResult(rank, n, agreed, plan, result)
     result.raw["job"] = out.to_dict()
     return out
+
+
+def _checked(model, ddp_kwargs, verify_timeout, options):
+    """{"kwargs", "options", "device"}: the arguments checked (UsageError for a bad one)."""
+    for name, why in (("world_size", "the job's number of ranks"),
+                      ("ddp", "always True here (DDP's buckets are held by every trial)")):
+        if name in options:
+            raise UsageError(f"find_ddp: {name} is {why}; drop {name}=")
+    if options.get("eval") not in (None, False):
+        raise UsageError("eval: find_ddp sizes and verifies the training step only; size the "
+                         "evaluation batch with find(model, example_batch, eval=...) on a rank")
+    check_timeout(verify_timeout)
+    kwargs = _ddp_kwargs(ddp_kwargs, model)
+    options = dict(options)
+    device = _checked_device(options.pop("device", None) or _model_device(model))
+    if device.type != "cuda" and kwargs.get("device_ids") is not None:
+        raise UsageError(f"ddp_kwargs: device_ids is for a module on one CUDA device, and this "
+                         f"one is on {device}; drop device_ids (DDP takes none for a CPU module)")
+    return {"kwargs": kwargs, "options": options, "device": device}
 
 
 def _ddp_kwargs(ddp_kwargs, model):
@@ -150,7 +178,37 @@ def _ddp_kwargs(ddp_kwargs, model):
     except TypeError as e:
         raise UsageError(f"ddp_kwargs: not DistributedDataParallel's arguments in torch "
                          f"{torch.__version__} ({e})") from None
+    for key, value in ddp_kwargs.items():
+        _check_value(key, value)
     return dict(ddp_kwargs)
+
+
+# DistributedDataParallel's flags (torch 2.11): a value of another type fails only inside its
+# constructor, in the verification after the whole search (a string is truthy).
+_FLAGS = ("broadcast_buffers", "init_sync", "find_unused_parameters", "check_reduction",
+          "gradient_as_bucket_view", "static_graph", "skip_all_reduce_unused_params")
+# Arguments that install hooks on the module or its parameters which outlive the wrapper
+# (torch 2.11 distributed.py: _delayed_all_reduce_hook on a parameter, mixed precision's
+# forward-pre-hooks on every submodule): the module would not be put back as it was.
+_REFUSED = ("delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_precision")
+
+
+def _check_value(key, value):
+    if key in _REFUSED and value is not None:
+        raise UsageError(f"ddp_kwargs: {key} is not supported by find_ddp: DDP installs hooks "
+                         "for it on the module or its parameters that outlive the wrapper, so "
+                         "the module could not be put back as it was; size without it")
+    if key in _FLAGS and not isinstance(value, bool):
+        raise UsageError(f"ddp_kwargs: {key} expects True or False, but got {value!r}")
+    if key == "bucket_cap_mb" and value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+        raise UsageError(f"ddp_kwargs: bucket_cap_mb expects megabytes > 0 (DDP's default is "
+                         f"25), but got {value!r}")
+    if key == "bucket_cap_mb_list" and value is not None and (
+            not isinstance(value, (list, tuple)) or
+            not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+        raise UsageError(f"ddp_kwargs: bucket_cap_mb_list expects a list of megabytes > 0, but "
+                         f"got {value!r}")
 
 
 def _model_device(model):
@@ -164,6 +222,7 @@ def _verify(model, example_batch, kwargs, options, device, micro_batch, timeout_
 
     from ._sharded_job import verify
     state = ModelState(model, example_batch)
+    state.detach_grads()  # the user's gradients are put back, untouched by the steps
     wrapped = []
 
     def build_on(group):

@@ -21,8 +21,9 @@ _DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 def search_and_agree(search, world_size, device, who):
     """Runs `search()` (-> Result) on this rank and agrees with the others. Returns (result,
     agreed micro-batch). Every rank reaches the agreement, also when its own search failed (0:
-    nothing fits; -1: any other error, an AutobatchError or not), so no rank waits for one that
-    raised; then every rank raises: its own error, or one naming the other rank."""
+    nothing fits; -1: any other error, an AutobatchError or not, its text given with it), so no
+    rank waits for one that raised; then every rank raises: its own error, or one naming each
+    rank that failed and its error."""
     mine, error, result = 0, None, None
     try:
         result = search()
@@ -31,21 +32,30 @@ def search_and_agree(search, world_size, device, who):
         result, error = e.result, e
     except Exception as e:  # noqa: BLE001  every error still reaches the agreement, then leaves
         mine, error = -1, e
-    agreed = _all_min(mine, device) if world_size > 1 else mine
+    note = "" if error is None else f"{type(error).__name__}: {str(error)[:300]}"
+    values = _gather(mine, note, device) if world_size > 1 else [(mine, note)]
+    agreed = min(v for v, _ in values)
     if agreed > 0:
         return result, agreed
     if error is not None:
         raise error
-    what = "has no micro-batch that fits" if agreed == 0 else "failed to size (see its error)"
-    kind = DoesNotFit if agreed == 0 else UsageError
-    raise kind(f"{who}: another rank {what}; this rank's safe micro-batch is {mine}", result)
+    failed = [(r, v, n) for r, (v, n) in enumerate(values) if v <= 0]
+    text = "; ".join(f"rank {r}: {n or 'no micro-batch fits'}" for r, v, n in failed)
+    kind = DoesNotFit if all(v == 0 for _, v, _ in failed) else UsageError
+    raise kind(f"{who}: another rank did not size ({text}); this rank's safe micro-batch is "
+               f"{mine}", result)
 
 
 def _all_min(value, device=None):
-    """The smallest `value` over the ranks of the default process group, through its store
-    (set, then wait for every rank's key within the store's timeout). `device` is unused (the
-    agreement needs none); kept for the callers' symmetry. Raises UsageError naming the ranks
-    that did not answer in time."""
+    """The smallest `value` over the ranks of the default process group (see _gather)."""
+    return min(v for v, _ in _gather(value, "", device))
+
+
+def _gather(value, note="", device=None):
+    """[(value, note)] of every rank of the default process group, by rank, through its store
+    (set, then wait for every rank's key within the store's timeout); `note`: this rank's error
+    text, if any. `device` is unused (the agreement needs none); kept for the callers' symmetry.
+    Raises UsageError naming the ranks that did not answer in time."""
     del device
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
@@ -55,7 +65,7 @@ def _all_min(value, device=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     prefix = f"autobatch/agree/{next(_ROUNDS)}/"
     keys = [f"{prefix}{r}" for r in range(world)]
-    store.set(keys[rank], str(int(value)))
+    store.set(keys[rank], f"{int(value)}|{note}")
     timeout = getattr(store, "timeout", None) or _DEFAULT_TIMEOUT
     try:
         store.wait(keys, timeout)
@@ -64,4 +74,8 @@ def _all_min(value, device=None):
         raise UsageError(f"ranks {missing} did not give their micro-batch within {timeout} (the "
                          f"process group's store timeout): a rank died or is still searching; "
                          f"this rank's is {value} ({e})") from None
-    return min(int(store.get(k)) for k in keys)
+    out = []
+    for k in keys:
+        v, _, n = store.get(k).decode(errors="replace").partition("|")
+        out.append((int(v), n))
+    return out

@@ -393,10 +393,8 @@ def find_sharded(build, shard, example_batch, *, world_size=None, ranks=None, in
     if options.get("cache") not in (None, False):
         raise UsageError("cache: find_sharded does not use the result cache (its key holds "
                          "neither the world size nor the rank's shard); drop cache=")
-    if isinstance(verify_timeout, bool) or not isinstance(verify_timeout, (int, float)) \
-            or not verify_timeout > 0:
-        raise UsageError(f"verify_timeout: expected seconds > 0 (an int or a float), but got "
-                         f"{verify_timeout!r}")
+    from ._sharded_job import check_timeout
+    check_timeout(verify_timeout)
     if _in_job():
         from ._sharded_job import check_job
         check_job(world_size, ranks)

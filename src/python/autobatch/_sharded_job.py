@@ -204,6 +204,20 @@ def _exchange(error, timeout):
     return failures
 
 
+# The longest verify_timeout: gloo refuses a timeout beyond about 1e13 s and datetime one beyond
+# 1e14 s, after the whole search; a million seconds (11.6 days) is more than any job waits.
+MAX_VERIFY_TIMEOUT_S = 1e6
+
+
+def check_timeout(verify_timeout):
+    """UsageError unless `verify_timeout` is finite seconds in (0, MAX_VERIFY_TIMEOUT_S]."""
+    if isinstance(verify_timeout, bool) or not isinstance(verify_timeout, (int, float)) \
+            or not 0 < verify_timeout <= MAX_VERIFY_TIMEOUT_S:
+        raise UsageError(f"verify_timeout: expected seconds > 0 and at most "
+                         f"{MAX_VERIFY_TIMEOUT_S:.0f} (an int or a float), but got "
+                         f"{verify_timeout!r}")
+
+
 def check_job(world_size, ranks):
     """UsageError for arguments that do not fit a running job: the world size is the job's, and
     each rank sizes itself."""

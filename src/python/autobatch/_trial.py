@@ -397,6 +397,13 @@ class EagerProbe:
         if keep is not None:
             keep.append(optimizer)
         done, total_ms = 0, 0.0
+        # A training loop's `x, y` (`for x, y in loader:`): each batch alive through its
+        # backward and optimizer step until the next one is made, as the C++ runner holds its
+        # inputs (trial_runner.cpp, held_inputs); released with the trial. Dropping it before
+        # backward undercounted what the loop holds there and is not saved for backward (the
+        # labels after the loss's backward: 8 bytes a sample put an MLP's answer 1 above the
+        # plain loop's B*, scripts/bench/race.py).
+        held = None
         for step in range(self.steps if steps is None else steps):
             if _core.trial_should_stop():  # the search's deadline or cancellation (row 15)
                 raise _TrialStopped(done, total_ms)
@@ -404,6 +411,7 @@ class EagerProbe:
             for micro in range(micro_batches):
                 self._enter("inputs", size, micro, step)
                 batch = make_batch(self.example, size, self.n0, self.device)
+                held = batch  # the previous batch goes now, after this one is made
                 output, loss = self.forward_loss(batch, size, micro, step)
                 if self.step is not None:
                     _check_loss(loss, self.step)

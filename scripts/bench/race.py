@@ -1,0 +1,319 @@
+"""The fair race (issue 44): every batch finder under the same exact memory budget, one run.
+
+Each finder runs in its own process whose CPU tensors all go through autobatch's budget allocator
+(`_core.Backend.cpu_budget(limit)`, installed before the model is built, so the model, its
+gradients, the optimizer state, the batches and every activation count), and whose refusal the
+peers take for out of memory: `_core.set_refusal_suffix` appends " (DefaultCPUAllocator: can't
+allocate memory: ...)" to it, the text both Lightning's `is_oom_error` and accelerate's
+`should_reduce_batch_size` match (tests/python/test_race.py calls both on a real refusal).
+`autobatch.find` installs the same allocator itself with `memory_limit=` the same bytes (the
+model's bytes are its baseline). The limit is exact and deterministic: no glibc heap, no oneDNN
+scratch outside the count, no RLIMIT_DATA.
+
+Finders (peers.py's, with margin 0 for all, 3 optimizer steps per trial, AdamW(lr=1e-3),
+cross-entropy, fp32):
+  lightning-binsearch, lightning-power  Tuner.scale_batch_size(mode=..., steps_per_trial=3,
+                                        init_val=2, margin=0.0, max_val=8192)
+  accelerate                            find_executable_batch_size(starting_batch_size=8192) around
+                                        the plain loop (x 0.9 after each out of memory)
+  autobatch                             autobatch.find(model, (x, y), step=<the same loss>,
+                                        margin=0.0, steps_per_trial=3, max_batch=8192,
+                                        memory_limit=<the budget>)
+B*: the user's own plain loop (peers.plain_steps: 3 steps, batch made per step, AdamW) in a fresh
+process under the same budget: B* fits and B*+1 does not, both checked in fresh processes.
+
+Usage: race.py [--models mlp gpt2 ...] [--timeout 300] [--md docs/benchmarks.md]
+       race.py child --finder F --model M [--batch B]   (one process; prints RESULT {json})
+Raw rows: build/bench-race/results.jsonl; the table between the `bench:race` markers of --md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+MIB = 1 << 20
+SUFFIX = (" (DefaultCPUAllocator: can't allocate memory: the budget allocator refused it; "
+          "autobatch's race harness)")
+
+# name: (constructor in this file, one sample's shape, int range of the inputs (0: floats),
+#        budget bytes). Budgets chosen so that 150 <= B* < 8192 (Lightning's max_val).
+RACE_MODELS = {
+    "mlp": ("mlp", "1024", 0, 160 * MIB),
+    "gpt2": ("gpt2", "64", 4000, 640 * MIB),
+    "llama": ("llama", "64", 4000, 640 * MIB),
+    "resnet50": ("resnet50", "3x32x32", 0, 900 * MIB),
+    "vit": ("vit", "3x32x32", 0, 1800 * MIB),
+}
+FINDERS = ["lightning-binsearch", "lightning-power", "accelerate", "autobatch"]
+
+
+def make(name):
+    """The race's models, built fresh (nothing downloaded)."""
+    import torch
+    torch.manual_seed(0)
+    if name == "mlp":
+        # 5.2M parameters, small activations (1024 wide, 4 layers): AdamW's step (the foreach
+        # implementation's temporaries beside the state) sets the peak up to a few hundred samples.
+        layers = []
+        for _ in range(4):
+            layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(1024, 1000))
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        return GPT2LMHeadModel(GPT2Config(vocab_size=4000, n_positions=64, n_embd=128, n_layer=2,
+                                          n_head=4, use_cache=False))
+    if name == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        return LlamaForCausalLM(LlamaConfig(vocab_size=4000, hidden_size=128,
+                                            intermediate_size=384, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2,
+                                            max_position_embeddings=64, use_cache=False))
+    import torchvision
+    if name == "resnet50":
+        return torchvision.models.resnet50(weights=None)
+    if name == "vit":
+        return torchvision.models.vit_b_16(weights=None, image_size=32)
+    raise SystemExit(f"race: unknown model {name}")
+
+
+# ---- one process ----------------------------------------------------------------------------
+
+def child(argv) -> int:
+    p = argparse.ArgumentParser(prog="race.py child")
+    p.add_argument("--finder", required=True, choices=[*FINDERS, "eager"])
+    p.add_argument("--model", required=True, choices=sorted(RACE_MODELS))
+    p.add_argument("--batch", type=int, default=0)
+    p.add_argument("--budget-mib", type=int, default=0, help="in place of the model's budget")
+    a = p.parse_args(argv)
+    t0 = time.time()
+    import torch
+    sys.path.insert(0, HERE)
+    import peers
+    from autobatch import _core
+
+    ctor, shape, int_high, budget = RACE_MODELS[a.model]
+    budget = a.budget_mib * MIB or budget
+    args = argparse.Namespace(model=ctor, shape=shape, int_high=int_high, precision="fp32",
+                              device="cpu", device_type="cpu", steps=3, batch=a.batch,
+                              start=8192, steps_per_trial=3)
+    peers.make_model = make  # peers' finders build the race's models
+    torch.manual_seed(0)
+    rec = peers.Recorder(3)
+    out = {"finder": a.finder, "model": a.model, "budget_bytes": budget,
+           "import_s": round(time.time() - t0, 2)}
+    backend = None
+    code = 0
+    try:
+        _core.set_refusal_suffix(SUFFIX)
+        if a.finder != "autobatch":  # autobatch.find installs the same allocator itself
+            backend = _core.Backend.cpu_budget(budget, 0)
+            backend.finish_setup(0)  # from here every CPU tensor counts: the model's too
+        if a.finder.startswith("lightning-"):
+            host_checkpoint(_core)
+            out.update(peers.run_lightning(args, rec, a.finder.split("-", 1)[1], margin=0.0))
+        elif a.finder == "accelerate":
+            out.update(peers.run_accelerate(args, rec, True))
+        elif a.finder == "autobatch":
+            out.update(run_autobatch(args, budget))
+        else:
+            out.update(peers.run_eager(args, rec))
+    except torch.OutOfMemoryError as e:
+        out.update(fits=False, error=f"OutOfMemoryError: {str(e)[:160]}")
+        code = 3
+    except Exception as e:  # noqa: BLE001  reported as the finder's row, whatever it is
+        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        code = 1
+    finally:
+        if backend is not None:
+            backend.remove()
+    for k, v in rec.summary().items():
+        out.setdefault(k, v)
+    out["wall_s"] = round(time.time() - t0, 2)
+    print("RESULT " + json.dumps(out), flush=True)
+    return code
+
+
+def host_checkpoint(core):
+    """Lightning's scale_batch_size saves the model to a checkpoint before its search and
+    restores it after (lightning/pytorch/tuner/batch_size_scaling.py, 2.6): host memory on a
+    GPU, not the device's. Here every tensor is a CPU tensor, so the checkpoint's save and its
+    load run outside the budget (`_core.Untracked`), else Lightning failed at its restore after
+    a search that had found its size (measured: raw max 746, then out of memory restoring)."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+    def host(fn):
+        def wrapped(*args, **kwargs):
+            with core.Untracked():
+                return fn(*args, **kwargs)
+        return wrapped
+    Trainer.save_checkpoint = host(Trainer.save_checkpoint)
+    _CheckpointConnector.restore = host(_CheckpointConnector.restore)
+
+
+def run_autobatch(args, budget):
+    import peers
+    import autobatch
+    import torch
+    model = make(args.model)
+    x, y = peers.make_batch(args, 1, "cpu")
+    t0 = time.time()
+    result = autobatch.find(model, (x, y), step=lambda m, b: peers.loss_of(m(b[0]), b[1]),
+                            optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
+                            memory_limit=budget, margin=0.0, steps_per_trial=3, max_batch=8192,
+                            progress=False)
+    trials = result.raw["trials"]
+    return {"found": result.safe_micro_batch, "raw_max": result.max_micro_batch,
+            "trials": len(trials), "search_s": round(time.time() - t0, 2),
+            "steps": sum(t.get("steps_completed", 0) + (t.get("outcome") != "fits")
+                         for t in trials),
+            "trial_sizes": [t["micro_batch_size"] for t in trials]}
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+def spawn(argv, timeout):
+    t0 = time.time()
+    try:
+        done = subprocess.run([sys.executable, __file__, "child", *argv], capture_output=True,
+                              text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s (killed)", "wall_s": round(time.time() - t0, 1)}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": f"exit {done.returncode}: {done.stderr[-300:]}",
+            "wall_s": round(time.time() - t0, 1)}
+
+
+def fits(model, batch, cache):
+    if batch not in cache:
+        r = spawn(["--finder", "eager", "--model", model, "--batch", str(batch)], 600)
+        if "fits" not in r:
+            raise SystemExit(f"race: the eager check of {model} at {batch} failed: {r}")
+        cache[batch] = r["fits"]
+        print(f"[race] {model}: eager loop at {batch}: {'fits' if r['fits'] else 'out of memory'}"
+              f" ({r['wall_s']} s)", file=sys.stderr, flush=True)
+    return cache[batch]
+
+
+def exact_b_star(model, guesses):
+    """B*: the largest micro-batch whose plain loop fits (B* fits, B*+1 does not), from the
+    finders' answers as first guesses, each check a fresh process."""
+    cache = {}
+    lo, hi = 0, None  # lo fits (0: nothing known), hi does not
+    for g in sorted({g for g in guesses if g}):
+        if fits(model, g, cache):
+            lo = max(lo, g)
+        else:
+            hi = g if hi is None else min(hi, g)
+            break
+    if lo and not fits(model, lo + 1, cache):
+        return lo, cache
+    lo = lo + 1 if lo else 1
+    while hi is None:  # above every answer: double
+        if fits(model, lo * 2, cache):
+            lo *= 2
+        else:
+            hi = lo * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(model, mid, cache):
+            lo = mid
+        else:
+            hi = mid
+    return lo, cache
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "child":
+        return child(sys.argv[2:])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", nargs="+", default=list(RACE_MODELS), choices=sorted(RACE_MODELS))
+    p.add_argument("--finders", nargs="+", default=FINDERS, choices=FINDERS)
+    p.add_argument("--timeout", type=int, default=300, help="seconds per finder")
+    p.add_argument("--md", default="", help="write the table between the bench:race markers")
+    p.add_argument("--jsonl", default=os.path.join(ROOT, "build", "bench-race", "results.jsonl"))
+    a = p.parse_args()
+    os.makedirs(os.path.dirname(a.jsonl), exist_ok=True)
+    t0 = time.time()
+    load0 = os.getloadavg()[0]
+    tables = []
+    for model in a.models:
+        rows = []
+        for finder in a.finders:
+            print(f"[race] {model}: {finder} ...", file=sys.stderr, flush=True)
+            r = spawn(["--finder", finder, "--model", model], a.timeout)
+            r.update(finder=finder, model=model)
+            rows.append(r)
+            print(f"[race] {model}: {finder}: {json.dumps(r)[:400]}", file=sys.stderr, flush=True)
+        b_star, checks = exact_b_star(model, [r.get("found") for r in rows] +
+                                      [r.get("raw_max") for r in rows])
+        for r in rows:
+            r["b_star"] = b_star
+            r["b_star_checks"] = {str(k): v for k, v in sorted(checks.items())}
+            with open(a.jsonl, "a") as f:
+                f.write(json.dumps(r) + "\n")
+        tables.append((model, b_star, rows))
+    text = render(tables, a, load0, os.getloadavg()[0], time.time() - t0)
+    print(text)
+    if a.md:
+        write_md(a.md, text)
+    return 0
+
+
+def render(tables, a, load0, load1, seconds):
+    command = "python scripts/bench/race.py " + " ".join(sys.argv[1:])
+    out = ["<!-- generated by scripts/bench/race.py; do not edit by hand -->",
+           f"Machine: {platform.system()} {platform.machine()}, {os.cpu_count()} cores; "
+           f"1-minute load {load0:.2f} at the start, {load1:.2f} at the end; {seconds:.0f} s in "
+           f"all. Command: `{command}`.", ""]
+    totals = {}
+    for model, b_star, rows in tables:
+        budget = RACE_MODELS[model][3]
+        out += [f"### {model} (budget {budget // MIB} MiB, B* {b_star})", "",
+                "| finder | answer | offset from B* | trials | steps | wall s | error |",
+                "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            found = r.get("found")
+            offset = f"{found - b_star:+d}" if isinstance(found, int) and found else "-"
+            out.append(f"| {r['finder']} | {found if found else '-'} | {offset} | "
+                       f"{r.get('trials', '-')} | {r.get('steps', '-')} | {r.get('wall_s', '-')} "
+                       f"| {r.get('error', '')[:120]} |")
+            t = totals.setdefault(r["finder"], [0, 0.0, 0])
+            t[0] += r.get("trials") or 0
+            t[1] += r.get("wall_s") or 0.0
+            t[2] += int(found == b_star)
+        out.append("")
+    base = totals.get("lightning-binsearch")
+    out += ["Summed over the table (exact: answers equal to B*):", "",
+            "| finder | exact rows | trials | wall s | trials / binsearch | wall / binsearch |",
+            "|---|---|---|---|---|---|"]
+    for finder, (trials, wall, exact) in totals.items():
+        ratio = (f"{trials / base[0]:.2f} | {wall / base[1]:.2f}" if base and base[0] and base[1]
+                 else "- | -")
+        out.append(f"| {finder} | {exact} of {len(tables)} | {trials} | {wall:.1f} | {ratio} |")
+    return "\n".join(out) + "\n"
+
+
+def write_md(path, text):
+    with open(path) as f:
+        doc = f.read()
+    begin, end = "<!-- bench:race:begin -->", "<!-- bench:race:end -->"
+    if begin not in doc:
+        raise SystemExit(f"race: {path} has no {begin} marker")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(path, "w") as f:
+        f.write(head + begin + "\n" + text + end + tail)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
