@@ -904,6 +904,36 @@ TEST(SearchTest, CapReachedQuicklyWhenEverythingFits) {
   }
 }
 
+// Issue 44: a max_batch far above the boundary must not change the walk. Catches the cap taken
+// for a failure: the bracket (low, cap + 1) never halved as guided fits came near the boundary,
+// so after two such fits the stall rule bisected towards the cap (ResNet-50 under a 900 MiB budget
+// fit 329 at its boundary, then tried 4261 and ten more failures down to 330).
+TEST(SearchTest, ACapFarAboveTheBoundaryChangesNoTrial) {
+  std::mt19937_64 rng(44);
+  int compared = 0;
+  for (int i = 0; i < 300; ++i) {
+    const MemoryModel model = testing::randomModel(rng, 20, 2000);
+    SearchOptions open = optionsFor(Strategy::kGuided);
+    SearchOptions capped = open;
+    capped.max_batch = 8 * model.threshold() + 8192;
+    const SearchResult a = findMaxBatch(probeFor(model), open);
+    const SearchResult b = findMaxBatch(probeFor(model), capped);
+    std::string walk_a;
+    std::string walk_b;
+    bool reached_cap = false;
+    for (const auto& t : a.trials) {
+      walk_a += std::to_string(t.request.micro_batch_size) + " ";
+      reached_cap = reached_cap || t.request.micro_batch_size >= capped.max_batch;
+    }
+    for (const auto& t : b.trials) walk_b += std::to_string(t.request.micro_batch_size) + " ";
+    if (reached_cap) continue;  // the open search went past the cap: walks may differ
+    ++compared;
+    EXPECT_EQ(walk_a, walk_b) << "model " << i << ", threshold " << model.threshold();
+    EXPECT_EQ(b.max_micro_batch, model.threshold()) << "model " << i;
+  }
+  EXPECT_GT(compared, 200);
+}
+
 // Issue 40, row 15: an 8-layer MLP of width 2048 on the CPU under --time-limit 10 stepped in 1.7 s
 // at batch 1 (first-step noise) and 0.9 s at batch 36, so the secant said nothing per sample and
 // the prediction fell to the overhead: a trial at 217,435 started and ran for minutes. Reported

@@ -17,8 +17,9 @@ cross-entropy, fp32):
   accelerate                            find_executable_batch_size(starting_batch_size=8192) around
                                         the plain loop (x 0.9 after each out of memory)
   autobatch                             autobatch.find(model, (x, y), step=<the same loss>,
-                                        margin=0.0, steps_per_trial=3, max_batch=8192,
-                                        memory_limit=<the budget>)
+                                        margin=0.0, steps_per_trial=3, min_batch=2 (as
+                                        Lightning's init_val; BatchNorm trains from 2),
+                                        max_batch=8192, memory_limit=<the budget>)
 B*: the user's own plain loop (peers.plain_steps: 3 steps, batch made per step, AdamW) in a fresh
 process under the same budget: B* fits and B*+1 does not, both checked in fresh processes.
 
@@ -46,8 +47,8 @@ SUFFIX = (" (DefaultCPUAllocator: can't allocate memory: the budget allocator re
 #        budget bytes). Budgets chosen so that 150 <= B* < 8192 (Lightning's max_val).
 RACE_MODELS = {
     "mlp": ("mlp", "1024", 0, 160 * MIB),
-    "gpt2": ("gpt2", "64", 4000, 640 * MIB),
-    "llama": ("llama", "64", 4000, 640 * MIB),
+    "gpt2": ("gpt2", "64", 4000, 900 * MIB),
+    "llama": ("llama", "64", 4000, 900 * MIB),
     "resnet50": ("resnet50", "3x32x32", 0, 900 * MIB),
     "vit": ("vit", "3x32x32", 0, 1800 * MIB),
 }
@@ -167,7 +168,8 @@ def run_autobatch(args, budget):
     t0 = time.time()
     result = autobatch.find(model, (x, y), step=lambda m, b: peers.loss_of(m(b[0]), b[1]),
                             optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
-                            memory_limit=budget, margin=0.0, steps_per_trial=3, max_batch=8192,
+                            memory_limit=budget, margin=0.0, steps_per_trial=3, min_batch=2,
+                            max_batch=8192,
                             progress=False)
     trials = result.raw["trials"]
     return {"found": result.safe_micro_batch, "raw_max": result.max_micro_batch,

@@ -388,7 +388,14 @@ std::int64_t GuidedStrategy::guidedNext(std::int64_t cap, std::int64_t low, std:
     pred = low + static_cast<std::int64_t>(kFarJumpFraction * static_cast<double>(pred - low));
   }
   std::int64_t x = 0;
-  if (high >= kUnbounded) {
+  // A bracket whose top is the user's cap (max_batch) has seen no failure above its low: it is
+  // as open as an unbounded one. Taken for a failure, its width never halved as the fits came
+  // near the boundary, and the stall rule bisected towards the cap (issue 44: ResNet-50 under a
+  // 900 MiB budget with max_batch 8192 fit 329 at the model's boundary, then tried 4261 and ten
+  // more failures down to 330).
+  // A model that puts the boundary past the cap goes to the cap itself (clamped below; issue 40
+  // row 16: a log-space bisection towards the cap crept up to it in 12 trials when all fit).
+  if (high >= kUnbounded || high > cap) {
     // pred in (0, low]: the model puts the boundary at the anchor; confirm it by low + 1.
     x = pred > low ? pred : (pred > 0 ? low + 1 : low * 4);
     x = std::max(x, gallop(low));
@@ -400,11 +407,6 @@ std::int64_t GuidedStrategy::guidedNext(std::int64_t cap, std::int64_t low, std:
     } else if (streak_ < 0 && streak_ >= -2 && high_failed_ && high > 8 * low) {
       // Out of memory far beyond the largest fit: an extrapolation from small probes failed.
       x = backOff(low, pred > low ? std::min(pred, high - 1) : high - 1);
-    } else if (pred >= high && high > cap && streak_ >= 0) {
-      // Nothing above the anchor failed: the bracket's top is the user's cap, not a contradiction,
-      // and the model puts the boundary past it: the cap itself (issue 40 row 16: a log-space
-      // bisection towards the cap crept up to it in 12 trials when everything fit).
-      x = top;
     } else if (pred >= high || (streak_ < 0 && streak_ <= -2)) {
       // The model puts the boundary at or above a batch that failed (contradicted: its limit or
       // slopes are wrong, e.g. under a real allocator's limit it cannot see), or a second failure
