@@ -5,7 +5,10 @@ ended with to OUT/rank-<r>.json.
   ok:   each rank sizes itself, the ranks agree, one real step verifies;
   fail: rank 1's verification step is made to fail on purpose (out of memory before its first
         collective), so rank 0 waits in FSDP2's all-gather: both must end with the ModelError
-        naming rank 1 within the verification's timeout, neither hangs.
+        naming rank 1 within the verification's timeout, neither hangs;
+  asym: rank 1 alone passes a bad verify_timeout: it refuses it, rank 0 names rank 1's error
+        as soon as its own search is done (no wait in new_group or at the store), and a second,
+        right call on both agrees and verifies.
 """
 import datetime
 import json
@@ -32,18 +35,30 @@ def main(out, mode):
         def failing(*args, **kwargs):
             raise torch.OutOfMemoryError("made to fail on purpose: rank 1's verification step")
         _sharded_job._lock_step = failing
+    def find(timeout):
+        return autobatch.find_sharded(tiny_models.ShardedMlp, tiny_models.shard_units,
+                                      tiny_models.sharded_mlp_batch(),
+                                      step=tiny_models.sharded_mlp_step,
+                                      optimizer=tiny_models.adamw, memory_limit="24MiB",
+                                      margin=0.15, device="cpu", target_batch=1024,
+                                      verify_timeout=timeout)
     t0 = time.monotonic()
+    doc = {}
+    if mode == "asym":  # rank 1 alone gives a bad argument, then both call again, rightly
+        try:
+            find(-1 if rank == 1 else TIMEOUT_S)
+            doc["first"] = "ok"
+        except autobatch.AutobatchError as e:
+            doc["first"] = f"{type(e).__name__}: {e}"
+        doc["first_seconds"] = time.monotonic() - t0
     try:
-        r = autobatch.find_sharded(tiny_models.ShardedMlp, tiny_models.shard_units,
-                                   tiny_models.sharded_mlp_batch(),
-                                   step=tiny_models.sharded_mlp_step, optimizer=tiny_models.adamw,
-                                   memory_limit="24MiB", margin=0.15, device="cpu",
-                                   target_batch=1024, verify_timeout=TIMEOUT_S)
-        doc = {"ok": True, "micro_batch": r.micro_batch, "own": r.result.safe_micro_batch,
-               "sharded": r.to_dict()}
+        r = find(TIMEOUT_S)
+        doc.update({"ok": True, "micro_batch": r.micro_batch, "own": r.result.safe_micro_batch,
+                    "sharded": r.to_dict()})
     except autobatch.AutobatchError as e:
-        doc = {"ok": False, "error": type(e).__name__, "message": str(e)}
+        doc.update({"ok": False, "error": type(e).__name__, "message": str(e)})
     doc["seconds"] = time.monotonic() - t0
+    doc["rank"] = rank
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(doc, f)
     dist.destroy_process_group()

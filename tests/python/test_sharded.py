@@ -275,13 +275,22 @@ def test_the_users_error_in_build_shard_or_init_leaves_unchanged_and_leaves_no_g
 # their own answers instead of the smallest, and a failed verification step that leaves the
 # other rank waiting in a collective (the job would hang until the group's timeout, 120 s here)
 # or ends it without naming the rank.
+# asym: a bad argument on one rank raised before the fake group's new_group (collective): the
+# other rank waited there until the store's timeout.
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ok", "fail"])
+@pytest.mark.parametrize("mode", ["ok", "fail", "asym"])
 def test_the_ranks_of_a_job_size_agree_and_verify_or_all_end(tmp_path, mode):
     import torchrun
-    done, ranks = torchrun.run(tmp_path, "sharded_job.py", mode, port_offset=41, timeout=300)
+    offset = {"ok": 41, "fail": 61, "asym": 81}[mode]
+    done, ranks = torchrun.run(tmp_path, "sharded_job.py", mode, port_offset=offset, timeout=300)
     assert done.returncode == 0 and len(ranks) == 2, done.stderr[-3000:]
-    if mode == "ok":
+    if mode == "asym":
+        by_rank = sorted(ranks, key=lambda r: r["rank"])
+        assert by_rank[1]["first"].startswith("UsageError: verify_timeout"), by_rank
+        assert "another rank did not size (rank 1: UsageError: verify_timeout" in \
+            by_rank[0]["first"], by_rank
+        assert by_rank[0]["first_seconds"] < 60, by_rank  # not the store's 120 s timeout
+    if mode in ("ok", "asym"):
         assert all(r["ok"] for r in ranks), ranks
         agreed = {r["micro_batch"] for r in ranks}
         assert len(agreed) == 1 and agreed.pop() == min(r["own"] for r in ranks) > 0, ranks

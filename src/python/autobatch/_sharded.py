@@ -267,11 +267,11 @@ def _build(build, shard, init, device, mesh, materialize=True):
 
 def _mesh(device, world_size):
     """The 1-D mesh of the fake default group, named so that it never stands for another mesh
-    over the same ranks (_sharded_job.FAKE_MESH)."""
+    over the same ranks (_sharded_job.mesh_names)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ._sharded_job import FAKE_MESH
-    return init_device_mesh(device.type, (world_size,), mesh_dim_names=FAKE_MESH)
+    from ._sharded_job import mesh_names
+    return init_device_mesh(device.type, (world_size,), mesh_dim_names=mesh_names("fake"))
 
 
 def reset_parameters(model):
@@ -387,6 +387,28 @@ def find_sharded(build, shard, example_batch, *, world_size=None, ranks=None, in
     raises for the sized rank, and the errors of build, shard and init unchanged (the group torn
     down first). Side effects: find()'s, for each rank sized.
     """
+    in_job = _in_job()
+    try:
+        world_size, sizes, ranks, init, device = _checked(build, shard, world_size, ranks, init,
+                                                          device, verify_timeout, options)
+    except UsageError as e:
+        if in_job:  # one rank's bad argument: it still joins the others' steps, then all raise
+            from ._sharded_job import join_and_raise
+            join_and_raise(e)
+        raise
+
+    if in_job:
+        return _size_in_job(build, shard, init, device, example_batch, world_size, ranks,
+                            verify_timeout, options)
+    if isinstance(world_size, (list, tuple)):
+        return ShardedTable([_size_world(w, build, shard, init, device, example_batch, ranks,
+                                         options) for w in sizes])
+    return _size_world(sizes[0], build, shard, init, device, example_batch, ranks, options)
+
+
+def _checked(build, shard, world_size, ranks, init, device, verify_timeout, options):
+    """find_sharded's arguments checked (UsageError for a bad one): (world_size, the world sizes
+    in order, ranks, init, device)."""
     if "world_size" in options or "ddp" in options:
         raise UsageError("find_sharded: world_size is the job's (the fake group's), given once; "
                          "ddp does not apply to a sharded model")
@@ -434,14 +456,7 @@ def find_sharded(build, shard, example_batch, *, world_size=None, ranks=None, in
         if not ranks or any(r >= min(sizes) for r in ranks):
             raise UsageError(f"ranks: expected a non-empty list of ranks below every world size "
                              f"({min(sizes)}), but got {ranks!r}")
-
-    if _in_job():
-        return _size_in_job(build, shard, init, device, example_batch, world_size, ranks,
-                            verify_timeout, options)
-    if isinstance(world_size, (list, tuple)):
-        return ShardedTable([_size_world(w, build, shard, init, device, example_batch, ranks,
-                                         options) for w in sizes])
-    return _size_world(sizes[0], build, shard, init, device, example_batch, ranks, options)
+    return world_size, sizes, ranks, init, device
 
 
 def _in_job():

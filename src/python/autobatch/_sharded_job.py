@@ -38,9 +38,14 @@ _ROUNDS = itertools.count()  # each verification has its own store keys
 # whatever their process groups, unless their names differ, and torch keeps meshes in tables
 # keyed by them: an unnamed mesh over the real group got the fake mesh back, so the verification's
 # parameters carried the fake group (measured: "Could not resolve the process group registered
-# under the name 1" once it was destroyed). Names of our own keep every mesh apart.
-FAKE_MESH = ("autobatch_fake",)
-VERIFY_MESH = ("autobatch_verify",)
+# under the name 1" once it was destroyed), and a second find_sharded call in one job got the
+# first call's destroyed fake group back the same way. Every mesh of ours has a name of its own.
+_MESHES = itertools.count()
+
+
+def mesh_names(kind):
+    """A 1-D mesh's dimension names no other mesh has: ("autobatch_<kind>_<n>",)."""
+    return (f"autobatch_{kind}_{next(_MESHES)}",)
 
 
 def size_on_job(build_on, example_batch, options, device, verify_timeout):
@@ -62,9 +67,27 @@ def size_on_job(build_on, example_batch, options, device, verify_timeout):
         _fsdp.forget_meshes()  # else the verification's parameters would carry the fake mesh
     from torch.distributed.device_mesh import DeviceMesh
     verify(lambda group: build_on(DeviceMesh.from_group(group, device.type,
-                                                        mesh_dim_names=VERIFY_MESH)),
+                                                        mesh_dim_names=mesh_names("verify"))),
            example_batch, options, device, agreed, verify_timeout)
     return result, agreed
+
+
+def join_and_raise(error, who="find_sharded"):
+    """A rank that refused its own arguments still takes the steps every rank takes before the
+    verification (the fake group's creation, which is collective, and the agreement), so the
+    others are not left waiting in new_group or at the store; the agreement then fails on every
+    rank: this one raises `error`, the others an error naming this rank and it."""
+    dist = torch.distributed
+    importlib.import_module("torch.testing._internal.distributed.fake_pg")
+    fake = dist.new_group(backend="fake")
+
+    def search():
+        raise error
+    try:
+        search_and_agree(search, dist.get_world_size(), None, who)
+    finally:
+        dist.destroy_process_group(fake)
+    raise error  # not reached: the agreement fails with this rank's -1
 
 
 def _size_and_agree(build_on, fake, example_batch, options, device, n):
@@ -72,7 +95,8 @@ def _size_and_agree(build_on, fake, example_batch, options, device, n):
     from torch.distributed.device_mesh import DeviceMesh
 
     def search():
-        model = build_on(DeviceMesh.from_group(fake, device.type, mesh_dim_names=FAKE_MESH))
+        model = build_on(DeviceMesh.from_group(fake, device.type,
+                                               mesh_dim_names=mesh_names("fake")))
         try:
             with _find.collectives_never_wait():
                 return _find.find(model, example_batch, world_size=n, device=device, **options)
