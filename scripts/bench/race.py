@@ -163,8 +163,21 @@ def run_autobatch(args, budget):
     import peers
     import autobatch
     import torch
+    from autobatch import _trial
     model = make(args.model)
     x, y = peers.make_batch(args, 1, "cpu")
+    # Our own per-trial cost: each probe call's wall time less its steps' own time (the steps are
+    # timed inside the trial; the rest is the trial's setup, the optimizer built, the weights put
+    # back, the caches emptied, Python's glue).
+    timed = []
+    probe = _trial.EagerProbe.stopping_at_model_error
+
+    def timing(self, size, micro_batches):
+        t = time.perf_counter()
+        record = probe(self, size, micro_batches)
+        timed.append((size, (time.perf_counter() - t) * 1000.0, record))
+        return record
+    _trial.EagerProbe.stopping_at_model_error = timing
     t0 = time.time()
     result = autobatch.find(model, (x, y), step=lambda m, b: peers.loss_of(m(b[0]), b[1]),
                             optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
@@ -172,7 +185,13 @@ def run_autobatch(args, budget):
                             max_batch=8192,
                             progress=False)
     trials = result.raw["trials"]
+    overhead = [(size, wall - r.get("step_ms", 0.0) * r.get("steps_completed", 0))
+                for size, wall, r in timed if r.get("outcome", "fits") == "fits"]
+    at_answer = next((r.get("step_ms", 0.0) for size, _, r in timed
+                      if size == result.max_micro_batch), 0.0)
     return {"found": result.safe_micro_batch, "raw_max": result.max_micro_batch,
+            "overhead_ms": [round(o, 1) for _, o in overhead],
+            "step_ms_at_answer": round(at_answer, 1),
             "trials": len(trials), "search_s": round(time.time() - t0, 2),
             "steps": sum(t.get("steps_completed", 0) + (t.get("outcome") != "fits")
                          for t in trials),
