@@ -150,12 +150,8 @@ def sharded_table(doc, out_path) -> None:
             ax.annotate(f"{p['micro_batch_size']} x {p['accumulation_steps']}",
                         (i + 0.2, r["safe_micro_batch"]), ha="center", va="bottom", fontsize=8)
     labels = [f"{r['world_size']}\nrank {r['binding_rank']}" for r in rows]
-    ax.set_xticks(list(x), labels, fontsize=8)
-    ax.set_xlabel("world size (the binding rank)")
-    ax.set_ylabel("micro-batch (samples per rank)")
-    ax.set_title("find_sharded: per rank, along the world size (plan: micro-batch x steps)")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
+    world_size_axes(ax, labels, "micro-batch (samples per rank)",
+                    "find_sharded: per rank, along the world size (plan: micro-batch x steps)")
     parts = (("parameter_bytes", "parameter shard (padded)"), ("gradient_bytes", "gradients"),
              ("optimizer_state_bytes", "optimizer state"))
     for k, (key, name) in enumerate(parts):
@@ -164,15 +160,20 @@ def sharded_table(doc, out_path) -> None:
             rank = next(x for x in r["ranks"] if x["rank"] == r["binding_rank"])
             values.append(rank.get(key, 0) / (1 << 20))
         state.bar([i + (k - 1) * 0.27 for i in x], values, 0.27, label=name)
-    state.set_xticks(list(x), labels, fontsize=8)
-    state.set_xlabel("world size (the binding rank)")
-    state.set_ylabel("MiB on the rank")
-    state.set_title("the rank's sharded state")
-    state.grid(alpha=0.3, axis="y")
-    state.legend(fontsize=8)
+    world_size_axes(state, labels, "MiB on the rank", "the rank's sharded state")
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
     print(f"plot_report: wrote {out_path}")
+
+
+def world_size_axes(ax, labels, ylabel, title) -> None:
+    """A panel with one column per world size: ticks, labels, grid and legend."""
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xlabel("world size (the binding rank)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
 
 
 if __name__ == "__main__":

@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import gc
 import inspect
-import json
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
-from . import _core
 from ._errors import UsageError
 from ._find import find
-from ._options import _checked_device
-from ._ranks import search_and_agree
+from ._options import _device_of
+from ._ranks import plan_at, search_and_agree
 from ._result import Plan, Result
 from ._sharded_job import check_timeout
 from ._state import ModelState
@@ -129,7 +127,7 @@ def find_ddp(model, example_batch, *, ddp_kwargs=None, verify_timeout=120, **opt
     result, agreed = search_and_agree(search, n, None, "find_ddp")
     options, device = checked["options"], checked["device"]
     _verify(model, example_batch, checked["kwargs"], options, device, agreed, verify_timeout)
-    plan = _plan(agreed, options, n)
+    plan = plan_at(agreed, options, n)
     out = JobResult(rank, n, agreed, plan, result)
     result.raw["job"] = out.to_dict()
     return out
@@ -147,7 +145,7 @@ def _checked(model, ddp_kwargs, verify_timeout, options):
     check_timeout(verify_timeout)
     kwargs = _ddp_kwargs(ddp_kwargs, model)
     options = dict(options)
-    device = _checked_device(options.pop("device", None) or _model_device(model))
+    device = _device_of(model, options.pop("device", None))
     if device.type != "cuda" and kwargs.get("device_ids") is not None:
         raise UsageError(f"ddp_kwargs: device_ids is for a module on one CUDA device, and this "
                          f"one is on {device}; drop device_ids (DDP takes none for a CPU module)")
@@ -211,11 +209,6 @@ def _check_value(key, value):
                          f"got {value!r}")
 
 
-def _model_device(model):
-    p = next(iter(model.parameters()), None)
-    return p.device if p is not None else torch.device("cpu")
-
-
 def _verify(model, example_batch, kwargs, options, device, micro_batch, timeout_s):
     """The real lock-step DDP step (_sharded_job.verify), the module put back after it."""
     from torch.nn.parallel import DistributedDataParallel
@@ -236,12 +229,3 @@ def _verify(model, example_batch, kwargs, options, device, micro_batch, timeout_
         wrapped.clear()  # the reducer's buckets and hooks go with the wrapper
         gc.collect()
         state.restore()
-
-
-def _plan(micro_batch, options, world_size):
-    target = options.get("target_batch")
-    if not target:
-        return None
-    doc = json.loads(_core.plan(micro_batch, int(target), world_size, options.get("plan", "auto")))
-    return Plan.from_json(doc[doc["primary"]])
-

@@ -79,3 +79,11 @@ def _gather(value, note="", device=None):
         v, _, n = store.get(k).decode(errors="replace").partition("|")
         out.append((int(v), n))
     return out
+
+
+def plan_at(micro_batch, options, world_size):
+    """The plan for find()'s target_batch in `options` at the agreed micro-batch over the job's
+    ranks (None without a target): autobatch.plan, the library's planner."""
+    from . import plan
+    target = options.get("target_batch")
+    return plan(micro_batch, target, world_size, options.get("plan", "auto")) if target else None

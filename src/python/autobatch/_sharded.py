@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from typing import List, Optional
 
 import torch
 
-from . import _core, _fsdp
+from . import _fsdp
 from ._errors import UsageError
 from ._find import _check_arity, find
 from ._options import _checked_device, _count, _target
@@ -479,11 +478,8 @@ def _size_in_job(build, shard, init, device, example_batch, world_size, ranks, t
         padded_local[:] = [padded, sum(local_bytes(params, n, rank))]
         return model
     result, agreed = size_on_job(build_on, example_batch, options, device, timeout)
-    target = _target(options.get("target_batch"))
-    plan = None
-    if target:
-        doc = json.loads(_core.plan(agreed, target, n, options.get("plan", "auto")))
-        plan = Plan.from_json(doc[doc["primary"]])
+    from ._ranks import plan_at
+    plan = plan_at(agreed, options, n)
     out = ShardedResult(n, rank, [RankResult(rank, [rank], *padded_local, result)], [],
                         agreed_micro_batch=agreed, agreed_plan=plan)
     out.result.raw["sharded"] = out.to_dict()
