@@ -203,9 +203,11 @@ def run_lightning(args, rec: Recorder, mode: str | None, margin: float | None = 
             return {"fits": rec.done.get(args.batch, 0) >= args.steps}
         trainer = pl.Trainer(max_epochs=1, **common)
         extra = {} if margin is None else {"margin": margin}
-        found = Tuner(trainer).scale_batch_size(Lit(2), mode=mode, steps_per_trial=3, init_val=2,
+        lit = Lit(2)
+        t0 = time.time()  # the finder's call alone (search_s), as the race times every finder
+        found = Tuner(trainer).scale_batch_size(lit, mode=mode, steps_per_trial=3, init_val=2,
                                                 **extra)
-        return {"found": found}
+        return {"found": found, "search_s": round(time.time() - t0, 2)}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -226,7 +228,9 @@ def run_accelerate(args, rec: Recorder, search: bool) -> dict:
     if not search:
         train(args.batch)
         return {"fits": True}
-    return {"found": find_executable_batch_size(train, starting_batch_size=args.start)()}
+    t0 = time.time()
+    found = find_executable_batch_size(train, starting_batch_size=args.start)()
+    return {"found": found, "search_s": round(time.time() - t0, 2)}
 
 
 def autobatch_python_options(args) -> dict:

@@ -20,6 +20,19 @@ cross-entropy, fp32):
                                         margin=0.0, steps_per_trial=3, min_batch=2 (as
                                         Lightning's init_val; BatchNorm trains from 2),
                                         max_batch=8192, memory_limit=<the budget>)
+  cli                                   the command on the model's TorchScript archive (exported
+                                        once into build/bench-race/models/, not timed):
+                                        autobatch --model M.pt --device cpu --memory-limit <the
+                                        budget>B --margin 0 --min-batch 2 --max-batch 8192
+                                        --steps-per-trial 3 --optimizer adamw --keep-output no
+                                        (the loop drops its output before backward)
+Times: "search s" is the finder's call alone (Lightning's scale_batch_size, accelerate's
+decorated function, autobatch.find, the command's whole process), "wall s" the finder's process
+from its first import (imports and the model's construction: the same for every finder but the
+command, whose wall is its process). autobatch's rows also give its own cost per fitting trial
+(the probe's wall less its steps' time: the optimizer built, the weights put back, the glue), as
+a share of the step at the answer, and the floor: what its trials at B* (a fit) and B*+1 (out of
+memory) took, which no exact finder with the same steps per trial can skip.
 B*: the user's own plain loop (peers.plain_steps: 3 steps, batch made per step, AdamW) in a fresh
 process under the same budget: B* fits and B*+1 does not, both checked in fresh processes.
 
@@ -52,7 +65,7 @@ RACE_MODELS = {
     "resnet50": ("resnet50", "3x32x32", 0, 900 * MIB),
     "vit": ("vit", "3x32x32", 0, 1800 * MIB),
 }
-FINDERS = ["lightning-binsearch", "lightning-power", "accelerate", "autobatch"]
+FINDERS = ["lightning-binsearch", "lightning-power", "accelerate", "autobatch", "cli"]
 
 
 def make(name):
@@ -113,10 +126,13 @@ def child(argv) -> int:
     code = 0
     try:
         _core.set_refusal_suffix(SUFFIX)
-        if a.finder != "autobatch":  # autobatch.find installs the same allocator itself
+        # autobatch.find installs the same allocator itself; the command is a process of its own.
+        if a.finder not in ("autobatch", "cli"):
             backend = _core.Backend.cpu_budget(budget, 0)
             backend.finish_setup(0)  # from here every CPU tensor counts: the model's too
-        if a.finder.startswith("lightning-"):
+        if a.finder == "cli":
+            out.update(run_cli(a.model, budget))
+        elif a.finder.startswith("lightning-"):
             host_checkpoint(_core)
             out.update(peers.run_lightning(args, rec, a.finder.split("-", 1)[1], margin=0.0))
         elif a.finder == "accelerate":
@@ -136,7 +152,7 @@ def child(argv) -> int:
             backend.remove()
     for k, v in rec.summary().items():
         out.setdefault(k, v)
-    out["wall_s"] = round(time.time() - t0, 2)
+    out.setdefault("wall_s", round(time.time() - t0, 2))  # the command's: its own process
     print("RESULT " + json.dumps(out), flush=True)
     return code
 
@@ -189,10 +205,67 @@ def run_autobatch(args, budget):
                 for size, wall, r in timed if r.get("outcome", "fits") == "fits"]
     at_answer = next((r.get("step_ms", 0.0) for size, _, r in timed
                       if size == result.max_micro_batch), 0.0)
+    # The floor: the fit at the answer and the failure one above it, which every exact finder
+    # running the same steps must pay.
+    floor = sum(wall for size, wall, _ in timed
+                if size in (result.max_micro_batch, result.max_micro_batch + 1))
+    search_s = time.time() - t0
     return {"found": result.safe_micro_batch, "raw_max": result.max_micro_batch,
             "overhead_ms": [round(o, 1) for _, o in overhead],
             "step_ms_at_answer": round(at_answer, 1),
-            "trials": len(trials), "search_s": round(time.time() - t0, 2),
+            "floor_s": round(floor / 1000.0, 2),
+            # find()'s own time outside its trials: the snapshot, the checks, the report
+            "setup_ms": round(search_s * 1000.0 - sum(wall for _, wall, _ in timed), 1),
+            "trials": len(trials), "search_s": round(search_s, 2),
+            "steps": sum(t.get("steps_completed", 0) + (t.get("outcome") != "fits")
+                         for t in trials),
+            "trial_sizes": [t["micro_batch_size"] for t in trials]}
+
+
+def archive(model):
+    """The model's TorchScript archive for the command (exported once per torch version; the
+    export is the user's step before the search, not timed)."""
+    import torch
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from autobatch_export import export
+    ctor, shape, int_high, _ = RACE_MODELS[model]
+    folder = os.path.join(ROOT, "build", "bench-race", "models")
+    path = os.path.join(folder, f"{model}-torch{torch.__version__}.pt")
+    if os.path.exists(path):
+        return path
+    os.makedirs(folder, exist_ok=True)
+    dims = [int(d) for d in shape.split("x")]
+    net = make(ctor)
+    if int_high:  # transformers models: keyword input_ids, logits [B, L, V], a target per token
+        export(net, path + ".tmp", {"input_ids": torch.randint(0, int_high, (2, *dims))},
+               loss="cross-entropy", int_high={0: int_high})
+    else:
+        export(net, path + ".tmp", (torch.randn(2, *dims),), loss="cross-entropy")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def run_cli(model, budget):
+    from autobatch_export import find_cli
+    path = archive(model)
+    cli = find_cli()
+    if cli is None:
+        raise RuntimeError("no autobatch executable: build it with scripts/build.sh")
+    report = os.path.join(ROOT, "build", "bench-race", f"cli-{model}.json")
+    command = [cli, "--model", path, "--device", "cpu", "--memory-limit", f"{budget}B",
+               "--margin", "0", "--min-batch", "2", "--max-batch", "8192",
+               "--steps-per-trial", "3", "--optimizer", "adamw", "--lr", "1e-3",
+               "--keep-output", "no", "--quiet", "--json", report]
+    t0 = time.time()
+    done = subprocess.run(command, capture_output=True, text=True)
+    wall = round(time.time() - t0, 2)
+    if done.returncode != 0:
+        raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip()[-300:]}")
+    with open(report) as f:
+        doc = json.load(f)
+    trials = doc["trials"]
+    return {"found": doc["result"]["safe_micro_batch"], "raw_max": doc["result"]["max_micro_batch"],
+            "trials": len(trials), "search_s": wall, "wall_s": wall,
             "steps": sum(t.get("steps_completed", 0) + (t.get("outcome") != "fits")
                          for t in trials),
             "trial_sizes": [t["micro_batch_size"] for t in trials]}
@@ -297,30 +370,54 @@ def render(tables, a, load0, load1, seconds):
            f"1-minute load {load0:.2f} at the start, {load1:.2f} at the end; {seconds:.0f} s in "
            f"all. Command: `{command}`.", ""]
     totals = {}
+    ours = []  # autobatch's own cost per model
     for model, b_star, rows in tables:
         budget = RACE_MODELS[model][3]
         out += [f"### {model} (budget {budget // MIB} MiB, B* {b_star})", "",
-                "| finder | answer | offset from B* | trials | steps | wall s | error |",
-                "|---|---|---|---|---|---|---|"]
+                "| finder | answer | offset from B* | trials | steps | search s | wall s | error |",
+                "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             found = r.get("found")
             offset = f"{found - b_star:+d}" if isinstance(found, int) and found else "-"
             out.append(f"| {r['finder']} | {found if found else '-'} | {offset} | "
-                       f"{r.get('trials', '-')} | {r.get('steps', '-')} | {r.get('wall_s', '-')} "
+                       f"{r.get('trials', '-')} | {r.get('steps', '-')} | "
+                       f"{r.get('search_s', '-')} | {r.get('wall_s', '-')} "
                        f"| {r.get('error', '')[:120]} |")
-            t = totals.setdefault(r["finder"], [0, 0.0, 0])
+            t = totals.setdefault(r["finder"], [0, 0.0, 0.0, 0])
             t[0] += r.get("trials") or 0
-            t[1] += r.get("wall_s") or 0.0
-            t[2] += int(found == b_star)
+            t[1] += r.get("search_s") or 0.0
+            t[2] += r.get("wall_s") or 0.0
+            t[3] += int(found == b_star)
+            if r["finder"] == "autobatch" and r.get("step_ms_at_answer"):
+                ours.append((model, r))
         out.append("")
     base = totals.get("lightning-binsearch")
     out += ["Summed over the table (exact: answers equal to B*):", "",
-            "| finder | exact rows | trials | wall s | trials / binsearch | wall / binsearch |",
-            "|---|---|---|---|---|---|"]
-    for finder, (trials, wall, exact) in totals.items():
-        ratio = (f"{trials / base[0]:.2f} | {wall / base[1]:.2f}" if base and base[0] and base[1]
-                 else "- | -")
-        out.append(f"| {finder} | {exact} of {len(tables)} | {trials} | {wall:.1f} | {ratio} |")
+            "| finder | exact rows | trials | search s | wall s | trials / binsearch "
+            "| search / binsearch | wall / binsearch |", "|---|---|---|---|---|---|---|---|"]
+
+    def ratio(value, of):
+        return f"{value / of:.2f}" if of else "-"
+    for finder, (trials, search, wall, exact) in totals.items():
+        ratios = (" | ".join(ratio(v, b) for v, b in zip((trials, search, wall), base[:3]))
+                  if base else "- | - | -")
+        out.append(f"| {finder} | {exact} of {len(tables)} | {trials} | {search:.1f} | "
+                   f"{wall:.1f} | {ratios} |")
+    if ours:
+        out += ["", "autobatch's own cost (a fitting trial's wall less its steps' time; setup: "
+                "find()'s time outside its trials) and its floor (its trials at B* and B*+1):", "",
+                "| model | step ms at the answer | own ms per fitting trial (largest) | share of "
+                "the step | setup ms | floor s |", "|---|---|---|---|---|---|"]
+        floor = 0.0
+        for model, r in ours:
+            worst = max(r.get("overhead_ms") or [0.0])
+            floor += r.get("floor_s", 0.0)
+            out.append(f"| {model} | {r['step_ms_at_answer']} | {worst} | "
+                       f"{100.0 * worst / r['step_ms_at_answer']:.1f}% | {r.get('setup_ms', '-')} "
+                       f"| {r.get('floor_s', '-')} |")
+        if base and base[1]:
+            out += ["", f"The floor summed: {floor:.1f} s, {floor / base[1]:.2f} of Lightning "
+                    "binsearch's search time."]
     return "\n".join(out) + "\n"
 
 

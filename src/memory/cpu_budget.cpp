@@ -429,7 +429,7 @@ class CpuBudgetBackend final : public MemoryBackend {
   void finishSetup(std::int64_t untracked_model_bytes) override {
     BudgetAllocator& budget = BudgetAllocator::instance();
     budget.addExternal(untracked_model_bytes);
-    releaseCaches();  // the headroom and the guard's baseline are both read from a trimmed heap
+    trimHeap();  // the headroom and the guard's baseline are both read from a trimmed heap
     if (guard_) budget.underLock([this] { guard_->setBaseline(); });
     measureHeadroom();
     held_bytes_ = budget.current();
@@ -459,11 +459,16 @@ class CpuBudgetBackend final : public MemoryBackend {
     }
     return peaks;
   }
-  // glibc keeps freed chunks; a cgroup counts them. Each trial starts from the same resident set.
+  // glibc keeps freed chunks; a cgroup counts them. Where the process's own room binds (no
+  // --memory-limit, or one above half of what the process can use), each trial starts from the
+  // same resident set: the guard compares that set with the kernel's limit. Under a smaller
+  // explicit limit the resident set cannot come near the room (the tensors' peak is the limit),
+  // and trimming only cost time: 20-60 ms a trial, 5-8% of a step at the answer (issue 44,
+  // scripts/bench/race.py on GPT-2 and the MLP), plus the next trial's page faults.
+  // tests/cpu_budget_test.cpp.
   void releaseCaches() override {
-#if defined(__GLIBC__)
-    malloc_trim(0);
-#endif
+    if (explicit_limit_ > 0 && explicit_limit_ <= usableBytes() / 2) return;
+    trimHeap();
   }
   void synchronize() override {}
   std::vector<std::string> limitWarnings() const override {
@@ -523,6 +528,12 @@ class CpuBudgetBackend final : public MemoryBackend {
       default_headroom_ = headroom.bytes;
       source_ = headroom.source.empty() ? "no system limit found" : headroom.source;
     }
+  }
+
+  static void trimHeap() {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
   }
 
   // What the process can use: the room left at the last measurement plus the tensors held then.

@@ -144,6 +144,20 @@ def test_out_of_memory_frees_the_failed_step():
     assert again.peak_bytes == first.peak_bytes
 
 
+# Catches: a trial that ran out of memory after whole steps reporting none of them (the command's
+# record counts them, trial_runner.cpp; scripts/bench/race.py's step counts of find() and the
+# command differed by one a failure). AdamW's state arrives with step 0's optimizer step, so the
+# failure one above the answer comes in step 1, after one whole step.
+def test_out_of_memory_record_counts_the_steps_before_it():
+    model, x = tiny_models.mlp()
+    result = autobatch.find(model, x, optimizer=adamw, memory_limit="48MiB", steps_per_trial=3,
+                            margin=0.0)
+    above = [t for t in result.trials if t.micro_batch_size == result.max_micro_batch + 1]
+    assert above and above[0].outcome == "out-of-memory"
+    assert above[0].steps_completed == 1, above[0]
+    assert all(t.steps_completed == 3 for t in result.trials if t.outcome == "fits")
+
+
 # Catches: a LoRA model whose frozen base weights get gradients or optimizer state in the trial
 # (the optimizer built over all parameters, requires_grad ignored).
 def test_peft_lora_trains_only_its_adapters():

@@ -353,6 +353,9 @@ class EagerProbe:
         self.zero_grad = "none"  # "zeros": zero_grad(set_to_none=False), the gradients kept
         self.kept_grads = False  # the evaluation's training state holds the gradients
         self.keep_output = False  # True: the model's output alive through backward
+        # Whole steps the running trial finished: a failed trial's record counts them, as the
+        # command's does (trial_runner.cpp).
+        self.steps_done = 0
 
     def cancel(self):
         return self.interrupted or self.stopped_by is not None
@@ -397,6 +400,7 @@ class EagerProbe:
         if keep is not None:
             keep.append(optimizer)
         done, total_ms = 0, 0.0
+        self.steps_done = 0
         # A training loop's `x, y` (`for x, y in loader:`): each batch alive through its
         # backward and optimizer step until the next one is made, as the C++ runner holds its
         # inputs (trial_runner.cpp, held_inputs); released with the trial. Dropping it before
@@ -439,6 +443,7 @@ class EagerProbe:
             self.meter.synchronize()  # the step's queued kernels, once per step (CUDA)
             total_ms += (time.perf_counter() - t0) * 1000.0
             done += 1
+            self.steps_done = done
         return done, total_ms
 
     def buckets(self, size):
@@ -485,6 +490,7 @@ class EagerProbe:
         self.count += 1
         record = {"memory_limit_bytes": self.meter.limit_bytes(), "steps_completed": 0}
         failure, error = None, None
+        self.steps_done = 0
         self.meter.begin()
         try:
             _core.interrupt_active(True)  # CPU allocations of the steps ask the deadline (row 15)
@@ -511,6 +517,7 @@ class EagerProbe:
             else:
                 if _core.is_fatal(str(e)):
                     self.meter.mark_poisoned()
+                record["steps_completed"] = self.steps_done
                 failure = self._failure(e)
                 traceback.clear_frames(e.__traceback__)
                 if failure["kind"] not in ("out-of-memory", "size-limit"):
