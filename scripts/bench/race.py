@@ -36,8 +36,10 @@ memory) took, which no exact finder with the same steps per trial can skip.
 B*: the user's own plain loop (peers.plain_steps: 3 steps, batch made per step, AdamW) in a fresh
 process under the same budget: B* fits and B*+1 does not, both checked in fresh processes.
 
-Usage: race.py [--models mlp gpt2 ...] [--timeout 300] [--md docs/benchmarks.md]
-       race.py child --finder F --model M [--batch B]   (one process; prints RESULT {json})
+Usage: race.py [--models mlp gpt2 ...] [--device cpu|cuda] [--timeout 300] [--md docs/benchmarks.md]
+       race.py child --finder F --model M [--device D] [--batch B]   (prints RESULT {json})
+On a GPU (--device cuda; scripts/device/race.sh) every finder gets the whole card and meets real
+CUDA out of memory: no allocator of ours, no suffix; the models are larger (CUDA_MODELS).
 Raw rows: build/bench-race/results.jsonl; the table between the `bench:race` markers of --md.
 """
 from __future__ import annotations
@@ -65,10 +67,25 @@ RACE_MODELS = {
     "resnet50": ("resnet50", "3x32x32", 0, 900 * MIB),
     "vit": ("vit", "3x32x32", 0, 1800 * MIB),
 }
+# On a GPU (--device cuda): the whole card, no harness (every finder meets the caching allocator's
+# real CUDA out of memory, which every one of them takes for out of memory), and models large
+# enough that 150 <= B* < 8192 on a card of about 139 GiB (an H200): GPT-2 small at 512 tokens,
+# ResNet-50 at 128x128, ViT-B/16 at 224x224. Sizes estimated, not yet run (no GPU lent so far).
+CUDA_MODELS = {
+    "gpt2": ("gpt2_small", "512", 50257, 0),
+    "resnet50": ("resnet50", "3x128x128", 0, 0),
+    "vit": ("vit", "3x224x224", 0, 0),
+}
 FINDERS = ["lightning-binsearch", "lightning-power", "accelerate", "autobatch", "cli"]
 
 
-def make(name):
+def models_on(device):
+    """The race's models on `device`: name -> (constructor, one sample's shape, int range of the
+    inputs (0: floats), budget bytes (0: the whole card))."""
+    return CUDA_MODELS if device == "cuda" else RACE_MODELS
+
+
+def make(name, image_size=32):
     """The race's models, built fresh (nothing downloaded)."""
     import torch
     torch.manual_seed(0)
@@ -79,6 +96,9 @@ def make(name):
         for _ in range(4):
             layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
         return torch.nn.Sequential(*layers, torch.nn.Linear(1024, 1000))
+    if name == "gpt2_small":  # the published GPT-2 small's shape (124M parameters)
+        from transformers import GPT2Config, GPT2LMHeadModel
+        return GPT2LMHeadModel(GPT2Config(n_positions=512, use_cache=False))
     if name == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
         return GPT2LMHeadModel(GPT2Config(vocab_size=4000, n_positions=64, n_embd=128, n_layer=2,
@@ -93,7 +113,7 @@ def make(name):
     if name == "resnet50":
         return torchvision.models.resnet50(weights=None)
     if name == "vit":
-        return torchvision.models.vit_b_16(weights=None, image_size=32)
+        return torchvision.models.vit_b_16(weights=None, image_size=image_size)
     raise SystemExit(f"race: unknown model {name}")
 
 
@@ -103,6 +123,7 @@ def child(argv) -> int:
     p = argparse.ArgumentParser(prog="race.py child")
     p.add_argument("--finder", required=True, choices=[*FINDERS, "eager"])
     p.add_argument("--model", required=True, choices=sorted(RACE_MODELS))
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--batch", type=int, default=0)
     p.add_argument("--budget-mib", type=int, default=0, help="in place of the model's budget")
     a = p.parse_args(argv)
@@ -112,12 +133,13 @@ def child(argv) -> int:
     import peers
     from autobatch import _core
 
-    ctor, shape, int_high, budget = RACE_MODELS[a.model]
+    ctor, shape, int_high, budget = models_on(a.device)[a.model]
     budget = a.budget_mib * MIB or budget
     args = argparse.Namespace(model=ctor, shape=shape, int_high=int_high, precision="fp32",
-                              device="cpu", device_type="cpu", steps=3, batch=a.batch,
+                              device=a.device, device_type=a.device, steps=3, batch=a.batch,
                               start=8192, steps_per_trial=3)
-    peers.make_model = make  # peers' finders build the race's models
+    size = int(shape.split("x")[-1])  # the race's images are square; ViT is built for them
+    peers.make_model = lambda name: make(name, size)  # peers' finders build the race's models
     torch.manual_seed(0)
     rec = peers.Recorder(3)
     out = {"finder": a.finder, "model": a.model, "budget_bytes": budget,
@@ -126,14 +148,16 @@ def child(argv) -> int:
     code = 0
     try:
         _core.set_refusal_suffix(SUFFIX)
-        # autobatch.find installs the same allocator itself; the command is a process of its own.
-        if a.finder not in ("autobatch", "cli"):
+        # autobatch.find installs the same allocator itself; the command is a process of its own;
+        # a GPU needs no harness.
+        if a.device == "cpu" and a.finder not in ("autobatch", "cli"):
             backend = _core.Backend.cpu_budget(budget, 0)
             backend.finish_setup(0)  # from here every CPU tensor counts: the model's too
         if a.finder == "cli":
-            out.update(run_cli(a.model, budget))
+            out.update(run_cli(a.model, budget, a.device))
         elif a.finder.startswith("lightning-"):
-            host_checkpoint(_core)
+            if a.device == "cpu":
+                host_checkpoint(_core)
             out.update(peers.run_lightning(args, rec, a.finder.split("-", 1)[1], margin=0.0))
         elif a.finder == "accelerate":
             out.update(peers.run_accelerate(args, rec, True))
@@ -180,8 +204,8 @@ def run_autobatch(args, budget):
     import autobatch
     import torch
     from autobatch import _trial
-    model = make(args.model)
-    x, y = peers.make_batch(args, 1, "cpu")
+    model = peers.make_model(args.model).to(args.device)
+    x, y = peers.make_batch(args, 1, args.device)
     # Our own per-trial cost: each probe call's wall time less its steps' own time (the steps are
     # timed inside the trial; the rest is the trial's setup, the optimizer built, the weights put
     # back, the caches emptied, Python's glue).
@@ -197,7 +221,8 @@ def run_autobatch(args, budget):
     t0 = time.time()
     result = autobatch.find(model, (x, y), step=lambda m, b: peers.loss_of(m(b[0]), b[1]),
                             optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
-                            memory_limit=budget, margin=0.0, steps_per_trial=3, min_batch=2,
+                            memory_limit=budget or None, margin=0.0, steps_per_trial=3,
+                            min_batch=2,
                             max_batch=8192,
                             progress=False)
     trials = result.raw["trials"]
@@ -222,20 +247,20 @@ def run_autobatch(args, budget):
             "trial_sizes": [t["micro_batch_size"] for t in trials]}
 
 
-def archive(model):
+def archive(model, device):
     """The model's TorchScript archive for the command (exported once per torch version; the
     export is the user's step before the search, not timed)."""
     import torch
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     from autobatch_export import export
-    ctor, shape, int_high, _ = RACE_MODELS[model]
+    ctor, shape, int_high, _ = models_on(device)[model]
     folder = os.path.join(ROOT, "build", "bench-race", "models")
-    path = os.path.join(folder, f"{model}-torch{torch.__version__}.pt")
+    path = os.path.join(folder, f"{ctor}-{shape}-torch{torch.__version__}.pt")
     if os.path.exists(path):
         return path
     os.makedirs(folder, exist_ok=True)
     dims = [int(d) for d in shape.split("x")]
-    net = make(ctor)
+    net = make(ctor, dims[-1])
     if int_high:  # transformers models: keyword input_ids, logits [B, L, V], a target per token
         export(net, path + ".tmp", {"input_ids": torch.randint(0, int_high, (2, *dims))},
                loss="cross-entropy", int_high={0: int_high})
@@ -245,15 +270,15 @@ def archive(model):
     return path
 
 
-def run_cli(model, budget):
+def run_cli(model, budget, device):
     from autobatch_export import find_cli
-    path = archive(model)
+    path = archive(model, device)
     cli = find_cli()
     if cli is None:
         raise RuntimeError("no autobatch executable: build it with scripts/build.sh")
     report = os.path.join(ROOT, "build", "bench-race", f"cli-{model}.json")
-    command = [cli, "--model", path, "--device", "cpu", "--memory-limit", f"{budget}B",
-               "--margin", "0", "--min-batch", "2", "--max-batch", "8192",
+    limit = ["--memory-limit", f"{budget}B"] if budget else []
+    command = [cli, "--model", path, "--device", device, *limit, "--margin", "0", "--min-batch", "2", "--max-batch", "8192",
                "--steps-per-trial", "3", "--optimizer", "adamw", "--lr", "1e-3",
                "--keep-output", "no", "--quiet", "--json", report]
     t0 = time.time()
@@ -287,9 +312,10 @@ def spawn(argv, timeout):
             "wall_s": round(time.time() - t0, 1)}
 
 
-def fits(model, batch, cache):
+def fits_on(model, batch, cache, device):
     if batch not in cache:
-        r = spawn(["--finder", "eager", "--model", model, "--batch", str(batch)], 600)
+        r = spawn(["--finder", "eager", "--model", model, "--batch", str(batch), "--device",
+                   device], 600)
         if "fits" not in r:
             raise SystemExit(f"race: the eager check of {model} at {batch} failed: {r}")
         cache[batch] = r["fits"]
@@ -298,28 +324,31 @@ def fits(model, batch, cache):
     return cache[batch]
 
 
-def exact_b_star(model, guesses):
+def exact_b_star(model, guesses, device):
     """B*: the largest micro-batch whose plain loop fits (B* fits, B*+1 does not), from the
     finders' answers as first guesses, each check a fresh process."""
     cache = {}
+
+    def fits(batch):
+        return fits_on(model, batch, cache, device)
     lo, hi = 0, None  # lo fits (0: nothing known), hi does not
     for g in sorted({g for g in guesses if g}):
-        if fits(model, g, cache):
+        if fits(g):
             lo = max(lo, g)
         else:
             hi = g if hi is None else min(hi, g)
             break
-    if lo and not fits(model, lo + 1, cache):
+    if lo and not fits(lo + 1):
         return lo, cache
     lo = lo + 1 if lo else 1
     while hi is None:  # above every answer: double
-        if fits(model, lo * 2, cache):
+        if fits(lo * 2):
             lo *= 2
         else:
             hi = lo * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits(model, mid, cache):
+        if fits(mid):
             lo = mid
         else:
             hi = mid
@@ -330,12 +359,20 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "child":
         return child(sys.argv[2:])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", nargs="+", default=list(RACE_MODELS), choices=sorted(RACE_MODELS))
+    p.add_argument("--models", nargs="+", choices=sorted(RACE_MODELS),
+                   help="default: every model of the device (cuda: gpt2 resnet50 vit)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: the whole card, no harness, larger models (CUDA_MODELS)")
     p.add_argument("--finders", nargs="+", default=FINDERS, choices=FINDERS)
     p.add_argument("--timeout", type=int, default=300, help="seconds per finder")
     p.add_argument("--md", default="", help="write the table between the bench:race markers")
     p.add_argument("--jsonl", default=os.path.join(ROOT, "build", "bench-race", "results.jsonl"))
     a = p.parse_args()
+    a.models = a.models or list(models_on(a.device))
+    missing = [m for m in a.models if m not in models_on(a.device)]
+    if missing:
+        p.error(f"no {a.device} configuration for {' '.join(missing)}: "
+                f"choose from {' '.join(models_on(a.device))}")
     os.makedirs(os.path.dirname(a.jsonl), exist_ok=True)
     t0 = time.time()
     load0 = os.getloadavg()[0]
@@ -344,12 +381,12 @@ def main() -> int:
         rows = []
         for finder in a.finders:
             print(f"[race] {model}: {finder} ...", file=sys.stderr, flush=True)
-            r = spawn(["--finder", finder, "--model", model], a.timeout)
+            r = spawn(["--finder", finder, "--model", model, "--device", a.device], a.timeout)
             r.update(finder=finder, model=model)
             rows.append(r)
             print(f"[race] {model}: {finder}: {json.dumps(r)[:400]}", file=sys.stderr, flush=True)
         b_star, checks = exact_b_star(model, [r.get("found") for r in rows] +
-                                      [r.get("raw_max") for r in rows])
+                                      [r.get("raw_max") for r in rows], a.device)
         for r in rows:
             r["b_star"] = b_star
             r["b_star_checks"] = {str(k): v for k, v in sorted(checks.items())}
@@ -372,8 +409,9 @@ def render(tables, a, load0, load1, seconds):
     totals = {}
     ours = []  # autobatch's own cost per model
     for model, b_star, rows in tables:
-        budget = RACE_MODELS[model][3]
-        out += [f"### {model} (budget {budget // MIB} MiB, B* {b_star})", "",
+        ctor, shape, _, budget = models_on(a.device)[model]
+        where = f"budget {budget // MIB} MiB" if budget else f"{a.device}, the whole card"
+        out += [f"### {model} ({ctor}, {shape}; {where}; B* {b_star})", "",
                 "| finder | answer | offset from B* | trials | steps | search s | wall s | error |",
                 "|---|---|---|---|---|---|---|---|"]
         for r in rows:
@@ -422,6 +460,10 @@ def render(tables, a, load0, load1, seconds):
 
 
 def write_md(path, text):
+    if not os.path.exists(path):  # a file of its own (the device call's $OUT/race.md)
+        with open(path, "w") as f:
+            f.write(text)
+        return
     with open(path) as f:
         doc = f.read()
     begin, end = "<!-- bench:race:begin -->", "<!-- bench:race:end -->"
