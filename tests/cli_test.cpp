@@ -613,12 +613,16 @@ Interrupted interruptAfterFirstTrial(const std::vector<std::string>& args,
   for (int i = 0; i < 1200 && readFile(err).find("trial batch") == std::string::npos; ++i) {
     usleep(50 * 1000);
   }
-  for (const int sig : signals) {
-    kill(pid, sig);
+  for (std::size_t i = 0; i < signals.size(); ++i) {
+    kill(pid, signals[i]);
     // A signal still pending would merge with the next one of its kind: wait until the child has
     // taken it (its /proc status shows it pending no more). A fixed 300 ms wait here let an idle
     // machine finish the cancelled step (171 ms) and write its result before the second signal.
-    waitUntilDelivered(pid, sig);
+    // Two different signals are sent back to back: both pending at once, the second's handler
+    // runs before the run goes on (Linux delivers the next pending signal on the first one's
+    // sigreturn).
+    if (i + 1 == signals.size() || signals[i + 1] == signals[i])
+      waitUntilDelivered(pid, signals[i]);
   }
   int status = 0;
   waitpid(pid, &status, 0);
@@ -660,13 +664,21 @@ INSTANTIATE_TEST_SUITE_P(SigintAndSigterm, InterruptTest, ::testing::Values(SIGI
                            return std::string(param.param == SIGINT ? "Sigint" : "Sigterm");
                          });
 
+// SIGINT then SIGTERM, back to back: the second arrives before the first's cancellation can write
+// anything. Two SIGTERMs had to wait for the first's delivery in between, and once a cancelled
+// trial ended without trimming the heap (issue 44: src/memory/cpu_budget.cpp) the CLI wrote its
+// result in that wait on most runs (5 of 6 here). Catches a second signal that waits for the
+// writing, or that is taken for the first.
 TEST(CliTest, SecondSignalExitsAtOnceWithoutWriting) {
   const fs::path json_path = tmpDir() / "twice.json";
   const Interrupted run =
       interruptAfterFirstTrial({"--model", slowModel(), "--device", "cpu", "--memory-limit",
                                 "512MiB", "--json", json_path.string()},
-                               {SIGTERM, SIGTERM});
-  EXPECT_EQ(run.exit_code, 143) << run.err;
+                               {SIGINT, SIGTERM});
+  // 128 + the signal handled second: the kernel picks the order of two pending signals.
+  EXPECT_TRUE(run.exit_code == 128 + SIGINT || run.exit_code == 128 + SIGTERM)
+      << run.exit_code << "\n"
+      << run.err;
   EXPECT_FALSE(fs::exists(json_path));
   EXPECT_EQ(run.out.find("max micro-batch"), std::string::npos) << run.out;
 }
