@@ -209,15 +209,30 @@ def run_autobatch(args, budget):
     # Our own per-trial cost: each probe call's wall time less its steps' own time (the steps are
     # timed inside the trial; the rest is the trial's setup, the optimizer built, the weights put
     # back, the caches emptied, Python's glue).
-    timed = []
-    probe = _trial.EagerProbe.stopping_at_model_error
+    # An out-of-memory trial's own cost is its recovery: from the error leaving the steps to the
+    # trial's end (the record, the weights put back, the frames cleared).
+    timed, recovery = [], []
+    probe, steps = _trial.EagerProbe.stopping_at_model_error, _trial.EagerProbe._steps
+    raised = {}
+
+    def steps_timed(self, *a, **k):
+        try:
+            return steps(self, *a, **k)
+        except BaseException:
+            raised["at"] = time.perf_counter()
+            raise
 
     def timing(self, size, micro_batches):
+        raised.clear()
         t = time.perf_counter()
         record = probe(self, size, micro_batches)
-        timed.append((size, (time.perf_counter() - t) * 1000.0, record))
+        end = time.perf_counter()
+        timed.append((size, (end - t) * 1000.0, record))
+        if record.get("outcome") == "out-of-memory" and "at" in raised:
+            recovery.append(round((end - raised["at"]) * 1000.0, 1))
         return record
     _trial.EagerProbe.stopping_at_model_error = timing
+    _trial.EagerProbe._steps = steps_timed
     t0 = time.time()
     result = autobatch.find(model, (x, y), step=lambda m, b: peers.loss_of(m(b[0]), b[1]),
                             optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
@@ -236,7 +251,7 @@ def run_autobatch(args, budget):
                 if size in (result.max_micro_batch, result.max_micro_batch + 1))
     search_s = time.time() - t0
     return {"found": result.safe_micro_batch, "raw_max": result.max_micro_batch,
-            "overhead_ms": [round(o, 1) for _, o in overhead],
+            "overhead_ms": [round(o, 1) for _, o in overhead], "recovery_ms": recovery,
             "step_ms_at_answer": round(at_answer, 1),
             "floor_s": round(floor / 1000.0, 2),
             # find()'s own time outside its trials: the snapshot, the checks, the report
@@ -442,17 +457,21 @@ def render(tables, a, load0, load1, seconds):
         out.append(f"| {finder} | {exact} of {len(tables)} | {trials} | {search:.1f} | "
                    f"{wall:.1f} | {ratios} |")
     if ours:
-        out += ["", "autobatch's own cost (a fitting trial's wall less its steps' time; setup: "
-                "find()'s time outside its trials) and its floor (its trials at B* and B*+1):", "",
-                "| model | step ms at the answer | own ms per fitting trial (largest) | share of "
-                "the step | setup ms | floor s |", "|---|---|---|---|---|---|"]
+        out += ["", "autobatch's own cost (a fitting trial's wall less its steps' time; an "
+                "out-of-memory trial's recovery, from the error leaving the steps to the trial's "
+                "end; setup: find()'s time outside its trials) and its floor (its trials at B* "
+                "and B*+1):", "",
+                "| model | step ms at the answer | own ms per fitting trial (largest) | recovery "
+                "ms (largest) | largest share of the step | setup ms | floor s |",
+                "|---|---|---|---|---|---|---|"]
         floor = 0.0
         for model, r in ours:
             worst = max(r.get("overhead_ms") or [0.0])
+            worst_recovery = max(r.get("recovery_ms") or [0.0])
+            share = 100.0 * max(worst, worst_recovery) / r["step_ms_at_answer"]
             floor += r.get("floor_s", 0.0)
-            out.append(f"| {model} | {r['step_ms_at_answer']} | {worst} | "
-                       f"{100.0 * worst / r['step_ms_at_answer']:.1f}% | {r.get('setup_ms', '-')} "
-                       f"| {r.get('floor_s', '-')} |")
+            out.append(f"| {model} | {r['step_ms_at_answer']} | {worst} | {worst_recovery} | "
+                       f"{share:.1f}% | {r.get('setup_ms', '-')} | {r.get('floor_s', '-')} |")
         if base and base[1]:
             out += ["", f"The floor summed: {floor:.1f} s, {floor / base[1]:.2f} of Lightning "
                     "binsearch's search time."]
