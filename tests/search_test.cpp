@@ -967,6 +967,80 @@ TEST(SearchTest, NoisyStepTimesStillBoundTheTimeBudget) {
   }
 }
 
+// A probe that shortens the trials the search asks to measure (TrialRequest::measure), as
+// autobatch.find's EagerProbe does: `shortened` answers them (a fit or a failure), marked so.
+Probe shorteningProbe(const MemoryModel& full, const MemoryModel& shortened) {
+  return [&full, &shortened](const TrialRequest& request) {
+    if (!request.measure) return full.run(request);
+    TrialResult r = shortened.run(request);
+    r.shortened = true;
+    return r;
+  };
+}
+
+// True when a full (not shortened) trial of `batch` fit.
+bool seenToFitInFull(const SearchResult& r, std::int64_t batch) {
+  return std::ranges::any_of(r.trials, [&](const TrialResult& t) {
+    return t.request.micro_batch_size == batch && t.outcome == TrialOutcome::kFits &&
+           !t.cancelled && !t.shortened;
+  });
+}
+
+// Catches a driver that takes a shortened measuring trial's fit for the answer: with max_batch 4
+// the guided opening (2 in full, then 4 to measure) ends on a shortened fit at the cap, which must
+// be confirmed by a full trial of 4 before it is the answer. Also that only the guided maximum
+// asks to measure, and never for min_batch (verified whatever stops the search later).
+TEST(SearchTest, ShortenedMeasuringFitsAreAnswersOnlyOnceAFullTrialConfirmsThem) {
+  const MemoryModel model = modelWithThreshold(100);
+  SearchOptions options = optionsFor(Strategy::kGuided);
+  options.min_batch = 2;
+  options.max_batch = 4;
+  const SearchResult capped = findMaxBatch(shorteningProbe(model, model), options);
+  ASSERT_EQ(capped.max_micro_batch, 4);
+  ASSERT_EQ(capped.trials.size(), 3U);
+  EXPECT_TRUE(!capped.trials[0].shortened && capped.trials[1].shortened);
+  EXPECT_EQ(capped.trials[1].request.micro_batch_size, 4);
+  EXPECT_FALSE(capped.trials[2].shortened);
+  EXPECT_EQ(capped.trials[2].request.micro_batch_size, 4);
+  EXPECT_EQ(capped.capped_by, "max-batch");
+
+  int measured = 0;
+  for (std::int64_t threshold = 1; threshold <= 600; ++threshold) {
+    const MemoryModel m = modelWithThreshold(threshold);
+    const SearchResult r = findMaxBatch(shorteningProbe(m, m), optionsFor(Strategy::kGuided));
+    ASSERT_EQ(r.max_micro_batch, threshold);
+    ASSERT_TRUE(seenToFitInFull(r, threshold)) << threshold;
+    ASSERT_EQ(r.safe_micro_batch, threshold);
+    ASSERT_FALSE(r.trials[0].shortened) << threshold;
+    measured += static_cast<int>(std::ranges::count_if(
+        r.trials, [](const TrialResult& t) { return t.shortened; }));
+  }
+  EXPECT_GE(measured, 590);  // the second probe of every search but at the cap measured
+  for (Strategy strategy : {Strategy::kBinsearch, Strategy::kPower}) {
+    const MemoryModel m = modelWithThreshold(300);
+    const SearchResult r = findMaxBatch(shorteningProbe(m, m), optionsFor(strategy));
+    EXPECT_TRUE(std::ranges::none_of(r.trials, [](const TrialResult& t) { return t.shortened; }))
+        << toString(strategy);
+  }
+}
+
+// Catches a driver that keeps a shortened fit its confirming trial did not repeat: the shortened
+// trials here fit up to a third above the full trials' threshold (an optimistic measurement, as
+// a caching allocator laid out differently could give), so the answer must still be the full
+// threshold, seen to fit in full, and never a size whose full trial failed.
+TEST(SearchTest, OptimisticShortenedFitsAreConfirmedDownToTheFullThreshold) {
+  for (std::int64_t threshold = 1; threshold <= 400; ++threshold) {
+    const MemoryModel full = modelWithThreshold(threshold);
+    const MemoryModel shortened = modelWithThreshold(threshold + threshold / 3 + 1);
+    const SearchResult r =
+        findMaxBatch(shorteningProbe(full, shortened), optionsFor(Strategy::kGuided));
+    ASSERT_EQ(r.status, SearchStatus::kFound) << threshold;
+    ASSERT_EQ(r.max_micro_batch, threshold);
+    ASSERT_TRUE(seenToFitInFull(r, threshold)) << threshold;
+    ASSERT_LE(r.trials.size(), 30U) << threshold;
+  }
+}
+
 }  // namespace search_test
 }  // namespace
 }  // namespace autobatch

@@ -81,6 +81,7 @@ autobatch::TrialResult trialFromDict(const autobatch::TrialRequest& request, con
   r.step_ms = get<double>(d, "step_ms", 0.0);
   r.steps_completed = get<int>(d, "steps_completed", 0);
   r.cancelled = get<bool>(d, "cancelled", false);
+  r.shortened = get<bool>(d, "shortened", false);
   if (d.contains("phase_peaks")) {
     for (const auto& item : d["phase_peaks"].cast<py::list>()) {
       const auto p = item.cast<py::dict>();
@@ -220,9 +221,10 @@ autobatch::ReportData reportData(const py::dict& facts, const autobatch::SearchO
 }
 
 // A Python callable fn(micro_batch_size, micro_batches_per_step) -> a trial dict as the search's
-// probe (`fn` must outlive it).
-autobatch::Probe pythonProbe(const py::object& fn) {
-  return [&fn](const autobatch::TrialRequest& request) {
+// probe; `measure` (None: fn) the same for the search's measuring trials (TrialRequest::measure),
+// which may shorten them (the dict's "shortened"). Both must outlive it.
+autobatch::Probe pythonProbe(const py::object& fn, const py::object& measure = py::none()) {
+  return [&fn, &measure](const autobatch::TrialRequest& request) {
     // The search's deadline and the caller's cancellation, seen inside the trial: at each CPU
     // allocation (the budget allocator) and between steps (trial_should_stop); issue 40 row 15.
     // Asked at most every 2 ms: each ask takes the GIL and calls Python (about 3 us, which on
@@ -235,7 +237,8 @@ autobatch::Probe pythonProbe(const py::object& fn) {
       return request.cancel && request.cancel();
     };
     const autobatch::detail::CpuInterruptScope interrupt(hook, false);
-    const py::object answer = fn(request.micro_batch_size, request.micro_batches_per_step);
+    const py::object& call = request.measure && !measure.is_none() ? measure : fn;
+    const py::object answer = call(request.micro_batch_size, request.micro_batches_per_step);
     return trialFromDict(request, answer.cast<py::dict>());
   };
 }
@@ -324,7 +327,7 @@ autobatch::CacheReport cacheOf(const py::dict& d) {
 // (findMaxBatchThroughCache; not with `eval`: autobatch.find refuses that).
 py::dict search(const py::function& probe, const py::dict& options_dict, const py::dict& facts,
                 const py::object& cancel, const py::object& eval, const std::string& eval_state,
-                const py::object& cache) {
+                const py::object& cache, const py::object& measure) {
   autobatch::SearchOptions options = optionsFromDict(options_dict);
   if (!cancel.is_none()) {
     // Also asked from the CPU allocator inside a trial, where torch's ops run without the GIL.
@@ -333,7 +336,7 @@ py::dict search(const py::function& probe, const py::dict& options_dict, const p
       return cancel().cast<bool>();
     };
   }
-  const autobatch::Probe cpp_probe = pythonProbe(probe);
+  const autobatch::Probe cpp_probe = pythonProbe(probe, measure);
   autobatch::ReportData data = reportData(facts, options);
   autobatch::MaxBatchResult result;
   const bool only =
@@ -648,9 +651,10 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception<autobatch::Error>(m, "Error", PyExc_ValueError);
   m.def("search", &search, py::arg("probe"), py::arg("options"), py::arg("facts"),
         py::arg("cancel") = py::none(), py::arg("eval") = py::none(), py::arg("eval_state") = "",
-        py::arg("cache") = py::none(),
+        py::arg("cache") = py::none(), py::arg("measure") = py::none(),
         "Runs the search with a Python probe (and the evaluation search with `eval`, or through "
-        "the result cache with `cache`); returns {'json', 'text', 'env'}.");
+        "the result cache with `cache`; `measure`, the probe of the search's measuring trials, "
+        "which may shorten them); returns {'json', 'text', 'env'}.");
   defineTrialHooks(m);
   m.def(
       "default_cache_dir",

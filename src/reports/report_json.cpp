@@ -50,7 +50,7 @@ json toJson(const TrialResult& t) {
                       {"micro_batch_index", p.micro_batch_index},
                       {"peak_allocated_bytes", p.peak_allocated_bytes}});
   }
-  return {{"micro_batch_size", t.request.micro_batch_size},
+  json j = {{"micro_batch_size", t.request.micro_batch_size},
           {"micro_batches_per_step", t.request.micro_batches_per_step},
           {"outcome", toString(t.outcome)},
           {"reason", t.reason},
@@ -70,6 +70,9 @@ json toJson(const TrialResult& t) {
           {"steps_completed", t.steps_completed},
           {"samples_per_second", samplesPerSecond(t)},
           {"cancelled", t.cancelled}};
+  // Only on a shortened measuring trial (TrialResult::shortened): the key's absence is a full one.
+  if (t.shortened) j["shortened"] = true;
+  return j;
 }
 
 // The buckets run mixed in one trial (autobatch/run/bucket_mix.h): its trials and lowered buckets.

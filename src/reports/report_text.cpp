@@ -91,6 +91,7 @@ std::string trialNotes(const TrialResult& t) {
   if (t.outside_growth_bytes > 0) {
     notes += "  outside allocator +" + formatBytes(t.outside_growth_bytes);
   }
+  if (t.shortened) notes += "  measuring (shortened: 1 step after the optimizer's state)";
   if (!t.reason.empty()) notes += "  " + t.reason.substr(0, 80);
   return notes;
 }

@@ -113,7 +113,8 @@ double SearchDriver::elapsedS() const {
   return std::chrono::duration<double>(Clock::now() - start_).count();
 }
 
-const TrialResult* SearchDriver::trial(std::int64_t batch, int micro_batches_per_step) {
+const TrialResult* SearchDriver::trial(std::int64_t batch, int micro_batches_per_step,
+                                       bool measuring) {
   if (stop_ != Stop::kNone) return nullptr;
   if (options_.cancel && options_.cancel()) {
     stop_ = Stop::kCancelled;
@@ -136,6 +137,7 @@ const TrialResult* SearchDriver::trial(std::int64_t batch, int micro_batches_per
   TrialRequest request;
   request.micro_batch_size = batch;
   request.micro_batches_per_step = micro_batches_per_step;
+  request.measure = measuring;
   // The runner checks the hook before every step: a trial still running at the deadline stops
   // there (it does not count; the best verified batch stands).
   request.cancel = [this] {
@@ -229,9 +231,9 @@ bool SearchDriver::counts(const MeasuredFit& m, std::int64_t budget, bool strict
   return !strict && (m.limit <= 0 || m.limit <= trials_.limit_bytes);
 }
 
-std::int64_t SearchDriver::lowUnder(std::int64_t budget, bool strict) const {
+std::int64_t SearchDriver::lowUnder(std::int64_t budget, bool strict, bool confirmed) const {
   const auto it = std::find_if(trials_.fits.rbegin(), trials_.fits.rend(), [&](const auto& entry) {
-    return counts(entry.second, budget, strict);
+    return (!confirmed || entry.second.confirmed) && counts(entry.second, budget, strict);
   });
   return it == trials_.fits.rend() ? 0 : it->first;
 }
@@ -260,12 +262,13 @@ bool SearchDriver::closed(std::int64_t low, std::int64_t high) const {
              static_cast<double>(low) * (1.0 + options_.relative_tolerance);
 }
 
-bool SearchDriver::tryBatch(std::int64_t batch) {
-  const TrialResult* r = trial(batch, options_.micro_batches_per_step);
+bool SearchDriver::tryBatch(std::int64_t batch, bool measuring) {
+  const TrialResult* r = trial(batch, options_.micro_batches_per_step, measuring);
   if (r == nullptr) return false;
   switch (r->outcome) {
     case TrialOutcome::kFits: {
       trials_.fits[batch] = measure(*r);
+      trials_.fits[batch].confirmed = !r->shortened;
       trials_.fails.erase(batch);
       // A failure at or below a fit: re-try the smallest such failure once.
       if (!trials_.fails.empty() && *trials_.fails.begin() <= batch)
@@ -277,6 +280,7 @@ bool SearchDriver::tryBatch(std::int64_t batch) {
         result_.min_batch_needs_at_least_bytes = r->peak_bytes + r->failed_request_bytes;
       }
       trials_.fails.insert(batch);
+      trials_.fits.erase(batch);  // a shortened fit that its confirming trial did not repeat
       if (!r->failed_phase.empty() && r->failed_in_use_bytes > 0) {
         trials_.bounds[batch] = {detail::phaseKeyOf(r->failed_phase, r->failed_micro_batch_index),
                                  r->failed_in_use_bytes + r->failed_request_bytes};
@@ -285,6 +289,7 @@ bool SearchDriver::tryBatch(std::int64_t batch) {
       return false;
     }
     case TrialOutcome::kSizeLimit: {
+      trials_.fits.erase(batch);  // a shortened fit that its confirming trial did not repeat
       if (result_.size_limit_batch == 0 || batch < result_.size_limit_batch) {
         result_.size_limit_batch = batch;
         result_.size_limit_reason = r->reason;
@@ -337,8 +342,15 @@ void SearchDriver::drive(SearchGoal goal, std::int64_t budget) {
   while (stop_ == Stop::kNone) {
     const Bracket before = bracket(goal, budget);
     const std::int64_t x = strategy->next(trials_, before);
-    if (x == 0) return;
-    bool fit = tryBatch(x);
+    if (x == 0) {
+      // The answer is only ever a full trial's fit: a shortened measuring trial's is confirmed
+      // by one (it fails: the bracket reopens below it and the strategy goes on).
+      const auto low = trials_.fits.find(before.low);
+      if (low == trials_.fits.end() || low->second.confirmed) return;
+      tryBatch(before.low);
+      continue;
+    }
+    bool fit = tryBatch(x, strategy->measuring());
     if (stop_ != Stop::kNone) return;
     if (goal == SearchGoal::kSafe) fit = fit && trials_.fits.at(x).peak <= budget;
     strategy->noteOutcome(fit, before, bracket(goal, budget));
@@ -346,7 +358,7 @@ void SearchDriver::drive(SearchGoal goal, std::int64_t budget) {
 }
 
 void SearchDriver::finishMax() {
-  result_.max_micro_batch = lo();
+  result_.max_micro_batch = lowUnder(maxBudget(), false, true);
   if (result_.max_micro_batch == 0 && stop_ == Stop::kNone) {
     result_.status = SearchStatus::kNothingFits;
   }
@@ -373,7 +385,7 @@ std::string SearchDriver::stopName() const {
 }
 
 std::string SearchDriver::cappedBy() const {
-  const std::int64_t max = lo();
+  const std::int64_t max = lowUnder(maxBudget(), false, true);
   // Nothing verified: a budget or cancellation that stopped the search before a fit is what
   // bounds it, not memory (`--time-limit 0.0001` said "memory", issue 27 row 21).
   if (max == 0) return stop_ == Stop::kNone ? "memory" : stopName();

@@ -40,7 +40,8 @@ class SearchDriver {
 
   double elapsedS() const;  // seconds since the search started
   /// Runs one trial, or none when a budget ran out or the cancel hook fired (then stop_ is set).
-  const TrialResult* trial(std::int64_t batch, int micro_batches_per_step);
+  /// `measuring`: TrialRequest::measure (the strategy asks for measurements only).
+  const TrialResult* trial(std::int64_t batch, int micro_batches_per_step, bool measuring = false);
   /// Seconds a trial of `batch` x `micro_batches` would take, leaning short: the most steps a
   /// trial completed, each on an affine model of the measured step times, time = overhead +
   /// per-sample cost x samples, through the trial with the most samples per step and never below
@@ -63,8 +64,9 @@ class SearchDriver {
   /// let it fit), but not after a fall (a CPU allocator that lost room after a failure).
   /// The safe batch's search is strict: only a peak within the budget counts.
   bool counts(const MeasuredFit& m, std::int64_t budget, bool strict) const;
-  /// The largest fit that counts under `budget`; 0 when none.
-  std::int64_t lowUnder(std::int64_t budget, bool strict) const;
+  /// The largest fit that counts under `budget` (`confirmed`: a full trial's fit, never a
+  /// shortened measuring trial's: an answer); 0 when none.
+  std::int64_t lowUnder(std::int64_t budget, bool strict, bool confirmed = false) const;
   /// The smallest batch above `low` known not to fit under `budget` (a failure, or a fit that
   /// does not count), or the cap + 1.
   std::int64_t highAbove(std::int64_t budget, bool strict, std::int64_t low) const;
@@ -74,14 +76,17 @@ class SearchDriver {
   /// Tries `batch` in the search's mode and files the outcome; returns true when it fit, false
   /// when it failed or the search was stopped (check stop_). Contradictions with earlier
   /// outcomes (a failure below a fit) re-try the failed size once and are reported.
-  bool tryBatch(std::int64_t batch);
+  /// `measuring`: the strategy asks for measurements only (the probe may shorten the trial).
+  bool tryBatch(std::int64_t batch, bool measuring = false);
   void retryFailure(std::int64_t failed, std::int64_t fitting);
   /// The bracket of `goal`: the maximum's under the limit in force (a fit whose limit did not fall
   /// since counts), the safe batch's under `budget` (strict), below the maximum.
   Bracket bracket(SearchGoal goal, std::int64_t budget) const;
   /// The one driver loop, for the maximum (`budget` unused) and the safe batch: asks the
   /// strategy for a batch, tries it, tells the strategy the outcome, until the strategy has none
-  /// or a budget or the cancel hook stops the search.
+  /// or a budget or the cancel hook stops the search. When the strategy has none and the goal's
+  /// answer is a shortened measuring trial's fit, a full trial of it confirms it first (a failure
+  /// there reopens the bracket, and the strategy goes on).
   void drive(SearchGoal goal, std::int64_t budget);
   /// The maximum, its status and capped_by, the limit and margin in force, once its loop ends.
   void finishMax();

@@ -190,6 +190,7 @@ class GuidedStrategy final : public SearchStrategy {
 
   std::int64_t next(const SearchTrials& trials, const Bracket& bracket) override {
     stepped_ = false;
+    measuring_ = false;
     if (stage_ == Stage::kSteps) return step(trials, bracket);
     return opening(trials, bracket);
   }
@@ -207,6 +208,8 @@ class GuidedStrategy final : public SearchStrategy {
     }
     width_before_ = width_before;
   }
+
+  bool measuring() const override { return measuring_; }
 
  private:
   /// The maximum's opening probes, in order; then kSteps (the safe goal starts there).
@@ -227,6 +230,8 @@ class GuidedStrategy final : public SearchStrategy {
           return x;
         }
         if (trials.fits.empty()) {
+          // A full trial: min_batch verified is an answer whatever stops the search later (a
+          // model error, the time budget), and its failure says that nothing fits.
           stage_ = Stage::kFirst;
           return b1;
         }
@@ -236,6 +241,7 @@ class GuidedStrategy final : public SearchStrategy {
         if (!seeded) {
           if (b1 >= trials.cap) return 0;
           stage_ = Stage::kSecond;
+          measuring_ = true;  // the second probe measures: the model predicts from it
           return secondProbe(trials);
         }
         break;
@@ -304,6 +310,7 @@ class GuidedStrategy final : public SearchStrategy {
   Stage stage_;
   std::size_t seed_index_ = 0;  // the next seed to consider
   bool stepped_ = false;        // the last batch given came from a model-guided step
+  bool measuring_ = false;      // the last batch given is asked for its measurements only
   int streak_ = 0;              // > 0: consecutive fits of guided steps; < 0: consecutive failures
   int stalls_ = 0;              // consecutive guided steps that did not halve the bracket
   std::int64_t width_before_ = 0;
@@ -386,6 +393,7 @@ std::int64_t GuidedStrategy::guidedNext(std::int64_t cap, std::int64_t low, std:
     // Extrapolating far beyond a short secant: rounding of the small probes' peaks makes the
     // slope uncertain, so aim short; a fit there is a far anchor for an accurate next secant.
     pred = low + static_cast<std::int64_t>(kFarJumpFraction * static_cast<double>(pred - low));
+    measuring_ = goal_ == SearchGoal::kMaximum;  // a far anchor to measure, not a guess
   }
   std::int64_t x = 0;
   // A bracket whose top is the user's cap (max_batch) has seen no failure above its low: it is
@@ -419,7 +427,11 @@ std::int64_t GuidedStrategy::guidedNext(std::int64_t cap, std::int64_t low, std:
       if (streak_ <= -2) x = std::min(x, high - (std::int64_t{1} << std::min(-streak_ - 1, 40)));
     }
   }
-  return std::clamp(x, low + 1, top);
+  x = std::clamp(x, low + 1, top);
+  // The model puts the boundary at the anchor: low + 1 is tried to see it fail, not as a guess
+  // at the answer (a fit there is confirmed in full before it is one).
+  if (goal_ == SearchGoal::kMaximum && pred > 0 && pred <= low && x == low + 1) measuring_ = true;
+  return x;
 }
 
 }  // namespace

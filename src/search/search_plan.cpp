@@ -23,7 +23,7 @@ void SearchDriver::runSafe() {
   // From the fits so far: the guided model anchors at the safe batch so far and interpolates
   // towards the fits measured over the budget.
   drive(SearchGoal::kSafe, budget);
-  result_.safe_micro_batch = lowUnder(budget, true);
+  result_.safe_micro_batch = lowUnder(budget, true, true);
   if (result_.safe_micro_batch == 0) {
     result_.warnings.push_back("no batch was seen to fit under the limit less the margin (" +
                                bytesText(budget) + ")");

@@ -34,6 +34,9 @@ struct MeasuredFit {
   /// phaseKeyOf(phase, micro-batch) -> the phase's peak allocated bytes; {"" -> peak} without
   /// phase peaks.
   std::map<std::string, std::int64_t> phases;
+  /// False for a shortened measuring trial's fit (TrialResult::shortened): it predicts and
+  /// brackets like any fit, but the answer is only ever a confirmed one.
+  bool confirmed = true;
 };
 
 /// "backward#0": the key of a phase of one micro-batch in MeasuredFit::phases.
@@ -82,6 +85,10 @@ class SearchStrategy {
   /// The batch next() gave `fit` (within the bracket's budget; the safe goal counts only a peak
   /// within it); `before` and `after` are the brackets around its trial.
   virtual void noteOutcome(bool fit, const Bracket& before, const Bracket& after) = 0;
+  /// True when the batch next() last gave is asked for its measurements only (TrialRequest::
+  /// measure: the second probe, a short-aimed jump, low + 1 where the model puts the boundary at
+  /// the anchor), not as a guess at the answer.
+  virtual bool measuring() const { return false; }
 };
 
 /// The guided strategy (docs/search.md): the max-of-phases model at the bracket's budget, opened

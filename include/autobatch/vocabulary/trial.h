@@ -35,6 +35,15 @@ struct TrialRequest {
   /// running finishes first; on CUDA, at the end of the step in progress), issue 40 row 15. Keep
   /// it cheap (an atomic flag, a clock) and free of tensor allocations. May be empty.
   CancelHook cancel;
+  /// A measuring trial: the search asks for the memory of each phase at this size, to predict
+  /// from (the guided search's second probe and its short-aimed far jumps), or to see it fail
+  /// (low + 1 where the model puts the boundary at its anchor), not for a candidate answer
+  /// (docs/search.md, "Measuring trials"). A probe may then run a shortened trial
+  /// whose phases see what the full trial's steady state holds, and say so in
+  /// TrialResult::shortened; one that ignores the flag runs its full trial (the command's
+  /// TrialRunner does). A shortened fit is never an answer until a full trial of the same size
+  /// confirms it (the driver runs that trial).
+  bool measure = false;
 };
 
 /// What a trial ended with. Model and device errors are not outcomes: they leave as exceptions.
@@ -171,6 +180,13 @@ struct TrialResult {
   int steps_completed = 0;
   /// True when the cancel hook stopped the trial; a cancelled trial never counts as fitting.
   bool cancelled = false;
+  /// True when the probe ran a shortened measuring trial (TrialRequest::measure): a first step
+  /// whose forward and backward run on the first min_batch samples of this size's batch (which
+  /// makes the optimizer's state for the parameters a job's first step trains), then one whole
+  /// step of this size (autobatch.find's EagerProbe, docs/search.md "Measuring trials"). Its
+  /// phase peaks are the full trial's on a byte-counting allocator; its fit is not an answer until
+  /// a full trial confirms it.
+  bool shortened = false;
 };
 
 /// The units an allocator reserves memory in, as the search reads the measured peaks

@@ -200,6 +200,7 @@ class _Session:
                                self.loss_fn, self.autocast, meter, state, self.steps, self.step,
                                self.ddp_bucket_bytes)
             probe.zero_grad, probe.keep_output = self.zero_grad, self.keep_output
+            probe.state_batch = self.options["min_batch"]
             if meter.needs_warm_up() or ranks > 1:
                 probe.warm_up(self.options["min_batch"], check_collectives=ranks > 1)
             try:
@@ -317,7 +318,8 @@ def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, 
                      "fields": _cache_key_fields(session, facts)}
         try:
             return _core.search(probe.stopping_at_model_error, session.options, facts,
-                                probe.cancel, evaluator, eval_state, where)
+                                probe.cancel, evaluator, eval_state, where,
+                                measure=probe.measuring_at_model_error)
         finally:
             if probe.bar is not None:
                 probe.bar.close()

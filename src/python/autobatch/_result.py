@@ -103,6 +103,9 @@ class Trial:
     cancelled: bool
     eval: bool = False  # an evaluation trial (find(eval=...)): 2 batches, no optimizer step
     steps_completed: int = 0  # whole optimizer steps run (a stopped or failed trial: fewer)
+    # A shortened measuring trial (docs/search.md "Measuring trials"): one step after the
+    # optimizer's state was made; never the answer.
+    shortened: bool = False
 
     @classmethod
     def from_json(cls, t):
@@ -114,7 +117,7 @@ class Trial:
                    phases, t.get("failed_phase", ""), t.get("failed_in_use_bytes", 0),
                    t.get("failed_request_bytes", 0), t.get("step_ms", 0.0), t.get("reason", ""),
                    t.get("cancelled", False), bool(t.get("eval", False)),
-                   int(t.get("steps_completed", 0)))
+                   int(t.get("steps_completed", 0)), bool(t.get("shortened", False)))
 
 
 @dataclass

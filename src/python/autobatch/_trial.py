@@ -59,6 +59,26 @@ def make_batch(example, size, n0, device):
     return example
 
 
+def leading(example, batch, k, n0):
+    """The first `k` samples of `batch`, made by make_batch(example, ..., n0), as views (no memory
+    of their own): the tensors make_batch repeated (the example's leading dimension is n0) sliced,
+    everything it passed unchanged left so (a tensor that happens to be as long as the batch
+    included)."""
+    if isinstance(example, torch.Tensor):
+        if example.dim() == 0 or example.shape[0] != n0:
+            return batch
+        return batch[:k]
+    if isinstance(example, Mapping):
+        return same_mapping(batch, {key: leading(example[key], v, k, n0)
+                                    for key, v in batch.items()})
+    if isinstance(example, (list, tuple)):
+        items = [leading(e, v, k, n0) for e, v in zip(example, batch)]
+        if hasattr(batch, "_fields"):
+            return type(batch)(*items)
+        return type(batch)(items) if isinstance(batch, list) else tuple(items)
+    return batch
+
+
 def same_mapping(example, items):
     """A mapping of example's kind holding `items`: a shallow copy of it refilled (keeps a
     tokenizer's BatchEncoding, a defaultdict's factory, an OrderedDict), else a plain dict for a
@@ -251,8 +271,11 @@ class Meter:
 
 def _body_key(body):
     """The kind of trial a body runs ("_train", "_evaluate", ...), by name: never the function
-    itself, whose closure may hold a trial's optimizer (the evaluation's resident state)."""
-    return getattr(body, "__name__", type(body).__name__)
+    itself, whose closure may hold a trial's optimizer (the evaluation's resident state). A
+    measuring trial's body is the training step's kind: an ambiguous failure in one is decided by
+    the largest training fit, full or shortened."""
+    name = getattr(body, "__name__", type(body).__name__)
+    return "_train" if name == "_measure" else name
 
 
 class CollectiveInStep(RuntimeError):
@@ -356,6 +379,9 @@ class EagerProbe:
         # Whole steps the running trial finished: a failed trial's record counts them, as the
         # command's does (trial_runner.cpp).
         self.steps_done = 0
+        # The samples a measuring trial's first step runs forward and backward on, which makes the
+        # optimizer's state (the search's min_batch; find sets it).
+        self.state_batch = 1
 
     def cancel(self):
         return self.interrupted or self.stopped_by is not None
@@ -370,6 +396,39 @@ class EagerProbe:
             self.stopped_by = e
             return {"cancelled": True, "memory_limit_bytes": self.meter.limit_bytes(),
                     "steps_completed": 0, "reason": "the model raised an error"}
+
+    def measuring_at_model_error(self, size, micro_batches):
+        """stopping_at_model_error for a measuring trial (TrialRequest::measure: the guided
+        search's second probe and short-aimed jumps, docs/search.md "Measuring trials")."""
+        try:
+            return self.measure(size, micro_batches)
+        except ModelError as e:
+            self.stopped_by = e
+            return {"cancelled": True, "memory_limit_bytes": self.meter.limit_bytes(),
+                    "steps_completed": 0, "reason": "the model raised an error"}
+
+    def measure(self, size, micro_batches):
+        """A shortened trial for the search's model (docs/search.md, "Measuring trials"): a first
+        step whose forward and backward run on the first `state_batch` samples of this size's
+        batch (_make_state) makes the optimizer's state, as a job's first step does (the same
+        parameters get gradients); then one whole step at `size`, which sees what every later
+        step of a full trial sees (the state, the previous batch while the next is made). On a
+        byte-counting allocator its phase peaks are the full trial's. Its fit is not an answer:
+        the search confirms that by a full trial. With steps_per_trial 1 there is no later step
+        to stand for, and the full trial runs."""
+        if self.steps < 2:
+            return self(size, micro_batches)
+        record = self.trial(size, micro_batches, self._measure,
+                            label=f"trial {self.count + 1} (measuring)")
+        record["shortened"] = True
+        return record
+
+    def _measure(self, size, micro_batches):
+        buckets = self.buckets(size)
+        done = self._steps(size, micro_batches, steps=1,
+                           state_batch=min(size, max(1, self.state_batch)))
+        del buckets
+        return done
 
     def _enter(self, name, size, micro=0, step=0):
         self.point = (name, micro, step)
@@ -393,9 +452,11 @@ class EagerProbe:
             self.loss_rule = rule[0] if rule else self.loss_rule
             return output, loss
 
-    def _steps(self, size, micro_batches, steps=None, keep=None):
+    def _steps(self, size, micro_batches, steps=None, keep=None, state_batch=0):
         """The user's step, `steps` (default `self.steps`) times; returns completed steps and
-        total ms. `keep`: a list that receives the optimizer (the evaluation's training state)."""
+        total ms. `keep`: a list that receives the optimizer (the evaluation's training state).
+        `state_batch` > 0: first the measuring trial's state-making step (measure()), not
+        counted in the steps or their time."""
         optimizer = self.make_optimizer()
         if keep is not None:
             keep.append(optimizer)
@@ -408,6 +469,8 @@ class EagerProbe:
         # labels after the loss's backward: 8 bytes a sample put an MLP's answer 1 above the
         # plain loop's B*, scripts/bench/race.py).
         held = None
+        if state_batch > 0:
+            held = self._make_state(optimizer, size, micro_batches, state_batch)
         for step in range(self.steps if steps is None else steps):
             if _core.trial_should_stop():  # the search's deadline or cancellation (row 15)
                 raise _TrialStopped(done, total_ms)
@@ -426,25 +489,54 @@ class EagerProbe:
                 self._enter("backward", size, micro, step)
                 (loss / micro_batches).backward()
                 del loss, output  # kept: alive through backward, as `out = model(x)` keeps it
-            if optimizer is not None:
-                self._enter("optimizer-step", size, 0, step)
-                optimizer.step()
-                self.optimizer_state_bytes = max(self.optimizer_state_bytes,
-                                                 state_bytes(optimizer))
-                self._enter("idle", size, 0, step)
-                optimizer.zero_grad(set_to_none=self.zero_grad == "none")
-            else:
-                self._enter("idle", size, 0, step)
-                for p in self.state.params:
-                    if self.zero_grad == "none" or p.grad is None:
-                        p.grad = None
-                    else:
-                        p.grad.zero_()
+            self._optimizer_step(optimizer, size, step)
             self.meter.synchronize()  # the step's queued kernels, once per step (CUDA)
             total_ms += (time.perf_counter() - t0) * 1000.0
             done += 1
             self.steps_done = done
         return done, total_ms
+
+    def _optimizer_step(self, optimizer, size, step):
+        """The optimizer's step and zero_grad (or, without an optimizer, zero_grad alone)."""
+        if optimizer is not None:
+            self._enter("optimizer-step", size, 0, step)
+            optimizer.step()
+            self.optimizer_state_bytes = max(self.optimizer_state_bytes, state_bytes(optimizer))
+            self._enter("idle", size, 0, step)
+            optimizer.zero_grad(set_to_none=self.zero_grad == "none")
+        else:
+            self._enter("idle", size, 0, step)
+            for p in self.state.params:
+                if self.zero_grad == "none" or p.grad is None:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
+
+    def _make_state(self, optimizer, size, micro_batches, state_batch):
+        """A measuring trial's first step (measure()), a full trial's first step with the
+        forward and backward run on the first `state_batch` samples only: this size's batch is
+        made (and held, as the loop holds it, into the next step), forward and backward of each
+        micro-batch run on a view of its first samples (no memory of its own: every phase peak
+        stays at or below the full first step's), which gives the gradients a job's first step
+        gives (the same parameters: the optimizer's state is made for exactly those), then the
+        optimizer's step with the batch held. Returns that batch."""
+        self._enter("inputs", size, 0, 0)
+        held = make_batch(self.example, size, self.n0, self.device)
+        for micro in range(micro_batches):
+            small = leading(self.example, held, state_batch, self.n0)
+            output, loss = self.forward_loss(small, size, micro, 0)
+            if self.step is not None:
+                _check_loss(loss, self.step)
+            del small
+            if not self.keep_output:
+                del output
+                output = None
+            self._enter("backward", size, micro, 0)
+            (loss / micro_batches).backward()
+            del loss, output
+        self._optimizer_step(optimizer, size, 0)
+        self.meter.synchronize()
+        return held
 
     def buckets(self, size):
         """DDP's gradient buckets (None without ddp): counted, and able to fail the trial."""

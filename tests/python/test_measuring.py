@@ -1,0 +1,180 @@
+"""Measuring trials (docs/search.md, "Measuring trials"): the guided search asks its second probe
+and its short-aimed jumps for their measurements only, and autobatch.find runs them shortened: a
+first step whose forward and backward run on the first min_batch samples of this size's batch
+makes the optimizer's state, then one whole step at the size. On the CPU budget allocator, which
+counts bytes, every phase peak of the shortened trial must equal the full trial's; its fit is never
+the answer until a full trial of the same size confirms it. Each test names the wrong
+implementation it catches."""
+import json
+
+import pytest
+import torch
+
+import autobatch
+from autobatch._state import ModelState
+from autobatch._trial import EagerProbe, Meter
+
+GiB = 1 << 30
+
+
+class Net(torch.nn.Module):
+    """An MLP with a layer the forward never uses: it gets no gradient, so no optimizer state."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 256)
+        self.b = torch.nn.Linear(256, 256)
+        self.c = torch.nn.Linear(256, 10)
+        self.unused = torch.nn.Linear(256, 256)
+
+    def forward(self, x, y=None):  # called with the whole batch, (x, y); the loss reads y
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def _loss(output, batch):
+    return torch.nn.functional.cross_entropy(output, batch[1])
+
+
+def _phases(record):
+    return {(p["phase"], p["micro_batch_index"]): p["peak_allocated_bytes"]
+            for p in record["phase_peaks"]}
+
+
+def _probe(optimizer, zero_grad, keep_output, steps=3, model=None, example=None, loss=_loss):
+    torch.manual_seed(0)
+    model = model or Net()
+    example = example or (torch.randn(1, 64), torch.randint(0, 10, (1,)))
+    state = ModelState(model, example)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    meter = Meter.cpu(8 * GiB, 0)
+    probe = EagerProbe(model, example, 1, torch.device("cpu"), lambda: optimizer(trained), loss,
+                       _null, meter, state, steps)
+    probe.zero_grad, probe.keep_output, probe.state_batch = zero_grad, keep_output, 2
+    meter.finish_setup(0)
+    return probe, meter, state
+
+
+def _null():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+OPTIMIZERS = {
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3),
+    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+}
+
+
+# Catches a shortened trial of one plain step (no step that makes the optimizer's state first:
+# its forward and backward read the state's bytes low, 2 x 0.6 MiB with AdamW here), one whose
+# state-making step does not hold this size's batch (the next step's inputs phase reads one batch
+# low), and one that makes state for every trained parameter (the unused layer has none in the
+# job: every phase after it would read 0.5 MiB high). Each phase peak must equal the full trial's,
+# for every optimizer, both zero_grad modes, the output kept or not, and 2 micro-batches a step.
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("zero_grad", ["none", "zeros"])
+@pytest.mark.parametrize("keep_output", [True, False])
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_shortened_trial_sees_every_phase_peak_of_the_full_trial(name, zero_grad, keep_output,
+                                                                  micro_batches):
+    probe, meter, state = _probe(OPTIMIZERS[name], zero_grad, keep_output)
+    try:
+        full = probe(96, micro_batches)
+        short = probe.measure(96, micro_batches)
+        again = probe(96, micro_batches)
+    finally:
+        meter.remove()
+        state.restore(True)
+    assert full.get("outcome", "fits") == "fits" and short.get("outcome", "fits") == "fits"
+    assert full["steps_completed"] == 3 and short["steps_completed"] == 1
+    assert short["shortened"] is True and "shortened" not in full
+    assert _phases(full) == _phases(again)  # the full trial is repeatable: the comparison holds
+    assert _phases(short) == _phases(full)
+    assert short["peak_bytes"] == full["peak_bytes"]
+
+
+class Weighted(torch.nn.Module):
+    """Takes per-class weights beside its input: a tensor of the batch that is no sample
+    dimension (96 long, as long as the batch below)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 96)
+
+    def forward(self, x, w):
+        if w.shape != (96,):
+            raise ValueError(f"class weights of shape {tuple(w.shape)}, expected (96,)")
+        return self.lin(x) * w
+
+
+# Catches a state-making step that slices every tensor as long as the batch (the weights, which
+# make_batch passed unchanged, cut to 2: the model's error) instead of the tensors make_batch
+# repeated.
+def test_the_state_making_step_slices_only_the_samples():
+    example = (torch.randn(1, 8), torch.ones(96))
+    probe, meter, state = _probe(OPTIMIZERS["adamw"], "none", True, model=Weighted(),
+                                 example=example, loss=None)
+    try:
+        full = probe(96, 1)
+        short = probe.measure(96, 1)
+    finally:
+        meter.remove()
+        state.restore(True)
+    assert short.get("outcome", "fits") == "fits" and short["shortened"]
+    assert _phases(short) == _phases(full)
+
+
+def _at_limit(limit, micro_batches):
+    """A full trial and a shortened one of 96 samples under a limit of `limit` bytes."""
+    probe, meter, state = _probe(OPTIMIZERS["adamw"], "none", True)
+    meter.remove()
+    probe.meter = meter = Meter.cpu(limit, 0)
+    meter.finish_setup(0)
+    try:
+        return probe(96, micro_batches), probe.measure(96, micro_batches)
+    finally:
+        meter.remove()
+        state.restore(True)
+
+
+# Catches a shortened trial that fits or fails otherwise than the full trial at the limit that
+# decides it: at the full trial's own peak both fit, one byte under it both run out of memory, in
+# the same phase (a shortened trial holding less, e.g. no batch through its state-making step or
+# no state, fits one byte under).
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_a_shortened_trial_fits_and_fails_where_the_full_trial_does(micro_batches):
+    probe, meter, state = _probe(OPTIMIZERS["adamw"], "none", True)
+    try:
+        peak = probe(96, micro_batches)["peak_bytes"]
+    finally:
+        meter.remove()
+        state.restore(True)
+    full, short = _at_limit(peak, micro_batches)
+    assert full.get("outcome", "fits") == "fits" and short.get("outcome", "fits") == "fits"
+    full, short = _at_limit(peak - 1, micro_batches)
+    assert full["outcome"] == "out-of-memory" and short["outcome"] == "out-of-memory"
+    assert short["failed_phase"] == full["failed_phase"]
+
+
+# Catches find() answering a shortened trial's fit, and a find() that never shortens (the
+# measuring trials' whole point: their time): the report lists the measuring trials, and the
+# answer's trial is a full one that completed every step.
+def test_find_measures_with_shortened_trials_and_answers_a_full_one():
+    torch.manual_seed(0)
+    model = Net()
+    x, y = torch.randn(4, 64), torch.randint(0, 10, (4,))
+    result = autobatch.find(model, (x, y), loss_fn=_loss, memory_limit="24MiB", margin=0.0,
+                            steps_per_trial=3, min_batch=2, max_batch=1 << 16)
+    trials = result.raw["trials"]
+    assert trials[0]["micro_batch_size"] == 2  # min_batch in full, then the second probe measures
+    assert not trials[0].get("shortened") and trials[1].get("shortened")
+    assert [t.shortened for t in result.trials] == [bool(t.get("shortened")) for t in trials]
+    answer = [t for t in trials if t["micro_batch_size"] == result.max_micro_batch
+              and t["outcome"] == "fits"]
+    assert answer and all(not t.get("shortened") for t in answer)
+    assert answer[-1]["steps_completed"] == 3
+    above = [t for t in trials if t["micro_batch_size"] == result.max_micro_batch + 1]
+    assert above and above[-1]["outcome"] == "out-of-memory"
+    assert "measuring" in result.text
+    json.dumps(result.raw)  # the report's JSON holds the flag as a plain value
