@@ -1012,8 +1012,8 @@ TEST(SearchTest, ShortenedMeasuringFitsAreAnswersOnlyOnceAFullTrialConfirmsThem)
     ASSERT_TRUE(seenToFitInFull(r, threshold)) << threshold;
     ASSERT_EQ(r.safe_micro_batch, threshold);
     ASSERT_FALSE(r.trials[0].shortened) << threshold;
-    measured += static_cast<int>(std::ranges::count_if(
-        r.trials, [](const TrialResult& t) { return t.shortened; }));
+    measured += static_cast<int>(
+        std::ranges::count_if(r.trials, [](const TrialResult& t) { return t.shortened; }));
   }
   EXPECT_GE(measured, 590);  // the second probe of every search but at the cap measured
   for (Strategy strategy : {Strategy::kBinsearch, Strategy::kPower}) {
