@@ -269,6 +269,7 @@ bool SearchDriver::tryBatch(std::int64_t batch, bool measuring) {
     case TrialOutcome::kFits: {
       trials_.fits[batch] = measure(*r);
       trials_.fits[batch].confirmed = !r->shortened;
+      unconfirmed_fails_.erase(batch);
       trials_.fails.erase(batch);
       // A failure at or below a fit: re-try the smallest such failure once.
       if (!trials_.fails.empty() && *trials_.fails.begin() <= batch)
@@ -281,6 +282,11 @@ bool SearchDriver::tryBatch(std::int64_t batch, bool measuring) {
       }
       trials_.fails.insert(batch);
       trials_.fits.erase(batch);  // a shortened fit that its confirming trial did not repeat
+      if (r->shortened) {
+        unconfirmed_fails_.insert(batch);
+      } else {
+        unconfirmed_fails_.erase(batch);
+      }
       if (!r->failed_phase.empty() && r->failed_in_use_bytes > 0) {
         trials_.bounds[batch] = {detail::phaseKeyOf(r->failed_phase, r->failed_micro_batch_index),
                                  r->failed_in_use_bytes + r->failed_request_bytes};
@@ -344,11 +350,21 @@ void SearchDriver::drive(SearchGoal goal, std::int64_t budget) {
     const std::int64_t x = strategy->next(trials_, before);
     if (x == 0) {
       // The answer is only ever a full trial's fit: a shortened measuring trial's is confirmed
-      // by one (it fails: the bracket reopens below it and the strategy goes on).
+      // by one (it fails: the bracket reopens below it and the strategy goes on). And the
+      // maximum's bound above it a full trial's failure: a shortened trial may hold more than the
+      // full one (a step that pops the labels from its batch, a model that caches a buffer of the
+      // batch's size), so its failure is confirmed too (it fits: the bracket reopens above).
       const auto low = trials_.fits.find(before.low);
-      if (low == trials_.fits.end() || low->second.confirmed) return;
-      tryBatch(before.low);
-      continue;
+      if (low != trials_.fits.end() && !low->second.confirmed) {
+        tryBatch(before.low);
+        continue;
+      }
+      if (goal == SearchGoal::kMaximum && before.low > 0 &&
+          unconfirmed_fails_.contains(before.high)) {
+        tryBatch(before.high);
+        continue;
+      }
+      return;
     }
     bool fit = tryBatch(x, strategy->measuring());
     if (stop_ != Stop::kNone) return;

@@ -241,8 +241,11 @@ class GuidedStrategy final : public SearchStrategy {
         if (!seeded) {
           if (b1 >= trials.cap) return 0;
           stage_ = Stage::kSecond;
-          measuring_ = true;  // the second probe measures: the model predicts from it
-          return secondProbe(trials);
+          const std::int64_t b2 = secondProbe(trials);
+          // The second probe measures (the model predicts from it), unless it is the cap: then it
+          // is the answer if it fits, and a shortened trial there would be repeated in full.
+          measuring_ = b2 < trials.cap;
+          return b2;
         }
         break;
       case Stage::kSecond:
@@ -428,9 +431,7 @@ std::int64_t GuidedStrategy::guidedNext(std::int64_t cap, std::int64_t low, std:
     }
   }
   x = std::clamp(x, low + 1, top);
-  // The model puts the boundary at the anchor: low + 1 is tried to see it fail, not as a guess
-  // at the answer (a fit there is confirmed in full before it is one).
-  if (goal_ == SearchGoal::kMaximum && pred > 0 && pred <= low && x == low + 1) measuring_ = true;
+  if (x >= cap) measuring_ = false;  // the cap is the answer if it fits: tried in full
   return x;
 }
 

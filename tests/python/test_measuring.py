@@ -178,3 +178,92 @@ def test_find_measures_with_shortened_trials_and_answers_a_full_one():
     assert above and above[-1]["outcome"] == "out-of-memory"
     assert "measuring" in result.text
     json.dumps(result.raw)  # the report's JSON holds the flag as a plain value
+
+
+class Head(torch.nn.Module):
+    """Reads the first 4 tokens of long inputs: its batch is most of its memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.e = torch.nn.Embedding(100, 8)
+        self.lin = torch.nn.Linear(8, 100)
+
+    def forward(self, input_ids):
+        return self.lin(self.e(input_ids[:, :4]).mean(1))
+
+
+def _popping_step(model, batch):
+    labels = batch.pop("labels")  # the user's step takes the labels out of the batch
+    return torch.nn.functional.cross_entropy(model(**batch), labels[:, 0])
+
+
+# A review of stop 52 (F1). Catches a state-making step whose batch is a copy of the held one
+# (the user's step popped the labels from the copy; the held batch kept them, 2 MB over the full
+# trial's 6.2 MB at batch 500, and find answered 559 where the plain loop fits 680): the phases
+# of a shortened trial equal the full trial's with a step that pops from its batch.
+def test_a_step_that_pops_from_its_batch_pops_from_the_held_batch_too():
+    example = {"input_ids": torch.randint(0, 100, (4, 512)),
+               "labels": torch.randint(0, 100, (4, 512))}
+    torch.manual_seed(0)
+    model = Head()
+    state = ModelState(model, example)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    meter = Meter.cpu(8 * GiB, 0)
+    probe = EagerProbe(model, example, 4, torch.device("cpu"),
+                       lambda: torch.optim.AdamW(trained, lr=1e-3), None, _null, meter, state, 3,
+                       step=_popping_step)
+    probe.state_batch = 8
+    meter.finish_setup(0)
+    try:
+        full = probe(500, 1)
+        short = probe.measure(500, 1)
+    finally:
+        meter.remove()
+        state.restore(True)
+    assert short.get("outcome", "fits") == "fits" and short["shortened"]
+    assert _phases(short) == _phases(full)
+    assert short["peak_bytes"] == full["peak_bytes"]
+
+
+class Experts(torch.nn.Module):
+    """Routes sample i to expert y[i] % 4: a branching graph for autograd's engine."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(64, 128)
+        self.ex = torch.nn.ModuleList([torch.nn.Linear(128, 128) for _ in range(4)])
+        self.out = torch.nn.Linear(128, 10)
+
+    def forward(self, x, y):
+        h = torch.relu(self.inp(x))
+        o = torch.zeros_like(h)
+        for e in range(4):
+            m = (y % 4) == e
+            if m.any():
+                o = o + self.ex[e](h) * m[:, None]
+        return self.out(o)
+
+
+# A review of stop 52 (F4; older than measuring trials). Catches a trial that leaves autograd's
+# engine holding a failed backward's queued gradient buffers (3.9 MB here) until the next
+# backward: counted into the next trials, they failed sizes that fit (answers 2188 and 5348 for
+# B* 2540 and 5468). After an out of memory in backward the bytes held are back to the baseline.
+def test_an_out_of_memory_in_backward_leaves_nothing_in_autograds_engine():
+    x, y = torch.randn(4, 64), torch.arange(4)
+    torch.manual_seed(0)
+    model = Experts()
+    state = ModelState(model, (x, y))
+    trained = list(model.parameters())
+    meter = Meter.cpu(8 << 20, 0)
+    probe = EagerProbe(model, (x, y), 4, torch.device("cpu"),
+                       lambda: torch.optim.AdamW(trained, lr=1e-3), _loss, _null, meter, state, 3)
+    meter.finish_setup(state.untracked_bytes())
+    try:
+        before = meter.current_bytes()
+        record = probe(3072, 1)
+        after = meter.current_bytes()
+    finally:
+        meter.remove()
+        state.restore(True)
+    assert record["outcome"] == "out-of-memory" and record["failed_phase"] == "backward", record
+    assert after == before, (before, after)

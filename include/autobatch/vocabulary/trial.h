@@ -36,13 +36,12 @@ struct TrialRequest {
   /// it cheap (an atomic flag, a clock) and free of tensor allocations. May be empty.
   CancelHook cancel;
   /// A measuring trial: the search asks for the memory of each phase at this size, to predict
-  /// from (the guided search's second probe and its short-aimed far jumps), or to see it fail
-  /// (low + 1 where the model puts the boundary at its anchor), not for a candidate answer
-  /// (docs/search.md, "Measuring trials"). A probe may then run a shortened trial
+  /// from (the guided search's second probe and its short-aimed far jumps), not for a candidate
+  /// answer (docs/search.md, "Measuring trials"). A probe may then run a shortened trial
   /// whose phases see what the full trial's steady state holds, and say so in
   /// TrialResult::shortened; one that ignores the flag runs its full trial (the command's
-  /// TrialRunner does). A shortened fit is never an answer until a full trial of the same size
-  /// confirms it (the driver runs that trial).
+  /// TrialRunner does). A shortened fit is never an answer, nor a shortened failure the bound
+  /// above the answer, until a full trial of the same size confirms it (the driver runs it).
   bool measure = false;
 };
 
