@@ -431,8 +431,6 @@ def main() -> int:
             r.update(finder=finder, model=model)
             rows.append(r)
             print(f"[race] {model}: {finder}: {json.dumps(r)[:400]}", file=sys.stderr, flush=True)
-            with open(a.jsonl, "a") as f:  # kept whatever the B* checks do
-                f.write(json.dumps(dict(r, b_star=None)) + "\n")
         b_star, checks = exact_b_star(model, [r.get("found") for r in rows] +
                                       [r.get("raw_max") for r in rows], a.device)
         for r in rows:

@@ -5,14 +5,13 @@ makes the optimizer's state, then one whole step at the size. On the CPU budget 
 counts bytes, every phase peak of the shortened trial must equal the full trial's; its fit is never
 the answer until a full trial of the same size confirms it. Each test names the wrong
 implementation it catches."""
-import json
 
 import pytest
 import torch
 
 import autobatch
 from autobatch._state import ModelState
-from autobatch._trial import EagerProbe, Meter
+from autobatch._trial import EagerProbe, Meter, leading_size
 
 GiB = 1 << 30
 
@@ -40,18 +39,30 @@ def _phases(record):
             for p in record["phase_peaks"]}
 
 
-def _probe(optimizer, zero_grad, keep_output, steps=3, model=None, example=None, loss=_loss):
+def _probe(optimizer, zero_grad="none", keep_output=True, *, model=None, example=None,
+           loss=_loss, step=None, limit=8 * GiB, state_batch=2):
+    """An EagerProbe of 3 steps a trial on the CPU budget allocator, set up as find() sets it."""
     torch.manual_seed(0)
     model = model or Net()
     example = example or (torch.randn(1, 64), torch.randint(0, 10, (1,)))
     state = ModelState(model, example)
     trained = [p for p in model.parameters() if p.requires_grad]
-    meter = Meter.cpu(8 * GiB, 0)
-    probe = EagerProbe(model, example, 1, torch.device("cpu"), lambda: optimizer(trained), loss,
-                       _null, meter, state, steps)
-    probe.zero_grad, probe.keep_output, probe.state_batch = zero_grad, keep_output, 2
-    meter.finish_setup(0)
+    meter = Meter.cpu(limit, 0)
+    probe = EagerProbe(model, example, leading_size(example), torch.device("cpu"),
+                       lambda: optimizer(trained), loss, _null, meter, state, 3, step=step)
+    probe.zero_grad, probe.keep_output, probe.state_batch = zero_grad, keep_output, state_batch
+    meter.finish_setup(state.untracked_bytes())
     return probe, meter, state
+
+
+def _full_and_shortened(setup, size, micro_batches=1):
+    """The full trial and the shortened one of `size` on the probe `setup` = _probe(...)."""
+    probe, meter, state = setup
+    try:
+        return probe(size, micro_batches), probe.measure(size, micro_batches)
+    finally:
+        meter.remove()
+        state.restore(True)
 
 
 def _null():
@@ -113,29 +124,10 @@ class Weighted(torch.nn.Module):
 # repeated.
 def test_the_state_making_step_slices_only_the_samples():
     example = (torch.randn(1, 8), torch.ones(96))
-    probe, meter, state = _probe(OPTIMIZERS["adamw"], "none", True, model=Weighted(),
-                                 example=example, loss=None)
-    try:
-        full = probe(96, 1)
-        short = probe.measure(96, 1)
-    finally:
-        meter.remove()
-        state.restore(True)
+    full, short = _full_and_shortened(
+        _probe(OPTIMIZERS["adamw"], model=Weighted(), example=example, loss=None), 96)
     assert short.get("outcome", "fits") == "fits" and short["shortened"]
     assert _phases(short) == _phases(full)
-
-
-def _at_limit(limit, micro_batches):
-    """A full trial and a shortened one of 96 samples under a limit of `limit` bytes."""
-    probe, meter, state = _probe(OPTIMIZERS["adamw"], "none", True)
-    meter.remove()
-    probe.meter = meter = Meter.cpu(limit, 0)
-    meter.finish_setup(0)
-    try:
-        return probe(96, micro_batches), probe.measure(96, micro_batches)
-    finally:
-        meter.remove()
-        state.restore(True)
 
 
 # Catches a shortened trial that fits or fails otherwise than the full trial at the limit that
@@ -144,15 +136,11 @@ def _at_limit(limit, micro_batches):
 # no state, fits one byte under).
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_a_shortened_trial_fits_and_fails_where_the_full_trial_does(micro_batches):
-    probe, meter, state = _probe(OPTIMIZERS["adamw"], "none", True)
-    try:
-        peak = probe(96, micro_batches)["peak_bytes"]
-    finally:
-        meter.remove()
-        state.restore(True)
-    full, short = _at_limit(peak, micro_batches)
+    peak = _full_and_shortened(_probe(OPTIMIZERS["adamw"]), 96, micro_batches)[0]["peak_bytes"]
+    full, short = _full_and_shortened(_probe(OPTIMIZERS["adamw"], limit=peak), 96, micro_batches)
     assert full.get("outcome", "fits") == "fits" and short.get("outcome", "fits") == "fits"
-    full, short = _at_limit(peak - 1, micro_batches)
+    full, short = _full_and_shortened(_probe(OPTIMIZERS["adamw"], limit=peak - 1), 96,
+                                      micro_batches)
     assert full["outcome"] == "out-of-memory" and short["outcome"] == "out-of-memory"
     assert short["failed_phase"] == full["failed_phase"]
 
@@ -177,7 +165,6 @@ def test_find_measures_with_shortened_trials_and_answers_a_full_one():
     above = [t for t in trials if t["micro_batch_size"] == result.max_micro_batch + 1]
     assert above and above[-1]["outcome"] == "out-of-memory"
     assert "measuring" in result.text
-    json.dumps(result.raw)  # the report's JSON holds the flag as a plain value
 
 
 class Head(torch.nn.Module):
@@ -204,22 +191,9 @@ def _popping_step(model, batch):
 def test_a_step_that_pops_from_its_batch_pops_from_the_held_batch_too():
     example = {"input_ids": torch.randint(0, 100, (4, 512)),
                "labels": torch.randint(0, 100, (4, 512))}
-    torch.manual_seed(0)
-    model = Head()
-    state = ModelState(model, example)
-    trained = [p for p in model.parameters() if p.requires_grad]
-    meter = Meter.cpu(8 * GiB, 0)
-    probe = EagerProbe(model, example, 4, torch.device("cpu"),
-                       lambda: torch.optim.AdamW(trained, lr=1e-3), None, _null, meter, state, 3,
-                       step=_popping_step)
-    probe.state_batch = 8
-    meter.finish_setup(0)
-    try:
-        full = probe(500, 1)
-        short = probe.measure(500, 1)
-    finally:
-        meter.remove()
-        state.restore(True)
+    full, short = _full_and_shortened(
+        _probe(OPTIMIZERS["adamw"], model=Head(), example=example, loss=None, step=_popping_step,
+               state_batch=8), 500)
     assert short.get("outcome", "fits") == "fits" and short["shortened"]
     assert _phases(short) == _phases(full)
     assert short["peak_bytes"] == full["peak_bytes"]
@@ -249,15 +223,8 @@ class Experts(torch.nn.Module):
 # backward: counted into the next trials, they failed sizes that fit (answers 2188 and 5348 for
 # B* 2540 and 5468). After an out of memory in backward the bytes held are back to the baseline.
 def test_an_out_of_memory_in_backward_leaves_nothing_in_autograds_engine():
-    x, y = torch.randn(4, 64), torch.arange(4)
-    torch.manual_seed(0)
-    model = Experts()
-    state = ModelState(model, (x, y))
-    trained = list(model.parameters())
-    meter = Meter.cpu(8 << 20, 0)
-    probe = EagerProbe(model, (x, y), 4, torch.device("cpu"),
-                       lambda: torch.optim.AdamW(trained, lr=1e-3), _loss, _null, meter, state, 3)
-    meter.finish_setup(state.untracked_bytes())
+    probe, meter, state = _probe(OPTIMIZERS["adamw"], model=Experts(),
+                                 example=(torch.randn(4, 64), torch.arange(4)), limit=8 << 20)
     try:
         before = meter.current_bytes()
         record = probe(3072, 1)

@@ -7,11 +7,10 @@ traceback frames cleared before control returns to the C++ search: a failed step
 alive as long as the exception or its frames do.
 """
 import contextlib
-import copy
 import logging
 import time
 import traceback
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -19,105 +18,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import _core
 from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
+from ._batches import (call_model, leading, leading_size, make_batch,  # noqa: F401 (re-exported)
+                       mirror_removals, same_mapping)
 from ._state import local_tensor
 
 log = logging.getLogger("autobatch")
 
 
-# ---- batches --------------------------------------------------------------------------------
-
-def leading_size(example):
-    """The example's batch size: the leading dimension of its first tensor (dim >= 1)."""
-    if isinstance(example, torch.Tensor):
-        return example.shape[0] if example.dim() > 0 else None
-    values = example.values() if isinstance(example, Mapping) else (
-        example if isinstance(example, (list, tuple)) else ())
-    for v in values:
-        n = leading_size(v)
-        if n:
-            return n
-    return None
-
-
-def make_batch(example, size, n0, device):
-    """A batch of `size` samples made from `example` along dimension 0: its samples repeated in
-    order (so integer tensors keep their values: token ids, labels, masks), on `device`. Tensors
-    whose leading dimension is not the example's batch size, and non-tensors, pass unchanged."""
-    if isinstance(example, torch.Tensor):
-        if example.dim() == 0 or example.shape[0] != n0:
-            return example.to(device)
-        index = torch.arange(size, device=example.device) % n0
-        return example.index_select(0, index).to(device)
-    if isinstance(example, Mapping):
-        return same_mapping(example, {k: make_batch(v, size, n0, device)
-                                      for k, v in example.items()})
-    if isinstance(example, (list, tuple)):
-        items = [make_batch(v, size, n0, device) for v in example]
-        if hasattr(example, "_fields"):  # a namedtuple keeps its kind (batch.x, batch.y)
-            return type(example)(*items)
-        return type(example)(items) if isinstance(example, list) else tuple(items)
-    return example
-
-
-def leading(example, batch, k, n0):
-    """The first `k` samples of `batch`, made by make_batch(example, ..., n0), as views (no memory
-    of their own): the tensors make_batch repeated (the example's leading dimension is n0) sliced,
-    everything it passed unchanged left so (a tensor that happens to be as long as the batch
-    included)."""
-    if isinstance(example, torch.Tensor):
-        if example.dim() == 0 or example.shape[0] != n0:
-            return batch
-        return batch[:k]
-    if isinstance(example, Mapping):
-        return same_mapping(batch, {key: leading(example[key], v, k, n0)
-                                    for key, v in batch.items()})
-    if isinstance(example, (list, tuple)):
-        items = [leading(e, v, k, n0) for e, v in zip(example, batch)]
-        if hasattr(batch, "_fields"):
-            return type(batch)(*items)
-        return type(batch)(items) if isinstance(batch, list) else tuple(items)
-    return batch
-
-
-def _mirror_removals(small, held):
-    """What the user's step took out of the state-making step's batch (`labels =
-    batch.pop("labels")`, a Hugging Face compute_loss habit), taken out of the held batch too: in
-    a full trial the step pops from the batch that is held (a review of stop 52: the held batch
-    kept the labels, 2 MB of a 6 MB peak, and answered 559 where the plain loop fits 680). Mappings
-    and lists, nested; a value the step replaced stays the held one (smaller or equal: a shortened
-    trial must never hold more than the full one)."""
-    if isinstance(small, Mapping) and isinstance(held, MutableMapping):
-        for key in [k for k in held if k not in small]:
-            del held[key]
-        for key in small:
-            if key in held:
-                _mirror_removals(small[key], held[key])
-    elif isinstance(small, list) and isinstance(held, list) and len(small) < len(held):
-        del held[len(small):]  # popped from the end (a list's usual pop)
-
-
-def same_mapping(example, items):
-    """A mapping of example's kind holding `items`: a shallow copy of it refilled (keeps a
-    tokenizer's BatchEncoding, a defaultdict's factory, an OrderedDict), else a plain dict for a
-    read-only Mapping (issue 40 row 10)."""
-    try:
-        out = copy.copy(example)
-        out.clear()
-        out.update(items)
-        return out
-    except (AttributeError, TypeError):
-        return dict(items)
-
-
-def call_model(model, batch):
-    """model(**batch) for a mapping (a dict, a tokenizer's BatchEncoding: as Hugging Face models
-    take it), model(*batch) for a tuple or list, model(batch) for a tensor."""
-    if isinstance(batch, Mapping):
-        return model(**batch)
-    if isinstance(batch, (list, tuple)):
-        return model(*batch)
-    return model(batch)
-
+# ---- the step's loss and state -----------------------------------------------------------
 
 def default_loss(output, rule=None):
     """The loss when no loss_fn is given: the output's `.loss` (a transformers ModelOutput), its
@@ -545,7 +453,7 @@ class EagerProbe:
             output, loss = self.forward_loss(small, size, micro, 0)
             if self.step is not None:
                 _check_loss(loss, self.step)
-            _mirror_removals(small, held)
+            mirror_removals(small, held)
             del small
             if not self.keep_output:
                 del output
