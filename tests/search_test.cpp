@@ -1047,7 +1047,9 @@ TEST(SearchTest, OptimisticShortenedFitsAreConfirmedDownToTheFullThreshold) {
 TEST(SearchTest, PessimisticShortenedFailuresAreConfirmedUpToTheFullThreshold) {
   for (std::int64_t threshold = 4; threshold <= 400; ++threshold) {
     const MemoryModel full = modelWithThreshold(threshold);
-    const MemoryModel pessimistic = modelWithThreshold(threshold * 4 / 5);
+    // Holds more (the same limit: the driver reads the limit from every trial's result).
+    MemoryModel pessimistic = full;
+    pessimistic.fixed_bytes += (threshold - threshold * 4 / 5) * full.per_sample_bytes;
     const Probe probe = [&](const TrialRequest& request) {
       if (!request.measure) return full.run(request);
       // Measures as the full trial, but fails from a fifth below its threshold.
@@ -1065,6 +1067,37 @@ TEST(SearchTest, PessimisticShortenedFailuresAreConfirmedUpToTheFullThreshold) {
     })) << threshold;
     ASSERT_LE(r.trials.size(), 30U) << threshold;
   }
+}
+
+// Catches a driver that confirms a shortened failure the probe marked stands_for_full (a full
+// trial one above the answer, the cost the mark exists to save), one that takes an unmarked one
+// for the bound (the marked ones here are the full trials' own), and a strategy that stops
+// measuring low + 1 where the model puts the boundary at its anchor (then no search ends on one).
+TEST(SearchTest, ShortenedFailuresThatStandForTheFullTrialCloseTheBracketWithoutConfirmation) {
+  int ended_on_measured = 0;
+  for (std::int64_t threshold = 3; threshold <= 600; ++threshold) {
+    const MemoryModel m = modelWithThreshold(threshold);
+    const Probe probe = [&m](const TrialRequest& request) {
+      TrialResult r = m.run(request);
+      if (!request.measure) return r;
+      r.shortened = true;
+      r.stands_for_full = r.outcome == TrialOutcome::kOutOfMemory;
+      return r;
+    };
+    const SearchResult r = findMaxBatch(probe, optionsFor(Strategy::kGuided));
+    ASSERT_EQ(r.max_micro_batch, threshold);
+    ASSERT_TRUE(seenToFitInFull(r, threshold)) << threshold;
+    const auto above = [&](bool shortened) {
+      return std::ranges::count_if(r.trials, [&](const TrialResult& t) {
+        return t.request.micro_batch_size == threshold + 1 && t.shortened == shortened;
+      });
+    };
+    if (above(true) > 0) {
+      ASSERT_EQ(above(false), 0) << threshold;  // no full trial repeated the marked failure
+      ++ended_on_measured;
+    }
+  }
+  EXPECT_GE(ended_on_measured, 300);
 }
 
 }  // namespace search_test

@@ -130,6 +130,13 @@ def child(argv) -> int:
     a = p.parse_args(argv)
     t0 = time.time()
     import torch
+    # The same imports before every finder's call: `import lightning` imports torch._dynamo (1.0 s
+    # here), and so does the first torch.optim optimizer built in a process without it, which
+    # was then timed inside autobatch.find's call and accelerate's function on the rows whose
+    # models do not import it themselves (the MLP, ResNet-50, ViT: setup 0.9 s in find's call on
+    # the MLP) but outside Lightning's. A training script builds its optimizer anyway; here the
+    # import counts in every finder's process wall, in none of their searches.
+    import torch._dynamo  # noqa: F401
     sys.path.insert(0, HERE)
     import peers
     from autobatch import _core

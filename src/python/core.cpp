@@ -82,6 +82,7 @@ autobatch::TrialResult trialFromDict(const autobatch::TrialRequest& request, con
   r.steps_completed = get<int>(d, "steps_completed", 0);
   r.cancelled = get<bool>(d, "cancelled", false);
   r.shortened = get<bool>(d, "shortened", false);
+  r.stands_for_full = r.shortened && get<bool>(d, "stands_for_full", false);
   if (d.contains("phase_peaks")) {
     for (const auto& item : d["phase_peaks"].cast<py::list>()) {
       const auto p = item.cast<py::dict>();

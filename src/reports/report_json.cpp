@@ -72,6 +72,7 @@ json toJson(const TrialResult& t) {
             {"cancelled", t.cancelled}};
   // Only on a shortened measuring trial (TrialResult::shortened): the key's absence is a full one.
   if (t.shortened) j["shortened"] = true;
+  if (t.stands_for_full) j["stands_for_full"] = true;
   return j;
 }
 

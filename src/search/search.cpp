@@ -282,7 +282,7 @@ bool SearchDriver::tryBatch(std::int64_t batch, bool measuring) {
       }
       trials_.fails.insert(batch);
       trials_.fits.erase(batch);  // a shortened fit that its confirming trial did not repeat
-      if (r->shortened) {
+      if (r->shortened && !r->stands_for_full) {
         unconfirmed_fails_.insert(batch);
       } else {
         unconfirmed_fails_.erase(batch);
@@ -353,7 +353,8 @@ void SearchDriver::drive(SearchGoal goal, std::int64_t budget) {
       // by one (it fails: the bracket reopens below it and the strategy goes on). And the
       // maximum's bound above it a full trial's failure: a shortened trial may hold more than the
       // full one (a step that pops the labels from its batch, a model that caches a buffer of the
-      // batch's size), so its failure is confirmed too (it fits: the bracket reopens above).
+      // batch's size), so its failure is confirmed too (it fits: the bracket reopens above),
+      // unless the probe showed that it held what the full trial holds (stands_for_full).
       const auto low = trials_.fits.find(before.low);
       if (low != trials_.fits.end() && !low->second.confirmed) {
         tryBatch(before.low);

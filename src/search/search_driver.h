@@ -125,8 +125,9 @@ class SearchDriver {
   std::string not_started_;         // the trial the time budget did not start, and why (else empty)
   SearchTrials trials_;             // fits, failures, bounds, cap and limit, search mode
   std::set<std::int64_t> retried_;  // failed batches re-tried once
-  /// Failures seen only by shortened measuring trials (TrialResult::shortened), not yet by a full
-  /// trial: the maximum's bound is confirmed in full before the search ends.
+  /// Failures seen only by shortened measuring trials (TrialResult::shortened) that the probe did
+  /// not mark stands_for_full, not yet by a full trial: the maximum's bound is confirmed in full
+  /// before the search ends.
   std::set<std::int64_t> unconfirmed_fails_;
 };
 

@@ -431,6 +431,11 @@ std::int64_t GuidedStrategy::guidedNext(std::int64_t cap, std::int64_t low, std:
     }
   }
   x = std::clamp(x, low + 1, top);
+  // The model puts the boundary at the anchor: low + 1 is tried to see it fail, not as a guess at
+  // the answer. Measured, its failure closes the bracket at once when the probe says that it
+  // stands for the full trial's (TrialResult::stands_for_full), else the driver confirms it in
+  // full; a fit there is confirmed in full before it is an answer.
+  if (goal_ == SearchGoal::kMaximum && pred > 0 && pred <= low && x == low + 1) measuring_ = true;
   if (x >= cap) measuring_ = false;  // the cap is the answer if it fits: tried in full
   return x;
 }

@@ -86,7 +86,8 @@ class SearchStrategy {
   /// within it); `before` and `after` are the brackets around its trial.
   virtual void noteOutcome(bool fit, const Bracket& before, const Bracket& after) = 0;
   /// True when the batch next() last gave is asked for its measurements only (TrialRequest::
-  /// measure: the second probe below the cap, a short-aimed jump), not as a guess at the answer.
+  /// measure: the second probe below the cap, a short-aimed jump, low + 1 where the model puts the
+  /// boundary at the anchor), not as a guess at the answer.
   virtual bool measuring() const { return false; }
 };
 

@@ -165,6 +165,17 @@ def test_find_measures_with_shortened_trials_and_answers_a_full_one():
     above = [t for t in trials if t["micro_batch_size"] == result.max_micro_batch + 1]
     assert above and above[-1]["outcome"] == "out-of-memory"
     assert "measuring" in result.text
+    # The trial one above the answer is measured and, its residue seen at 2 and at 22 samples,
+    # stands for the full trial: no full trial repeats it (a probe that never marks it pays one),
+    # and the full trials' search (binsearch) answers the same.
+    assert len(above) == 1 and above[0].get("shortened") and above[0].get("stands_for_full")
+    assert [t.stands_for_full for t in result.trials] == \
+        [bool(t.get("stands_for_full")) for t in trials]
+    assert "stands for the full trial" in result.text
+    torch.manual_seed(0)
+    full = autobatch.find(Net(), (x, y), loss_fn=_loss, memory_limit="24MiB", margin=0.0,
+                          steps_per_trial=3, min_batch=2, max_batch=1 << 16, strategy="binsearch")
+    assert full.max_micro_batch == result.max_micro_batch
 
 
 class Head(torch.nn.Module):
@@ -234,3 +245,105 @@ def test_an_out_of_memory_in_backward_leaves_nothing_in_autograds_engine():
         state.restore(True)
     assert record["outcome"] == "out-of-memory" and record["failed_phase"] == "backward", record
     assert after == before, (before, after)
+
+
+# ---- when a shortened failure stands for the full trial's (docs/search.md; _residue.py) --------
+
+def _adamw_probe(**kw):
+    return _probe(OPTIMIZERS["adamw"], **kw)
+
+
+# Catches a probe that marks a shortened failure stands_for_full without the evidence (the first
+# measuring trial of a search, before any step left its residue at two sizes), one that never
+# marks it (the search then pays a full trial one above every answer), one that marks it where
+# the full trial fits, and one that marks it under the CUDA caching allocator (whose reserved
+# peak depends on the order of allocations, which a shortened trial changes).
+def test_a_shortened_failure_stands_for_the_full_one_once_the_residue_is_seen_at_two_sizes():
+    peak = _full_and_shortened(_adamw_probe(), 96)[0]["peak_bytes"]
+    probe, meter, state = _adamw_probe(limit=peak - 1)  # 96 does not fit by one byte
+    try:
+        unproven = probe.measure(96, 1)
+        assert probe(2, 1).get("outcome", "fits") == "fits"  # min_batch: the residue after 2
+        fit = probe.measure(48, 1)  # its whole step: the residue after 48 samples
+        marked = probe.measure(96, 1)
+        full = probe(96, 1)
+        meter.name = "cuda-caching"  # the rule as it runs under the caching allocator
+        caching = probe.measure(96, 1)
+    finally:
+        meter.name = "cpu-budget"
+        meter.remove()
+        state.restore(True)
+    assert unproven["outcome"] == "out-of-memory" and "stands_for_full" not in unproven
+    assert fit.get("outcome", "fits") == "fits" and fit["shortened"]
+    assert marked["outcome"] == "out-of-memory" and marked["stands_for_full"] is True
+    assert marked["failed_phase"] == full["failed_phase"]
+    assert full["outcome"] == "out-of-memory"
+    assert caching["outcome"] == "out-of-memory" and "stands_for_full" not in caching
+
+
+class BatchBuffer(torch.nn.Module):
+    """A model keeping a tensor of the batch's size between calls, rebuilt beside the old one when
+    the size changes (a review of stop 52, F2: a per-batch mask or positions): a shortened trial's
+    first step leaves it min_batch long, and its whole step builds the size's while that one is
+    alive, so it can hold more than the full trial."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 256)
+        self.b = torch.nn.Linear(256, 10)
+        self.buf = None
+
+    def forward(self, x, y=None):
+        out = self.b(torch.relu(self.a(x)))
+        if self.buf is None or self.buf.shape[0] != x.shape[0]:
+            self.buf = torch.zeros(x.shape[0], 65536)  # 256 KiB a sample
+        return out + self.buf[:, :10]
+
+
+# Catches a probe that reads no residue (marks a shortened failure without the evidence), or
+# reads it and still shortens: the buffer leaves other bytes after a step at 16 samples than
+# after one at 8, so the evidence breaks and the measuring trials run in full; and find's answers
+# equal the full trials' search (binsearch) over a range of budgets (the review's repro: 23 where
+# the plain loop fits 30 at 8 MiB with min_batch 8). With every shortened failure marked and no
+# check, find answered under binsearch on 3 of the 9 budgets (15 for 22, 23 for 30, 31 for 38).
+def test_a_model_keeping_a_buffer_of_the_batchs_size_gets_full_trials_and_exact_answers():
+    probe, meter, state = _adamw_probe(model=BatchBuffer(), state_batch=8)
+    try:
+        probe(8, 1)
+        short = probe.measure(16, 1)
+        then = probe.measure(24, 1)
+    finally:
+        meter.remove()
+        state.restore(True)
+    assert short["shortened"] and probe.residue.broken
+    assert "shortened" not in then and then.get("outcome", "fits") == "fits"
+
+    x, y = torch.randn(4, 64), torch.randint(0, 10, (4,))
+    found = []
+    for mib in range(6, 15):
+        answers = []
+        for strategy in ("guided", "binsearch"):
+            torch.manual_seed(0)
+            r = autobatch.find(BatchBuffer(), (x, y), loss_fn=_loss, memory_limit=f"{mib}MiB",
+                               margin=0.0, steps_per_trial=3, min_batch=8, strategy=strategy)
+            answers.append(r.max_micro_batch)
+        found.append((mib, *answers))
+    assert all(g == b for _, g, b in found), found
+
+
+# A review of stop 52 (F3). Catches a probe that trusts shortened trials on a model whose first
+# step on a few samples makes the optimizer's state for some of its parameters only (sample i goes
+# to expert i % 4: 2 samples reach 2 experts): the full trials' residues differ with the size,
+# so the evidence breaks and the measuring trials run in full.
+def test_state_made_by_some_samples_only_breaks_the_evidence():
+    probe, meter, state = _adamw_probe(model=Experts(),
+                                       example=(torch.randn(4, 64), torch.arange(4)))
+    try:
+        probe(2, 1)
+        probe(8, 1)
+        then = probe.measure(16, 1)
+    finally:
+        meter.remove()
+        state.restore(True)
+    assert probe.residue.broken
+    assert "shortened" not in then

@@ -41,7 +41,8 @@ struct TrialRequest {
   /// whose phases see what the full trial's steady state holds, and say so in
   /// TrialResult::shortened; one that ignores the flag runs its full trial (the command's
   /// TrialRunner does). A shortened fit is never an answer, nor a shortened failure the bound
-  /// above the answer, until a full trial of the same size confirms it (the driver runs it).
+  /// above the answer, until a full trial of the same size confirms it (the driver runs it),
+  /// unless the probe marks the failure TrialResult::stands_for_full.
   bool measure = false;
 };
 
@@ -186,6 +187,15 @@ struct TrialResult {
   /// phase peaks are the full trial's on a byte-counting allocator; its fit is not an answer until
   /// a full trial confirms it.
   bool shortened = false;
+  /// Only with `shortened` and out of memory: the probe checked that this shortened trial held,
+  /// where it failed, what the full trial holds there, so the failure is the full trial's and the
+  /// search needs no full trial to confirm it (docs/search.md, "When a shortened failure
+  /// stands"). autobatch.find's EagerProbe sets it on the CPU budget allocator (exact bytes, no
+  /// fragmentation) when every step of the search so far left the same bytes beyond its batch
+  /// whatever its size (no buffer kept at the batch's size, no optimizer state made by some
+  /// samples only) and the failed trial's first step left them too; never under the CUDA caching
+  /// allocator, whose reserved peak depends on the order of allocations.
+  bool stands_for_full = false;
 };
 
 /// The units an allocator reserves memory in, as the search reads the measured peaks

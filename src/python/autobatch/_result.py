@@ -106,6 +106,9 @@ class Trial:
     # A shortened measuring trial (docs/search.md "Measuring trials"): one step after the
     # optimizer's state was made; never the answer.
     shortened: bool = False
+    # A shortened trial's out of memory that the probe showed to be the full trial's (docs/search.md
+    # "When a shortened failure stands"): no full trial repeated it.
+    stands_for_full: bool = False
 
     @classmethod
     def from_json(cls, t):
@@ -117,7 +120,8 @@ class Trial:
                    phases, t.get("failed_phase", ""), t.get("failed_in_use_bytes", 0),
                    t.get("failed_request_bytes", 0), t.get("step_ms", 0.0), t.get("reason", ""),
                    t.get("cancelled", False), bool(t.get("eval", False)),
-                   int(t.get("steps_completed", 0)), bool(t.get("shortened", False)))
+                   int(t.get("steps_completed", 0)), bool(t.get("shortened", False)),
+                   bool(t.get("stands_for_full", False)))
 
 
 @dataclass

@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import _core
 from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
+from ._residue import StepResidue
 from ._batches import (call_model, leading, leading_size, make_batch,  # noqa: F401 (re-exported)
                        mirror_removals, same_mapping)
 from ._state import local_tensor
@@ -307,6 +308,9 @@ class EagerProbe:
         # The samples a measuring trial's first step runs forward and backward on, which makes the
         # optimizer's state (the search's min_batch; find sets it).
         self.state_batch = 1
+        # What the training steps leave beyond their batch: whether a shortened trial's failure
+        # stands for the full trial's (_residue.py); made anew at the first trial and the warm-up.
+        self.residue = None
 
     def cancel(self):
         return self.interrupted or self.stopped_by is not None
@@ -344,10 +348,26 @@ class EagerProbe:
         to stand for, and the full trial runs."""
         if self.steps < 2:
             return self(size, micro_batches)
+        residue = self._residue()
+        if residue.broken:
+            # A step left other bytes than another (_residue.py): a shortened trial would not
+            # start its whole step from the full trial's memory, so its measurements are not the
+            # full trial's (optimistic or not): the full trial runs.
+            return self(size, micro_batches)
         record = self.trial(size, micro_batches, self._measure,
                             label=f"trial {self.count + 1} (measuring)")
         record["shortened"] = True
+        # Only where the meter counts bytes: under the CUDA caching allocator the reserved peak
+        # also depends on the order of allocations, which a shortened trial changes.
+        if record.get("outcome") == "out-of-memory" and self.meter.name == "cpu-budget" and \
+                residue.stands():
+            record["stands_for_full"] = True
         return record
+
+    def _residue(self):
+        if self.residue is None or self.residue.state_batch != self.state_batch:
+            self.residue = StepResidue(self.state_batch)
+        return self.residue
 
     def _measure(self, size, micro_batches):
         buckets = self.buckets(size)
@@ -386,6 +406,10 @@ class EagerProbe:
         optimizer = self.make_optimizer()
         if keep is not None:
             keep.append(optimizer)
+        # The training body's residues (not the evaluation's held training step, `keep`).
+        residue = self._residue() if keep is None else None
+        if residue is not None:
+            residue.begin()
         done, total_ms = 0, 0.0
         self.steps_done = 0
         # A training loop's `x, y` (`for x, y in loader:`): each batch alive through its
@@ -396,7 +420,8 @@ class EagerProbe:
         # plain loop's B*, scripts/bench/race.py).
         held = None
         if state_batch > 0:
-            held = self._make_state(optimizer, size, micro_batches, state_batch)
+            held = self._make_state(optimizer, size, micro_batches, state_batch, residue)
+        made = 0
         for step in range(self.steps if steps is None else steps):
             if _core.trial_should_stop():  # the search's deadline or cancellation (row 15)
                 raise _TrialStopped(done, total_ms)
@@ -405,6 +430,8 @@ class EagerProbe:
                 self._enter("inputs", size, micro, step)
                 batch = make_batch(self.example, size, self.n0, self.device)
                 held = batch  # the previous batch goes now, after this one is made
+                if micro == 0 and residue is not None:
+                    made = self.meter.current_bytes()
                 output, loss = self.forward_loss(batch, size, micro, step)
                 if self.step is not None:
                     _check_loss(loss, self.step)
@@ -418,6 +445,11 @@ class EagerProbe:
             self._optimizer_step(optimizer, size, step)
             self.meter.synchronize()  # the step's queued kernels, once per step (CUDA)
             total_ms += (time.perf_counter() - t0) * 1000.0
+            if residue is not None:
+                if step == 0 and state_batch == 0:
+                    residue.first(size, made, self.meter.current_bytes())
+                else:
+                    residue.later(size, self.meter.current_bytes())
             done += 1
             self.steps_done = done
         return done, total_ms
@@ -438,16 +470,18 @@ class EagerProbe:
                 else:
                     p.grad.zero_()
 
-    def _make_state(self, optimizer, size, micro_batches, state_batch):
+    def _make_state(self, optimizer, size, micro_batches, state_batch, residue=None):
         """A measuring trial's first step (measure()), a full trial's first step with the
         forward and backward run on the first `state_batch` samples only: this size's batch is
         made (and held, as the loop holds it, into the next step), forward and backward of each
         micro-batch run on a view of its first samples (no memory of its own: every phase peak
         stays at or below the full first step's), which gives the gradients a job's first step
         gives (the same parameters: the optimizer's state is made for exactly those), then the
-        optimizer's step with the batch held. Returns that batch."""
+        optimizer's step with the batch held. Returns that batch. `residue`: told what the step
+        left (_residue.py)."""
         self._enter("inputs", size, 0, 0)
         held = make_batch(self.example, size, self.n0, self.device)
+        made = self.meter.current_bytes() if residue is not None else 0
         for micro in range(micro_batches):
             small = leading(self.example, held, state_batch, self.n0)
             output, loss = self.forward_loss(small, size, micro, 0)
@@ -461,8 +495,12 @@ class EagerProbe:
             self._enter("backward", size, micro, 0)
             (loss / micro_batches).backward()
             del loss, output
+        if residue is not None:
+            residue.at_optimizer_step()
         self._optimizer_step(optimizer, size, 0)
         self.meter.synchronize()
+        if residue is not None:
+            residue.first(state_batch, made, self.meter.current_bytes())
         return held
 
     def buckets(self, size):
@@ -498,6 +536,7 @@ class EagerProbe:
             raise
         log.debug("warm-up step at micro-batch %d: %s", size, record.get("outcome", "fits"))
         self.count, self.largest_oom, self.largest_fit = 0, 0, {}
+        self.residue = None  # what a first call builds once (a cache, a lazy module) is no residue
 
     def trial(self, size, micro_batches, body, label=None):
         """One trial: body(size, micro_batches) -> (steps completed, total ms) under the meter,

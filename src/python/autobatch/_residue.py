@@ -1,0 +1,79 @@
+"""What each training step leaves behind beyond its batch: the evidence on which a shortened
+measuring trial's out of memory stands for the full trial's (docs/search.md, "When a shortened
+failure stands").
+
+A shortened trial (EagerProbe.measure) runs a first step whose forward and backward see only the
+first `state_batch` samples of the size's batch, then one whole step at the size. Its whole step
+starts from what the first step left: the optimizer's state, the gradients zero_grad keeps, the
+held batch, and whatever the model or the step keeps (a buffer of the batch's size, a cache, state
+made only for the parameters some samples reach). A full trial's second step starts from what a
+first step at the whole size left. When the two are the same bytes, the whole step runs the full
+trial's second step from the same memory, so on an allocator that counts bytes (the CPU budget
+allocator: no caching, no fragmentation) it fails where the full trial fails.
+
+A step's residue: the bytes held at its end (after the optimizer's step and zero_grad) less those
+held right after its (first micro-batch's) batch was made. Every trial's first step must leave one
+and the same residue, whether its forward saw `state_batch` samples or more, and every later step
+must leave the bytes where the step before left them. One step that does otherwise (a buffer kept
+at the batch's size, optimizer state made for the experts some samples reach) breaks the evidence
+for the rest of the search.
+"""
+
+
+class StepResidue:
+    """The residues seen in one search (trials of the training body only)."""
+
+    def __init__(self, state_batch):
+        self.state_batch = state_batch  # the samples a shortened trial's first step runs on
+        self.residue = None  # bytes every first step so far left beyond its batch
+        self.small = False  # a step whose forward saw <= state_batch samples left it
+        self.large = False  # a step whose forward saw more left it
+        self.broken = False  # a step left other bytes: no shortened trial stands for a full one
+        # The running shortened trial has so far held what the full trial holds: its first step
+        # reached the optimizer's step (which holds what a full first step's does: the same
+        # gradients, the whole batch), and left the residue if it ended.
+        self.comparable = False
+        self._end = None  # bytes held at the end of the running trial's last step
+
+    def begin(self):
+        """A trial starts."""
+        self.comparable = False
+        self._end = None
+
+    def at_optimizer_step(self):
+        """A shortened trial's first step reaches its optimizer's step."""
+        self.comparable = True
+
+    def first(self, samples, made, end):
+        """A trial's first step ended, its forward on `samples` samples: `made` bytes were held
+        right after its batch was made, `end` at its end."""
+        residue = end - made
+        if self.residue is None:
+            self.residue = residue
+        if residue == self.residue:
+            self._seen(samples)
+        else:
+            self.broken = True
+            self.comparable = False
+        self._end = end
+
+    def later(self, samples, end):
+        """A later step of the trial ended (its forward on `samples` samples), `end` bytes held."""
+        if self._end is not None and end == self._end:
+            self._seen(samples)
+        else:
+            self.broken = True
+        self._end = end
+
+    def _seen(self, samples):
+        if samples > self.state_batch:
+            self.large = True
+        else:
+            self.small = True
+
+    def stands(self):
+        """True when the running shortened trial's out of memory is the full trial's: it failed in
+        its first step's optimizer step (what the full first step's holds) or in its whole step,
+        which runs from the memory a full trial's second step runs from (the residue is the same
+        after a forward on state_batch samples and on more, and no step left other bytes)."""
+        return not self.broken and self.small and self.large and self.comparable
