@@ -13,11 +13,37 @@ allocator: no caching, no fragmentation) it fails where the full trial fails.
 
 A step's residue: the bytes held at its end (after the optimizer's step and zero_grad) less those
 held right after its (first micro-batch's) batch was made. Every trial's first step must leave one
-and the same residue, whether its forward saw `state_batch` samples or more, and every later step
-must leave the bytes where the step before left them. One step that does otherwise (a buffer kept
-at the batch's size, optimizer state made for the experts some samples reach) breaks the evidence
-for the rest of the search.
+and the same residue, whether its forward saw `state_batch` samples or more; every later step,
+once its batch is made, must free by letting the previous one go the bytes of that batch's own
+storages (less means something still holds them, e.g. a model keeping a view of its input, which
+in a shortened trial's first step pins the whole batch), and must leave the bytes where the step
+before did. One step that does otherwise (a buffer kept at the
+batch's size, optimizer state made for the experts some samples reach, an input kept) breaks the
+evidence for the rest of the search.
 """
+from collections.abc import Mapping
+
+import torch
+
+
+def storage_bytes(batch, skip=frozenset()):
+    """Bytes of the distinct storages of the tensors in `batch` (tensors, mappings, lists and
+    tuples, nested), those whose data pointer is in `skip` (the example's own tensors, which
+    make_batch passes unchanged) left out."""
+    seen, total, todo = set(), 0, [batch]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            key = storage.data_ptr()
+            if key not in seen and key not in skip:
+                seen.add(key)
+                total += storage.nbytes()
+        elif isinstance(item, Mapping):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+    return total
 
 
 class StepResidue:
@@ -56,6 +82,17 @@ class StepResidue:
             self.broken = True
             self.comparable = False
         self._end = end
+
+    def replaced(self, freed, own):
+        """A later step made its (first micro-batch's) batch and let the previous one go, which
+        freed `freed` bytes; `own`: the bytes of that batch's own storages (storage_bytes). A
+        review of this evidence: a model that kept its input when it was small (`self.kept =
+        x.detach()`) kept, in a shortened trial, a view of the first step's whole batch through
+        the next forward (one batch more than the full trial there; answers up to 22 under the
+        full trials' at 8 of 20 budgets), where the residues at the steps' ends were equal."""
+        if freed != own:
+            self.broken = True
+            self.comparable = False
 
     def later(self, samples, end):
         """A later step of the trial ended (its forward on `samples` samples), `end` bytes held."""

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import _core
 from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
-from ._residue import StepResidue
+from ._residue import StepResidue, storage_bytes
 from ._batches import (call_model, leading, leading_size, make_batch,  # noqa: F401 (re-exported)
                        mirror_removals, same_mapping)
 from ._state import local_tensor
@@ -364,6 +364,21 @@ class EagerProbe:
             record["stands_for_full"] = True
         return record
 
+    def _example_storages(self):
+        """The data pointers of the example's tensors (make_batch passes some unchanged)."""
+        if getattr(self, "_example_ptrs", None) is None:
+            ptrs, todo = set(), [self.example]
+            while todo:
+                item = todo.pop()
+                if isinstance(item, torch.Tensor):
+                    ptrs.add(item.untyped_storage().data_ptr())
+                elif isinstance(item, Mapping):
+                    todo.extend(item.values())
+                elif isinstance(item, (list, tuple)):
+                    todo.extend(item)
+            self._example_ptrs = frozenset(ptrs)
+        return self._example_ptrs
+
     def _residue(self):
         if self.residue is None or self.residue.state_batch != self.state_batch:
             self.residue = StepResidue(self.state_batch)
@@ -428,9 +443,18 @@ class EagerProbe:
             t0 = time.perf_counter()
             for micro in range(micro_batches):
                 self._enter("inputs", size, micro, step)
+                # A later step's (first micro-batch's) letting go of the previous batch, read where
+                # the meter counts bytes (_residue.py; the caching allocator rounds them up).
+                replacing = (residue is not None and micro == 0 and held is not None and
+                             self.meter.name == "cpu-budget")
+                own = storage_bytes(held, self._example_storages()) if replacing else 0
                 batch = make_batch(self.example, size, self.n0, self.device)
+                if replacing:
+                    made = self.meter.current_bytes()
                 held = batch  # the previous batch goes now, after this one is made
-                if micro == 0 and residue is not None:
+                if replacing:
+                    residue.replaced(made - self.meter.current_bytes(), own)
+                elif micro == 0 and residue is not None and step == 0:
                     made = self.meter.current_bytes()
                 output, loss = self.forward_loss(batch, size, micro, step)
                 if self.step is not None:
@@ -475,7 +499,8 @@ class EagerProbe:
         forward and backward run on the first `state_batch` samples only: this size's batch is
         made (and held, as the loop holds it, into the next step), forward and backward of each
         micro-batch run on a view of its first samples (no memory of its own: every phase peak
-        stays at or below the full first step's), which gives the gradients a job's first step
+        stays at or below the full first step's; but it shares the batch's storage, so a model
+        that keeps it keeps the whole batch, which the residues see: _residue.py), which gives the gradients a job's first step
         gives (the same parameters: the optimizer's state is made for exactly those), then the
         optimizer's step with the batch held. Returns that batch. `residue`: told what the step
         left (_residue.py)."""
