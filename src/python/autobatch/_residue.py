@@ -108,6 +108,10 @@ class StepResidue:
         else:
             self.small = True
 
+    def could_stand(self):
+        """True when a failure of the running shortened trial would stand (the evidence holds)."""
+        return not self.broken and self.small and self.large and self.comparable
+
     def stands(self):
         """True when the running shortened trial's out of memory is the full trial's: it failed in
         its first step's optimizer step (what the full first step's holds) or in its whole step,

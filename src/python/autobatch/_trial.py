@@ -311,6 +311,7 @@ class EagerProbe:
         # What the training steps leave beyond their batch: whether a shortened trial's failure
         # stands for the full trial's (_residue.py); made anew at the first trial and the warm-up.
         self.residue = None
+        self.largest_full_fit = 0  # the largest size a full training trial fit (measure's low + 1)
 
     def cancel(self):
         return self.interrupted or self.stopped_by is not None
@@ -436,6 +437,14 @@ class EagerProbe:
         held = None
         if state_batch > 0:
             held = self._make_state(optimizer, size, micro_batches, state_batch, residue)
+            if residue is not None:
+                if (residue.could_stand() and self.meter.name == "cpu-budget" and
+                        size == self.largest_full_fit + 1):
+                    self._show_size(held, size, residue)
+                else:
+                    # Its whole step may meet what the model does when the size changes, with the
+                    # optimizer's state: not the full trial's second step (_show_size).
+                    residue.comparable = False
         made = 0
         for step in range(self.steps if steps is None else steps):
             if _core.trial_should_stop():  # the search's deadline or cancellation (row 15)
@@ -493,6 +502,22 @@ class EagerProbe:
                     p.grad = None
                 else:
                     p.grad.zero_()
+
+    def _show_size(self, held, size, residue):
+        """Between a shortened trial's first step and its whole step, where its failure could
+        stand for the full trial's and is expected (one above the largest full fit: the search's
+        low + 1; the other measuring trials do without it, and their failures do not stand): a
+        forward of the whole batch under no_grad, so that what the
+        model does when the batch's size changes (a cache keyed on the shape, rebuilt beside the
+        old one) happens here and not inside the whole step, which then runs as a full trial's
+        second step (a review: a 2 MiB cache rebuilt at the activations' peak made the whole
+        step hold two caches, and find answered 388 for 512). Its out of memory does not stand
+        (the full trial's first step meets the rebuild without the optimizer's state)."""
+        comparable, residue.comparable = residue.comparable, False
+        with torch.no_grad():
+            output, loss = self.forward_loss(held, size, 0, 0)
+        del output, loss
+        residue.comparable = comparable
 
     def _make_state(self, optimizer, size, micro_batches, state_batch, residue=None):
         """A measuring trial's first step (measure()), a full trial's first step with the
@@ -562,6 +587,7 @@ class EagerProbe:
         log.debug("warm-up step at micro-batch %d: %s", size, record.get("outcome", "fits"))
         self.count, self.largest_oom, self.largest_fit = 0, 0, {}
         self.residue = None  # what a first call builds once (a cache, a lazy module) is no residue
+        self.largest_full_fit = 0
 
     def trial(self, size, micro_batches, body, label=None):
         """One trial: body(size, micro_batches) -> (steps completed, total ms) under the meter,
@@ -632,6 +658,8 @@ class EagerProbe:
             best = self.largest_fit.get(_body_key(body), (0, 1))
             if size >= best[0]:
                 self.largest_fit[_body_key(body)] = (size, micro_batches)
+            if getattr(body, "__name__", "") == "_train":
+                self.largest_full_fit = max(self.largest_full_fit, size)
         if self.facts is not None:
             self.facts["model"]["optimizer_state_bytes"] = self.optimizer_state_bytes
             self.facts["context"].update(self.meter.context())
