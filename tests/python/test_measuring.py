@@ -281,6 +281,26 @@ def test_a_shortened_failure_stands_for_the_full_one_once_the_residue_is_seen_at
     assert caching["outcome"] == "out-of-memory" and "stands_for_full" not in caching
 
 
+def _guided_and_binsearch(model_class, width, limits, min_batch=2, **options):
+    """[(limit, find's guided result, binsearch's)] for a fresh model_class() at each memory
+    limit: binsearch's trials are all full, the reference for the guided search's answer."""
+    x, y = torch.randn(4, width), torch.randint(0, 10, (4,))
+    found = []
+    for limit in limits:
+        results = []
+        for strategy in ("guided", "binsearch"):
+            torch.manual_seed(0)
+            results.append(autobatch.find(model_class(), (x, y), loss_fn=_loss,
+                                          memory_limit=limit, margin=0.0, steps_per_trial=3,
+                                          min_batch=min_batch, strategy=strategy, **options))
+        found.append((limit, *results))
+    return found
+
+
+def _answers(found):
+    return [(limit, g.max_micro_batch, b.max_micro_batch) for limit, g, b in found]
+
+
 class BatchBuffer(torch.nn.Module):
     """A model keeping a tensor of the batch's size between calls, rebuilt beside the old one when
     the size changes (a review of stop 52, F2: a per-batch mask or positions): a shortened trial's
@@ -318,17 +338,9 @@ def test_a_model_keeping_a_buffer_of_the_batchs_size_gets_full_trials_and_exact_
     assert short["shortened"] and probe.residue.broken
     assert "shortened" not in then and then.get("outcome", "fits") == "fits"
 
-    x, y = torch.randn(4, 64), torch.randint(0, 10, (4,))
-    found = []
-    for mib in range(6, 15):
-        answers = []
-        for strategy in ("guided", "binsearch"):
-            torch.manual_seed(0)
-            r = autobatch.find(BatchBuffer(), (x, y), loss_fn=_loss, memory_limit=f"{mib}MiB",
-                               margin=0.0, steps_per_trial=3, min_batch=8, strategy=strategy)
-            answers.append(r.max_micro_batch)
-        found.append((mib, *answers))
-    assert all(g == b for _, g, b in found), found
+    found = _guided_and_binsearch(BatchBuffer, 64, [f"{mib}MiB" for mib in range(6, 15)],
+                                  min_batch=8)
+    assert all(g.max_micro_batch == b.max_micro_batch for _, g, b in found), _answers(found)
 
 
 # A review of stop 52 (F3). Catches a probe that trusts shortened trials on a model whose first
@@ -383,18 +395,9 @@ def test_a_model_keeping_its_small_input_breaks_the_evidence_and_gets_exact_answ
         meter.remove()
         state.restore(True)
     assert probe.residue.broken
-    x, y = torch.randn(4, 1024), torch.randint(0, 10, (4,))
-    found = []
-    for kib in (7600, 8200, 8800):
-        answers = []
-        for strategy in ("guided", "binsearch"):
-            torch.manual_seed(0)
-            r = autobatch.find(KeepSmall(), (x, y), loss_fn=_loss, memory_limit=f"{kib}KiB",
-                               margin=0.0, steps_per_trial=3, min_batch=2, strategy=strategy)
-            answers.append(r.max_micro_batch)
-            assert not any(t.stands_for_full for t in r.trials)
-        found.append((kib, *answers))
-    assert all(g == b for _, g, b in found), found
+    found = _guided_and_binsearch(KeepSmall, 1024, ["7600KiB", "8200KiB", "8800KiB"])
+    assert all(g.max_micro_batch == b.max_micro_batch for _, g, b in found), _answers(found)
+    assert not any(t.stands_for_full for _, g, _ in found for t in g.trials)
 
 
 class RebuildOnNewSize(torch.nn.Module):
@@ -425,17 +428,9 @@ class RebuildOnNewSize(torch.nn.Module):
 # one above the largest full fit may stand, after a forward of the whole batch under no_grad that
 # shows the model the size first (_show_size), and its answers equal the full trials' search.
 def test_a_cache_rebuilt_on_a_new_size_gets_exact_answers():
-    x, y = torch.randn(4, 1024), torch.randint(0, 10, (4,))
-    found = []
-    for kib in (9500, 11000, 11500):
-        answers = []
-        for strategy in ("guided", "binsearch"):
-            torch.manual_seed(0)
-            r = autobatch.find(RebuildOnNewSize(), (x, y), loss_fn=_loss,
-                               memory_limit=f"{kib}KiB", margin=0.0, steps_per_trial=3,
-                               min_batch=2, max_batch=4096, strategy=strategy)
-            answers.append(r.max_micro_batch)
-            marked = [t.micro_batch_size for t in r.trials if t.stands_for_full]
-            assert all(size == r.max_micro_batch + 1 for size in marked), (kib, marked)
-        found.append((kib, *answers))
-    assert all(g == b for _, g, b in found), found
+    found = _guided_and_binsearch(RebuildOnNewSize, 1024, ["9500KiB", "11000KiB", "11500KiB"],
+                                  max_batch=4096)
+    for limit, guided, _ in found:
+        marked = [t.micro_batch_size for t in guided.trials if t.stands_for_full]
+        assert all(size == guided.max_micro_batch + 1 for size in marked), (limit, marked)
+    assert all(g.max_micro_batch == b.max_micro_batch for _, g, b in found), _answers(found)

@@ -26,23 +26,32 @@ from collections.abc import Mapping
 import torch
 
 
-def storage_bytes(batch, skip=frozenset()):
-    """Bytes of the distinct storages of the tensors in `batch` (tensors, mappings, lists and
-    tuples, nested), those whose data pointer is in `skip` (the example's own tensors, which
-    make_batch passes unchanged) left out."""
-    seen, total, todo = set(), 0, [batch]
+def _storages(batch):
+    """The storages of the tensors in `batch` (tensors, mappings, lists and tuples, nested)."""
+    todo = [batch]
     while todo:
         item = todo.pop()
         if isinstance(item, torch.Tensor):
-            storage = item.untyped_storage()
-            key = storage.data_ptr()
-            if key not in seen and key not in skip:
-                seen.add(key)
-                total += storage.nbytes()
+            yield item.untyped_storage()
         elif isinstance(item, Mapping):
             todo.extend(item.values())
         elif isinstance(item, (list, tuple)):
             todo.extend(item)
+
+
+def storage_ptrs(batch):
+    """The data pointers of the storages in `batch`."""
+    return frozenset(storage.data_ptr() for storage in _storages(batch))
+
+
+def storage_bytes(batch, skip=frozenset()):
+    """Bytes of the distinct storages of the tensors in `batch`, those whose data pointer is in
+    `skip` (storage_ptrs of the example, whose tensors make_batch passes unchanged) left out."""
+    seen, total = set(skip), 0
+    for storage in _storages(batch):
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
     return total
 
 

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import _core
 from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
-from ._residue import StepResidue, storage_bytes
+from ._residue import StepResidue, storage_bytes, storage_ptrs
 from ._batches import (call_model, leading, leading_size, make_batch,  # noqa: F401 (re-exported)
                        mirror_removals, same_mapping)
 from ._state import local_tensor
@@ -312,6 +312,8 @@ class EagerProbe:
         # stands for the full trial's (_residue.py); made anew at the first trial and the warm-up.
         self.residue = None
         self.largest_full_fit = 0  # the largest size a full training trial fit (measure's low + 1)
+        # The example's own storages, which make_batch passes unchanged into every batch.
+        self.example_ptrs = storage_ptrs(example)
 
     def cancel(self):
         return self.interrupted or self.stopped_by is not None
@@ -364,21 +366,6 @@ class EagerProbe:
                 residue.stands():
             record["stands_for_full"] = True
         return record
-
-    def _example_storages(self):
-        """The data pointers of the example's tensors (make_batch passes some unchanged)."""
-        if getattr(self, "_example_ptrs", None) is None:
-            ptrs, todo = set(), [self.example]
-            while todo:
-                item = todo.pop()
-                if isinstance(item, torch.Tensor):
-                    ptrs.add(item.untyped_storage().data_ptr())
-                elif isinstance(item, Mapping):
-                    todo.extend(item.values())
-                elif isinstance(item, (list, tuple)):
-                    todo.extend(item)
-            self._example_ptrs = frozenset(ptrs)
-        return self._example_ptrs
 
     def _residue(self):
         if self.residue is None or self.residue.state_batch != self.state_batch:
@@ -456,7 +443,7 @@ class EagerProbe:
                 # the meter counts bytes (_residue.py; the caching allocator rounds them up).
                 replacing = (residue is not None and micro == 0 and held is not None and
                              self.meter.name == "cpu-budget")
-                own = storage_bytes(held, self._example_storages()) if replacing else 0
+                own = storage_bytes(held, self.example_ptrs) if replacing else 0
                 batch = make_batch(self.example, size, self.n0, self.device)
                 if replacing:
                     made = self.meter.current_bytes()
