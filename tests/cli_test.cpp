@@ -585,7 +585,7 @@ void waitUntilDelivered(pid_t pid, int sig) {
 }
 
 // Starts the CLI (fork/exec), waits for the first trial's log line on stderr, sends `signals`
-// (one after the other, at once), and waits for the process to end.
+// (different ones, all pending at once), and waits for the process to end.
 Interrupted interruptAfterFirstTrial(const std::vector<std::string>& args,
                                      const std::vector<int>& signals) {
   const fs::path out = tmpDir() / "stdout.txt";
@@ -613,17 +613,21 @@ Interrupted interruptAfterFirstTrial(const std::vector<std::string>& args,
   for (int i = 0; i < 1200 && readFile(err).find("trial batch") == std::string::npos; ++i) {
     usleep(50 * 1000);
   }
-  for (std::size_t i = 0; i < signals.size(); ++i) {
-    kill(pid, signals[i]);
-    // A signal still pending would merge with the next one of its kind: wait until the child has
-    // taken it (its /proc status shows it pending no more). A fixed 300 ms wait here let an idle
-    // machine finish the cancelled step (171 ms) and write its result before the second signal.
-    // Two different signals are sent back to back: both pending at once, the second's handler
-    // runs before the run goes on (Linux delivers the next pending signal on the first one's
-    // sigreturn).
-    if (i + 1 == signals.size() || signals[i + 1] == signals[i])
-      waitUntilDelivered(pid, signals[i]);
+  // More than one signal (different ones: a second of the same kind pending would merge with the
+  // first) is sent while the child is stopped (SIGSTOP, which it cannot catch), so that all are
+  // pending when SIGCONT resumes it and each handler runs before the run goes on (Linux delivers
+  // the next pending signal on the previous handler's sigreturn). Sent back to back to a running
+  // child, a test preempted between two kill() calls on a loaded machine let the child take the
+  // first alone, cancel and write its result before the second came.
+  const bool together = signals.size() > 1;
+  if (together) {
+    int stop_status = 0;
+    kill(pid, SIGSTOP);
+    waitpid(pid, &stop_status, WUNTRACED);
   }
+  for (const int sig : signals) kill(pid, sig);
+  if (together) kill(pid, SIGCONT);
+  for (const int sig : signals) waitUntilDelivered(pid, sig);
   int status = 0;
   waitpid(pid, &status, 0);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

@@ -146,8 +146,9 @@ def test_out_of_memory_frees_the_failed_step():
 
 # Catches: a trial that ran out of memory after whole steps reporting none of them (the command's
 # record counts them, trial_runner.cpp; scripts/bench/race.py's step counts of find() and the
-# command differed by one a failure). AdamW's state arrives with step 0's optimizer step, so the
-# failure one above the answer comes in step 1, after one whole step.
+# command differed by one a failure), or leaving their mean step_ms 0 (the command's record gives
+# it, fillTrialResult). AdamW's state arrives with step 0's optimizer step, so the failure one
+# above the answer comes in step 1, after one whole step.
 def test_out_of_memory_record_counts_the_steps_before_it():
     model, x = tiny_models.mlp()
     # binsearch: its trials are all full (guided's trial one above the answer is a shortened
@@ -158,6 +159,7 @@ def test_out_of_memory_record_counts_the_steps_before_it():
     assert above and above[0].outcome == "out-of-memory"
     assert above[0].steps_completed == 1, above[0]
     assert all(t.steps_completed == 3 for t in result.trials if t.outcome == "fits")
+    assert above[0].step_ms > 0.0, above[0]  # its one whole step's time
 
 
 # Catches: a LoRA model whose frozen base weights get gradients or optimizer state in the trial

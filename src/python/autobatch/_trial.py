@@ -18,9 +18,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import _core
 from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
-from ._residue import StepResidue, storage_bytes, storage_ptrs
-from ._batches import (call_model, leading, leading_size, make_batch,  # noqa: F401 (re-exported)
-                       mirror_removals, same_mapping)
+from ._measuring import MeasuringTrials
+from ._residue import storage_bytes, storage_ptrs
+from ._batches import call_model, leading_size, make_batch  # noqa: F401 (re-exported)
 from ._state import local_tensor
 
 log = logging.getLogger("autobatch")
@@ -277,7 +277,7 @@ def refuse_collective_modules(model):
 
 # ---- the trial ------------------------------------------------------------------------------
 
-class EagerProbe:
+class EagerProbe(MeasuringTrials):
     """The probe the C++ search calls: probe(B, micro_batches_per_step) -> a plain dict."""
 
     def __init__(self, model, example, n0, device, make_optimizer, loss_fn, autocast, meter,
@@ -302,9 +302,10 @@ class EagerProbe:
         self.zero_grad = "none"  # "zeros": zero_grad(set_to_none=False), the gradients kept
         self.kept_grads = False  # the evaluation's training state holds the gradients
         self.keep_output = False  # True: the model's output alive through backward
-        # Whole steps the running trial finished: a failed trial's record counts them, as the
-        # command's does (trial_runner.cpp).
-        self.steps_done = 0
+        # Whole steps the running trial finished and their time, ms: a failed trial's record
+        # counts them and gives their mean step_ms, as the command's does (trial_runner.cpp,
+        # fillTrialResult).
+        self.steps_done, self.steps_ms = 0, 0.0
         # The samples a measuring trial's first step runs forward and backward on, which makes the
         # optimizer's state (the search's min_batch; find sets it).
         self.state_batch = 1
@@ -340,45 +341,6 @@ class EagerProbe:
                     "steps_completed": 0, "reason": "the model raised an error",
                     "shortened": self.steps >= 2}
 
-    def measure(self, size, micro_batches):
-        """A shortened trial for the search's model (docs/search.md, "Measuring trials"): a first
-        step whose forward and backward run on the first `state_batch` samples of this size's
-        batch (_make_state) makes the optimizer's state, as a job's first step does (the same
-        parameters get gradients); then one whole step at `size`, which sees what every later
-        step of a full trial sees (the state, the previous batch while the next is made). On a
-        byte-counting allocator its phase peaks are the full trial's. Its fit is not an answer:
-        the search confirms that by a full trial. With steps_per_trial 1 there is no later step
-        to stand for, and the full trial runs."""
-        if self.steps < 2:
-            return self(size, micro_batches)
-        residue = self._residue()
-        if residue.broken:
-            # A step left other bytes than another (_residue.py): a shortened trial would not
-            # start its whole step from the full trial's memory, so its measurements are not the
-            # full trial's (optimistic or not): the full trial runs.
-            return self(size, micro_batches)
-        record = self.trial(size, micro_batches, self._measure,
-                            label=f"trial {self.count + 1} (measuring)")
-        record["shortened"] = True
-        # Only where the meter counts bytes: under the CUDA caching allocator the reserved peak
-        # also depends on the order of allocations, which a shortened trial changes.
-        if record.get("outcome") == "out-of-memory" and self.meter.name == "cpu-budget" and \
-                residue.stands():
-            record["stands_for_full"] = True
-        return record
-
-    def _residue(self):
-        if self.residue is None or self.residue.state_batch != self.state_batch:
-            self.residue = StepResidue(self.state_batch)
-        return self.residue
-
-    def _measure(self, size, micro_batches):
-        buckets = self.buckets(size)
-        done = self._steps(size, micro_batches, steps=1,
-                           state_batch=min(size, max(1, self.state_batch)))
-        del buckets
-        return done
-
     def _enter(self, name, size, micro=0, step=0):
         self.point = (name, micro, step)
         self.meter.phase(name, size, micro, step)
@@ -401,6 +363,11 @@ class EagerProbe:
             self.loss_rule = rule[0] if rule else self.loss_rule
             return output, loss
 
+    def _check_step_loss(self, loss):
+        """With step=, what it returned must be the micro-batch's loss (_check_loss)."""
+        if self.step is not None:
+            _check_loss(loss, self.step)
+
     def _steps(self, size, micro_batches, steps=None, keep=None, state_batch=0):
         """The user's step, `steps` (default `self.steps`) times; returns completed steps and
         total ms. `keep`: a list that receives the optimizer (the evaluation's training state).
@@ -414,7 +381,7 @@ class EagerProbe:
         if residue is not None:
             residue.begin()
         done, total_ms = 0, 0.0
-        self.steps_done = 0
+        self.steps_done, self.steps_ms = 0, 0.0
         # A training loop's `x, y` (`for x, y in loader:`): each batch alive through its
         # backward and optimizer step until the next one is made, as the C++ runner holds its
         # inputs (trial_runner.cpp, held_inputs); released with the trial. Dropping it before
@@ -423,15 +390,7 @@ class EagerProbe:
         # plain loop's B*, scripts/bench/race.py).
         held = None
         if state_batch > 0:
-            held = self._make_state(optimizer, size, micro_batches, state_batch, residue)
-            if residue is not None:
-                if (residue.could_stand() and self.meter.name == "cpu-budget" and
-                        size == self.largest_full_fit + 1):
-                    self._show_size(held, size, residue)
-                else:
-                    # Its whole step may meet what the model does when the size changes, with the
-                    # optimizer's state: not the full trial's second step (_show_size).
-                    residue.comparable = False
+            held = self._shortened_start(optimizer, size, micro_batches, state_batch, residue)
         made = 0
         for step in range(self.steps if steps is None else steps):
             if _core.trial_should_stop():  # the search's deadline or cancellation (row 15)
@@ -453,8 +412,7 @@ class EagerProbe:
                 elif micro == 0 and residue is not None and step == 0:
                     made = self.meter.current_bytes()
                 output, loss = self.forward_loss(batch, size, micro, step)
-                if self.step is not None:
-                    _check_loss(loss, self.step)
+                self._check_step_loss(loss)
                 del batch
                 if not self.keep_output:  # dropped before backward, as a training_step does
                     del output
@@ -471,7 +429,7 @@ class EagerProbe:
                 else:
                     residue.later(size, self.meter.current_bytes())
             done += 1
-            self.steps_done = done
+            self.steps_done, self.steps_ms = done, total_ms
         return done, total_ms
 
     def _optimizer_step(self, optimizer, size, step):
@@ -489,56 +447,6 @@ class EagerProbe:
                     p.grad = None
                 else:
                     p.grad.zero_()
-
-    def _show_size(self, held, size, residue):
-        """Between a shortened trial's first step and its whole step, where its failure could
-        stand for the full trial's and is expected (one above the largest full fit: the search's
-        low + 1; the other measuring trials do without it, and their failures do not stand): a
-        forward of the whole batch under no_grad, so that what the
-        model does when the batch's size changes (a cache keyed on the shape, rebuilt beside the
-        old one) happens here and not inside the whole step, which then runs as a full trial's
-        second step (a review: a 2 MiB cache rebuilt at the activations' peak made the whole
-        step hold two caches, and find answered 388 for 512). Its out of memory does not stand
-        (the full trial's first step meets the rebuild without the optimizer's state)."""
-        comparable, residue.comparable = residue.comparable, False
-        with torch.no_grad():
-            output, loss = self.forward_loss(held, size, 0, 0)
-        del output, loss
-        residue.comparable = comparable
-
-    def _make_state(self, optimizer, size, micro_batches, state_batch, residue=None):
-        """A measuring trial's first step (measure()), a full trial's first step with the
-        forward and backward run on the first `state_batch` samples only: this size's batch is
-        made (and held, as the loop holds it, into the next step), forward and backward of each
-        micro-batch run on a view of its first samples (no memory of its own: every phase peak
-        stays at or below the full first step's; but it shares the batch's storage, so a model
-        that keeps it keeps the whole batch, which the residues see: _residue.py), which gives the gradients a job's first step
-        gives (the same parameters: the optimizer's state is made for exactly those), then the
-        optimizer's step with the batch held. Returns that batch. `residue`: told what the step
-        left (_residue.py)."""
-        self._enter("inputs", size, 0, 0)
-        held = make_batch(self.example, size, self.n0, self.device)
-        made = self.meter.current_bytes() if residue is not None else 0
-        for micro in range(micro_batches):
-            small = leading(self.example, held, state_batch, self.n0)
-            output, loss = self.forward_loss(small, size, micro, 0)
-            if self.step is not None:
-                _check_loss(loss, self.step)
-            mirror_removals(small, held)
-            del small
-            if not self.keep_output:
-                del output
-                output = None
-            self._enter("backward", size, micro, 0)
-            (loss / micro_batches).backward()
-            del loss, output
-        if residue is not None:
-            residue.at_optimizer_step()
-        self._optimizer_step(optimizer, size, 0)
-        self.meter.synchronize()
-        if residue is not None:
-            residue.first(state_batch, made, self.meter.current_bytes())
-        return held
 
     def buckets(self, size):
         """DDP's gradient buckets (None without ddp): counted, and able to fail the trial."""
@@ -586,7 +494,7 @@ class EagerProbe:
         self.count += 1
         record = {"memory_limit_bytes": self.meter.limit_bytes(), "steps_completed": 0}
         failure, error = None, None
-        self.steps_done = 0
+        self.steps_done, self.steps_ms = 0, 0.0
         self.meter.begin()
         try:
             _core.interrupt_active(True)  # CPU allocations of the steps ask the deadline (row 15)
@@ -614,6 +522,7 @@ class EagerProbe:
                 if _core.is_fatal(str(e)):
                     self.meter.mark_poisoned()
                 record["steps_completed"] = self.steps_done
+                record["step_ms"] = self.steps_ms / self.steps_done if self.steps_done else 0.0
                 failure = self._failure(e)
                 traceback.clear_frames(e.__traceback__)
                 if failure["kind"] not in ("out-of-memory", "size-limit"):

@@ -1,0 +1,116 @@
+"""The shortened measuring trial (docs/search.md, "Measuring trials" and "When a shortened
+failure stands"): a first step whose forward and backward see only the first `state_batch`
+samples of the size's batch makes the optimizer's state, then one whole step runs at the size.
+EagerProbe (_trial.py) takes these methods; the residues that say whether its failure stands for
+the full trial's are _residue.py's.
+"""
+import torch
+
+from ._batches import leading, make_batch, mirror_removals
+from ._residue import StepResidue
+
+
+class MeasuringTrials:
+    """EagerProbe's shortened trials (a mixin: it uses the probe's meter, steps and state)."""
+
+    def measure(self, size, micro_batches):
+        """A shortened trial for the search's model (docs/search.md, "Measuring trials"): a first
+        step whose forward and backward run on the first `state_batch` samples of this size's
+        batch (_make_state) makes the optimizer's state, as a job's first step does (the same
+        parameters get gradients); then one whole step at `size`, which sees what every later
+        step of a full trial sees (the state, the previous batch while the next is made). On a
+        byte-counting allocator its phase peaks are the full trial's. Its fit is not an answer:
+        the search confirms that by a full trial. With steps_per_trial 1 there is no later step
+        to stand for, and the full trial runs."""
+        if self.steps < 2:
+            return self(size, micro_batches)
+        residue = self._residue()
+        if residue.broken:
+            # A step left other bytes than another (_residue.py): a shortened trial would not
+            # start its whole step from the full trial's memory, so its measurements are not the
+            # full trial's (optimistic or not): the full trial runs.
+            return self(size, micro_batches)
+        record = self.trial(size, micro_batches, self._measure,
+                            label=f"trial {self.count + 1} (measuring)")
+        record["shortened"] = True
+        # Only where the meter counts bytes: under the CUDA caching allocator the reserved peak
+        # also depends on the order of allocations, which a shortened trial changes.
+        if record.get("outcome") == "out-of-memory" and self.meter.name == "cpu-budget" and \
+                residue.stands():
+            record["stands_for_full"] = True
+        return record
+
+    def _residue(self):
+        if self.residue is None or self.residue.state_batch != self.state_batch:
+            self.residue = StepResidue(self.state_batch)
+        return self.residue
+
+    def _measure(self, size, micro_batches):
+        buckets = self.buckets(size)
+        done = self._steps(size, micro_batches, steps=1,
+                           state_batch=min(size, max(1, self.state_batch)))
+        del buckets
+        return done
+
+    def _shortened_start(self, optimizer, size, micro_batches, state_batch, residue):
+        """A shortened trial's first step (_make_state), then, where its failure could stand for
+        the full trial's, the size shown to the model (_show_size). Returns the held batch."""
+        held = self._make_state(optimizer, size, micro_batches, state_batch, residue)
+        if residue is not None:
+            if (residue.could_stand() and self.meter.name == "cpu-budget" and
+                    size == self.largest_full_fit + 1):
+                self._show_size(held, size, residue)
+            else:
+                # Its whole step may meet what the model does when the size changes, with the
+                # optimizer's state: not the full trial's second step (_show_size).
+                residue.comparable = False
+        return held
+
+    def _show_size(self, held, size, residue):
+        """Between a shortened trial's first step and its whole step, where its failure could
+        stand for the full trial's and is expected (one above the largest full fit: the search's
+        low + 1; the other measuring trials do without it, and their failures do not stand): a
+        forward of the whole batch under no_grad, so that what the
+        model does when the batch's size changes (a cache keyed on the shape, rebuilt beside the
+        old one) happens here and not inside the whole step, which then runs as a full trial's
+        second step (a review: a 2 MiB cache rebuilt at the activations' peak made the whole
+        step hold two caches, and find answered 388 for 512). Its out of memory does not stand
+        (the full trial's first step meets the rebuild without the optimizer's state)."""
+        comparable, residue.comparable = residue.comparable, False
+        with torch.no_grad():
+            output, loss = self.forward_loss(held, size, 0, 0)
+        del output, loss
+        residue.comparable = comparable
+
+    def _make_state(self, optimizer, size, micro_batches, state_batch, residue=None):
+        """A measuring trial's first step (measure()), a full trial's first step with the
+        forward and backward run on the first `state_batch` samples only: this size's batch is
+        made (and held, as the loop holds it, into the next step), forward and backward of each
+        micro-batch run on a view of its first samples (no memory of its own: every phase peak
+        stays at or below the full first step's; but it shares the batch's storage, so a model
+        that keeps it keeps the whole batch, which the residues see: _residue.py), which gives the gradients a job's first step
+        gives (the same parameters: the optimizer's state is made for exactly those), then the
+        optimizer's step with the batch held. Returns that batch. `residue`: told what the step
+        left (_residue.py)."""
+        self._enter("inputs", size, 0, 0)
+        held = make_batch(self.example, size, self.n0, self.device)
+        made = self.meter.current_bytes() if residue is not None else 0
+        for micro in range(micro_batches):
+            small = leading(self.example, held, state_batch, self.n0)
+            output, loss = self.forward_loss(small, size, micro, 0)
+            self._check_step_loss(loss)
+            mirror_removals(small, held)
+            del small
+            if not self.keep_output:
+                del output
+                output = None
+            self._enter("backward", size, micro, 0)
+            (loss / micro_batches).backward()
+            del loss, output
+        if residue is not None:
+            residue.at_optimizer_step()
+        self._optimizer_step(optimizer, size, 0)
+        self.meter.synchronize()
+        if residue is not None:
+            residue.first(state_batch, made, self.meter.current_bytes())
+        return held
