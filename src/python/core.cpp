@@ -640,6 +640,30 @@ void defineBudgetQueries(py::module_& m) {
   m.def("backend_scope", &autobatch::detail::setBudgetBackendScope, py::arg("inside"),
         "Marks this thread as inside (True) or outside (False) a collective's call: what it "
         "allocates meanwhile is set apart from own_peak (issue 43).");
+  m.def("start_allocation_log", &autobatch::detail::startAllocationLog,
+        "Starts recording the budget allocator's allocations and releases (process-wide, one "
+        "recording at a time); returns the bytes it counts as held now.");
+  m.def(
+      "stop_allocation_log",
+      [] {
+        const std::vector<autobatch::detail::AllocationEvent> events =
+            autobatch::detail::stopAllocationLog();
+        std::int64_t held = 0;
+        std::int64_t rise = 0;
+        std::int64_t allocated = 0;
+        std::int64_t allocations = 0;
+        for (const auto& e : events) {
+          held += e.bytes;
+          rise = std::max(rise, held);
+          if (e.bytes > 0) {
+            allocated += e.bytes;
+            ++allocations;
+          }
+        }
+        return py::make_tuple(rise, allocated, allocations);
+      },
+      "Stops the recording: (rise, allocated, allocations), the most bytes held above the start "
+      "at any point, the bytes allocated and the count of allocations since start_allocation_log.");
   m.def("set_refusal_suffix", &autobatch::detail::setBudgetRefusalSuffix, py::arg("suffix"),
         "Text appended to every refusal's message from now on ('' for none): the fair race's "
         "harness words the budget's refusal as the peers' matchers expect (issue 44).");

@@ -4,8 +4,6 @@ samples of the size's batch makes the optimizer's state, then one whole step run
 EagerProbe (_trial.py) takes these methods; the residues that say whether its failure stands for
 the full trial's are _residue.py's.
 """
-import torch
-
 from ._batches import leading, make_batch, mirror_removals
 from ._residue import StepResidue
 
@@ -53,34 +51,17 @@ class MeasuringTrials:
         return done
 
     def _shortened_start(self, optimizer, size, micro_batches, state_batch, residue):
-        """A shortened trial's first step (_make_state), then, where its failure could stand for
-        the full trial's, the size shown to the model (_show_size). Returns the held batch."""
+        """A shortened trial's first step (_make_state). Returns the held batch. A failure in its
+        whole step may stand for the full trial's only one above the largest full fit (the
+        search's low + 1: a review found failures far above the answer marked, of a model that
+        rebuilds a cache on a new size), on the CPU budget allocator, and once full trials showed
+        that a new size makes the model do nothing more (_residue.py, new_size_is_plain)."""
         held = self._make_state(optimizer, size, micro_batches, state_batch, residue)
-        if residue is not None:
-            if (residue.could_stand() and self.meter.name == "cpu-budget" and
-                    size == self.largest_full_fit + 1):
-                self._show_size(held, size, residue)
-            else:
-                # Its whole step may meet what the model does when the size changes, with the
-                # optimizer's state: not the full trial's second step (_show_size).
-                residue.comparable = False
+        if residue is not None and (self.meter.name != "cpu-budget" or
+                                    size != self.largest_full_fit + 1 or
+                                    not residue.new_size_is_plain()):
+            residue.comparable = False
         return held
-
-    def _show_size(self, held, size, residue):
-        """Between a shortened trial's first step and its whole step, where its failure could
-        stand for the full trial's and is expected (one above the largest full fit: the search's
-        low + 1; the other measuring trials do without it, and their failures do not stand): a
-        forward of the whole batch under no_grad, so that what the
-        model does when the batch's size changes (a cache keyed on the shape, rebuilt beside the
-        old one) happens here and not inside the whole step, which then runs as a full trial's
-        second step (a review: a 2 MiB cache rebuilt at the activations' peak made the whole
-        step hold two caches, and find answered 388 for 512). Its out of memory does not stand
-        (the full trial's first step meets the rebuild without the optimizer's state)."""
-        comparable, residue.comparable = residue.comparable, False
-        with torch.no_grad():
-            output, loss = self.forward_loss(held, size, 0, 0)
-        del output, loss
-        residue.comparable = comparable
 
     def _make_state(self, optimizer, size, micro_batches, state_batch, residue=None):
         """A measuring trial's first step (measure()), a full trial's first step with the

@@ -20,6 +20,18 @@ in a shortened trial's first step pins the whole batch), and must leave the byte
 before did. One step that does otherwise (a buffer kept at the
 batch's size, optimizer state made for the experts some samples reach, an input kept) breaks the
 evidence for the rest of the search.
+
+A shortened trial's whole step is also the model's first step at its size, where a full trial's
+second step is its second. What a model does when the size changes (a cache rebuilt beside the old
+one, in forward, only in grad mode, or in a backward hook) the full trial does in its first step,
+without the optimizer's state, and the whole step with it. So a shortened failure stands only once
+a full trial at a size the model had never seen (not the search's first trial, which meets what a
+process does once) ran its first step's forward and backward with the same allocations as its
+second (bytes and count) and rose no higher above the step's start (`at_new_size`, read from the
+budget allocator's allocation log); one that did otherwise ends it for the search. A forward of
+the whole batch under no_grad, shown to the model before the whole step, did this job until a
+review: it missed what a model does only in grad mode or in backward, kept what a model keeps from
+a no_grad forward, and raised from a step that needs grad mode (autograd.grad in the loss).
 """
 from collections.abc import Mapping
 
@@ -69,6 +81,9 @@ class StepResidue:
         # gradients, the whole batch), and left the residue if it ended.
         self.comparable = False
         self._end = None  # bytes held at the end of the running trial's last step
+        # A full trial at a new size ran its first step like its second (at_new_size); one did not.
+        self.size_seen = False
+        self.size_work = False
 
     def begin(self):
         """A trial starts."""
@@ -117,13 +132,28 @@ class StepResidue:
         else:
             self.small = True
 
-    def could_stand(self):
-        """True when a failure of the running shortened trial would stand (the evidence holds)."""
-        return not self.broken and self.small and self.large and self.comparable
+    def new_size_is_plain(self):
+        """True when a full trial at a size the model had not seen ran its first step as its
+        second (at_new_size) and none did otherwise: a shortened trial's whole step, the model's
+        first at its size, runs as a full trial's second."""
+        return self.size_seen and not self.size_work
+
+    def at_new_size(self, first, second):
+        """A full trial at a size the model had not seen ran its first and second steps' forward
+        and backward; `first`, `second`: (rise, allocated, allocations) of each, from the start of
+        its forward (the batch made) to its optimizer's step (_core.stop_allocation_log)."""
+        rise_1, allocated_1, count_1 = first
+        rise_2, allocated_2, count_2 = second
+        if allocated_1 == allocated_2 and count_1 == count_2 and rise_1 <= rise_2:
+            self.size_seen = True
+        else:
+            self.size_work = True
 
     def stands(self):
         """True when the running shortened trial's out of memory is the full trial's: it failed in
         its first step's optimizer step (what the full first step's holds) or in its whole step,
         which runs from the memory a full trial's second step runs from (the residue is the same
-        after a forward on state_batch samples and on more, and no step left other bytes)."""
+        after a forward on state_batch samples and on more, and no step left other bytes) and,
+        where the shortened trial let it start (_measuring.py), as a second step runs
+        (new_size_is_plain)."""
         return not self.broken and self.small and self.large and self.comparable

@@ -277,6 +277,26 @@ def refuse_collective_modules(model):
 
 # ---- the trial ------------------------------------------------------------------------------
 
+class _StepLog:
+    """The budget allocator's log of steps' forward and backward: (rise, allocated,
+    allocations) of each (_core.stop_allocation_log)."""
+
+    def __init__(self):
+        self.steps, self.running = [], False
+
+    def start(self):
+        _core.start_allocation_log()
+        self.running = True
+
+    def stop(self):
+        self.steps.append(_core.stop_allocation_log())
+        self.running = False
+
+    def close(self):
+        if self.running:
+            self.stop()
+
+
 class EagerProbe(MeasuringTrials):
     """The probe the C++ search calls: probe(B, micro_batches_per_step) -> a plain dict."""
 
@@ -315,6 +335,7 @@ class EagerProbe(MeasuringTrials):
         self.largest_full_fit = 0  # the largest size a full training trial fit (measure's low + 1)
         # The example's own storages, which make_batch passes unchanged into every batch.
         self.example_ptrs = storage_ptrs(example)
+        self.sizes_seen = set()  # the batch sizes the model's forward has run on
 
     def cancel(self):
         return self.interrupted or self.stopped_by is not None
@@ -350,6 +371,7 @@ class EagerProbe(MeasuringTrials):
         then "loss"): (output, loss). With step= (the framework's forward and loss in one call)
         the output is the loss. Shared by the training step and the evaluation trial (_eval.py)."""
         self._enter("forward", size, micro, step)
+        self.sizes_seen.add(leading_size(batch))  # what a new size is (_residue.py, at_new_size)
         with self.autocast():
             if self.step is not None:
                 loss = self.step(self.model, batch)
@@ -380,7 +402,6 @@ class EagerProbe(MeasuringTrials):
         residue = self._residue() if keep is None else None
         if residue is not None:
             residue.begin()
-        done, total_ms = 0, 0.0
         self.steps_done, self.steps_ms = 0, 0.0
         # A training loop's `x, y` (`for x, y in loader:`): each batch alive through its
         # backward and optimizer step until the next one is made, as the C++ runner holds its
@@ -388,9 +409,24 @@ class EagerProbe(MeasuringTrials):
         # backward undercounted what the loop holds there and is not saved for backward (the
         # labels after the loss's backward: 8 bytes a sample put an MLP's answer 1 above the
         # plain loop's B*, scripts/bench/race.py).
-        held = None
+        # A full trial at a size the model has not seen, after the search's first trial: its
+        # first two steps' forward and backward logged, for whether a new size makes the model do
+        # more (_residue.py, at_new_size).
+        log = _StepLog() if (residue is not None and state_batch == 0 and
+                             residue.residue is not None and self.meter.name == "cpu-budget" and
+                             size not in self.sizes_seen) else None
+        try:
+            return self._run_steps(size, micro_batches, steps, optimizer, residue, state_batch,
+                                   log)
+        finally:
+            if log is not None:
+                log.close()  # a step that failed inside its log
+
+    def _run_steps(self, size, micro_batches, steps, optimizer, residue, state_batch, log):
+        held = None  # the batch the loop holds (_steps); only here, so that the next one frees it
         if state_batch > 0:
             held = self._shortened_start(optimizer, size, micro_batches, state_batch, residue)
+        done, total_ms = 0, 0.0
         made = 0
         for step in range(self.steps if steps is None else steps):
             if _core.trial_should_stop():  # the search's deadline or cancellation (row 15)
@@ -411,6 +447,8 @@ class EagerProbe(MeasuringTrials):
                     residue.replaced(made - self.meter.current_bytes(), own)
                 elif micro == 0 and residue is not None and step == 0:
                     made = self.meter.current_bytes()
+                if log is not None and micro == 0 and step < 2:
+                    log.start()
                 output, loss = self.forward_loss(batch, size, micro, step)
                 self._check_step_loss(loss)
                 del batch
@@ -420,6 +458,10 @@ class EagerProbe(MeasuringTrials):
                 self._enter("backward", size, micro, step)
                 (loss / micro_batches).backward()
                 del loss, output  # kept: alive through backward, as `out = model(x)` keeps it
+            if log is not None and step < 2:
+                log.stop()
+                if step == 1:
+                    residue.at_new_size(*log.steps)
             self._optimizer_step(optimizer, size, step)
             self.meter.synchronize()  # the step's queued kernels, once per step (CUDA)
             total_ms += (time.perf_counter() - t0) * 1000.0
