@@ -21,17 +21,22 @@ before did. One step that does otherwise (a buffer kept at the
 batch's size, optimizer state made for the experts some samples reach, an input kept) breaks the
 evidence for the rest of the search.
 
-A shortened trial's whole step is also the model's first step at its size, where a full trial's
-second step is its second. What a model does when the size changes (a cache rebuilt beside the old
-one, in forward, only in grad mode, or in a backward hook) the full trial does in its first step,
-without the optimizer's state, and the whole step with it. So a shortened failure stands only once
-a full trial at a size the model had never seen (not the search's first trial, which meets what a
-process does once) ran its first step's forward and backward with the same allocations as its
-second (bytes and count) and rose no higher above the step's start (`at_new_size`, read from the
-budget allocator's allocation log); one that did otherwise ends it for the search. A forward of
-the whole batch under no_grad, shown to the model before the whole step, did this job until a
-review: it missed what a model does only in grad mode or in backward, kept what a model keeps from
-a no_grad forward, and raised from a step that needs grad mode (autograd.grad in the loss).
+A shortened trial's whole step is also the model's first step at its size, and comes after a
+forward on `state_batch` samples, where a full trial's second step is its second at the size.
+What a model does when the size changes (a cache rebuilt beside the old one, in forward, only in
+grad mode, or in a backward hook; a plan for small batches switched back) the full trial does in
+its first step, without the optimizer's state, and the whole step with it. Two pieces of evidence
+stand against it. A full trial at a size the model had never seen (not the search's first trial,
+which meets what a process does once) must run its first step's forward and backward with the
+same allocations as its second (bytes and count) and rise no higher above the step's start
+(`at_new_size`, read from the budget allocator's allocation log); one that does otherwise ends
+it for the search. And the shortened trial shows the size to the model by a forward of the whole
+batch under no_grad before its whole step (_measuring.py, _show_size), which must leave the bytes
+as they were and raise nothing. Each alone was found wrong by a review: the no_grad forward missed
+a cache rebuilt only in grad mode or in backward (answers 444 for 448), kept what a model keeps
+from a no_grad forward (503 for 508) and raised from a step that needs grad mode; the full
+trials' evidence missed a plan switched by the first step's small forward and kept where the
+weights' restore does not reach (1 or 2 under B* at 8 of 21 budgets).
 """
 from collections.abc import Mapping
 
