@@ -4,8 +4,6 @@ samples of the size's batch makes the optimizer's state, then one whole step run
 EagerProbe (_trial.py) takes these methods; the residues that say whether its failure stands for
 the full trial's are _residue.py's.
 """
-import traceback
-
 import torch
 
 from ._batches import leading, make_batch, mirror_removals
@@ -73,27 +71,24 @@ class MeasuringTrials:
 
     def _show_size(self, held, size, residue):
         """Between a shortened trial's first step and its whole step: a forward of the whole batch
-        under no_grad, so that what the model does when the size changes from the first step's
-        `state_batch` samples (a plan for small batches switched back, kept where the weights'
-        restore does not reach: a third review, answers 1 or 2 under B* at 8 of 21 budgets
-        without it) happens here, not in the whole step with the optimizer's state alive, where
-        the full trial's second step, after a step at the size, does not meet it. What it cannot
-        show (work in grad mode or in backward only) the full trials at new sizes show
-        (new_size_is_plain). The whole step's failure then stands only if this forward left the
-        bytes as they were (a model keeping what a no_grad forward made would hold it through the
-        whole step: a review, 503 for 508) and raised nothing: the user's loop runs no such
-        forward, so its error (a step that needs grad mode: autograd.grad in the loss) or its out
-        of memory says nothing of the step's, and the trial goes on to its whole step."""
+        in grad mode (its graph freed unused), so that what the model does when the size changes
+        from the first step's `state_batch` samples (a plan for small batches switched back, kept
+        where the weights' restore does not reach: a fourth review, answers 1 or 2 under B* at 8
+        of 21 budgets without it) happens here, not in the whole step with the optimizer's state
+        alive, where the full trial's second step, after a step at the size, does not meet it.
+        What it cannot show (work in backward only) the full trials at new sizes show when it is
+        the module's (new_size_is_plain). The whole step's failure then stands only if this
+        forward left the bytes as they were (a model keeping what the forward made would hold it
+        through the whole step); its out of memory is the trial's, which does not stand then (the
+        full trial's first step meets the size without the optimizer's state). Under no_grad (stop 53 to the fifth review) it kept what a
+        model keeps from a no_grad forward, raised from a step that needs grad mode, and left
+        state that only a no_grad call sets (a flag, a workspace keyed on grad mode) for the
+        whole step and the next full trials: answers 1 or 2 under B*."""
         comparable, residue.comparable = residue.comparable, False
         before = self.meter.current_bytes()
-        try:
-            with torch.no_grad():
-                output, loss = self.forward_loss(held, size, 0, 0)
-            del output, loss
-        except Exception as e:  # noqa: BLE001  not the user's step's: said by the failure's mark
-            traceback.clear_frames(e.__traceback__)
-            del e
-            return
+        with torch.enable_grad():
+            output, loss = self.forward_loss(held, size, 0, 0)
+        del output, loss
         if self.meter.current_bytes() == before:
             residue.comparable = comparable
 

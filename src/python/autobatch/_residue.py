@@ -31,12 +31,14 @@ which meets what a process does once) must run its first step's forward and back
 same allocations as its second (bytes and count) and rise no higher above the step's start
 (`at_new_size`, read from the budget allocator's allocation log); one that does otherwise ends
 it for the search. And the shortened trial shows the size to the model by a forward of the whole
-batch under no_grad before its whole step (_measuring.py, _show_size), which must leave the bytes
-as they were and raise nothing. Each alone was found wrong by a review: the no_grad forward missed
-a cache rebuilt only in grad mode or in backward (answers 444 for 448), kept what a model keeps
-from a no_grad forward (503 for 508) and raised from a step that needs grad mode; the full
-trials' evidence missed a plan switched by the first step's small forward and kept where the
-weights' restore does not reach (1 or 2 under B* at 8 of 21 budgets).
+batch in grad mode before its whole step (_measuring.py, _show_size), which must leave the bytes
+as they were (its out of memory is the trial's, not standing). Each alone was found wrong by a review: a forward under no_grad
+missed a cache rebuilt only in grad mode or in backward (answers 444 for 448), kept what a model
+keeps from a no_grad forward (503 for 508), raised from a step that needs grad mode and left
+state only a no_grad call sets; the full trials' evidence missed a plan switched by the first
+step's small forward and kept where the weights' restore does not reach (1 or 2 under B* at 8 of
+21 budgets). Not seen by either: such a plan switched only in backward (a fifth review: 1 or 2
+under B* at 3 of 9 budgets).
 """
 from collections.abc import Mapping
 
