@@ -413,10 +413,14 @@ class RebuildOnNewSize(torch.nn.Module):
         self.b = torch.nn.Linear(256, 10)
         self.cache, self.n = None, None
 
-    def forward(self, x, y=None):
+    def hidden(self, x):
+        """(the first layer's activations of x padded to 64 rows, the batch's size)."""
         n = x.shape[0]
         m = -(-n // 64) * 64
-        h = torch.relu(self.a(torch.nn.functional.pad(x, (0, 0, 0, m - n))))
+        return torch.relu(self.a(torch.nn.functional.pad(x, (0, 0, 0, m - n)))), n
+
+    def forward(self, x, y=None):
+        h, n = self.hidden(x)
         if self.n != n:
             self.cache, self.n = torch.zeros(512 * 1024), n
         return self.b(h)[:n] + self.cache[:1]
@@ -440,9 +444,7 @@ class RebuildInGradMode(RebuildOnNewSize):
     """RebuildOnNewSize's cache rebuilt only in grad mode (a review of stop 54, F1)."""
 
     def forward(self, x, y=None):
-        n = x.shape[0]
-        m = -(-n // 64) * 64
-        h = torch.relu(self.a(torch.nn.functional.pad(x, (0, 0, 0, m - n))))
+        h, n = self.hidden(x)
         if torch.is_grad_enabled() and self.n != n:
             self.cache, self.n = torch.zeros(512 * 1024), n
         return self.b(h)[:n] + self.cache[:1]
@@ -452,9 +454,7 @@ class RebuildInBackward(RebuildOnNewSize):
     """RebuildOnNewSize's cache rebuilt inside backward, by a hook on the activations (F1)."""
 
     def forward(self, x, y=None):
-        n = x.shape[0]
-        m = -(-n // 64) * 64
-        h = torch.relu(self.a(torch.nn.functional.pad(x, (0, 0, 0, m - n))))
+        h, n = self.hidden(x)
         if h.requires_grad:
             h.register_hook(lambda g: (self._rebuild(n), g)[1])
         return self.b(h)[:n]
@@ -477,20 +477,16 @@ def test_a_cache_rebuilt_only_in_grad_mode_or_backward_gets_exact_answers(model_
     assert not any(t.stands_for_full for _, g, _ in found for t in g.trials)
 
 
-class KeepNoGrad(torch.nn.Module):
+class KeepNoGrad(RebuildOnNewSize):
     """Keeps its last no_grad forward's activations (for a metric) until the next forward in
     grad mode; its forward peaks on a transient (F2)."""
 
     def __init__(self):
         super().__init__()
-        self.a = torch.nn.Linear(1024, 256)
-        self.b = torch.nn.Linear(256, 10)
         self.last = None
 
     def forward(self, x, y=None):
-        n = x.shape[0]
-        m = -(-n // 64) * 64
-        h = torch.relu(self.a(torch.nn.functional.pad(x, (0, 0, 0, m - n))))
+        h, n = self.hidden(x)
         s = h.detach().repeat(1, 4).sum()
         out = self.b(h)[:n] + 0 * s
         self.last = None if torch.is_grad_enabled() else h.detach().clone()
@@ -563,9 +559,7 @@ class SmallBatchPath(RebuildOnNewSize):
         self.plan = _Plan()
 
     def forward(self, x, y=None):
-        n = x.shape[0]
-        m = -(-n // 64) * 64
-        h = torch.relu(self.a(torch.nn.functional.pad(x, (0, 0, 0, m - n))))
+        h, n = self.hidden(x)
         return self.b(h)[:n] + self.plan.get(n <= 16)[:1]
 
 
@@ -586,9 +580,7 @@ class NoGradFlag(RebuildOnNewSize):
     activations' peak and clears the mark (a fifth review, H2)."""
 
     def forward(self, x, y=None):
-        n = x.shape[0]
-        m = -(-n // 64) * 64
-        h = torch.relu(self.a(torch.nn.functional.pad(x, (0, 0, 0, m - n))))
+        h, n = self.hidden(x)
         if not torch.is_grad_enabled():
             self.after_no_grad = True
         elif getattr(self, "after_no_grad", False):
@@ -602,9 +594,7 @@ class GradModePlan(SmallBatchPath):
     """A plan kept outside the module, keyed on grad mode (H3)."""
 
     def forward(self, x, y=None):
-        n = x.shape[0]
-        m = -(-n // 64) * 64
-        h = torch.relu(self.a(torch.nn.functional.pad(x, (0, 0, 0, m - n))))
+        h, n = self.hidden(x)
         return self.b(h)[:n] + self.plan.get(torch.is_grad_enabled())[:1]
 
 

@@ -44,6 +44,8 @@ from collections.abc import Mapping
 
 import torch
 
+from . import _core
+
 
 def _storages(batch):
     """The storages of the tensors in `batch` (tensors, mappings, lists and tuples, nested)."""
@@ -164,3 +166,23 @@ class StepResidue:
         where the shortened trial let it start (_measuring.py), as a second step runs
         (new_size_is_plain)."""
         return not self.broken and self.small and self.large and self.comparable
+
+
+class StepLog:
+    """The budget allocator's log of full trials' first two steps' forward and backward, for
+    StepResidue.at_new_size: (rise, allocated, allocations) of each (_core.stop_allocation_log)."""
+
+    def __init__(self):
+        self.steps, self.running = [], False
+
+    def start(self):
+        _core.start_allocation_log()
+        self.running = True
+
+    def stop(self):
+        self.steps.append(_core.stop_allocation_log())
+        self.running = False
+
+    def close(self):
+        if self.running:
+            self.stop()

@@ -19,7 +19,7 @@ from . import _core
 from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
 from ._measuring import MeasuringTrials
-from ._residue import storage_bytes, storage_ptrs
+from ._residue import StepLog, storage_bytes, storage_ptrs
 from ._batches import call_model, leading_size, make_batch  # noqa: F401 (re-exported)
 from ._state import local_tensor
 
@@ -277,26 +277,6 @@ def refuse_collective_modules(model):
 
 # ---- the trial ------------------------------------------------------------------------------
 
-class _StepLog:
-    """The budget allocator's log of steps' forward and backward: (rise, allocated,
-    allocations) of each (_core.stop_allocation_log)."""
-
-    def __init__(self):
-        self.steps, self.running = [], False
-
-    def start(self):
-        _core.start_allocation_log()
-        self.running = True
-
-    def stop(self):
-        self.steps.append(_core.stop_allocation_log())
-        self.running = False
-
-    def close(self):
-        if self.running:
-            self.stop()
-
-
 class EagerProbe(MeasuringTrials):
     """The probe the C++ search calls: probe(B, micro_batches_per_step) -> a plain dict."""
 
@@ -412,7 +392,7 @@ class EagerProbe(MeasuringTrials):
         # A full trial at a size the model has not seen, after the search's first trial: its
         # first two steps' forward and backward logged, for whether a new size makes the model do
         # more (_residue.py, at_new_size).
-        log = _StepLog() if (residue is not None and state_batch == 0 and
+        log = StepLog() if (residue is not None and state_batch == 0 and
                              residue.residue is not None and self.meter.name == "cpu-budget" and
                              size not in self.sizes_seen) else None
         try:
