@@ -63,3 +63,40 @@ def test_autobatch_still_finds_the_boundary_with_the_worded_refusal():
         _core.set_refusal_suffix("")
     assert worded.max_micro_batch == plain.max_micro_batch > 0
     assert any(t.outcome == "out-of-memory" for t in worded.trials)
+
+
+def load_race():
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "bench", "race.py")
+    spec = importlib.util.spec_from_file_location("race_script", path)
+    race = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(race)
+    return race
+
+
+# Catches: the least process wall of an exact finder summed from the search column instead of
+# the process's time outside the search (imports and the model, 0.4 + 2.0 s here), or taken as a
+# share of Lightning's search time instead of its wall; and the floor's share of the search.
+def test_the_table_states_the_least_wall_an_exact_finder_could_have():
+    import argparse
+    race = load_race()
+    rows = {
+        "mlp": [{"finder": "lightning-binsearch", "found": 90, "trials": 10, "search_s": 20.0,
+                 "wall_s": 23.0},
+                {"finder": "autobatch", "found": 100, "trials": 3, "search_s": 6.0,
+                 "wall_s": 6.4, "floor_s": 4.0, "step_ms_at_answer": 500.0,
+                 "overhead_ms": [1.0], "recovery_ms": [2.0], "freeing_ms": [0.5]}],
+        "vit": [{"finder": "lightning-binsearch", "found": 200, "trials": 12, "search_s": 40.0,
+                 "wall_s": 47.0},
+                {"finder": "autobatch", "found": 200, "trials": 5, "search_s": 15.0,
+                 "wall_s": 17.0, "floor_s": 10.0, "step_ms_at_answer": 2000.0,
+                 "overhead_ms": [20.0], "recovery_ms": [30.0], "freeing_ms": [1.0]}],
+    }
+    tables = [("mlp", 100, rows["mlp"]), ("vit", 200, rows["vit"])]
+    text = race.render(tables, argparse.Namespace(device="cpu"), 0.5, 1.5, 60.0)
+    assert "| autobatch | 2 of 2 | 8 | 21.0 | 23.4 | 0.36 | 0.35 | 0.33 |" in text
+    assert "The floor summed: 14.0 s, 0.23 of Lightning binsearch's search time." in text
+    # 4.0 + 0.4 + 10.0 + 2.0 = 16.4 s of Lightning's 70.0 s of wall
+    assert "outside its search (imports, the model): 16.4 s, 0.23 of Lightning binsearch's " \
+        "wall" in text
