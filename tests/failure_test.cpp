@@ -131,6 +131,38 @@ TEST(FailureTest, LibraryAllocationFailuresAreOutOfMemory) {
   }
 }
 
+// Catches: "out of memory" matched anywhere in any error's text (a review of stop 54: a step's
+// own "my token cache: out of memory slots" was taken for out of memory, and find() answered 7
+// where 5495 fits). The phrase counts on a line naming what ran out; an OutOfMemoryError counts
+// whatever it says.
+TEST(FailureTest, OutOfMemoryWordsCountOnlyWhereTheyNameWhatRanOut) {
+  for (const char* text : {"my token cache: out of memory slots, call cache.reset()",
+                           "RuntimeError: out of memory", "queue is out of memory budget"}) {
+    for (const auto& context : kAll) {
+      EXPECT_EQ(classifyFailure(ExceptionType::kOther, text, context).kind, FailureKind::kRethrow)
+          << text;
+    }
+    EXPECT_EQ(classifyFailure(ExceptionType::kOutOfMemoryError, text, kPlain).kind,
+              FailureKind::kOutOfMemory)
+        << text;
+  }
+  for (const char* text :
+       {"CUDA out of memory. Tried to allocate 2.00 MiB", "HIP out of memory. Tried to allocate",
+        "MPS backend out of memory (MPS allocated: 1.00 GB)", "XPU out of memory.",
+        "NCCL error: unhandled cuda error\nLast error:\nCuda failure 'out of memory'",
+        "Triton Error [CUDA]: out of memory",
+        "CPU budget allocator: out of memory: tried to allocate 64 bytes", "hipErrorOutOfMemory"}) {
+    EXPECT_EQ(classifyFailure(ExceptionType::kOther, text, kPlain).kind, FailureKind::kOutOfMemory)
+        << text;
+  }
+  EXPECT_EQ(classifyFailure(ExceptionType::kOther,
+                            wrappedByTorchScript("CPU budget allocator: out of memory: tried to "
+                                                 "allocate 64 bytes"),
+                            kPlain)
+                .kind,
+            FailureKind::kOutOfMemory);
+}
+
 TEST(FailureTest, KernelSizeLimitsAreSizeLimit) {
   for (const char* text : {"cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if "
                            "you passed in a non-contiguous input.",

@@ -164,6 +164,27 @@ TEST(PlannerTest, TargetsNearTheInt64MaximumPlanWithoutOverflow) {
 
 // Catches a report that lists every micro-batch of a huge plan (2^39 sizes: std::bad_alloc):
 // listsMicroBatches() bounds what the reports may list.
+// Targets far beyond the exhaustive table, on both sides of sqrt(target) (a review of stop 54:
+// every divisor pair up to sqrt(2^62) took 11 s; the shorter side now). Catches a count-down
+// that misses the co-divisors above sqrt(target), a co-divisor scan that starts below
+// ceil(target / max) (a micro-batch over the maximum), and one that falls back to 1 where a
+// divisor below sqrt(target) exists.
+TEST(PlannerTest, LargeTargetsTakeTheLargestDivisorAtMostTheMaximum) {
+  constexpr std::int64_t kTwo62 = std::int64_t{1} << 62;
+  EXPECT_EQ(planAccumulation(5208, kTwo62).uniform.largestMicroBatch(), 4096);
+  constexpr std::int64_t kMersenne61 = (std::int64_t{1} << 61) - 1;  // prime
+  EXPECT_EQ(planAccumulation(5208, kMersenne61).uniform.largestMicroBatch(), 1);
+  constexpr std::int64_t kP = 1000003;  // prime
+  constexpr std::int64_t kQ = 999983;   // prime
+  EXPECT_EQ(planAccumulation(kP, kP * kQ * 2).uniform.largestMicroBatch(), kP);
+  EXPECT_EQ(planAccumulation(kQ * 2 - 1, kP * kQ * 2).uniform.largestMicroBatch(), kP);
+  EXPECT_EQ(planAccumulation(kP * 2, kP * kQ * 2).uniform.largestMicroBatch(), kP * 2);
+  EXPECT_EQ(planAccumulation(kP - 1, kP * kQ).uniform.largestMicroBatch(), kQ);
+  EXPECT_EQ(planAccumulation(kQ - 1, kP * kQ).uniform.largestMicroBatch(), 1);
+  // Above sqrt: the co-divisor kQ * 2 of kP * kQ * 2 is the largest at most kQ * 2 + 5.
+  EXPECT_EQ(planAccumulation(kQ * 2 + 5, kP * kQ * 2).uniform.largestMicroBatch(), kQ * 2);
+}
+
 TEST(PlannerTest, OnlyPlansUpToTheListLimitListTheirMicroBatches) {
   const AccumulationPlans small = planAccumulation(2, 2 * kMicroBatchListLimit);
   EXPECT_TRUE(small.uniform.listsMicroBatches());

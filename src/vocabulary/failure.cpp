@@ -244,8 +244,30 @@ constexpr std::array<Needle, 6> kFatal{{
 // ATen's "Storage size calculation overflowed with sizes=[...]" (computeStorageNbytes): a tensor
 // whose bytes pass 2^63 - 1 does not fit in any memory, so it is out of memory at that batch, not
 // a model error (issue 27, row 13: --check-batch 1099511627776 at 3x1024x1024 was exit 1).
+// The phrase "out of memory" counts only on a line that names what ran out (a review of stop 54:
+// a step's own RuntimeError "my token cache: out of memory slots" was taken for out of memory,
+// and the search answered 7 where 5495 fits): CUDA ("CUDA out of memory", C10_CUDA_CHECK's
+// "CUDA error: out of memory", NCCL's "Cuda failure 'out of memory'", Triton's "[CUDA]"), ROCm's
+// HIP, MPS, XPU, or an allocator (the CPU budget allocator's "CPU budget allocator: out of
+// memory", c10's caching allocators). An OutOfMemoryError counts whatever its text.
+constexpr std::array<std::string_view, 7> kOutOfMemoryProducers{
+    {"CUDA", "Cuda", "cuda", "HIP", "MPS", "XPU", "NCCL"}};
+
+std::optional<std::string_view> lineWithProducedOutOfMemory(
+    const std::vector<std::string_view>& lines) {
+  for (const auto line : lines) {
+    const std::string low = lower(line);
+    if (!contains(low, "out of memory")) continue;
+    if (contains(low, "allocator")) return line;
+    for (const auto producer : kOutOfMemoryProducers) {
+      if (findIdentifier(line, producer) != std::string_view::npos) return line;
+    }
+  }
+  return std::nullopt;
+}
+
 constexpr std::array<Needle, 10> kOutOfMemory{{
-    {"out of memory", Match::kPhraseIgnoreCase},
+    {"hipErrorOutOfMemory", Match::kCode},
     {"Storage size calculation overflowed", Match::kPhrase},
     {"cudaErrorMemoryAllocation", Match::kCode},
     {"CUBLAS_STATUS_ALLOC_FAILED", Match::kCode},
@@ -364,7 +386,8 @@ FailureClass classifyFailure(ExceptionType type, std::string_view message,
     return result;
   }
 
-  const auto oom_line = lineWithAny(lines, kOutOfMemory);
+  auto oom_line = lineWithProducedOutOfMemory(lines);
+  if (!oom_line) oom_line = lineWithAny(lines, kOutOfMemory);
   if (type == ExceptionType::kOutOfMemoryError || oom_line) {
     result.kind = FailureKind::kOutOfMemory;
     if (oom_line) result.reason = trimmed(*oom_line);

@@ -460,3 +460,58 @@ def test_wrong_arity_and_batchnorm_at_one_say_the_fix():
         autobatch.find(bn, x(), memory_limit=LIMIT)
     assert autobatch.find(bn, x(), memory_limit=LIMIT, min_batch=2, max_batch=16) \
         .max_micro_batch == 16
+
+
+# ---- A review of stop 54 (a new user's hostile round): each test fails on the code before it.
+
+# Catches the autograd drain after a failed step allocating its scalar inside the budget: under a
+# limit the model's own bytes already fill, its refusal left find() as a raw OutOfMemoryError.
+def test_a_limit_below_the_model_is_does_not_fit_naming_min_batch():
+    model = mlp()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    before = state(model)
+    with pytest.raises(autobatch.DoesNotFit) as e:
+        autobatch.find(model, x(), memory_limit=weights // 2, progress=False)
+    assert "micro-batch 1 does not fit" in str(e.value)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    # Catches words that named micro-batch 1 whatever min_batch was (1 fits here: it was never
+    # tried).
+    with pytest.raises(autobatch.DoesNotFit) as e:
+        autobatch.find(mlp(), x(), memory_limit="1MiB", min_batch=100000, progress=False)
+    assert "micro-batch 100000 does not fit" in str(e.value)
+    assert [t.micro_batch_size for t in e.value.result.trials] == [100000]
+
+
+# Catches "out of memory" matched anywhere in the step's error: a cache's own error with those
+# words was taken for out of memory and the search answered 7 where thousands fit.
+def test_a_step_error_that_says_out_of_memory_is_the_models_error():
+    def step(m, b):
+        if b.shape[0] >= 8:
+            raise RuntimeError("my token cache: out of memory slots, call cache.reset()")
+        return m(b).square().mean()
+    with pytest.raises(autobatch.ModelError, match="out of memory slots") as e:
+        autobatch.find(mlp(), x(), step=step, memory_limit=LIMIT, progress=False)
+    assert e.value.micro_batch >= 8
+
+
+# Catches a factory error other than TypeError and ValueError leaving find() raw.
+@pytest.mark.parametrize("error", [RuntimeError("factory broken"), KeyError("lr"),
+                                   AttributeError("no .params")])
+def test_a_failing_optimizer_factory_is_a_usage_error_whatever_it_raises(error):
+    def factory(params):
+        raise error
+    with pytest.raises(autobatch.UsageError, match="optimizer: .* failed when called") as e:
+        autobatch.find(mlp(), x(), optimizer=factory, memory_limit=LIMIT, progress=False)
+    assert e.value.__cause__ is error
+
+
+# Catches counts the library holds in a C++ int passed on unchecked: 2^40 failed in pybind11's
+# cast ("Unable to cast Python instance of type <class 'int'> to C++ type '?'") after a trial.
+@pytest.mark.parametrize("what", ["steps_per_trial", "world_size", "max_trials"])
+def test_counts_above_a_cpp_int_are_usage_errors(what):
+    kwargs = {what: 1 << 40}
+    if what == "world_size":
+        kwargs["target_batch"] = 1 << 41
+    with pytest.raises(autobatch.UsageError, match=f"{what}: expected an int >= 1 and <= "
+                                                   "2147483647"):
+        autobatch.find(mlp(), x(), memory_limit=LIMIT, progress=False, **kwargs)

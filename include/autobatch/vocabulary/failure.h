@@ -87,9 +87,12 @@ struct FailureClass {
 ///    "misaligned address", "unspecified launch failure", "device-side assert", "illegal
 ///    instruction", "uncorrectable ECC" (case-insensitive).
 /// 3. kOutOfMemoryError, or a message naming an allocation failure -> out of memory: "out of
-///    memory" (case-insensitive: the caching allocator's "CUDA out of memory", "CUDA error: out of
-///    memory", the CPU budget allocator's text, and these texts inside TorchScript's wrapped
-///    std::runtime_error); the codes cudaErrorMemoryAllocation, CUBLAS_STATUS_ALLOC_FAILED,
+///    memory" (case-insensitive) on a line that names what ran out: the word CUDA, Cuda, cuda,
+///    HIP, MPS, XPU or NCCL, or "allocator" in any case (the caching allocator's "CUDA out of
+///    memory", "CUDA error: out of memory", the CPU budget allocator's text, and these texts
+///    inside TorchScript's wrapped std::runtime_error; a step's own "cache: out of memory slots"
+///    is not: a review of stop 54); the codes cudaErrorMemoryAllocation, hipErrorOutOfMemory,
+///    CUBLAS_STATUS_ALLOC_FAILED,
 ///    CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED,
 ///    CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED (cuDNN 9), CUDNN_STATUS_ALLOC_FAILED
 ///    (its deprecated alias), CUFFT_ALLOC_FAILED, CUSOLVER_STATUS_ALLOC_FAILED,

@@ -15,7 +15,8 @@ from ._eval import EvalProbe, eval_nothing_fits_message, eval_state_of
 from ._result import Result, Trial
 from ._fingerprint import _code_digest, fingerprint
 from ._optimizers import _impl, _optimizer_factory
-from ._options import _autocast, _bytes, _count, _device_of, _limit, _margin, _seconds, _target
+from ._options import (_INT32_MAX, _autocast, _bytes, _count, _device_of, _limit, _margin,
+                       _seconds, _target)
 from ._state import ModelState, local_tensor
 from ._trial import EagerProbe, Meter, leading_size, refuse_collective_modules
 
@@ -69,9 +70,9 @@ class _Session:
                              "least one tensor with a leading batch dimension (e.g. "
                              "torch.randn(1, 3, 224, 224), or {'input_ids': ids, 'labels': ids} "
                              "with ids of shape (1, T))")
-        if isinstance(steps_per_trial, bool) or not isinstance(steps_per_trial, int) \
-                or steps_per_trial < 1:
-            raise UsageError(f"steps_per_trial: expected an int >= 1, but got {steps_per_trial!r}")
+        _count(steps_per_trial, "steps_per_trial", maximum=_INT32_MAX)
+        if steps_per_trial is None:
+            raise UsageError("steps_per_trial: expected an int >= 1, but got None")
         if step is not None and not callable(step):
             raise UsageError(f"step: expected a function step(model, batch) -> loss, but got "
                              f"{type(step).__name__}")
@@ -117,8 +118,9 @@ class _Session:
             "max_batch": _count(max_batch, "max_batch"),
             "dataset_size": _count(dataset_size, "dataset_size"), "strategy": strategy,
             "plan": plan, "target_batch": _target(target_batch),
-            "world_size": _count(world_size, "world_size", none_is=1),
-            "time_limit_s": _seconds(time_limit), "max_trials": _count(max_trials, "max_trials")}
+            "world_size": _count(world_size, "world_size", none_is=1, maximum=_INT32_MAX),
+            "time_limit_s": _seconds(time_limit),
+            "max_trials": _count(max_trials, "max_trials", maximum=_INT32_MAX)}
         if self.device.type == "cuda":  # the caching allocator's units (autobatch/vocabulary/trial.h)
             self.options.update(block_bytes=2 << 20, page_bytes=20 << 20)
         self.optimizer_code = _code_digest(optimizer) if callable(optimizer) else None
@@ -463,8 +465,12 @@ def _nothing_fits_message(result):
         return (f"nothing fits under the margin: micro-batch {result.max_micro_batch} fits, but "
                 f"its peak is above the limit of {result.memory_limit_bytes} bytes less the margin "
                 f"of {result.margin_bytes} bytes")
-    return (f"nothing fits: micro-batch 1 does not fit under {result.memory_limit_bytes} bytes; it "
-            f"needs at least {r.get('min_batch_needs_at_least_bytes', 0)} bytes")
+    # The smallest micro-batch tried is min_batch (a review of stop 54: the words said 1 with
+    # min_batch 6000, where 1 fits).
+    smallest = min((t.micro_batch_size for t in result.trials), default=1)
+    return (f"nothing fits: micro-batch {smallest} does not fit under {result.memory_limit_bytes} "
+            f"bytes; it needs at least {r.get('min_batch_needs_at_least_bytes', 0)} bytes (a "
+            "smaller min_batch, a higher memory_limit or a smaller model)")
 
 
 def _distinct_bytes(tensors):

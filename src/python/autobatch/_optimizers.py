@@ -6,6 +6,7 @@ import weakref
 
 import torch
 
+from . import _core
 from ._errors import UsageError
 
 def _constructor_options(cls, defaults):
@@ -62,9 +63,13 @@ def _checked_build(build, what):
     def checked():
         try:
             opt = build()
-        except UsageError:
-            raise
-        except (TypeError, ValueError) as e:  # a factory that takes no parameters, a bad lr
+        except (UsageError, torch.OutOfMemoryError, MemoryError):
+            raise  # out of memory building it inside a trial is the trial's
+        except Exception as e:  # a factory that takes no parameters, a bad lr, its own error
+            if _core.trial_interrupted():  # the deadline or Ctrl-C refused its allocation
+                raise
+            # Any type (a review of stop 54: RuntimeError, KeyError and AttributeError left
+            # find() raw, where TypeError and ValueError were these words).
             raise UsageError(f"optimizer: {what} failed when called with the model's trainable "
                              f"parameters: {type(e).__name__}: {e}; expected a factory such as "
                              "lambda params: torch.optim.AdamW(params, lr=1e-3)") from e

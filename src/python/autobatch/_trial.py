@@ -88,6 +88,12 @@ def _hint(error, size):
     if size == 1 and "Expected more than 1 value per channel when training" in str(error):
         return ("; BatchNorm in training needs at least 2 samples per batch: pass min_batch=2 "
                 "(a run that trains at micro-batch 1 fails the same way)")
+    if isinstance(error, MemoryError):
+        # The command's rule for std::bad_alloc (docs/errors.md): a review of stop 54 read
+        # "(not out of memory): MemoryError:" as a contradiction.
+        return ("; a MemoryError is taken for out of memory only near the process's memory "
+                "limit or after a larger batch ran out of memory; here the process was far from "
+                "its limit, so a request this large is the step's own (a size computed wrongly?)")
     return ""
 
 class _TrialStopped(Exception):
@@ -591,11 +597,14 @@ class EagerProbe(MeasuringTrials):
         gradient buffers) until the next backward on that thread, so 3.9 MB of a branching
         model's out of memory in backward stayed counted into the next trials and failed them
         (a review of stop 52: answers 2188 and 5348 for B* 2540 and 5468). A backward of one
-        scalar on the CPU and on the model's device runs the engine's queues dry."""
-        for device in {torch.device("cpu"), self.device}:
-            leaf = torch.zeros((), device=device, requires_grad=True)
-            leaf.backward()
-            del leaf
+        scalar on the CPU and on the model's device runs the engine's queues dry. The scalar is
+        ours, outside the budget: under a limit the model's own bytes already fill, its refusal
+        left find() as a raw OutOfMemoryError, not DoesNotFit (a review of stop 54)."""
+        with _core.Untracked():
+            for device in {torch.device("cpu"), self.device}:
+                leaf = torch.zeros((), device=device, requires_grad=True)
+                leaf.backward()
+                del leaf
 
     def _end(self, record, error):
         """The trial's peaks into `record`, then the weights back and the caches emptied, unless
