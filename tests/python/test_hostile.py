@@ -515,3 +515,37 @@ def test_counts_above_a_cpp_int_are_usage_errors(what):
     with pytest.raises(autobatch.UsageError, match=f"{what}: expected an int >= 1 and <= "
                                                    "2147483647"):
         autobatch.find(mlp(), x(), memory_limit=LIMIT, progress=False, **kwargs)
+
+
+# Catches a restore that puts back parameters and buffers but not the module tree: a step that
+# replaced a child module left the last trial's module (other weights, other parameters) in the
+# user's model after find().
+def test_a_child_module_a_step_replaces_is_put_back():
+    model = mlp()
+    child, before = model[2], state(model)
+    params = [id(p) for p in model.parameters()]
+
+    def step(m, b):
+        m[2] = torch.nn.Linear(64, 4)
+        m.extra = torch.nn.ReLU()  # a child the trial adds
+        return m(b).square().mean()
+    autobatch.find(model, x(), step=step, memory_limit=LIMIT, max_batch=64, progress=False)
+    assert model[2] is child and not hasattr(model, "extra")
+    assert [id(p) for p in model.parameters()] == params
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+# Catches a final restore that removes only the tensors a trial left as new attributes: a
+# counter the forward made on its first call stayed on the user's model.
+def test_an_attribute_a_forward_creates_is_gone_after_find():
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, b):
+            self.calls = getattr(self, "calls", 0) + 1
+            return self.net(b)
+    model = Counting()
+    autobatch.find(model, x(), memory_limit=LIMIT, max_batch=64, progress=False)
+    assert not hasattr(model, "calls")

@@ -107,9 +107,12 @@ class ModelState:
         self.buffer_names = [(m, set(m._buffers)) for m in model.modules()]
         self.attribute_names = [(m, set(vars(m))) for m in model.modules()]
         # The modules' own slots: a buffer or parameter that forward rebinds (self.ema = 0.9 *
-        # self.ema + ...) is put back as the same tensor object.
+        # self.ema + ...) is put back as the same tensor object; a submodule a step replaces
+        # (model[2] = nn.Linear(...): a review of stop 54 found it left so after find()), as the
+        # same module.
         self.slots = [(m, table, k, v) for m in model.modules()
-                      for table in (m._parameters, m._buffers) for k, v in table.items()]
+                      for table in (m._parameters, m._buffers, m._modules) for k, v in table.items()]
+        self.module_names = [(m, set(m._modules)) for m in model.modules()]
         # Plain attributes, put back as they were: the value itself (a counter, a tensor a forward
         # rebinds), the contents of a list, dict or set it fills in place, a tensor's values, a
         # generator's state (also one held in a list or dict).
@@ -156,6 +159,9 @@ class ModelState:
         for m, names in self.buffer_names:
             for k in [k for k in m._buffers if k not in names]:
                 del m._buffers[k]  # registered by a trial (a forward that registers a buffer)
+        for m, names in self.module_names:
+            for k in [k for k in m._modules if k not in names]:
+                del m._modules[k]  # added by a trial
         for m, names in self.attribute_names:
             # Tensors a trial left as new attributes (a cache built on the first forward): gone,
             # so each trial builds them again as the user's fresh job does.
@@ -170,6 +176,11 @@ class ModelState:
             self.restore_weights()
         else:
             self._restore_attributes(device_usable=False)
+        for m, names in self.attribute_names:
+            # Any other attribute the trials left (a counter a forward made: a review of stop 54);
+            # between trials only the tensors go (_restore_attributes).
+            for k in [k for k in vars(m) if k not in names]:
+                delattr(m, k)
         for p, g, r in zip(self.params, self.grads, self.requires_grad):
             p.grad = g
             p.requires_grad_(r)
