@@ -549,3 +549,50 @@ def test_an_attribute_a_forward_creates_is_gone_after_find():
     model = Counting()
     autobatch.find(model, x(), memory_limit=LIMIT, max_batch=64, progress=False)
     assert not hasattr(model, "calls")
+
+
+# Catches what find() cannot train reaching the first trial and leaving as torch's own error:
+# a TorchScript module (TypeError from BufferDict.contains), parameters made under
+# inference_mode (RuntimeError "Inplace update to inference tensor"), a sparse example
+# (NotImplementedError "Cannot access storage of SparseTensorImpl").
+def test_what_find_cannot_train_is_a_usage_error_before_any_trial():
+    with pytest.raises(autobatch.UsageError, match="model: a TorchScript module"):
+        autobatch.find(torch.jit.script(mlp()), x(), memory_limit=LIMIT, progress=False)
+    with torch.inference_mode():
+        frozen = mlp()
+    with pytest.raises(autobatch.UsageError, match="model: 4 of its tensors .* are inference "):
+        autobatch.find(frozen, x(), memory_limit=LIMIT, progress=False)
+    sparse = torch.eye(32)[:1].to_sparse()
+    with pytest.raises(autobatch.UsageError, match=r"example_batch\[0\]: expected dense"):
+        autobatch.find(mlp(), (sparse,), step=lambda m, b: m(b[0].to_dense()).sum(),
+                       memory_limit=LIMIT, progress=False)
+
+
+# Catches the formatting of the step's error raising itself: an exception whose __str__ raises
+# left find() as that RuntimeError, the user's exception lost.
+def test_an_error_whose_str_raises_is_still_the_models_error():
+    class Opaque(Exception):
+        def __str__(self):
+            raise RuntimeError("str fails")
+
+    def step(m, b):
+        raise Opaque()
+    with pytest.raises(autobatch.ModelError, match="str\\(\\) of this Opaque raised") as e:
+        autobatch.find(mlp(), x(), step=step, memory_limit=LIMIT, progress=False)
+    assert isinstance(e.value.__cause__, Opaque)
+
+
+# Catches words that name values also refused or another interface's: memory_limit=-1 said
+# ">= 0" (0 is refused), min_batch above max_batch said "0 (no bound)" (refused in Python),
+# margin=True named only bytes.
+@pytest.mark.parametrize("kwargs, words", [
+    ({"memory_limit": -1}, "memory_limit: expected more than 0 bytes, but got -1"),
+    ({"min_batch": 8, "max_batch": 4},
+     "max_batch: expected None (no bound) or an int >= min_batch 8, but got 4"),
+    ({"margin": True}, "margin: expected a fraction in [0, 1) such as 0.05, a percentage"),
+])
+def test_argument_words_name_only_what_find_takes(kwargs, words):
+    kwargs = {"memory_limit": LIMIT, **kwargs}
+    with pytest.raises(autobatch.UsageError) as e:
+        autobatch.find(mlp(), x(), progress=False, **kwargs)
+    assert words in str(e.value)

@@ -64,6 +64,8 @@ class _Session:
                  step=None, ddp=False, zero_grad="none", keep_output=True):
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
+        _check_trainable_module(model)
+        _check_dense(example_batch)
         self.n0 = leading_size(example_batch)
         if not self.n0:
             raise UsageError("example_batch: expected a tensor, tuple, list or mapping holding at "
@@ -121,6 +123,10 @@ class _Session:
             "world_size": _count(world_size, "world_size", none_is=1, maximum=_INT32_MAX),
             "time_limit_s": _seconds(time_limit),
             "max_trials": _count(max_trials, "max_trials", maximum=_INT32_MAX)}
+        if self.options["max_batch"] and self.options["min_batch"] > self.options["max_batch"]:
+            # In find()'s words, not the command's ("0 (no bound)": max_batch=0 is refused here).
+            raise UsageError(f"max_batch: expected None (no bound) or an int >= min_batch "
+                             f"{self.options['min_batch']}, but got {self.options['max_batch']}")
         if self.device.type == "cuda":  # the caching allocator's units (autobatch/vocabulary/trial.h)
             self.options.update(block_bytes=2 << 20, page_bytes=20 << 20)
         self.optimizer_code = _code_digest(optimizer) if callable(optimizer) else None
@@ -453,6 +459,39 @@ def check_batch(model, example_batch, micro_batch, *, micro_batches_per_step=1, 
     if record.get("cancelled"):
         raise Cancelled("interrupted: the trial stopped at Ctrl-C; the model is restored")
     return Trial.from_json(record)
+
+
+def _check_trainable_module(model):
+    """What find() cannot train, said before any trial (a review of stop 54: each left find() as
+    torch's own error from inside the first trial)."""
+    if isinstance(model, (torch.jit.ScriptModule, torch.jit.RecursiveScriptModule)):
+        raise UsageError("model: a TorchScript module (torch.jit.script or torch.jit.trace); "
+                         "autobatch.find trains eager modules: pass the module before scripting "
+                         "it, or run the command on the saved archive (autobatch --model net.pt)")
+    inference = [name for name, t in [*model.named_parameters(), *model.named_buffers()]
+                 if not torch.nn.parameter.is_lazy(t) and t.is_inference()]
+    if inference:
+        raise UsageError(f"model: {len(inference)} of its tensors ({inference[0]}, ...) are "
+                         "inference tensors, made under torch.inference_mode(), which autograd "
+                         "cannot train; build the model outside inference_mode (or load its "
+                         "weights there)")
+
+
+def _check_dense(example, path="example_batch"):
+    """Batches are made by repeating the example's rows (_batches.make_batch), which needs dense
+    (strided) tensors: a sparse one left find() as NotImplementedError (a review of stop 54)."""
+    if isinstance(example, torch.Tensor):
+        if example.layout != torch.strided:
+            raise UsageError(f"{path}: expected dense tensors, but got a {example.layout} tensor; "
+                             "pass the dense example (.to_dense()) and make it sparse inside "
+                             "step(model, batch) if the model needs it")
+        return
+    if isinstance(example, Mapping):
+        for k, v in example.items():
+            _check_dense(v, f"{path}[{k!r}]")
+    elif isinstance(example, (list, tuple)):
+        for i, v in enumerate(example):
+            _check_dense(v, f"{path}[{i}]")
 
 
 def _nothing_fits_message(result):

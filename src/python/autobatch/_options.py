@@ -39,7 +39,9 @@ def _bytes(value, what, hint=""):
 def _limit(value):
     """memory_limit: None (the device's, or the room this process has) or bytes > 0; 0 is refused
     rather than read as "no limit" (a budget computed to 0 is a mistake: issue 40 row 6)."""
-    n = _bytes(value, "memory_limit")
+    # A negative int gets the words of 0 (">= 0" named a value also refused: a review of stop 54).
+    negative = isinstance(value, int) and not isinstance(value, bool) and value < 0
+    n = 0 if negative else _bytes(value, "memory_limit")
     if value is not None and n == 0:
         raise UsageError(f"memory_limit: expected more than 0 bytes, but got {value!r}; pass "
                          "None (the default) for the device's own memory")
@@ -80,6 +82,9 @@ def _margin(margin):
     """(fraction, bytes): a float in [0, 1) or "5%" is a fraction; an int or "256MiB" bytes."""
     if margin is None:
         return 0.05, -1
+    if isinstance(margin, bool) or not isinstance(margin, (int, float, str)):
+        raise UsageError(f"margin: expected a fraction in [0, 1) such as 0.05, a percentage such "
+                         f"as '5%', or bytes such as 268435456 or '256MiB', but got {margin!r}")
     if isinstance(margin, float):
         if not 0.0 <= margin < 1.0:
             raise UsageError(f"margin: expected a fraction in [0, 1) such as 0.05, or bytes, but "

@@ -81,11 +81,20 @@ def _check_loss(loss, step):
 
 
 
+def _text(error):
+    """str(error), or what stands for it when its __str__ raises: the step's own error must leave
+    as a ModelError with its cause, never as the formatting's (a review of stop 54)."""
+    try:
+        return str(error)
+    except Exception as e:  # noqa: BLE001  any error of the user's __str__
+        return f"<str() of this {type(error).__name__} raised {type(e).__name__}>"
+
+
 def _hint(error, size):
     """The fix for a model error the search's own choice of size caused: BatchNorm in training
     needs two values per channel (torch.nn.functional._verify_batch_size), so min_batch=1 fails
     for BatchNorm1d over (N, C) inputs at the first trial (issue 40)."""
-    if size == 1 and "Expected more than 1 value per channel when training" in str(error):
+    if size == 1 and "Expected more than 1 value per channel when training" in _text(error):
         return ("; BatchNorm in training needs at least 2 samples per batch: pass min_batch=2 "
                 "(a run that trains at micro-batch 1 fails the same way)")
     if isinstance(error, MemoryError):
@@ -547,7 +556,7 @@ class EagerProbe(MeasuringTrials):
                 traceback.clear_frames(e.__traceback__)
                 del e
             else:
-                if _core.is_fatal(str(e)):
+                if _core.is_fatal(_text(e)):
                     self.meter.mark_poisoned()
                 record["steps_completed"] = self.steps_done
                 record["step_ms"] = self.steps_ms / self.steps_done if self.steps_done else 0.0
@@ -657,13 +666,13 @@ class EagerProbe(MeasuringTrials):
         if self.meter.poisoned():
             return ModelError(
                 f"the device had a fatal error at micro-batch {size} (not out of memory): "
-                f"{type(error).__name__}: {_core.classify('other', str(error))['reason']}; a "
+                f"{type(error).__name__}: {_core.classify('other', _text(error))['reason']}; a "
                 "sticky CUDA error leaves the device unusable in this process, so autobatch made "
                 "no device call after it: the model's weights and the memory fraction were not "
                 "restored. Start a new process (CUDA_LAUNCH_BLOCKING=1 helps find the kernel)",
                 micro_batch=size)
         return ModelError(f"the model raised an error at micro-batch {size} (not out of "
-                          f"memory): {type(error).__name__}: {error}{_hint(error, size)}",
+                          f"memory): {type(error).__name__}: {_text(error)}{_hint(error, size)}",
                           micro_batch=size)
 
     def _failure(self, e):
@@ -675,7 +684,7 @@ class EagerProbe(MeasuringTrials):
             kind = "bad-alloc"
         else:
             kind = "other"
-        message = str(e)
+        message = _text(e)
         first = _core.classify(kind, message, True, True)
         near = self.meter.process_limit_near(0, first["failed_request_bytes"])
         c = _core.classify(kind, message, near, self.largest_oom > 0)
