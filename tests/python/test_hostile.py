@@ -596,3 +596,12 @@ def test_argument_words_name_only_what_find_takes(kwargs, words):
     with pytest.raises(autobatch.UsageError) as e:
         autobatch.find(mlp(), x(), progress=False, **kwargs)
     assert words in str(e.value)
+
+
+# Catches a step whose loss does not depend on the model taken as a training step: every trial
+# measured a step that trains nothing, and find() answered 47741 where the model's step fits 5495.
+def test_a_loss_that_gives_the_model_no_gradient_is_the_models_error():
+    w = torch.ones(1, requires_grad=True)
+    with pytest.raises(autobatch.ModelError, match="no trainable parameter of the model received"):
+        autobatch.find(mlp(), x(), step=lambda m, b: (b.sum() * w).sum(), memory_limit=LIMIT,
+                       progress=False)

@@ -331,6 +331,7 @@ class EagerProbe(MeasuringTrials):
         # The example's own storages, which make_batch passes unchanged into every batch.
         self.example_ptrs = storage_ptrs(example)
         self.sizes_seen = set()  # the batch sizes the model's forward has run on
+        self.gradients_seen = False  # a trainable parameter had a gradient after a backward
 
     def cancel(self):
         return self.interrupted or self.stopped_by is not None
@@ -457,6 +458,8 @@ class EagerProbe(MeasuringTrials):
                 log.stop()
                 if step == 1:
                     residue.at_new_size(*log.steps)
+            if not self.gradients_seen:
+                self._check_gradients()
             self._optimizer_step(optimizer, size, step)
             self.meter.synchronize()  # the step's queued kernels, once per step (CUDA)
             total_ms += (time.perf_counter() - t0) * 1000.0
@@ -468,6 +471,19 @@ class EagerProbe(MeasuringTrials):
             done += 1
             self.steps_done, self.steps_ms = done, total_ms
         return done, total_ms
+
+    def _check_gradients(self):
+        """After the search's first backward: some trainable parameter must have a gradient, else
+        the loss does not depend on the model and every trial would measure a step that trains
+        nothing (a review of stop 54: a step returning (b.sum() * w).sum() for an outside w was
+        answered max 47741 where the model's own step fits 5495)."""
+        trained = [p for p in self.state.params if p.requires_grad]
+        if trained and all(p.grad is None for p in trained):
+            raise ValueError(f"no trainable parameter of the model received a gradient from the "
+                             f"step's loss ({len(trained)} trainable); expected a loss computed "
+                             "from the model's output, e.g. step=lambda model, batch: "
+                             "F.cross_entropy(model(batch[0]), batch[1])")
+        self.gradients_seen = True
 
     def _optimizer_step(self, optimizer, size, step):
         """The optimizer's step and zero_grad (or, without an optimizer, zero_grad alone)."""
