@@ -72,8 +72,7 @@ class _Session:
                              "least one tensor with a leading batch dimension (e.g. "
                              "torch.randn(1, 3, 224, 224), or {'input_ids': ids, 'labels': ids} "
                              "with ids of shape (1, T))")
-        _count(steps_per_trial, "steps_per_trial", maximum=_INT32_MAX)
-        if steps_per_trial is None:
+        if not _count(steps_per_trial, "steps_per_trial", maximum=_INT32_MAX):  # None
             raise UsageError("steps_per_trial: expected an int >= 1, but got None")
         if step is not None and not callable(step):
             raise UsageError(f"step: expected a function step(model, batch) -> loss, but got "

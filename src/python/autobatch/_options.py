@@ -48,23 +48,20 @@ def _limit(value):
     return n
 
 
-def _count(value, what, minimum=1, none_is=0, maximum=None):
-    """An option that counts (samples, ranks, trials): an int >= `minimum`, or None (`none_is`).
-    Floats, strings and bools are refused rather than truncated (issue 40 row 13). `maximum`:
-    _INT32_MAX for what the library holds in a C++ int (world_size, max_trials,
-    steps_per_trial: autobatch/vocabulary/search_options.h, training_spec.h), else 2^63 - 1; a
-    review of stop 54 found 2^40 ranks and steps passed here and failed in pybind11's cast
-    ("Unable to cast Python instance of type <class 'int'> to C++ type '?'")."""
+def _count(value, what, minimum=1, none_is=0, maximum=_INT64_MAX):
+    """An option that counts (samples, ranks, trials): an int in [`minimum`, `maximum`], or None
+    (`none_is`). Floats, strings and bools are refused rather than truncated (issue 40 row 13).
+    `maximum`: _INT32_MAX for what the library holds in a C++ int (world_size, max_trials,
+    steps_per_trial: autobatch/vocabulary/search_options.h, training_spec.h; a review of stop 54
+    found 2^40 passed here and failed in pybind11's cast, "to C++ type '?'")."""
     if value is None:
         return none_is
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(f"{what}: expected an int >= {minimum}, but got {value!r} "
                          f"({type(value).__name__})")
-    if maximum == _INT32_MAX and not minimum <= value <= maximum:
-        raise UsageError(f"{what}: expected an int >= {minimum} and <= 2147483647 (2^31 - 1), "
-                         f"but got {value}")
-    if value < minimum or value > _INT64_MAX:
-        raise UsageError(f"{what}: expected an int >= {minimum} and < 2^63, but got {value}")
+    if not minimum <= value <= maximum:
+        bound = "< 2^63" if maximum == _INT64_MAX else f"<= {maximum} (2^31 - 1)"
+        raise UsageError(f"{what}: expected an int >= {minimum} and {bound}, but got {value}")
     return value
 
 

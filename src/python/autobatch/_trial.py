@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import _core
 from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
+from ._step_errors import check_gradients, check_loss, hint, text_of
 from ._measuring import MeasuringTrials
 from ._residue import StepLog, storage_bytes, storage_ptrs
 from ._batches import call_model, leading_size, make_batch  # noqa: F401 (re-exported)
@@ -68,42 +69,6 @@ def state_bytes(optimizer):
                     total += s.nbytes()
     return total
 
-
-def _check_loss(loss, step):
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
-        what = (type(loss).__name__ if not isinstance(loss, torch.Tensor)
-                else f"a tensor of shape {tuple(loss.shape)}, requires_grad={loss.requires_grad}")
-        raise TypeError(f"step {getattr(step, '__qualname__', step)!r} returned {what}; expected "
-                        "the micro-batch's loss: a scalar tensor that requires grad")
-
-
-# ---- memory ---------------------------------------------------------------------------------
-
-
-
-def _text(error):
-    """str(error), or what stands for it when its __str__ raises: the step's own error must leave
-    as a ModelError with its cause, never as the formatting's (a review of stop 54)."""
-    try:
-        return str(error)
-    except Exception as e:  # noqa: BLE001  any error of the user's __str__
-        return f"<str() of this {type(error).__name__} raised {type(e).__name__}>"
-
-
-def _hint(error, size):
-    """The fix for a model error the search's own choice of size caused: BatchNorm in training
-    needs two values per channel (torch.nn.functional._verify_batch_size), so min_batch=1 fails
-    for BatchNorm1d over (N, C) inputs at the first trial (issue 40)."""
-    if size == 1 and "Expected more than 1 value per channel when training" in _text(error):
-        return ("; BatchNorm in training needs at least 2 samples per batch: pass min_batch=2 "
-                "(a run that trains at micro-batch 1 fails the same way)")
-    if isinstance(error, MemoryError):
-        # The command's rule for std::bad_alloc (docs/errors.md): a review of stop 54 read
-        # "(not out of memory): MemoryError:" as a contradiction.
-        return ("; a MemoryError is taken for out of memory only near the process's memory "
-                "limit or after a larger batch ran out of memory; here the process was far from "
-                "its limit, so a request this large is the step's own (a size computed wrongly?)")
-    return ""
 
 class _TrialStopped(Exception):
     """Raised between a trial's steps when the search's deadline passed or it was cancelled
@@ -382,9 +347,9 @@ class EagerProbe(MeasuringTrials):
             return output, loss
 
     def _check_step_loss(self, loss):
-        """With step=, what it returned must be the micro-batch's loss (_check_loss)."""
+        """With step=, what it returned must be the micro-batch's loss (_step_errors.check_loss)."""
         if self.step is not None:
-            _check_loss(loss, self.step)
+            check_loss(loss, self.step)
 
     def _steps(self, size, micro_batches, steps=None, keep=None, state_batch=0):
         """The user's step, `steps` (default `self.steps`) times; returns completed steps and
@@ -473,16 +438,8 @@ class EagerProbe(MeasuringTrials):
         return done, total_ms
 
     def _check_gradients(self):
-        """After the search's first backward: some trainable parameter must have a gradient, else
-        the loss does not depend on the model and every trial would measure a step that trains
-        nothing (a review of stop 54: a step returning (b.sum() * w).sum() for an outside w was
-        answered max 47741 where the model's own step fits 5495)."""
-        trained = [p for p in self.state.params if p.requires_grad]
-        if trained and all(p.grad is None for p in trained):
-            raise ValueError(f"no trainable parameter of the model received a gradient from the "
-                             f"step's loss ({len(trained)} trainable); expected a loss computed "
-                             "from the model's output, e.g. step=lambda model, batch: "
-                             "F.cross_entropy(model(batch[0]), batch[1])")
+        """After the search's first backward (check_gradients)."""
+        check_gradients(self.state.params)
         self.gradients_seen = True
 
     def _optimizer_step(self, optimizer, size, step):
@@ -572,7 +529,7 @@ class EagerProbe(MeasuringTrials):
                 traceback.clear_frames(e.__traceback__)
                 del e
             else:
-                if _core.is_fatal(_text(e)):
+                if _core.is_fatal(text_of(e)):
                     self.meter.mark_poisoned()
                 record["steps_completed"] = self.steps_done
                 record["step_ms"] = self.steps_ms / self.steps_done if self.steps_done else 0.0
@@ -682,13 +639,13 @@ class EagerProbe(MeasuringTrials):
         if self.meter.poisoned():
             return ModelError(
                 f"the device had a fatal error at micro-batch {size} (not out of memory): "
-                f"{type(error).__name__}: {_core.classify('other', _text(error))['reason']}; a "
+                f"{type(error).__name__}: {_core.classify('other', text_of(error))['reason']}; a "
                 "sticky CUDA error leaves the device unusable in this process, so autobatch made "
                 "no device call after it: the model's weights and the memory fraction were not "
                 "restored. Start a new process (CUDA_LAUNCH_BLOCKING=1 helps find the kernel)",
                 micro_batch=size)
         return ModelError(f"the model raised an error at micro-batch {size} (not out of "
-                          f"memory): {type(error).__name__}: {_text(error)}{_hint(error, size)}",
+                          f"memory): {type(error).__name__}: {text_of(error)}{hint(error, size)}",
                           micro_batch=size)
 
     def _failure(self, e):
@@ -700,7 +657,7 @@ class EagerProbe(MeasuringTrials):
             kind = "bad-alloc"
         else:
             kind = "other"
-        message = _text(e)
+        message = text_of(e)
         first = _core.classify(kind, message, True, True)
         near = self.meter.process_limit_near(0, first["failed_request_bytes"])
         c = _core.classify(kind, message, near, self.largest_oom > 0)
