@@ -7,7 +7,9 @@ CHECK prints one JSON line.
     UsageError naming it, before any trial;
   device-assert: a model whose forward indexes out of range on the device above micro-batch 4 (a
     device-side assert, a sticky error): find() ends in ModelError, and nothing hangs;
-  eval: find(eval=True) on CUDA, then check_eval_batch at the answer in the same process.
+  eval: find(eval=True) on CUDA, then check_eval_batch at the answer in the same process;
+  garbage: a reference cycle holding 64 MiB of CUDA memory, the collector disabled, before
+    find(): the search's answer equals the answer without it, and a warning names the bytes freed.
 """
 import json
 import os
@@ -63,6 +65,18 @@ def main(check):
         r = autobatch.find(model, example, memory_limit="2GiB", eval=True)
         trial = autobatch.check_eval_batch(model, example, r.eval_safe_batch, memory_limit="2GiB")
         out.update(eval_safe_batch=r.eval_safe_batch, fits=trial.fits)
+    elif check == "garbage":
+        import gc
+        model, example = mlp()
+        clean = autobatch.find(model, example, memory_limit="2GiB", margin=0.0)
+        gc.disable()
+        cycle = {"tensor": torch.empty(64 << 20, dtype=torch.uint8, device="cuda")}
+        cycle["self"] = cycle
+        del cycle
+        r = autobatch.find(model, example, memory_limit="2GiB", margin=0.0)
+        gc.enable()
+        out.update(clean=clean.max_micro_batch, answer=r.max_micro_batch,
+                   warnings=[w for w in r.warnings if "garbage collection" in w])
     print(json.dumps(out))
 
 

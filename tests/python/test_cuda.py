@@ -159,6 +159,17 @@ def test_evaluation_sizing_on_cuda():
     assert r["eval_safe_batch"] > 0 and r["fits"], r
 
 
+# A review of stop 55. Catches a search that counts a deleted object's CUDA tensors held by a
+# reference cycle (the collector not run before the baseline: the answer below the clean one's),
+# or frees them without saying so (test_hostile.py has the CPU's case).
+def test_garbage_is_collected_before_the_baseline_and_said():
+    r = check("garbage")
+    assert r["answer"] == r["clean"], r
+    assert len(r["warnings"]) == 1, r
+    freed = int(r["warnings"][0].split(" freed ")[1].split()[0])
+    assert freed >= 64 << 20, r  # the cycle's tensor, with whatever else was garbage
+
+
 # find_sharded on CUDA (issue 43): catches a rank's trial that misses or double-counts FSDP2's
 # CUDA allocations (all-gather outputs on the all-gather stream, reduce-scatter inputs, the
 # padded shard) against the user's own FSDP2 loop, rank 0 of 8 under torch's fake process group,

@@ -1,5 +1,6 @@
 """autobatch.find: the C++ search, planner and report, with the user's own eager step as the trial."""
 import contextlib
+import gc
 import inspect
 import json
 import logging
@@ -175,6 +176,7 @@ class _Session:
         # report said fp32).
         self.outer_autocast = torch.is_autocast_enabled(self.device.type)
         try:
+            self.collected_bytes = _collect_garbage(self.device)
             with torch.enable_grad(), torch.autocast(self.device.type, enabled=False):
                 return self._run(fn)
         finally:
@@ -196,6 +198,12 @@ class _Session:
                 raise UsageError(str(e)) from None
             self._check_room(meter)
             meter.notes += _held_note(state)
+            if self.collected_bytes > 0:
+                meter.notes.append(
+                    f"garbage collection before the search freed {self.collected_bytes} bytes of "
+                    f"{self.device.type} memory held by unreachable objects (reference cycles): "
+                    "the trials ran without them; a job that does not run gc.collect() before "
+                    "its loop may still hold them when it starts")
             if self.outer_autocast:
                 meter.notes.append(
                     f"autobatch was called inside torch.autocast: the trials ran in "
@@ -238,6 +246,20 @@ class _Session:
                              f"trials run under, {meter.limit_bytes()} bytes "
                              f"({meter.limit_source()}, less the reserve); expected a smaller "
                              "margin, or a fraction such as 0.05")
+
+
+def _collect_garbage(device):
+    """gc.collect() before the snapshot and the baseline, as Lightning's finder does before each
+    trial (garbage_collection_cuda) and accelerate's release_memory does. Unreachable objects
+    that hold tensors (a deleted model whose hooks refer to it, an exception's traceback kept in
+    a cycle) are freed only by the cyclic collector, which can run in the middle of a search:
+    their bytes would be counted by the trials before it and not by those after (a review of
+    stop 55: the budget allocator counts every live tensor it allocated, process-wide). Returns
+    the bytes it freed where the device's allocator counts them (CUDA's allocated bytes; on the
+    CPU the budget allocator's count only while it is installed, so 0 here), for the note."""
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    gc.collect()
+    return before - torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
 _ONE_AT_A_TIME = threading.Lock()
