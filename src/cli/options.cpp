@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
+#include <string>
 
 #include "autobatch/autobatch.h"
 #include "autobatch/probes/model_format.h"
@@ -393,14 +395,13 @@ void readOptions(const cxxopts::ParseResult& args, CliConfig& cli) {
   readFleet(args, cli);
 }
 
-cxxopts::Options makeOptions() {
-  cxxopts::Options options(
-      "autobatch",
-      "Finds the largest micro-batch a model (TorchScript archive or pt2 training-step package) "
-      "can train with on this device, by "
-      "running real training steps, and plans gradient accumulation for a target batch.\n"
-      "Example: autobatch --model net.pt --target-batch 512");
-  auto text = [] { return cxxopts::value<std::string>(); };
+namespace {
+
+// A flag that takes a value (parsed and checked by the read* functions above, in our words).
+std::shared_ptr<cxxopts::Value> text() { return cxxopts::value<std::string>(); }
+
+// The help's groups, in the order --help prints them.
+void addModelOptions(cxxopts::Options& options) {
   // clang-format off
   options.add_options("Model")
     ("m,model", "TorchScript archive (torch.jit.save) or pt2 package (--format pt2); see "
@@ -409,6 +410,11 @@ cxxopts::Options makeOptions() {
                 "comma-separate, one per argument; see docs/inputs.md). Default: the archive's",
      cxxopts::value<std::vector<std::string>>(), "SPEC")
     ("loss", "mean, cross-entropy, mse or model. Default: the archive's, else mean", text(), "NAME");
+  // clang-format on
+}
+
+void addStepOptions(cxxopts::Options& options) {
+  // clang-format off
   options.add_options("Training step")
     ("optimizer", "none, sgd, sgd-momentum, adam, adamw", text()->default_value("adamw"), "NAME")
     ("optimizer-impl", "auto (PyTorch's default: foreach on CUDA, loop on the CPU), loop, foreach, "
@@ -431,6 +437,11 @@ cxxopts::Options makeOptions() {
     ("cudnn-benchmark", "cuDNN benchmark mode (its workspace is part of the trial)")
     ("optimize-graph", "TorchScript graph-executor optimisation (default off: deterministic memory)")
     ("seed", "Seed of the synthetic inputs", text()->default_value("0"), "N");
+  // clang-format on
+}
+
+void addMemoryOptions(cxxopts::Options& options) {
+  // clang-format off
   options.add_options("Memory")
     ("memory-limit", "Limit, e.g. 24GiB (2^30) or 24GB (10^9); a size needs its unit (B, KB .. TB, "
                      "KiB .. TiB), only 0 goes without. CUDA: emulates a smaller card. Default: "
@@ -442,6 +453,11 @@ cxxopts::Options makeOptions() {
     ("fleet", "Fleet table: one answer per memory size, sizes (24GiB) or GPU names (t4, l4, a10g, "
               "rtx4090, a100-40gb, l40s, a100-80gb, h100-80gb, h200; docs/fleet.md), searched "
               "largest first with trials shared", text(), "LIST");
+  // clang-format on
+}
+
+void addSearchOptions(cxxopts::Options& options) {
+  // clang-format off
   options.add_options("Search")
     ("strategy", "guided, binsearch (Lightning), power", text()->default_value("guided"), "NAME")
     ("min-batch", "Smallest micro-batch tried", text()->default_value("1"), "N")
@@ -469,12 +485,22 @@ cxxopts::Options makeOptions() {
                       "floor(N / tokens per sequence) sequences, a multiple of the world size "
                       "(a sequence: the elements of the first input naming L, e.g. 2L for 2xL); "
                       "it must give one sequence per rank at some length", text(), "N");
+  // clang-format on
+}
+
+void addPlanOptions(cxxopts::Options& options) {
+  // clang-format off
   options.add_options("Plan")
     ("t,target-batch", "Target effective (global) batch for the accumulation plan", text(), "N")
     ("world-size", "Data-parallel ranks sharing the target. Default: WORLD_SIZE or SLURM_NTASKS, "
                    "else 1", text(), "N")
     ("plan", "Primary plan: fastest (by the step times measured), auto, uniform, balanced",
      text()->default_value("fastest"), "NAME");
+  // clang-format on
+}
+
+void addRankOptions(cxxopts::Options& options) {
+  // clang-format off
   options.add_options("Ranks (multi-rank preflight; default: torchrun's or Slurm's environment)")
     ("rank", "This rank (RANK, SLURM_PROCID); with a world size > 1 the ranks agree on the "
              "smallest micro-batch through a c10d TCPStore", text(), "N")
@@ -488,6 +514,11 @@ cxxopts::Options makeOptions() {
                      "heartbeat) before the others exit 4", text()->default_value("300"), "S")
     ("ddp", "The job uses DistributedDataParallel: every trial also holds one gradient-sized "
             "copy (DDP's gradient buckets)");
+  // clang-format on
+}
+
+void addOutputOptions(cxxopts::Options& options) {
+  // clang-format off
   options.add_options("Output")
     ("json", "Write the JSON report to PATH (- for stdout, not with --env), on every exit; "
              "checked before the first trial, replaced whole at the end", text(), "PATH")
@@ -498,6 +529,24 @@ cxxopts::Options makeOptions() {
     ("h,help", "Print this help and exit")
     ("version", "Print the version, the LibTorch build and the GPUs seen, and exit");
   // clang-format on
+}
+
+}  // namespace
+
+cxxopts::Options makeOptions() {
+  cxxopts::Options options(
+      "autobatch",
+      "Finds the largest micro-batch a model (TorchScript archive or pt2 training-step package) "
+      "can train with on this device, by "
+      "running real training steps, and plans gradient accumulation for a target batch.\n"
+      "Example: autobatch --model net.pt --target-batch 512");
+  addModelOptions(options);
+  addStepOptions(options);
+  addMemoryOptions(options);
+  addSearchOptions(options);
+  addPlanOptions(options);
+  addRankOptions(options);
+  addOutputOptions(options);
   return options;
 }
 
