@@ -607,3 +607,53 @@ class GradModePlan(SmallBatchPath):
 def test_what_only_a_no_grad_call_sets_never_reaches_a_trial(model_class):
     found = _guided_and_binsearch(model_class, 1024, ["10000KiB", "13000KiB"], max_batch=4096)
     assert all(g.max_micro_batch == b.max_micro_batch for _, g, b in found), _answers(found)
+
+
+class PlanInBackward(SmallBatchPath):
+    """SmallBatchPath's plan switched only in backward, by a hook its forward puts on the
+    activations (a review of stop 54, left open until stop 56)."""
+
+    def forward(self, x, y=None):
+        h, n = self.hidden(x)
+        if h.requires_grad:
+            h.register_hook(lambda g: (self.plan.get(n <= 16), g)[1])
+        return self.b(h)[:n]
+
+
+class PlanInModuleHook(SmallBatchPath):
+    """The same switch in a module's full backward hook, registered once (no tensor hook in the
+    forward: torch.utils.hooks.BackwardHook hooks the autograd nodes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = 0
+        self.b.register_full_backward_hook(
+            lambda module, grad_in, grad_out: (self.plan.get(self.seen <= 16), None)[1])
+
+    def forward(self, x, y=None):
+        h, self.seen = self.hidden(x)
+        return self.b(h)[:self.seen]
+
+
+class PlanInParameterHook(PlanInModuleHook):
+    """The same switch in a hook on a parameter's gradient, registered once."""
+
+    def __init__(self):
+        SmallBatchPath.__init__(self)
+        self.seen = 0
+        self.a.weight.register_hook(lambda g: (self.plan.get(self.seen <= 16), g)[1])
+
+
+# A review of stop 54 (left open until stop 56). Catches a shortened failure taken for the full
+# trial's although the model runs code in backward that the forward before the whole step cannot
+# show: a plan kept outside the module, switched to the small batches' by the first step's
+# backward on min_batch samples and back by the whole step's, with the optimizer's state alive,
+# where the full trial's second step switches nothing. Without the hooks seen, find answered 568
+# for 569 at 11500 KiB (the forward's tensor hook; the module's hook too), 313 for 315 at 9500
+# KiB (the parameter's hook). A forward that registers a tensor hook, or a module, global or
+# parameter hook of the model's, keeps the failure from standing.
+@pytest.mark.parametrize("model_class", [PlanInBackward, PlanInModuleHook, PlanInParameterHook])
+def test_a_plan_switched_only_in_backward_gets_exact_answers(model_class):
+    found = _guided_and_binsearch(model_class, 1024, ["9500KiB", "10000KiB", "11500KiB",
+                                                      "12000KiB"], max_batch=4096)
+    assert all(g.max_micro_batch == b.max_micro_batch for _, g, b in found), _answers(found)

@@ -86,10 +86,15 @@ class MeasuringTrials:
         whole step and the next full trials: answers 1 or 2 under B*."""
         comparable, residue.comparable = residue.comparable, False
         before = self.meter.current_bytes()
-        with torch.enable_grad():
+        with torch.enable_grad(), _HookCount() as hooks:
             output, loss = self.forward_loss(held, size, 0, 0)
         del output, loss
-        if self.meter.current_bytes() == before:
+        # Code that runs in backward only (a hook) is not shown by a forward: a plan it switches
+        # back from the first step's small batch would be switched in the whole step, with the
+        # optimizer's state alive, where the full trial's second step switches nothing (a review
+        # of stop 54: answers 1 or 2 under B*). Such a failure does not stand.
+        if (self.meter.current_bytes() == before and not hooks.registered and
+                not backward_hooks_of(self.model)):
             residue.comparable = comparable
 
     def _make_state(self, optimizer, size, micro_batches, state_batch, residue=None):
@@ -124,3 +129,41 @@ class MeasuringTrials:
         if residue is not None:
             residue.first(state_batch, made, self.meter.current_bytes())
         return held
+
+
+def backward_hooks_of(model):
+    """Whether Python code of the model's runs in backward where a forward cannot show it: a
+    backward (pre) hook of one of its modules or of every module (torch.nn.modules.module's
+    globals), or a hook on one of its parameters (Tensor.register_hook,
+    register_post_accumulate_grad_hook). Hooks that the forward registers are _HookCount's."""
+    from torch.nn.modules import module as nn_module
+    if (getattr(nn_module, "_global_backward_hooks", None) or
+            getattr(nn_module, "_global_backward_pre_hooks", None)):
+        return True
+    for m in model.modules():
+        if m._backward_hooks or getattr(m, "_backward_pre_hooks", None):
+            return True
+    return any(getattr(p, "_backward_hooks", None) or
+               getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
+
+
+class _HookCount:
+    """Counts the tensor hooks registered inside its block (Tensor.register_hook, which
+    torch.autograd.graph.register_multi_grad_hook also calls): a forward that registers one runs
+    the user's code in backward. One search runs at a time per process (_find.py), so the class
+    attribute is patched for its block only."""
+
+    def __enter__(self):
+        self.registered, self._original = 0, torch.Tensor.register_hook
+        original = self._original
+
+        def register_hook(tensor, hook):
+            self.registered += 1
+            return original(tensor, hook)
+
+        torch.Tensor.register_hook = register_hook
+        return self
+
+    def __exit__(self, *exc):
+        torch.Tensor.register_hook = self._original
+        return False
