@@ -18,7 +18,7 @@ from ._fingerprint import _code_digest, fingerprint
 from ._optimizers import _impl, _optimizer_factory
 from ._options import (_INT32_MAX, _autocast, _bytes, _count, _device_of, _limit, _margin,
                        _seconds, _target)
-from ._state import ModelState, local_tensor
+from ._state import ModelState, example_tensors, local_tensor
 from ._trial import EagerProbe, Meter, leading_size, refuse_collective_modules
 
 log = logging.getLogger("autobatch")
@@ -498,21 +498,14 @@ def _check_trainable_module(model):
                          "weights there)")
 
 
-def _check_dense(example, path="example_batch"):
+def _check_dense(example):
     """Batches are made by repeating the example's rows (_batches.make_batch), which needs dense
     (strided) tensors: a sparse one left find() as NotImplementedError (a review of stop 54)."""
-    if isinstance(example, torch.Tensor):
-        if example.layout != torch.strided:
-            raise UsageError(f"{path}: expected dense tensors, but got a {example.layout} tensor; "
+    for path, t in example_tensors(example):
+        if t.layout != torch.strided:
+            raise UsageError(f"{path}: expected dense tensors, but got a {t.layout} tensor; "
                              "pass the dense example (.to_dense()) and make it sparse inside "
                              "step(model, batch) if the model needs it")
-        return
-    if isinstance(example, Mapping):
-        for k, v in example.items():
-            _check_dense(v, f"{path}[{k!r}]")
-    elif isinstance(example, (list, tuple)):
-        for i, v in enumerate(example):
-            _check_dense(v, f"{path}[{i}]")
 
 
 def _nothing_fits_message(result):

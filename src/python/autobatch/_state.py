@@ -83,11 +83,19 @@ def _put_back(value, saved, device_usable):
             g.set_state(state)
 
 
-def _example_tensors(x):
+def example_tensors(x, path="example_batch"):
+    """[(path, tensor)] for each tensor of an example batch (a tensor, or mappings, lists and
+    tuples of them), in order; the path as the user indexes it (`example_batch[0]['ids']`), for
+    error messages. Other values are skipped."""
     if isinstance(x, torch.Tensor):
-        return [x]
-    values = x.values() if isinstance(x, Mapping) else x if isinstance(x, (list, tuple)) else ()
-    return [t for v in values for t in _example_tensors(v)]
+        return [(path, x)]
+    if isinstance(x, Mapping):
+        items = [(f"{path}[{k!r}]", v) for k, v in x.items()]
+    elif isinstance(x, (list, tuple)):
+        items = [(f"{path}[{i}]", v) for i, v in enumerate(x)]
+    else:
+        return []
+    return [found for p, v in items for found in example_tensors(v, p)]
 
 
 class ModelState:
@@ -127,7 +135,7 @@ class ModelState:
                     self.attributes.append((m, k, v, _snapshot(v, own)))
                     self.held += [(f"{name + '.' if name else ''}{k}", t) for t in _held(v)
                                   if id(t) not in own]
-        self.example_grads = [(t, t.grad) for t in _example_tensors(example) if t.is_leaf]
+        self.example_grads = [(t, t.grad) for _, t in example_tensors(example) if t.is_leaf]
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = (torch.cuda.get_rng_state_all()
                          if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
