@@ -21,8 +21,9 @@
 #              flags and --margin 0: --check-batch B must exit 0 and --check-batch B+1 must exit 3,
 #              B = result.max_micro_batch of that JSON (jobs.log holds every run's output)
 # summary.txt (also printed last) has one line per check: PASS / FAIL, what was seen, seconds.
-# Exit 0 only when every line is PASS; 1 otherwise. $OUT gets at most 8 files: env.txt,
-# build.log, gpu-tests.log, gpu-tests.xml, jobs.log, resnet50.json, decoder_lm.json, summary.txt.
+# Exit 0 only when every line is PASS; 1 otherwise. $OUT gets 7 files: env.txt, build.log,
+# gpu-tests.log, jobs.log, resnet50.json, decoder_lm.json, summary.txt (the device tool returns at
+# most 8, and python.sh adds python.log; ctest's JUnit file stays in the build tree).
 #
 # Never run on a GPU yet. Guessed times on the H200's 16 cores: build 1-2 min (the critical path is
 # one LibTorch-heavy file), gpu tests under a minute, each job and its two checks under a minute.
@@ -179,7 +180,8 @@ else
       -DCMAKE_BUILD_TYPE="$build_type" \
       -DCMAKE_PREFIX_PATH="$torch_prefix;$debs/usr;$debs/usr/lib/x86_64-linux-gnu/cmake" \
       -DCMAKE_CXX_FLAGS="-isystem $debs/usr/include" -DAUTOBATCH_PYTHON="$python" \
-      -DAUTOBATCH_PYTHON_MODULE="$python_module" -DPython_EXECUTABLE="$python"; then
+      -DAUTOBATCH_PYTHON_MODULE="$python_module" -DPython_EXECUTABLE="$python" \
+      -DAUTOBATCH_BUILD_TESTS=ON; then
     tail -30 "$OUT/build.log"
     record build FAIL $((SECONDS - t)) "configure failed (build.log)"
   else
@@ -219,13 +221,14 @@ if [ "$built" != 1 ]; then
 elif ! secs="$(time_for 90)"; then
   record "gpu tests" FAIL 0 "no time left"
 else
-  rm -f "$OUT/gpu-tests.xml"
+  junit="$build/gpu-tests.xml"  # read here for the counts, not returned (8 files at most)
+  rm -f "$junit"
   run_logged "$OUT/gpu-tests.log" "$secs" ctest --test-dir "$build" -L gpu --no-tests=error \
-    --timeout 45 --output-on-failure --output-junit "$OUT/gpu-tests.xml"
+    --timeout 45 --output-on-failure --output-junit "$junit"
   rc=$?
   # Counts from the JUnit file (a <skipped> child or status notrun/disabled is a skip), else from
   # ctest's own lines; the skipped names are listed.
-  counts="$("$python" - "$OUT/gpu-tests.xml" <<'PY' 2>/dev/null
+  counts="$("$python" - "$junit" <<'PY' 2>/dev/null
 import sys, xml.etree.ElementTree as ET
 cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
 total = failed = 0

@@ -81,3 +81,77 @@ def trainer(*callbacks, **kwargs):
                    enable_progress_bar=False, enable_model_summary=False)
     options.update(kwargs)
     return L.Trainer(callbacks=list(callbacks), **options)
+
+
+class SetupNet(L.LightningModule):
+    """Net's network and Data's samples, both built in the module's setup (Lightning's documented
+    place for what needs the trainer), with no datamodule: before the module's setup it has
+    neither layers nor data."""
+
+    def __init__(self, batch_size=4, samples=512):
+        super().__init__()
+        self.batch_size, self.samples = batch_size, samples
+
+    def setup(self, stage):
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(),
+                                       torch.nn.Linear(64, CLASSES))
+        g = torch.Generator().manual_seed(0)
+        self.data = TensorDataset(torch.randn(self.samples, FEATURES, generator=g),
+                                  torch.randint(0, CLASSES, (self.samples,), generator=g))
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+class NoIndexNet(Net):
+    """training_step(batch): Lightning passes batch_idx only to a step that takes it."""
+
+    def training_step(self, batch):
+        return super().training_step(batch, 0)
+
+
+class LrLoggingNet(ScheduledNet):
+    """A training_step that reads its optimizer and scheduler (the learning rate it logs)."""
+
+    def training_step(self, batch, batch_idx):
+        lr = self.lr_schedulers().get_last_lr()[0]
+        assert self.optimizers().param_groups[0]["lr"] == lr
+        self.log("lr", lr)
+        return super().training_step(batch, batch_idx)
+
+
+class SharedWeightNet(L.LightningModule):
+    """One 1024-wide layer applied 8 times (weight sharing, a recurrent block), on 64 features of
+    its own data: under autocast with its cache off, as Lightning's mixed precision runs, each use
+    casts the weight anew (2 MiB in bf16), which the backward holds."""
+
+    def __init__(self, batch_size=4):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.block = torch.nn.Linear(64, 1024), torch.nn.Linear(1024, 1024)
+        self.head = torch.nn.Linear(1024, CLASSES)
+        self.batch_size = batch_size
+        g = torch.Generator().manual_seed(0)
+        self.data = TensorDataset(torch.randn(64, 64, generator=g),
+                                  torch.randint(0, CLASSES, (64,), generator=g))
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        h = self.inp(x)
+        for _ in range(8):
+            h = torch.tanh(self.block(h))
+        return torch.nn.functional.cross_entropy(self.head(h).float(), y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)

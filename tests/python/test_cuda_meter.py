@@ -227,6 +227,67 @@ def test_fatal_device_error_ends_in_model_error_with_no_device_call_after_it():
     assert touches == []
 
 
+# A review of stop 55 (the CUDA path's static review, fault 2). Catches a trial whose end takes
+# the backend's own refusal for a fatal device error: memory outside the caching allocator grown
+# past the limit by a kernel first run at a larger size (1100 MiB of modules under 1.5 GiB) made
+# the backend refuse to set the fraction after the trial (cuda_backend.cpp, applyFraction); the
+# probe marked the device poisoned, so the weights stayed as the trial left them, the process
+# kept the search's small fraction, and the words said "fatal error, start a new process". Now a
+# UsageError in the backend's words, the weights restored, the fraction back to the process's.
+def test_a_refusal_after_a_trial_is_a_usage_error_and_puts_everything_back():
+    fake = fake_cuda.FakeCuda()
+    fake.init(0)
+
+    def grow(b):
+        if b > 2:
+            fake.kernel("big", 1100 * fake_cuda.MiB)
+        return None
+    model = Mlp(grow)
+    meter = Meter.cuda(0, 1536 * fake_cuda.MiB, 0, api=fake_cuda.api_over(fake))
+    state = ModelState(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    probe = EagerProbe(model, torch.randn(1, 16), 1, torch.device("cpu"),
+                       lambda: torch.optim.SGD(state.params, lr=0.1), None, _nullcontext, meter,
+                       state, 2)
+    probe.warm_up(1)
+    meter.finish_setup(0)
+    with pytest.raises(autobatch.UsageError, match="memory limit"):
+        probe(4, 1)
+    assert not meter.poisoned()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    state.restore(True)
+    meter.remove()
+    assert fake.fraction == 1.0
+
+
+# A review of stop 55 (the CUDA path's static review, fault 3). Catches an evaluation probe
+# whose release after a fatal device error (a device-side assert in the evaluation forward)
+# copies the weights back: on a GPU the copy raises the sticky error again, and that raw error
+# replaced the ModelError that says to start a new process. No device call after the error.
+def test_a_fatal_error_in_evaluation_leaves_the_device_untouched_by_the_release():
+    from autobatch._eval import EvalProbe
+    fake = fake_cuda.FakeCuda()
+    fake.init(0)
+
+    class EvalAssert(Mlp):
+        def forward(self, x):
+            if not self.training and x.shape[0] > 2:
+                fake.sticky = True
+                raise RuntimeError(fake_cuda.STICKY)
+            return self.net(x)
+    probe, meter, state = probe_on_fake(EvalAssert(), fake)
+    restores = []
+    state.restore_weights = lambda: restores.append(1)
+    evaluator = EvalProbe(probe)
+    assert evaluator.hold(True, 1, 1).get("holds")
+    restores.clear()
+    with pytest.raises(autobatch.ModelError, match="Start a new process"):
+        evaluator(4, 2)
+    evaluator.release()  # the C++ side's withState releases after the error, then rethrows
+    assert meter.poisoned() and restores == []
+    meter.remove()
+
+
 # Row 2, above the meter. Catches a search that reads the outside part before any step ran: the
 # warm-up step runs before finish_setup, so the modules its kernels load are in the baseline.
 def test_warm_up_runs_before_the_outside_part_is_read():
@@ -302,3 +363,23 @@ def test_an_error_on_one_rank_ends_every_rank(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# A review of stop 55 (the CUDA path's static review, fault 4). Catches find_ddp / find_sharded's
+# real lock-step check run on the whole card without memory_limit: on CUDA it has no meter of
+# ours, so the device's use at the steps' peak (outside the caching allocator + its peak
+# reserved) is held to the limit less the reserve after the steps; above it, the answer does not
+# hold (out of memory, which verify() reports as memory). torch.cuda's figures are the fake's.
+def test_the_real_steps_device_use_is_held_to_the_memory_limit(monkeypatch):
+    from autobatch import _sharded_job
+    gib = 1 << 30
+    figures = {"free": 100 * gib, "reserved": 30 * gib, "peak": 36 * gib}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (figures["free"], 140 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: figures["reserved"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: figures["peak"])
+    device = torch.device("cuda:0")
+    # outside: 140 - 100 - 30 = 10 GiB; use at the peak 46 GiB
+    _sharded_job._check_cuda_use(device, {"memory_limit": 46 * gib})
+    _sharded_job._check_cuda_use(device, {})  # no limit: the whole card, nothing to hold
+    with pytest.raises(torch.OutOfMemoryError, match="more than the limit less the reserve"):
+        _sharded_job._check_cuda_use(device, {"memory_limit": "48GiB", "reserve": "4GiB"})

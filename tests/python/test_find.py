@@ -216,3 +216,33 @@ def test_ddp_buckets_and_a_step_function():
     twice = autobatch.check_batch(model, x, 100, memory_limit="64MiB",
                                   step=lambda m, b: m(b).mean() + m(b.flip(0)).mean())
     assert twice.phase_peaks["backward"] > plain.phase_peaks["backward"]
+
+
+# A review of stop 55 (the CUDA path's static review, fault 1; on the CPU too). Catches trials
+# that keep autocast's casts of the weights alive past the forward: find() runs the trials inside
+# its own autocast(enabled=False), and torch empties the cast cache only when the outermost
+# autocast exits, so every amp trial held the casts through backward, the optimizer's step and the
+# next batch (an answer below the user's, whose autocast is the outermost), whether the autocast
+# was precision='amp-bf16' or the step's own. B fits and B+1 does not in the user's plain loop, in
+# fresh processes under the same budget.
+def _own_autocast_step(model, batch):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return tiny_models.amp_mlp_step(model, batch)
+
+
+@pytest.mark.parametrize("precision,step", [("amp-bf16", tiny_models.amp_mlp_step),
+                                            (None, _own_autocast_step)])
+def test_an_amp_answer_is_the_plain_loops_under_its_outermost_autocast(precision, step):
+    limit = 48 << 20
+    model, example = tiny_models.amp_mlp()
+    result = autobatch.find(model, example, step=step, optimizer=adamw, precision=precision,
+                            memory_limit=limit, margin=0.0)
+    b = result.max_micro_batch
+    assert b > 100, result.text
+
+    def plain(size):
+        out = subprocess.run([sys.executable, os.path.join(HERE, "plain_amp_check.py"),
+                              str(limit), "amp-bf16", str(size)], check=True,
+                             capture_output=True, text=True, timeout=300)
+        return json.loads(out.stdout.strip().splitlines()[-1])["outcome"]
+    assert (plain(b), plain(b + 1)) == ("fits", "out-of-memory"), result.text

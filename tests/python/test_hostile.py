@@ -633,3 +633,33 @@ def test_garbage_holding_tensors_is_collected_before_the_search():
         gc.enable()
     assert left and clean.max_micro_batch > 100
     assert again.max_micro_batch == clean.max_micro_batch
+
+
+# A review of stop 55 (F9). Catches a factory's optimizer that the trial cannot step as the
+# user's loop does: LBFGS from a factory (or Lightning's configure_optimizers) failed in its step
+# with a TypeError reported as the model's error, where the same class as an instance is refused
+# by name before any trial.
+def test_an_optimizer_class_refused_as_an_instance_is_refused_from_a_factory():
+    with pytest.raises(autobatch.UsageError, match="LBFGS steps with a closure"):
+        autobatch.find(mlp(), x(), optimizer=lambda p: torch.optim.LBFGS(p), memory_limit=LIMIT)
+
+
+# A review of stop 55 (F6). Catches batches whose per-sample plain values (a collated batch's
+# texts, which a Lightning or Trainer step tokenizes) stay as long as the example while the
+# tensors' rows grow to the trial's size: a step tokenizing them failed with a size mismatch, or
+# was sized without the texts' share. They are repeated in order as the rows are, in the full
+# steps and in a measuring trial's first step (its first samples).
+def test_per_sample_texts_are_repeated_with_the_rows():
+    seen = []
+
+    def step(model, batch):
+        rows, texts = batch
+        seen.append((rows.shape[0], list(texts)))
+        return model(rows).square().mean()
+    example = (torch.randn(2, 32), ["first", "second"])
+    autobatch.check_batch(mlp(), example, 5, memory_limit=LIMIT, step=step)
+    assert seen and all(n == len(texts) for n, texts in seen), seen
+    assert seen[-1][1] == ["first", "second", "first", "second", "first"]
+    seen.clear()
+    autobatch.find(mlp(), example, memory_limit=LIMIT, step=step, max_batch=64)
+    assert all(n == len(texts) for n, texts in seen), [(n, len(t)) for n, t in seen]

@@ -170,3 +170,117 @@ def test_unsupported_strategy():
     with pytest.raises(autobatch.UsageError, match="FSDPStrategy strategy is not supported") as e:
         finder.setup(trainer, lm.Net(), "fit")
     assert "autobatch.find_sharded" in str(e.value)  # the way that does size it
+
+
+# A review of stop 55 (F2, F3). Catches a finder that sizes before the module's own setup, which
+# Lightning calls after the callbacks' (trainer/call.py): a module building its data there failed
+# with a raw AttributeError, one building layers there was sized without them. Sized after it,
+# the answer is Net's with Data (the same network and samples).
+def test_a_module_that_builds_in_its_setup_is_sized_whole():
+    reference = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
+    fit(reference, limit_train_batches=1)
+    finder = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
+    trainer = lm.trainer(finder, limit_train_batches=1)
+    model = lm.SetupNet()
+    trainer.fit(model)
+    assert finder.micro_batch == reference.micro_batch == model.batch_size
+    assert "setup" not in vars(model)  # the finder's wrapper is gone
+
+
+# A review of stop 55 (F1, F4). Catches trials that call training_step(batch, 0) whatever its
+# signature (a step without batch_idx, which Lightning trains, failed as the model's TypeError),
+# and trials whose step reads self.optimizers() / self.lr_schedulers() from the strategy's empty
+# lists (AttributeError). Both are sized as Net is; after the search the strategy holds the fit's
+# own optimizer and scheduler (the epoch trains).
+@pytest.mark.parametrize("model_class", [lm.NoIndexNet, lm.LrLoggingNet])
+def test_training_step_forms_lightning_trains(model_class):
+    reference = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
+    fit(reference, limit_train_batches=1)
+    finder = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
+    trainer, model, _ = fit(finder, model=model_class(), limit_train_batches=2)
+    assert finder.micro_batch == reference.micro_batch
+    assert trainer.global_step == 2 and len(trainer.optimizers) == 1
+
+
+# A review of stop 55 (F7). Catches trials under autocast with its cache on where Lightning's
+# mixed precision turns it off (plugins/precision/amp.py: cache_enabled=False): a weight used 8
+# times is cast 8 times in Lightning's step and once in such a trial, whose answer then did not
+# fit. B fits and B+1 does not in the module's step under Lightning's own autocast.
+def test_mixed_precision_is_sized_with_lightnings_autocast():
+    limit = "64MiB"  # its 1.1 M parameters, their gradients and AdamW's state take 17 MiB
+    finder = abl.AutobatchFinder(memory_limit=limit, margin=0)
+    model = lm.SharedWeightNet()
+    lm.trainer(finder, precision="bf16-mixed", limit_train_batches=1).fit(model)
+    b = finder.result.max_micro_batch
+
+    def lightnings_step(m, batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            return m.training_step(batch, 0)
+    example = (torch.randn(1, 64), torch.zeros(1, dtype=torch.long))
+    outcomes = [autobatch.check_batch(model, example, size, step=lightnings_step,
+                                      memory_limit=limit, keep_output=False,
+                                      optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3)).outcome
+                for size in (b, b + 1)]
+    assert outcomes == ["fits", "out-of-memory"], (b, outcomes)
+
+
+class _FitStartRng(lm.L.Callback):
+    def on_fit_start(self, trainer, module):
+        self.rng = torch.get_rng_state()
+
+
+# A review of stop 55 (F13). Catches a finder that draws from torch's generator outside find()'s
+# snapshot: the train loader's iterator, made for the example batch, draws its base seed, so a
+# seeded fit's stream differed from the same fit without the finder.
+def test_the_fit_starts_with_the_random_state_it_had():
+    states = []
+    for finder in (None, abl.AutobatchFinder(memory_limit=LIMIT, margin=0)):
+        seen = _FitStartRng()
+        torch.manual_seed(123)
+        trainer = lm.trainer(*[c for c in (finder, seen) if c], limit_train_batches=1)
+        trainer.fit(lm.Net(), datamodule=lm.Data())
+        states.append(seen.rng)
+    assert torch.equal(states[0], states[1])
+
+
+class _DictWithoutLoss(lm.Net):
+    def training_step(self, batch, batch_idx):
+        return {"train_loss": super().training_step(batch, batch_idx)}
+
+
+class _FloatLoss(lm.Net):
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx).item()
+
+
+class _LbfgsNet(lm.Net):
+    def configure_optimizers(self):
+        return torch.optim.LBFGS(self.parameters())
+
+
+# A review of stop 55 (F5, F9 to F12). Catches, each before or instead of a misleading error or a
+# wrong size: eval='only' setting the training batch from an evaluation search; an unknown
+# option or a batch_arg_name that is no str reaching Lightning or find() raw; a dict without
+# "loss" called a skipped batch; a float loss naming our internal step; LBFGS from
+# configure_optimizers failing as the model's TypeError; a target with a
+# GradientAccumulationScheduler refused by Lightning only after the search (no trial runs now).
+@pytest.mark.parametrize("case, message", [
+    ("eval-only", "eval='only'"),
+    ("unknown", "no option 'foo'"),
+    ("arg-name", "batch_arg_name: expected"),
+    ("dict", "without 'loss'"),
+    ("float", "returned float"),
+    ("lbfgs", "LBFGS"),
+    ("accumulation", "GradientAccumulationScheduler"),
+])
+def test_refusals_of_a_review(case, message):
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+    options = {"eval-only": {"eval": "only"}, "unknown": {"foo": 1},
+               "arg-name": {"batch_arg_name": 5}}.get(case, {})
+    model = {"dict": _DictWithoutLoss, "float": _FloatLoss, "lbfgs": _LbfgsNet}.get(case, lm.Net)()
+    finder = None
+    with pytest.raises(autobatch.UsageError, match=message):
+        finder = abl.AutobatchFinder(memory_limit=LIMIT, target_batch=64, **options)
+        extra = [GradientAccumulationScheduler({0: 1})] if case == "accumulation" else []
+        lm.trainer(finder, *extra).fit(model, datamodule=lm.Data())
+    assert finder is None or finder.result is None

@@ -101,6 +101,10 @@ def test_fsdp_from_accelerates_environment_is_refused(tmp_path, monkeypatch):
     # sizes it (issue 43)
     (lambda args, m, x: abt.fit_training_arguments(_with(args, fsdp=True), m, x, 64),
      "FSDP is not supported yet.*autobatch.find_sharded"),
+    # a review of stop 55: a model that is no module (a hub id, None) and an option find() does
+    # not take left raw AttributeError and TypeError
+    (lambda args, m, x: abt.fit_training_arguments(args, "gpt2", x, 64), "model: expected"),
+    (lambda args, m, x: abt.fit_training_arguments(args, m, x, 64, foo=1), "no option 'foo'"),
 ])
 def test_refusals(tmp_path, call, message):
     # Catches: bad arguments accepted and sized anyway; a limit the model cannot fit reported as
@@ -153,3 +157,29 @@ def test_eval_sets_the_evaluation_batch_and_the_trainer_evaluates_with_it(tmp_pa
     assert seen == [e, 1]
     with pytest.raises(autobatch.UsageError, match="eval='only' has no place"):
         abt.fit_training_arguments(args, model, example, 64, eval="only")
+
+
+# A review of stop 55. Catches trials of the model's own loss where the Trainer computes a
+# label-smoothed one (label_smoothing_factor > 0: the labels popped, LabelSmoother on the logits,
+# -log_softmax of the whole logits and shifted copies): the answer was 40 with or without it,
+# where the Trainer's step runs out of memory at 36. B fits and B+1 does not in the Trainer's own
+# compute_loss (a Trainer built from the same arguments), run as the trial's step.
+def test_label_smoothing_is_sized_as_the_trainers_compute_loss(tmp_path):
+    model, example = tiny_models.llama()
+    args = arguments(tmp_path, label_smoothing_factor=0.1, optim="adamw_torch")
+    sized, result = abt.fit_training_arguments_with_result(args, model, example, 256,
+                                                           memory_limit=LIMIT, margin=0)
+    plain = abt.fit_training_arguments_with_result(arguments(tmp_path, optim="adamw_torch"),
+                                                   model, example, 256, memory_limit=LIMIT,
+                                                   margin=0)[1]
+    b = result.max_micro_batch
+    assert b < plain.max_micro_batch, (b, plain.max_micro_batch)
+    trainer = Trainer(model=model, args=args)
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+
+    def trainers_step(m, batch):
+        return trainer.compute_loss(m, dict(batch))
+    outcomes = [autobatch.check_batch(model, example, size, step=trainers_step,
+                                      optimizer=lambda p: cls(p, **kwargs), keep_output=False,
+                                      memory_limit=LIMIT).outcome for size in (b, b + 1)]
+    assert outcomes == ["fits", "out-of-memory"], (b, outcomes)

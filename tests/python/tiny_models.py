@@ -49,6 +49,21 @@ def mlp():
 MODELS["mlp"] = mlp
 
 
+def amp_mlp():
+    """(model, (x, y)): a 1024-wide MLP whose weights' autocast casts (2 MiB each in bf16) are
+    large beside a sample's activations, for the autocast cache's test (test_find.py)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 10))
+    return model, (torch.randn(1, 1024), torch.randint(0, 10, (1,)))
+
+
+def amp_mlp_step(model, batch):
+    """The loop's forward and loss (its output dropped inside, as step= does)."""
+    return torch.nn.functional.cross_entropy(model(batch[0]).float(), batch[1])
+
+
 # ---- sharded (FSDP2) models for find_sharded (issue 43): a constructor to run on the meta device
 # and the job's fully_shard calls.
 

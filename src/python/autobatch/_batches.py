@@ -22,13 +22,19 @@ def leading_size(example):
 
 def make_batch(example, size, n0, device):
     """A batch of `size` samples made from `example` along dimension 0: its samples repeated in
-    order (so integer tensors keep their values: token ids, labels, masks), on `device`. Tensors
-    whose leading dimension is not the example's batch size, and non-tensors, pass unchanged."""
+    order (so integer tensors keep their values: token ids, labels, masks), on `device`. A list
+    or tuple of plain values (str, numbers, None) as long as the example's batch is per sample (a
+    collated batch's texts or ids: a review of stop 55 found a Lightning batch's 4 texts beside
+    B rows) and is repeated the same way. Tensors whose leading dimension is not the example's
+    batch size, and other values, pass unchanged."""
     if isinstance(example, torch.Tensor):
         if example.dim() == 0 or example.shape[0] != n0:
             return example.to(device)
         index = torch.arange(size, device=example.device) % n0
         return example.index_select(0, index).to(device)
+    if per_sample_values(example, n0):
+        items = [example[i % n0] for i in range(size)]
+        return type(example)(items) if isinstance(example, list) else tuple(items)
     if isinstance(example, Mapping):
         return same_mapping(example, {k: make_batch(v, size, n0, device)
                                       for k, v in example.items()})
@@ -40,6 +46,14 @@ def make_batch(example, size, n0, device):
     return example
 
 
+def per_sample_values(example, n0):
+    """Whether `example` is a plain list or tuple (no namedtuple) of n0 plain values (str, bytes,
+    numbers, None): one per sample of the example's batch."""
+    return (isinstance(example, (list, tuple)) and not hasattr(example, "_fields") and
+            len(example) == n0 > 0 and
+            all(v is None or isinstance(v, (str, bytes, int, float, complex)) for v in example))
+
+
 def leading(example, batch, k, n0):
     """The first `k` samples of `batch`, made by make_batch(example, ..., n0), as views (no memory
     of their own): the tensors make_batch repeated (the example's leading dimension is n0) sliced,
@@ -48,6 +62,8 @@ def leading(example, batch, k, n0):
     if isinstance(example, torch.Tensor):
         if example.dim() == 0 or example.shape[0] != n0:
             return batch
+        return batch[:k]
+    if per_sample_values(example, n0):
         return batch[:k]
     if isinstance(example, Mapping):
         return same_mapping(batch, {key: leading(example[key], v, k, n0)

@@ -61,12 +61,17 @@ class EvalProbe:
         return record
 
     def release(self):
-        """The training state dropped: optimizer, buckets, gradients."""
+        """The training state dropped: optimizer, buckets, gradients; the weights put back and
+        the caches emptied unless the device had a fatal error (then nothing touches it, as
+        after a trial: the copy would raise the sticky error again and replace the ModelError
+        that says so, a review of stop 55)."""
         self.resident = None
         self.probe.largest_oom = self.training_oom
         self.probe.kept_grads = False
         for param in self.probe.state.params:
             param.grad = None
+        if self.probe.meter.poisoned():
+            return
         self.probe.state.restore_weights()
         self.probe.meter.release()
 

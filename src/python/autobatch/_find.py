@@ -51,6 +51,9 @@ _FIND_DOC = """
       --keep-output yes) keeps the model's output alive through backward, as
       `out = model(**batch); out.loss.backward()` does; False drops it before backward, as a
       Lightning training_step or the Hugging Face Trainer does (the drop-ins pass False).
+    autocast_cache: with an amp precision, torch.autocast's cache_enabled: True (PyTorch's
+      default: a weight's cast made once per forward and kept until the autocast block ends) or
+      False (a cast per use, as Lightning's mixed precision runs; its drop-in passes False).
 """
 
 
@@ -62,7 +65,7 @@ class _Session:
                  device=None, memory_limit=None, margin=None, target_batch=None, world_size=1,
                  time_limit=None, steps_per_trial=2, min_batch=1, max_batch=None,
                  dataset_size=None, max_trials=None, strategy="guided", plan="auto", reserve=None,
-                 step=None, ddp=False, zero_grad="none", keep_output=True):
+                 step=None, ddp=False, zero_grad="none", keep_output=True, autocast_cache=True):
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
         _check_trainable_module(model)
@@ -104,7 +107,8 @@ class _Session:
         self.model, self.example, self.loss_fn, self.step = model, example_batch, loss_fn, step
         self.steps, self.ddp = steps_per_trial, ddp
         self.device = _device_of(model, device)
-        self.autocast, self.precision = _autocast(self.device, precision)
+        self.autocast, self.precision = _autocast(self.device, precision, autocast_cache)
+        self.autocast_cache = autocast_cache
         fraction, margin_bytes = _margin(margin)
         self.trained = [p for p in model.parameters() if p.requires_grad]
         if not self.trained:
@@ -137,7 +141,8 @@ class _Session:
                                loss_fn=(_name(loss_fn), _code_digest(loss_fn)), ddp=ddp,
                                **self.options,
                                **({"zero_grad": zero_grad} if zero_grad != "none" else {}),
-                               **({"keep_output": False} if not keep_output else {}))
+                               **({"keep_output": False} if not keep_output else {}),
+                               **({"autocast_cache": False} if not autocast_cache else {}))
 
     def describe(self, doc, probe):
         """The JSON report with the options of the step that ran (the C++ report writes the
@@ -326,13 +331,14 @@ def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, 
          memory_limit=None, margin=None, target_batch=None, world_size=1, time_limit=None,
          steps_per_trial=2, min_batch=1, max_batch=None, dataset_size=None, max_trials=None,
          strategy="guided", plan="auto", reserve=None, progress=None, step=None, ddp=False,
-         zero_grad="none", keep_output=True, eval=False, cache=None, cache_trust=False):
+         zero_grad="none", keep_output=True, eval=False, cache=None, cache_trust=False,
+         autocast_cache=True):
     eval_state = eval_state_of(eval, target_batch)
     cache_dir = _cache_dir(cache, cache_trust, eval_state)
     session = _Session(model, example_batch, optimizer, loss_fn, precision, device, memory_limit,
                        margin, target_batch, world_size, time_limit, steps_per_trial, min_batch,
                        max_batch, dataset_size, max_trials, strategy, plan, reserve, step, ddp,
-                       zero_grad, keep_output)
+                       zero_grad, keep_output, autocast_cache)
     if eval_state:
         session.key = fingerprint(model, example_batch, base=session.key, eval=eval_state)
     probes = []
@@ -554,7 +560,8 @@ def _facts(session, state, meter):
         "name": f"{type(model).__module__}.{type(model).__qualname__}",
         "device": str(device), "steps_per_trial": session.steps, "fingerprint": session.key,
         "step": f"the user's eager step: inputs {_describe(session.example)}, loss {loss}, "
-                f"optimizer {optimizer}, {session.precision}",
+                f"optimizer {optimizer}, {session.precision}"
+                f"{'' if session.autocast_cache or session.precision == 'fp32' else ' (autocast cache off)'}",
         "model": {"parameter_count": sum(p.numel() for p in session.trained),
                   "parameter_bytes": _distinct_bytes(model.parameters()),
                   "gradient_bytes": session.gradient_bytes, "optimizer_state_bytes": 0,

@@ -76,6 +76,10 @@ def _checked_build(build, what):
         if not isinstance(opt, torch.optim.Optimizer):
             raise UsageError(f"optimizer: the factory returned {type(opt).__name__}; expected "
                              "a torch.optim.Optimizer, e.g. lambda p: torch.optim.AdamW(p)")
+        # What the factory builds is refused as an instance of its class is (a review of stop
+        # 55: LBFGS from a factory, or Lightning's configure_optimizers, failed in its step
+        # with TypeError as the model's error).
+        _refuse_step_kind(type(opt), [p for g in opt.param_groups for p in g["params"]])
         previous = last[0]() if last[0] is not None else None
         if _stepped(opt) or previous is opt:
             raise UsageError(

@@ -169,12 +169,19 @@ def _device_of(model, device):
     return device
 
 
-def _autocast(device, precision):
+def _autocast(device, precision, cache=True):
+    """(a context factory for the trials' forward and loss, the precision's name). `cache`:
+    torch.autocast's cache_enabled (PyTorch's default True; Lightning's mixed precision passes
+    False, so a weight used twice in one forward is cast twice)."""
     if precision not in _PRECISIONS:
         raise UsageError(f"precision: expected None / 'fp32', 'amp-bf16' or 'amp-fp16' (autocast "
                          f"around forward and loss), but got {precision!r}")
+    if not isinstance(cache, bool):
+        raise UsageError(f"autocast_cache: expected True (torch.autocast's default cache of the "
+                         f"weights' casts) or False (cache_enabled=False, as Lightning's mixed "
+                         f"precision), but got {cache!r}")
     dtype = _PRECISIONS[precision]
     if dtype is None:
         return contextlib.nullcontext, "fp32"
     name = "amp-bf16" if dtype == torch.bfloat16 else "amp-fp16"
-    return (lambda: torch.autocast(device.type, dtype=dtype)), name
+    return (lambda: torch.autocast(device.type, dtype=dtype, cache_enabled=cache)), name

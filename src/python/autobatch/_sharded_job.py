@@ -176,6 +176,8 @@ def _lock_step(build, example_batch, options, device, micro_batch, setup_bytes=N
         batch = make_batch(example_batch, micro_batch, leading_size(example_batch), device)
         if meter is not None:
             meter.begin()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         with torch.enable_grad():
             for _ in range(options.get("steps_per_trial", 2)):
                 output = None
@@ -195,10 +197,33 @@ def _lock_step(build, example_batch, options, device, micro_batch, setup_bytes=N
                     optimizer.zero_grad(set_to_none=options.get("zero_grad", "none") == "none")
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+            _check_cuda_use(device, options)
     finally:
         if meter is not None:
             meter.end()
             meter.remove()
+
+
+def _check_cuda_use(device, options):
+    """On CUDA the real step runs on the whole card, so a memory_limit below it is checked after
+    the steps: the device's use at their peak (what its driver holds outside the caching allocator
+    now, plus the allocator's peak reserved bytes, as tests/python/eager_check.py reads it) must
+    stay within the limit less the reserve, else the answer does not hold under the limit (a
+    review of stop 55: the check ran without it, so the collective backend's buffers could take
+    the answer past the limit and pass). Raises torch.OutOfMemoryError, which verify() reports as
+    memory."""
+    limit = _bytes(options.get("memory_limit"), "memory_limit")
+    if not limit:
+        return
+    room = limit - _bytes(options.get("reserve"), "reserve")
+    free, total = torch.cuda.mem_get_info(device)
+    outside = total - free - torch.cuda.memory_reserved(device)
+    use = outside + torch.cuda.max_memory_reserved(device)
+    if use > room:
+        raise torch.OutOfMemoryError(
+            f"CUDA out of memory under memory_limit: the real step used {use} bytes of {device} "
+            f"({outside} outside the caching allocator, {use - outside} its peak reserved), more "
+            f"than the limit less the reserve, {room} bytes")
 
 
 def _exchange(error, timeout):

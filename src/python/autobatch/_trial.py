@@ -333,18 +333,27 @@ class EagerProbe(MeasuringTrials):
         the output is the loss. Shared by the training step and the evaluation trial (_eval.py)."""
         self._enter("forward", size, micro, step)
         self.sizes_seen.add(leading_size(batch))  # what a new size is (_residue.py, at_new_size)
-        with self.autocast():
-            if self.step is not None:
-                loss = self.step(self.model, batch)
+        try:
+            with self.autocast():
+                if self.step is not None:
+                    loss = self.step(self.model, batch)
+                    self._enter("loss", size, micro, step)
+                    return loss, loss
+                output = call_model(self.model, batch)
                 self._enter("loss", size, micro, step)
-                return loss, loss
-            output = call_model(self.model, batch)
-            self._enter("loss", size, micro, step)
-            rule = []
-            loss = (self.loss_fn(output, batch) if self.loss_fn is not None
-                    else default_loss(output, rule))
-            self.loss_rule = rule[0] if rule else self.loss_rule
-            return output, loss
+                rule = []
+                loss = (self.loss_fn(output, batch) if self.loss_fn is not None
+                        else default_loss(output, rule))
+                self.loss_rule = rule[0] if rule else self.loss_rule
+                return output, loss
+        finally:
+            # The casts of the weights that autocast cached (ours, or the step's own autocast)
+            # freed here, as the user's loop frees them when its outermost autocast exits: torch
+            # empties the cache only then (torch/amp/autocast_mode.py, __exit__), and the trials
+            # run inside find()'s own autocast(enabled=False), which kept every cast alive through
+            # backward, the optimizer's step and the next batch (a review of stop 55: 16 MiB more
+            # in each phase of two Linear(2048, 2048) under amp-bf16, the casts' bytes).
+            torch.clear_autocast_cache()
 
     def _check_step_loss(self, loss):
         """With step=, what it returned must be the micro-batch's loss (_step_errors.check_loss)."""
@@ -569,6 +578,8 @@ class EagerProbe(MeasuringTrials):
         if self.facts is not None:
             self.facts["model"]["optimizer_state_bytes"] = self.optimizer_state_bytes
             self.facts["context"].update(self.meter.context())
+        if isinstance(error, UsageError):  # ours, from the step (a drop-in's check) or _end
+            raise error from None
         if error is not None:
             raise self._model_error(error, size) from error
         self._log(size, micro_batches, record, label)
@@ -595,7 +606,14 @@ class EagerProbe(MeasuringTrials):
         try:
             record.update(self.meter.end())
         except Exception as e:  # noqa: BLE001  a sticky error seen at the first device call
-            self.meter.mark_poisoned()
+            # Only a fatal error poisons: the backend's own refusal after a trial (the memory
+            # outside the allocator grown past the limit: cuda_backend.cpp, applyFraction) left
+            # the weights unrestored and the process under the search's fraction, with words
+            # about a fatal device error (a review of stop 55). It leaves as a UsageError.
+            if _core.is_fatal(text_of(e)):
+                self.meter.mark_poisoned()
+            elif isinstance(e, _core.Error):
+                e = UsageError(str(e))
             error = error or e
         if self.meter.poisoned():
             return error

@@ -30,6 +30,7 @@ single-device and DDP (FSDP, DeepSpeed and model parallel shard what the trial h
 dataloader passed to `fit` directly (its batch size cannot be set), a missing batch size attribute,
 precisions other than the three above, a module whose layers are built later (`configure_model`).
 """
+import inspect
 import logging
 
 import torch
@@ -43,6 +44,7 @@ try:
     from lightning.pytorch.utilities import rank_zero_info
     from lightning.pytorch.utilities.parsing import (lightning_getattr, lightning_hasattr,
                                                      lightning_setattr)
+    from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError("autobatch.lightning needs Lightning (pip install lightning): "
                       f"{e}") from None
@@ -51,7 +53,7 @@ log = logging.getLogger("autobatch")
 
 _PRECISIONS = {"32-true": None, "32": None, "16-mixed": "amp-fp16", "bf16-mixed": "amp-bf16"}
 _DERIVED = ("optimizer", "loss_fn", "precision", "device", "world_size", "step", "ddp",
-            "target_batch")
+            "target_batch", "autocast_cache")
 
 
 class AutobatchFinder(pl.Callback):
@@ -64,7 +66,9 @@ class AutobatchFinder(pl.Callback):
     options: as `autobatch.find` takes them (memory_limit, margin, time_limit, steps_per_trial,
       max_batch, strategy, ...); `memory_limit` may also be a function of the trainer's global rank
       (ranks with different memory, e.g. in a test). optimizer, loss_fn, precision, device,
-      world_size, step and ddp come from the trainer and the module.
+      world_size, step and ddp come from the trainer and the module. eval=True also sizes the
+      evaluation batch beside the training state (result.eval_safe_batch; nothing is set from
+      it); eval="only" is refused (it sizes no training batch).
 
     After `fit`'s setup: `result` (this rank's autobatch.Result), `micro_batch` (the agreed size
     set on the attribute), `accumulation_steps` (set on the trainer), `plan` (the uniform Plan;
@@ -80,6 +84,21 @@ class AutobatchFinder(pl.Callback):
             raise UsageError(f"AutobatchFinder: {', '.join(given)} come from the trainer and the "
                              "module (its precision, device, strategy, training_step and "
                              "configure_optimizers); remove them, or call autobatch.find directly")
+        known = set(inspect.signature(_find.find).parameters) - {"model", "example_batch"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise UsageError(f"AutobatchFinder: no option {', '.join(map(repr, unknown))}; it "
+                             f"takes these of autobatch.find's (the others come from the "
+                             f"trainer): {', '.join(sorted(known - set(_DERIVED)))}")
+        if options.get("eval") == "only":
+            raise UsageError("AutobatchFinder: eval='only' sizes an evaluation job alone, but "
+                             "the finder sets the training batch; call autobatch.find(model, "
+                             "batch, eval='only') for that, or eval=True to also size the "
+                             "evaluation batch beside the training state (result.eval_safe_batch)")
+        if not isinstance(batch_arg_name, str) or not batch_arg_name:
+            raise UsageError(f"AutobatchFinder: batch_arg_name: expected the name of the batch "
+                             f"size attribute (a str such as 'batch_size'), but got "
+                             f"{batch_arg_name!r}")
         self.target_batch = _find._target(target_batch)
         self.batch_arg_name = batch_arg_name
         self.options = options
@@ -89,6 +108,11 @@ class AutobatchFinder(pl.Callback):
         self.plan = None
 
     def setup(self, trainer, pl_module, stage=None):
+        """Checks what can be checked now, then sizes right after the module's own setup:
+        Lightning calls the callbacks' setup before the module's (trainer/call.py,
+        _call_setup_hook), and a module that builds its dataset or layers there (Lightning's
+        documented place) was sized without them (a review of stop 55: a raw AttributeError, or
+        an answer for half a model)."""
         if stage != "fit":
             return
         world = trainer.world_size
@@ -96,7 +120,15 @@ class AutobatchFinder(pl.Callback):
             raise UsageError(f"AutobatchFinder: target_batch {self.target_batch} is not a multiple "
                              f"of the world size {world} (every rank takes an equal share); "
                              f"use a multiple of {world}")
-        ddp = _check_can_size(trainer, pl_module, self.batch_arg_name)
+        ddp = _check_can_size(trainer, pl_module, self.batch_arg_name, self.target_batch)
+        _precision(trainer)
+        _run_after_module_setup(pl_module, lambda: self._size(trainer, pl_module, ddp, world))
+
+    def _size(self, trainer, pl_module, ddp, world):
+        if not any(True for _ in pl_module.parameters()):
+            raise UsageError("AutobatchFinder: the module has no parameters after its setup "
+                             "(layers built in configure_model are not there yet); build them in "
+                             "__init__ or setup")
         precision = _precision(trainer)
         device = trainer.strategy.root_device
         if device.type not in ("cpu", "cuda"):
@@ -109,15 +141,19 @@ class AutobatchFinder(pl.Callback):
             options["memory_limit"] = options["memory_limit"](trainer.global_rank)
 
         options.setdefault("keep_output", False)  # training_step returns the loss only
+        strategy = trainer.strategy
+        before = (strategy.optimizers, strategy.lr_scheduler_configs)
 
         def search():
-            return _find.find(pl_module, example, optimizer=_optimizer_factory(pl_module),
+            return _find.find(pl_module, example, optimizer=_optimizer_factory(pl_module, strategy),
                               precision=precision, device=device, world_size=world, ddp=ddp,
-                              step=_training_step, **options)
+                              step=_training_step_of(pl_module),
+                              autocast_cache=_autocast_cache(trainer), **options)
         with _quiet_logging(pl_module):
             try:
                 self.result, agreed = search_and_agree(search, world, device, "AutobatchFinder")
             finally:
+                strategy.optimizers, strategy.lr_scheduler_configs = before
                 _reset_metrics(pl_module)
         mine = self.result.safe_micro_batch
         self._apply(trainer, pl_module, agreed, mine, world)
@@ -148,7 +184,7 @@ class AutobatchFinder(pl.Callback):
         rank_zero_info(message)  # Lightning's own channel: shown once, on rank 0
 
 
-def _check_can_size(trainer, pl_module, batch_arg_name):
+def _check_can_size(trainer, pl_module, batch_arg_name, target_batch):
     """The refusals; returns True under DDP (the trials then hold DDP's gradient buckets)."""
     if not pl_module.automatic_optimization:
         raise UsageError("AutobatchFinder: the module uses manual optimization "
@@ -177,13 +213,40 @@ def _check_can_size(trainer, pl_module, batch_arg_name):
         raise UsageError(f"AutobatchFinder: no attribute {batch_arg_name!r} on the module, its "
                          "hparams or the datamodule; add one that train_dataloader() reads, or "
                          "pass batch_arg_name= with the attribute's name")
-    if not any(True for _ in pl_module.parameters()):
-        raise UsageError("AutobatchFinder: the module has no parameters at setup (layers built in "
-                         "configure_model are not there yet); build them in __init__")
+    if is_param_in_hook_signature(pl_module.training_step, "dataloader_iter", explicit=True):
+        raise UsageError("AutobatchFinder: training_step(dataloader_iter) takes the loader's "
+                         "iterator, so a trial cannot hand it a batch of its size; size the step "
+                         "with autobatch.find and a step function of your own")
+    if target_batch and any(type(c).__name__ == "GradientAccumulationScheduler"
+                            for c in trainer.callbacks):
+        raise UsageError("AutobatchFinder: target_batch sets accumulate_grad_batches, which the "
+                         "GradientAccumulationScheduler callback also sets (Lightning refuses "
+                         "both); remove the scheduler, or target_batch to size the micro-batch "
+                         "only")
     if isinstance(strategy, DDPStrategy):
         kwargs = getattr(strategy, "_ddp_kwargs", {}) or {}
         return not kwargs.get("gradient_as_bucket_view", False)
     return False
+
+
+def _run_after_module_setup(pl_module, then):
+    """`then()` right after the module's own setup(stage="fit") returns: its setup is wrapped,
+    once, on the instance (Lightning calls it as getattr(module, "setup"): trainer/call.py,
+    _call_lightning_module_hook), and put back before `then` runs, whatever happens."""
+    had_own = "setup" in vars(pl_module)
+    own = pl_module.setup
+
+    def setup_then_size(*args, **kwargs):
+        try:
+            out = own(*args, **kwargs)
+        finally:
+            if had_own:
+                pl_module.setup = own
+            else:
+                del pl_module.setup
+        then()
+        return out
+    pl_module.setup = setup_then_size
 
 
 def _precision(trainer):
@@ -194,36 +257,86 @@ def _precision(trainer):
     return _PRECISIONS[precision]
 
 
+def _autocast_cache(trainer):
+    """Lightning's mixed precision runs the step under torch.autocast(..., cache_enabled=False)
+    (lightning/pytorch/plugins/precision/amp.py, MixedPrecision.autocast_context_manager): a
+    weight used twice in one forward is cast twice, which the trials then hold as its step does
+    (a review of stop 55: with the cache on, 1774 where Lightning's own step fits 1637)."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    return not isinstance(trainer.precision_plugin, MixedPrecision)
+
+
 def _first_batch(trainer):
     """The first batch of the train loader, as the data source builds it (at the old size)."""
     loaders = trainer.fit_loop._data_source.dataloader()
     if isinstance(loaders, (list, tuple, dict)):
         raise UsageError("AutobatchFinder: the module returns several train dataloaders; "
                          "autobatch sizes one")
+    # A DataLoader's iterator draws its base seed from torch's generator, shuffled or not: the
+    # fit's RNG stream is kept as it was (a review of stop 55: it moved by the finder's batch).
+    rng = torch.get_rng_state()
     try:
         return next(iter(loaders))
     except StopIteration:
         raise UsageError("AutobatchFinder: the train dataloader is empty") from None
+    finally:
+        torch.set_rng_state(rng)
 
 
-def _training_step(module, batch):
-    out = module.training_step(batch, 0)
-    if isinstance(out, dict):
-        out = out.get("loss")
-    if out is None:
-        raise UsageError("AutobatchFinder: training_step returned None (a skipped batch) for the "
-                         "example batch; it must return the loss (a tensor, or a dict with "
-                         "'loss') for the trial")
-    return out
+def _training_step_of(pl_module):
+    """The trial's step(module, batch): training_step(batch, 0), or training_step(batch) where it
+    takes no batch_idx (Lightning passes it only then: loops/training_epoch_loop.py,
+    _build_kwargs); its loss, a tensor or a dict's "loss"."""
+    with_index = is_param_in_hook_signature(pl_module.training_step, "batch_idx", min_args=2)
+
+    def training_step(module, batch):
+        out = module.training_step(batch, 0) if with_index else module.training_step(batch)
+        if isinstance(out, dict):
+            if "loss" not in out:
+                raise UsageError(f"AutobatchFinder: training_step returned a dict without 'loss' "
+                                 f"(keys {sorted(map(str, out))}); Lightning trains on the dict's "
+                                 "'loss', so return it under that key")
+            out = out["loss"]
+        if out is None:
+            raise UsageError("AutobatchFinder: training_step returned None (a skipped batch) for "
+                             "the example batch; it must return the loss (a tensor, or a dict "
+                             "with 'loss') for the trial")
+        if not isinstance(out, torch.Tensor):
+            raise UsageError(f"AutobatchFinder: training_step returned {type(out).__name__}; it "
+                             "must return the loss as a tensor (not .item()), or a dict with "
+                             "'loss', for Lightning to train on it")
+        return out
+    training_step.__qualname__ = f"{type(pl_module).__qualname__}._training_step"
+    return training_step
 
 
-def _optimizer_factory(pl_module):
-    """A factory for find(): the first optimizer of a fresh configure_optimizers() call."""
+def _optimizer_factory(pl_module, strategy):
+    """A factory for find(): the first optimizer of a fresh configure_optimizers() call, set as
+    the strategy's optimizer with its schedulers for the trial, so a training_step that reads
+    self.optimizers() or self.lr_schedulers() (the learning rate it logs) reads the trial's (a
+    review of stop 55: an AttributeError on the strategy's empty lists, taken for the model's).
+    The strategy's lists are put back after the search."""
     def build(params):
         del params  # configure_optimizers chooses its own (and its param groups)
-        return _first_optimizer(pl_module.configure_optimizers())
+        conf = pl_module.configure_optimizers()
+        optimizer = _first_optimizer(conf)
+        strategy.optimizers, strategy.lr_scheduler_configs = [optimizer], _schedulers(conf)
+        return optimizer
     build.__qualname__ = f"{type(pl_module).__qualname__}.configure_optimizers"
     return build
+
+
+def _schedulers(conf):
+    """The LRSchedulerConfigs of configure_optimizers' return, parsed as Lightning parses it
+    (lightning/pytorch/core/optimizer.py); [] where it does not parse (the optimizer alone was
+    checked by _first_optimizer)."""
+    from lightning.pytorch.core.optimizer import (_configure_optimizers,
+                                                  _configure_schedulers_automatic_opt)
+    try:
+        _, schedulers, monitor = _configure_optimizers(conf)
+        return _configure_schedulers_automatic_opt(schedulers, monitor)
+    except Exception:  # noqa: BLE001  Lightning refuses it itself when fit calls it
+        return []
 
 
 def _first_optimizer(conf):

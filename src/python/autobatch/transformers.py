@@ -12,7 +12,8 @@ learning rate, betas, eps and `optim_args`), autocast for `bf16` / `fp16`, activ
 checkpointing (`activation_checkpointing` or its deprecated alias `gradient_checkpointing`, with
 `activation_checkpointing_kwargs`, enabled as `Trainer.train` enables it and put back after the
 trials) and `torch_compile` (the trials run `torch.compile(model, backend, mode)` as the Trainer
-wraps it). The loss is the model's own (`output.loss`; give the batch its "labels").
+wraps it). The loss is the model's own (`output.loss`; give the batch its "labels"), or with
+`label_smoothing_factor` > 0 the Trainer's LabelSmoother on the logits, as its compute_loss.
 
 Under torchrun (world size above 1) every rank sizes under its own memory with DDP's gradient
 buckets held, and the ranks agree on the smallest safe micro-batch through the job's process
@@ -29,6 +30,7 @@ dataloader exists (transformers 5.24's trainer.py).
 """
 import contextlib
 import dataclasses
+import inspect
 import logging
 import os
 
@@ -82,6 +84,16 @@ def fit_training_arguments_with_result(args, model, example_batch, target_batch,
     if not isinstance(args, TrainingArguments):
         raise UsageError(f"args: expected transformers.TrainingArguments, but got "
                          f"{type(args).__name__}")
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"model: expected the torch.nn.Module the Trainer will train (e.g. "
+                         f"AutoModelForCausalLM.from_pretrained(...)), but got "
+                         f"{type(model).__name__}")
+    known = set(inspect.signature(_find.find).parameters) - {"model", "example_batch"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"fit_training_arguments: no option {', '.join(map(repr, unknown))}; "
+                         f"it takes these of autobatch.find's (the others come from the "
+                         f"TrainingArguments): {', '.join(sorted(known - set(_DERIVED) - {'eval'}))}")
     given = sorted(set(options) & set(_DERIVED))
     if given:
         raise UsageError(f"fit_training_arguments: {', '.join(given)} come from the "
@@ -103,6 +115,8 @@ def fit_training_arguments_with_result(args, model, example_batch, target_batch,
 
         # The Trainer's training_step keeps compute_loss's loss, not the model's output.
         options.setdefault("keep_output", False)
+        if args.label_smoothing_factor and "loss_fn" not in options:
+            options["step"] = _label_smoothing_step(args, model)
 
         def search():
             return _find.find(trial_model, example_batch, optimizer=_optimizer_factory(args, model),
@@ -151,6 +165,35 @@ def _check_supported(args, target):
     if target % args.world_size:
         raise UsageError(f"target_batch: {target} is not a multiple of the world size "
                          f"{args.world_size} (every rank takes an equal share)")
+
+
+def _label_smoothing_step(args, model):
+    """The Trainer's compute_loss with label_smoothing_factor > 0 (transformers 5.24, trainer.py):
+    the labels popped from the inputs, the model's forward without them (no loss of its own), then
+    LabelSmoother on the logits, shifted for a causal language model (its -log_softmax of the
+    whole logits and the shifted copies are memory the model's own loss does not take: a review
+    of stop 55 found the answer 40 where the smoothed step fits 32)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.trainer_pt_utils import LabelSmoother
+    smoother = LabelSmoother(epsilon=args.label_smoothing_factor)
+    base = model.base_model.model if _is_peft(model) else model
+    causal = base._get_name() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+
+    def trainer_compute_loss(m, batch):
+        if not isinstance(batch, dict) or "labels" not in batch:
+            return m(**batch).loss if isinstance(batch, dict) else m(batch).loss
+        inputs = dict(batch)
+        labels = inputs.pop("labels")
+        return smoother(m(**inputs), labels, shift_labels=causal)
+    return trainer_compute_loss
+
+
+def _is_peft(model):
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
 
 
 def _optimizer_factory(args, model):
