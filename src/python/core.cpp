@@ -177,14 +177,9 @@ autobatch::BuildInfo pythonBuildInfo() {
   info.cuda_build = !cuda.is_none();
   if (!info.cuda_build) return info;
   info.cuda_version = cuda.cast<std::string>();
-  const py::object torch_c = torch.attr("_C");
-  if (py::hasattr(torch_c, "_cuda_getDriverVersion")) {
-    try {
-      info.cuda_driver_version = torch_c.attr("_cuda_getDriverVersion")().cast<int>();
-    } catch (const py::error_already_set&) {
-      info.cuda_driver_version = 0;  // no driver installed
-    }
-  }
+  // 0 where no driver is installed (autobatch/_cuda_api.py, driver_version)
+  info.cuda_driver_version =
+      py::module_::import("autobatch._cuda_api").attr("driver_version")().cast<int>();
   const py::object torch_cuda = torch.attr("cuda");
   if (!torch_cuda.attr("is_available")().cast<bool>()) return info;
   const int count = torch_cuda.attr("device_count")().cast<int>();

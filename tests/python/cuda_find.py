@@ -32,4 +32,4 @@ print(json.dumps({
     "backend": r.raw["device"]["backend"], "before": before,
     "after": torch.cuda.memory_allocated(), "reserved_before": reserved_before,
     "reserved_after": torch.cuda.memory_reserved(), "limit": r.memory_limit_bytes,
-    "device": r.raw["device"]}))
+    "device": r.raw["device"], "driver": r.raw["fingerprint"]["cuda_driver_version"]}))

@@ -78,6 +78,7 @@ def test_answer_is_exact_in_a_fresh_process_and_memory_is_returned(name):
     b = r["max_micro_batch"]
     assert b in r["fits"] and (b + 1) in r["oom"], r
     assert r["after"] == r["before"], r
+    assert r["driver"] >= 10000, r  # cuDriverGetVersion (stop 56: the report said 0 before)
     assert run("fresh_check.py", name, LIMIT, b, b + 1) == {str(b): "fits",
                                                             str(b + 1): "out-of-memory"}
 

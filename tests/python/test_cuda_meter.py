@@ -383,3 +383,25 @@ def test_the_real_steps_device_use_is_held_to_the_memory_limit(monkeypatch):
     _sharded_job._check_cuda_use(device, {})  # no limit: the whole card, nothing to hold
     with pytest.raises(torch.OutOfMemoryError, match="more than the limit less the reserve"):
         _sharded_job._check_cuda_use(device, {"memory_limit": "48GiB", "reserve": "4GiB"})
+
+
+# A review of stop 55 (the CUDA path's static review, fault 8). Catches a report whose driver
+# version is read from a call torch does not have (torch._C._cuda_getDriverVersion: always 0):
+# cuDriverGetVersion from libcuda.so.1, 0 where the library or the call is missing or fails.
+def test_the_driver_version_comes_from_the_driver_library():
+    import ctypes
+    from autobatch._cuda_api import driver_version
+
+    class Driver:
+        def __init__(self, status):
+            self.status = status
+
+        def cuDriverGetVersion(self, pointer):
+            ctypes.cast(pointer, ctypes.POINTER(ctypes.c_int))[0] = 13000
+            return self.status
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+    assert driver_version(lambda name: Driver(0)) == 13000
+    assert driver_version(lambda name: Driver(35)) == 0  # CUDA_ERROR_INSUFFICIENT_DRIVER
+    assert driver_version(missing) == 0

@@ -12,6 +12,7 @@ torch/cuda/memory.py (memory_stats' keys, get/set_per_process_memory_fraction, m
 get_allocator_backend), c10/util/env.cpp (check_env: "1" is on), c10/cuda/CUDAAllocatorConfig.h
 (which variable each key is read from).
 """
+import ctypes
 import os
 
 import torch
@@ -117,3 +118,18 @@ class TorchCudaApi:
 
     def synchronize(self, index):
         self.cuda.synchronize(index)
+
+
+def driver_version(load=ctypes.CDLL):
+    """The CUDA driver's version as cuDriverGetVersion gives it (e.g. 13000 for 13.0), read from
+    the driver library libcuda.so.1 (the CUDA driver API; it needs no cuInit); 0 where there is
+    none. torch 2.11 has no Python call for it (torch._C._cuda_getDriverVersion, which the report
+    read before, does not exist: a review of stop 55 found the report's figure always 0).
+    `load`: the library loader (a test's fake)."""
+    try:
+        library = load("libcuda.so.1")
+        version = ctypes.c_int(0)
+        status = library.cuDriverGetVersion(ctypes.byref(version))
+    except (OSError, AttributeError):
+        return 0
+    return int(version.value) if status == 0 else 0
