@@ -1,6 +1,7 @@
 """autobatch.find(cache=...): the command's result cache (docs/cache.md) for the user's own eager
 step (issue 29). On the CPU with real out-of-memory from the budget allocator. Each test names the
 wrong implementation it catches."""
+import functools
 import json
 import re
 
@@ -154,3 +155,78 @@ def test_the_fingerprint_sees_checkpointing_and_the_attention_implementation():
     assert eager != plain and autobatch.fingerprint(model, example) == plain
     model.activation_checkpointing_enable()
     assert autobatch.fingerprint(model, example) not in (plain, eager)
+
+
+def _views_loss(output, batch, k):
+    return output.repeat(k, 1).exp().mean()
+
+
+class _Views(torch.nn.Module):
+    """A forward whose memory depends on a setting held in a dict, an int of the example, and a
+    tensor held outside the parameters."""
+
+    def __init__(self, views=1, held=1):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(256, 64), torch.nn.Linear(64, 8)
+        self.cfg = {"views": views}
+        self.table = torch.zeros(held)
+
+    def forward(self, x, k=1):
+        return self.b(torch.relu(self.a(x.repeat(self.cfg["views"] * k, 1)))) + self.table[:1]
+
+
+class _ScaledLoss(torch.nn.Module):
+    def forward(self, output, batch):
+        return output.exp().mean()
+
+
+class _WiderLoss(torch.nn.Module):
+    def forward(self, output, batch):
+        return output.repeat(8, 1).exp().mean()
+
+
+def _steps(k):
+    return lambda model, batch: model(batch).repeat(k, 1).mean()
+
+
+def _patched(model):
+    model.forward = lambda x, k=1: model.b(torch.relu(model.a(x.repeat(8, 1))))
+    return model
+
+
+def _hooked(model):
+    model.a.register_forward_hook(lambda module, args, out: out.exp() * out.sin())
+    return model
+
+
+# A review of stop 55 (F1, F2). Catches a cache key blind to what changes a step's memory, which
+# served another setup's answer as a hit (with cache_trust one that did not fit): a step's
+# closure, a functools.partial's argument, a loss module's forward, an optimizer's param-group
+# option, a forward hook, a setting in a dict, a plain value in the example, a tensor held as an
+# attribute, a forward patched on the instance, autocast_cache. Each pair's keys differ; the same
+# setup built twice keys the same (a hit across processes stays a hit).
+@pytest.mark.parametrize("what, first, second", [
+    ("step closure", dict(step=_steps(1)), dict(step=_steps(8))),
+    ("partial", dict(loss_fn=functools.partial(_views_loss, k=1)),
+     dict(loss_fn=functools.partial(_views_loss, k=8))),
+    ("loss module", dict(loss_fn=_ScaledLoss()), dict(loss_fn=_WiderLoss())),
+    ("param group", dict(optimizer=lambda p: torch.optim.SGD([{"params": p, "momentum": 0.9}])),
+     dict(optimizer=lambda p: torch.optim.SGD([{"params": p, "momentum": 0.0}]))),
+    ("hook", dict(), dict(model=_hooked)),
+    ("dict setting", dict(model=lambda m: _Views(views=1)), dict(model=lambda m: _Views(views=8))),
+    ("example value", dict(example=lambda x: (x, 1)), dict(example=lambda x: (x, 8))),
+    ("held tensor", dict(model=lambda m: _Views(held=1)), dict(model=lambda m: _Views(held=4096))),
+    ("patched forward", dict(), dict(model=_patched)),
+    ("autocast_cache", dict(precision="amp-bf16"),
+     dict(precision="amp-bf16", autocast_cache=False)),
+])
+def test_the_key_sees_what_a_step_closes_over(tmp_path, what, first, second):
+    def key(setup):
+        setup = dict(setup)
+        model = setup.pop("model", lambda m: m)(_Views())
+        example = setup.pop("example", lambda x: x)(torch.randn(1, 256))
+        return autobatch.find(model, example, cache=tmp_path, cache_trust=True, max_batch=16,
+                              memory_limit=LIMIT, **setup).cache["key"]
+    assert key(first) == key(first), what
+    assert key(first) != key(second), what

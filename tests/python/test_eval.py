@@ -207,3 +207,27 @@ def test_bad_values_are_usage_errors_naming_the_fix():
     for call, fix in cases:
         with pytest.raises(autobatch.UsageError, match=fix):
             call()
+
+
+class _RaisesInEval(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        if not self.training:
+            raise ValueError("no evaluation path")
+        return self.lin(x)
+
+
+# A review of stop 55 (F3). Catches an evaluation trial's ModelError that leaves the search raw:
+# it had no .result (the training search's verified answer lost) and did not say it came from
+# evaluation. Now the error names the evaluation trial and carries the training answer.
+def test_a_model_error_in_evaluation_keeps_the_training_answer():
+    torch.manual_seed(0)
+    with pytest.raises(autobatch.ModelError, match="in an evaluation trial") as info:
+        autobatch.find(_RaisesInEval(), torch.randn(1, 64), memory_limit="8MiB", margin=0,
+                       eval=True)
+    result = info.value.result
+    assert result is not None and result.safe_micro_batch > 100, result
+    assert info.value.micro_batch >= 1 and isinstance(info.value.__cause__, ValueError)

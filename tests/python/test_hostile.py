@@ -663,3 +663,32 @@ def test_per_sample_texts_are_repeated_with_the_rows():
     seen.clear()
     autobatch.find(mlp(), example, memory_limit=LIMIT, step=step, max_batch=64)
     assert all(n == len(texts) for n, texts in seen), [(n, len(t)) for n, t in seen]
+
+
+# A review of stop 55 (F4, F5, F6). Catches arguments that reached pybind11's casts (strategy=3,
+# plan=1, plan()'s kind=None or world_size=2**31: "Unable to cast" / "incompatible function
+# arguments"), one trial's calls taking find()'s search options as _Session's TypeError, progress
+# taken by identity (progress="no" or 0 drew the bar), and a balanced plan printed as "84+2 x 83 x
+# 3 accumulation steps", arithmetic that does not make its target.
+@pytest.mark.parametrize("call, words", [
+    (lambda: autobatch.find(mlp(), x(), memory_limit=LIMIT, strategy=3), "strategy: expected"),
+    (lambda: autobatch.find(mlp(), x(), memory_limit=LIMIT, plan=1), "plan: expected"),
+    (lambda: autobatch.find(mlp(), x(), memory_limit=LIMIT, progress="no"), "progress: expected"),
+    (lambda: autobatch.find(mlp(), x(), memory_limit=LIMIT, progress=0), "progress: expected"),
+    (lambda: autobatch.plan(10, 10, kind=None), "kind: expected"),
+    (lambda: autobatch.plan(10, 10, world_size=2**31), "world_size: expected"),
+    (lambda: autobatch.check_batch(mlp(), x(), 4, memory_limit=LIMIT, progress=True),
+     "check_batch: no option 'progress'"),
+    (lambda: autobatch.check_eval_batch(mlp(), x(), 4, memory_limit=LIMIT, cache=True),
+     "check_eval_batch: no option 'cache'"),
+])
+def test_arguments_that_reached_the_bindings_are_usage_errors(call, words):
+    with pytest.raises(autobatch.UsageError, match=words):
+        call()
+
+
+def test_a_balanced_plan_prints_as_it_adds_up():
+    plan = autobatch.plan(84, 250, kind="balanced")
+    assert str(plan) == ("balanced plan: micro-batches 1 x 84 + 2 x 83 (3 accumulation steps) x "
+                         "1 rank(s) = 250")
+    assert sum(b * n for b, n, _ in plan.groups) == 250

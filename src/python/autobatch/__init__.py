@@ -55,14 +55,17 @@ def plan(max_micro_batch: int, target_batch: int, world_size: int = 1, kind: str
     library's planner, docs/planner.md). Raises UsageError for an impossible target."""
     import json
 
-    from ._options import _count, _target
+    from ._options import _INT32_MAX, _count, _target
 
     if max_micro_batch is None or target_batch is None:
         raise UsageError("plan: expected max_micro_batch and target_batch as ints >= 1, but got "
                          f"{max_micro_batch!r} and {target_batch!r}")
     max_micro_batch = _count(max_micro_batch, "max_micro_batch")
     target_batch = _target(target_batch)
-    world_size = _count(world_size, "world_size", none_is=1)
+    # C++ ints (a review of stop 55: 2**31 and kind=None left pybind11's TypeError)
+    world_size = _count(world_size, "world_size", none_is=1, maximum=_INT32_MAX)
+    if kind not in ("auto", "uniform", "balanced"):
+        raise UsageError(f"plan: kind: expected 'auto', 'uniform' or 'balanced', but got {kind!r}")
     try:
         plans = json.loads(_core.plan(max_micro_batch, target_batch, world_size, kind))
     except _core.Error as e:

@@ -5,7 +5,7 @@ import json
 from . import _core
 from ._errors import Cancelled, UsageError
 from ._eval import EvalProbe
-from ._find import _Session
+from ._find import _session_of
 from ._result import EvalCheck
 
 
@@ -25,7 +25,7 @@ def check_eval_batch(model, example_batch, eval_batch, **options):
             raise UsageError(f"check_eval_batch: {name}= has no meaning for one evaluation batch; "
                              f"drop it (find(..., eval=True) searches the evaluation batch)")
         options.pop(name, None)
-    session = _Session(model, example_batch, **options)
+    session = _session_of(model, example_batch, options, "check_eval_batch")
     probes = []
 
     def check(probe, facts):

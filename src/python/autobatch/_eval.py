@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from ._errors import UsageError
+from ._errors import ModelError, UsageError
 from ._trial import make_batch
 
 
@@ -76,7 +76,19 @@ class EvalProbe:
         self.probe.meter.release()
 
     def __call__(self, size, batches):
-        return self.probe.trial(size, batches, self._evaluate)
+        """One evaluation trial. A ModelError ends the evaluation search as a cancellation
+        would, kept in the probe's `stopped_by` (naming the evaluation), for find() to raise with
+        the result known so far: the training search's answer and what the evaluation verified
+        (a review of stop 55: it left _core.search, and the ModelError had no result)."""
+        try:
+            return self.probe.trial(size, batches, self._evaluate)
+        except ModelError as e:
+            stopped = ModelError(f"in an evaluation trial (model.eval(), torch.no_grad(), "
+                                 f"{batches} batch(es) of {size}): {e}", None, e.micro_batch)
+            stopped.__cause__ = e.__cause__
+            self.probe.stopped_by = stopped
+            return {"cancelled": True, "memory_limit_bytes": self.probe.meter.limit_bytes(),
+                    "steps_completed": 0, "reason": "the model raised an error in evaluation"}
 
     def _evaluate(self, size, batches):
         """`batches` evaluation batches of `size`; (1, ms): one evaluation "step"."""

@@ -127,6 +127,11 @@ class _Session:
             "world_size": _count(world_size, "world_size", none_is=1, maximum=_INT32_MAX),
             "time_limit_s": _seconds(time_limit),
             "max_trials": _count(max_trials, "max_trials", maximum=_INT32_MAX)}
+        for name, value, allowed in (("strategy", strategy, ("guided", "binsearch", "power")),
+                                     ("plan", plan, ("auto", "uniform", "balanced", "fastest"))):
+            if not isinstance(value, str):  # (a review of stop 55: pybind11's cast error)
+                raise UsageError(f"{name}: expected one of {', '.join(map(repr, allowed))}, but "
+                                 f"got {value!r}")
         if self.options["max_batch"] and self.options["min_batch"] > self.options["max_batch"]:
             # In find()'s words, not the command's ("0 (no bound)": max_batch=0 is refused here).
             raise UsageError(f"max_batch: expected None (no bound) or an int >= min_batch "
@@ -443,7 +448,7 @@ def _cache_key_fields(session, facts):
                       f"{session.optimizer_code} {facts['optimizer_options']}"),
         ("optimizer_impl", model["optimizer_impl"] or "none"),
         ("zero_grad", session.zero_grad), ("keep_output", session.keep_output),
-        ("precision", session.precision),
+        ("precision", session.precision), ("autocast_cache", session.autocast_cache),
         ("steps_per_trial", session.steps), ("ddp_bucket_bytes", session.ddp_bucket_bytes),
         ("memory_limit_bytes", facts["context"]["memory_limit_bytes"]),
         ("reserve_bytes", o["reserve_bytes"]),
@@ -461,6 +466,10 @@ def _progress_bar(progress):
     """A tqdm bar of trials when `progress` is True, or None (auto) and tqdm is installed and
     stderr is a terminal; else None."""
     import sys
+    if progress not in (None, True, False) or isinstance(progress, (int, float)) and \
+            not isinstance(progress, bool):
+        raise UsageError(f"progress: expected True (a tqdm bar of trials), False or None (a bar "
+                         f"when tqdm is installed and stderr is a terminal), but got {progress!r}")
     if progress is False or (progress is None and not sys.stderr.isatty()):
         return None
     try:
@@ -479,13 +488,26 @@ def check_batch(model, example_batch, micro_batch, *, micro_batches_per_step=1, 
     """
     if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
         raise UsageError(f"micro_batch: expected an int >= 1, but got {micro_batch!r}")
-    session = _Session(model, example_batch, **options)
+    session = _session_of(model, example_batch, options, "check_batch")
     record = session.run(lambda probe, facts: probe(micro_batch, micro_batches_per_step))
     record.setdefault("outcome", "fits")
     record.update(micro_batch_size=micro_batch, micro_batches_per_step=micro_batches_per_step)
     if record.get("cancelled"):
         raise Cancelled("interrupted: the trial stopped at Ctrl-C; the model is restored")
     return Trial.from_json(record)
+
+
+def _session_of(model, example_batch, options, who):
+    """A _Session for one trial's call (check_batch, check_eval_batch): an option it does not take
+    (find()'s search options: progress, cache, ...) is a UsageError that names those it takes (a
+    review of stop 55: _Session's own TypeError)."""
+    takes = set(inspect.signature(_Session.__init__).parameters) - {"self", "model",
+                                                                    "example_batch"}
+    unknown = sorted(set(options) - takes)
+    if unknown:
+        raise UsageError(f"{who}: no option {', '.join(map(repr, unknown))} for one trial; it "
+                         f"takes {', '.join(sorted(takes))}")
+    return _Session(model, example_batch, **options)
 
 
 def _check_trainable_module(model):
@@ -553,7 +575,12 @@ def _facts(session, state, meter):
     optimizer = (f"{type(first).__module__}.{type(first).__qualname__}" if first is not None
                  else "none")
     impl = _impl(first, device)
-    options = repr(sorted((k, repr(v)) for k, v in first.defaults.items())) if first else ""
+    # The defaults, and each param group's own options where they differ (a group's momentum
+    # makes SGD's buffers: a review of stop 55 found it outside the cache's key)
+    options = (repr(sorted((k, repr(v)) for k, v in first.defaults.items())) +
+               repr([sorted((k, repr(v)) for k, v in g.items()
+                            if k != "params" and first.defaults.get(k, object()) != v)
+                     for g in first.param_groups])) if first else ""
     del first
     return {
         "optimizer": optimizer, "optimizer_options": options,

@@ -75,10 +75,15 @@ class Plan:
                    p["effective_batch"], groups)
 
     def __str__(self):
-        sizes = ("+".join(f"{b}" if n == 1 else f"{n} x {b}" for b, n, _ in self.groups)
-                 if len(self.groups) > 1 else f"{self.micro_batch_size}")
-        return (f"{self.kind} plan: micro-batch {sizes} x {self.accumulation_steps} accumulation "
-                f"steps x {self.world_size} rank(s) = {self.effective_batch}")
+        if len(self.groups) > 1:
+            # The report's own form, which adds up: "1 x 84 + 2 x 83" (a review of stop 55: "84+2
+            # x 83 x 3 accumulation steps" read as arithmetic that did not make the target)
+            sizes = " + ".join(f"{n} x {b}" for b, n, _ in self.groups)
+            return (f"{self.kind} plan: micro-batches {sizes} ({self.accumulation_steps} "
+                    f"accumulation steps) x {self.world_size} rank(s) = {self.effective_batch}")
+        return (f"{self.kind} plan: micro-batch {self.micro_batch_size} x "
+                f"{self.accumulation_steps} accumulation steps x {self.world_size} rank(s) = "
+                f"{self.effective_batch}")
 
 
 @dataclass(frozen=True)
