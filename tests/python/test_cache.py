@@ -190,6 +190,10 @@ def _steps(k):
     return lambda model, batch: model(batch).repeat(k, 1).mean()
 
 
+def _grouped_sgd(momentum):
+    return lambda params: torch.optim.SGD([{"params": params, "momentum": momentum}], lr=0.1)
+
+
 def _patched(model):
     model.forward = lambda x, k=1: model.b(torch.relu(model.a(x.repeat(8, 1))))
     return model
@@ -211,8 +215,7 @@ def _hooked(model):
     ("partial", dict(loss_fn=functools.partial(_views_loss, k=1)),
      dict(loss_fn=functools.partial(_views_loss, k=8))),
     ("loss module", dict(loss_fn=_ScaledLoss()), dict(loss_fn=_WiderLoss())),
-    ("param group", dict(optimizer=lambda p: torch.optim.SGD([{"params": p, "momentum": 0.9}])),
-     dict(optimizer=lambda p: torch.optim.SGD([{"params": p, "momentum": 0.0}]))),
+    ("param group", dict(optimizer=_grouped_sgd(0.9)), dict(optimizer=_grouped_sgd(0.0))),
     ("hook", dict(), dict(model=_hooked)),
     ("dict setting", dict(model=lambda m: _Views(views=1)), dict(model=lambda m: _Views(views=8))),
     ("example value", dict(example=lambda x: (x, 1)), dict(example=lambda x: (x, 8))),
@@ -230,3 +233,12 @@ def test_the_key_sees_what_a_step_closes_over(tmp_path, what, first, second):
                               memory_limit=LIMIT, **setup).cache["key"]
     assert key(first) == key(first), what
     assert key(first) != key(second), what
+
+
+# A review of stop 55 (F2). Catches an optimizer field of the key that holds the defaults only:
+# a param group's own option (SGD's momentum, which makes its buffers) is in it too.
+def test_the_optimizer_field_holds_param_groups_own_options(tmp_path):
+    fields = autobatch.find(_Views(), torch.randn(1, 256), cache=tmp_path, cache_trust=True,
+                            max_batch=16, memory_limit=LIMIT,
+                            optimizer=_grouped_sgd(0.9)).cache["fields"]["optimizer"]
+    assert "('momentum', '0.9')" in fields, fields
