@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import autobatch
@@ -124,3 +125,70 @@ def test_every_name_the_checkout_takes_from_the_export_shim_is_there():
     assert len(wanted) > 15, wanted  # the scan found the users (pt2_export_test.py alone has 12)
     missing = {name: where for name, where in wanted.items() if not hasattr(shim, name)}
     assert missing == {}, missing
+
+
+class _TiedNet(torch.nn.Module):
+    """An embedding shared with the head (GPT-2's tie), BatchNorm, and a data-dependent branch
+    when asked (torch.export refuses it: the pt2 export then fails)."""
+
+    def __init__(self, branch=False):
+        super().__init__()
+        self.emb = torch.nn.Embedding(32, 8)
+        self.norm = torch.nn.BatchNorm1d(8)
+        self.head = torch.nn.Linear(8, 32, bias=False)
+        self.head.weight = self.emb.weight
+        self.branch = branch
+
+    def forward(self, ids):
+        h = self.norm(self.emb(ids))
+        if self.branch and h.sum() > 0:
+            h = -h
+        return self.head(h)
+
+
+# A review of stop 55 (F1, F2). Catches exports that change the user's module: export() left a
+# model in eval mode in train mode with BatchNorm's statistics moved by its probe and trace
+# forwards; export_pt2() left tied weights untied for good (a later step trains two copies) and
+# the model in train mode, whether it succeeded or failed (here it fails: a data-dependent branch).
+def test_exports_leave_the_users_module_as_it_was(tmp_path):
+    ids = torch.randint(0, 32, (4,))
+    for export in (lambda m: autobatch.export(m, str(tmp_path / "net.pt"), (ids,),
+                                              method="trace"),
+                   lambda m: autobatch.export_pt2(m, tmp_path / "net.pt2", (ids,),
+                                                  check_memory=False)):
+        model = _TiedNet(branch=True).eval()
+        stats = {k: v.clone() for k, v in model.state_dict().items()}
+        try:
+            export(model)
+        except ValueError:
+            pass  # the pt2 export refuses the branch; the model must be as it was all the same
+        assert model.head.weight is model.emb.weight
+        assert not model.training and not model.norm.training
+        assert all(torch.equal(stats[k], v) for k, v in model.state_dict().items())
+
+
+# A review of stop 55 (F3). Catches export arguments read wrongly or failing raw: a bare tensor
+# taken as one input per row, an empty tuple or a float input failing inside the model, an
+# int_high the command refuses, a model that is no module (AttributeError), a pathlib path for
+# export_pt2 (AttributeError). Each is a ValueError naming the argument, before anything is written.
+@pytest.mark.parametrize("call, words", [
+    (lambda p: autobatch.export(torch.nn.Linear(8, 2), p / "a.pt", torch.randn(4, 8)),
+     "for one tensor x, pass \\(x,\\)"),
+    (lambda p: autobatch.export(torch.nn.Linear(8, 2), p / "a.pt", ()), "at least one input"),
+    (lambda p: autobatch.export(torch.nn.Linear(8, 2), p / "a.pt",
+                                {"x": torch.randn(4, 8), "scale": 2.0}), "each a tensor"),
+    (lambda p: autobatch.export(torch.nn.Embedding(8, 2), p / "a.pt",
+                                (torch.zeros(4, dtype=torch.long),), int_high={0: 0}),
+     "int_high\\[0\\]: expected"),
+    (lambda p: autobatch.export(torch.nn.Embedding(8, 2), p / "a.pt",
+                                (torch.zeros(4, dtype=torch.long),), int_high={3: 8}),
+     "int_high: expected input indices"),
+    (lambda p: autobatch.export("resnet18", p / "a.pt", (torch.randn(2, 3),)),
+     "model: expected a torch.nn.Module"),
+    (lambda p: autobatch.export_pt2(torch.nn.Linear(8, 2), p / "a.pt", (torch.randn(4, 8),)),
+     "must end in .pt2"),
+])
+def test_export_arguments_are_value_errors(tmp_path, call, words):
+    with pytest.raises(ValueError, match=words):
+        call(tmp_path)
+    assert list(tmp_path.iterdir()) == []

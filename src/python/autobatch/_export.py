@@ -48,7 +48,8 @@ import torch
 from . import _inductor_patches as inductor_patches
 from ._export_step import (EXPORT_FILE, EXTRA_FILE, LOSSES, PT2_ACCUMULATE_MODEL, PT2_BATCH_RANGE,
                            PT2_GRAD_PREFIX, PT2_MEMORY_CHECK, PT2_METADATA_KEY, PT2_WEIGHTS,
-                           _WithLoss, input_spec, metadata, untie_parameters, unwrap)
+                           _WithLoss, check_example_inputs, input_spec, metadata, model_kept,
+                           untie_parameters, unwrap)
 from ._inductor_patches import EAGER_KERNELS
 from ._pt2 import _INDUCTOR_OVERRIDES, batch_range, export_pt2
 from ._pt2_joint import GRADIENT_CHECK_TOLERANCE, export_joint
@@ -83,20 +84,23 @@ def export(model: torch.nn.Module, path: str, example_inputs, loss: str = "mean"
     or None: script, but trace a model that needed unwrapping (transformers models do not script).
     Returns the metadata JSON written into the archive. Raises ValueError on bad arguments.
     """
-    model = model.train()
-    wrapped, example_inputs, loss = unwrap(model, example_inputs, loss)
-    if method is None:
-        method = "trace" if wrapped is not model else "script"
-    model = wrapped
-    meta = metadata(example_inputs, loss, int_high)
-    if method == "script":
-        scripted = torch.jit.script(model)
-    elif method == "trace":
-        scripted = torch.jit.trace(model, example_inputs)
-    else:
+    check_example_inputs(example_inputs, int_high)
+    if method not in (None, "script", "trace"):
         raise ValueError(f"unknown method '{method}': expected script or trace")
-    how = json.dumps({"version": 1, "method": method})
-    torch.jit.save(scripted, path, _extra_files={EXTRA_FILE: meta, EXPORT_FILE: how})
+    with model_kept(model):  # its mode, statistics and slots as they were, whatever happens
+        model = model.train()
+        wrapped, example_inputs, loss = unwrap(model, example_inputs, loss)
+        if method is None:
+            method = "trace" if wrapped is not model else "script"
+        model = wrapped
+        meta = metadata(example_inputs, loss, int_high)
+        if method == "script":
+            scripted = torch.jit.script(model)
+        else:
+            scripted = torch.jit.trace(model, example_inputs)
+        how = json.dumps({"version": 1, "method": method})
+        torch.jit.save(scripted, os.fspath(path), _extra_files={EXTRA_FILE: meta,
+                                                               EXPORT_FILE: how})
     return meta
 
 

@@ -10,6 +10,7 @@ archive's extra files and the pt2 package's members (docs/formats.md). Imports t
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Dict, Optional, Sequence
 
@@ -87,6 +88,64 @@ def _output_entries(out) -> Optional[list]:
                                  and not isinstance(out, torch.Tensor)):
         return list(out.keys())
     return None
+
+
+@contextlib.contextmanager
+def model_kept(model):
+    """The user's module as it was, after an export whatever happens: each module's training
+    flag, its parameter and buffer slots (tied weights the pt2 export untied are tied again) and
+    its buffers' values (BatchNorm's running statistics, which the export's forwards in training
+    mode move). A review of stop 55 found export() leaving a model in train mode with its
+    statistics moved, and export_pt2() leaving a tied model untied for good. Raises ValueError for
+    a model that is no torch.nn.Module."""
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
+    flags = [(m, m.training) for m in model.modules()]
+    slots = [(m, dict(m._parameters), dict(m._buffers)) for m in model.modules()]
+    with torch.no_grad():
+        values = {id(b): b.detach().clone() for _, _, buffers in slots
+                  for b in buffers.values() if b is not None}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, parameters, buffers in slots:
+                for name, p in parameters.items():
+                    m._parameters[name] = p
+                for name, b in buffers.items():
+                    m._buffers[name] = b
+                    if b is not None and id(b) in values:
+                        b.copy_(values[id(b)])
+        for m, training in flags:
+            m.training = training
+
+
+def check_example_inputs(example_inputs, int_high=None):
+    """ValueError, before anything is traced or written, unless ``example_inputs`` is a non-empty
+    tuple or list of tensors or a non-empty dict of tensors, and ``int_high`` maps input indices
+    to exclusive upper bounds >= 1 (a review of stop 55: a bare tensor was read as one input per
+    row, a float in the dict failed as AttributeError, int_high={0: 0} wrote a range the command
+    refuses)."""
+    if isinstance(example_inputs, dict):
+        values = list(example_inputs.values())
+    elif isinstance(example_inputs, (tuple, list)):
+        values = list(example_inputs)
+    else:
+        raise ValueError(f"example_inputs: expected a tuple of tensors (positional inputs, e.g. "
+                         f"(x,)) or a dict of tensors (keyword inputs), but got "
+                         f"{type(example_inputs).__name__}; for one tensor x, pass (x,)")
+    if not values or not all(isinstance(v, torch.Tensor) for v in values):
+        raise ValueError(f"example_inputs: expected at least one input, each a tensor with the "
+                         f"batch dimension first, but got "
+                         f"{[type(v).__name__ for v in values] or 'none'}")
+    for index, high in (int_high or {}).items():
+        if not isinstance(index, int) or isinstance(index, bool) or \
+                not 0 <= index < len(values):
+            raise ValueError(f"int_high: expected input indices 0..{len(values) - 1} as keys, "
+                             f"but got {index!r}")
+        if isinstance(high, bool) or not isinstance(high, int) or high < 1:
+            raise ValueError(f"int_high[{index}]: expected an exclusive upper bound >= 1 (token "
+                             f"ids in [0, high)), but got {high!r}")
 
 
 def unwrap(model: torch.nn.Module, example_inputs, loss: str):

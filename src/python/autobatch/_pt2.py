@@ -14,7 +14,8 @@ import torch
 from . import _inductor_patches as patches
 from ._export_step import (PT2_ACCUMULATE_MODEL, PT2_BATCH_RANGE, PT2_GRAD_PREFIX,
                            PT2_MEMORY_CHECK, PT2_METADATA_KEY, PT2_WEIGHTS, _example_targets,
-                           _WithLoss, metadata, untie_parameters, unwrap)
+                           _WithLoss, check_example_inputs, metadata, model_kept,
+                           untie_parameters, unwrap)
 from ._pt2_joint import (accumulating_program, eager_batch1_error, eager_kernels, export_joint,
                          joint_gradient_check, package_gradient_check, stored_tensors)
 from ._pt2_memory import MEMORY_OVER_PCT, memory_check
@@ -140,21 +141,26 @@ def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch
     import copy
     import os
 
-    model, example_inputs, loss = unwrap(model.train(), example_inputs, loss)
-    base = json.loads(metadata(example_inputs, loss, int_high))
+    check_example_inputs(example_inputs, int_high)
+    path = os.fspath(path)  # a pathlib.Path too (a review of stop 55: AttributeError)
     if not path.endswith(".pt2"):
         raise ValueError(f"a package's path must end in .pt2 (AOTInductor's rule), got {path}")
-    patches.require_internals()  # a torch whose internals the patches do not fit: refused here
-    model = model.train()
-    eager_model = copy.deepcopy(model) if check_memory else None  # tied, as the user's job has it
-    partial = os.path.join(os.path.dirname(os.path.abspath(path)),
-                           f".{os.path.basename(path)[:-4]}.partial-{os.getpid()}.pt2")
-    try:
-        return _export_pt2(model, path, partial, example_inputs, loss, int_high, base,
-                           eager_model, cli, check_memory)
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
+    # The user's module as it was afterwards, whatever happens: untie_parameters gives tied
+    # weights their own storage in place, and the export runs in training mode.
+    with model_kept(model):
+        model, example_inputs, loss = unwrap(model.train(), example_inputs, loss)
+        base = json.loads(metadata(example_inputs, loss, int_high))
+        patches.require_internals()  # a torch whose internals the patches do not fit: refused
+        model = model.train()
+        eager_model = copy.deepcopy(model) if check_memory else None  # tied, as the job has it
+        partial = os.path.join(os.path.dirname(os.path.abspath(path)),
+                               f".{os.path.basename(path)[:-4]}.partial-{os.getpid()}.pt2")
+        try:
+            return _export_pt2(model, path, partial, example_inputs, loss, int_high, base,
+                               eager_model, cli, check_memory)
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
 
 
 def _export_pt2(model, path, partial, example_inputs, loss, int_high, base, eager_model, cli,
