@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -146,9 +147,10 @@ def _checked(model, ddp_kwargs, verify_timeout, options):
     kwargs = _ddp_kwargs(ddp_kwargs, model)
     options = dict(options)
     device = _device_of(model, options.pop("device", None))
-    if device.type != "cuda" and kwargs.get("device_ids") is not None:
-        raise UsageError(f"ddp_kwargs: device_ids is for a module on one CUDA device, and this "
-                         f"one is on {device}; drop device_ids (DDP takes none for a CPU module)")
+    for key in ("device_ids", "output_device"):  # output_device: a review of stop 55
+        if device.type != "cuda" and kwargs.get(key) is not None:
+            raise UsageError(f"ddp_kwargs: {key} is for a module on one CUDA device, and this "
+                             f"one is on {device}; drop {key} (DDP takes none for a CPU module)")
     return {"kwargs": kwargs, "options": options, "device": device}
 
 
@@ -199,7 +201,8 @@ def _check_value(key, value):
     if key in _FLAGS and not isinstance(value, bool):
         raise UsageError(f"ddp_kwargs: {key} expects True or False, but got {value!r}")
     if key == "bucket_cap_mb" and value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or
+            not math.isfinite(value)):  # inf failed only in the verification (stop 55's review)
         raise UsageError(f"ddp_kwargs: bucket_cap_mb expects megabytes > 0 (DDP's default is "
                          f"25), but got {value!r}")
     if key == "bucket_cap_mb_list" and value is not None and (

@@ -60,7 +60,8 @@ def _count(value, what, minimum=1, none_is=0, maximum=_INT64_MAX):
         raise UsageError(f"{what}: expected an int >= {minimum}, but got {value!r} "
                          f"({type(value).__name__})")
     if not minimum <= value <= maximum:
-        bound = "< 2^63" if maximum == _INT64_MAX else f"<= {maximum} (2^31 - 1)"
+        bound = ("< 2^63" if maximum == _INT64_MAX else
+                 f"<= {maximum} (2^31 - 1)" if maximum == _INT32_MAX else f"<= {maximum}")
         raise UsageError(f"{what}: expected an int >= {minimum} and {bound}, but got {value}")
     return value
 

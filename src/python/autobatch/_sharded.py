@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import math
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -37,7 +39,7 @@ from typing import List, Optional
 import torch
 
 from . import _fsdp
-from ._errors import UsageError
+from ._errors import DoesNotFit, ModelError, UsageError
 from ._find import _check_arity, find
 from ._options import _checked_device, _count, _target
 from ._result import Plan, Result
@@ -207,12 +209,19 @@ def fake_group(rank, world_size):
         raise UsageError(f"find_sharded needs torch's fake process group "
                          f"(torch.testing._internal.distributed.fake_pg), which torch "
                          f"{torch.__version__} does not import: {e}") from None
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    # torch's init_process_group wraps sys.excepthook with a "[rankN]:" prefix that
+    # destroy_process_group never removes (a review of stop 55: a later error printed
+    # "[rank3]: [rank0]: Traceback"); put back with the group. The group is torn down even when
+    # init_process_group itself fails (torch sets the default group before some of its errors).
+    hook = sys.excepthook
     try:
+        dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
         yield
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
         _fsdp.forget_meshes()  # no DTensor op after this may reuse the fake group's mesh
+        sys.excepthook = hook
 
 
 def _build(build, shard, init, device, mesh, materialize=True):
@@ -380,6 +389,8 @@ def find_sharded(build, shard, example_batch, *, world_size=None, ranks=None, in
       step's collectives wait for a rank (default 120).
     options: find()'s (optimizer, step or loss_fn, precision, memory_limit, margin,
       target_batch: the global batch over all ranks, time_limit, ...), not world_size.
+      time_limit and max_trials bound each rank's search (each world size's and each rank's in
+      turn), not the whole call.
 
     Raises UsageError for bad arguments or when this process is already in a fake process group
     (the fake group is set up and torn down here; the process is left without one), what find()
@@ -399,10 +410,31 @@ def find_sharded(build, shard, example_batch, *, world_size=None, ranks=None, in
     if in_job:
         return _size_in_job(build, shard, init, device, example_batch, world_size, ranks,
                             verify_timeout, options)
-    if isinstance(world_size, (list, tuple)):
-        return ShardedTable([_size_world(w, build, shard, init, device, example_batch, ranks,
-                                         options) for w in sizes])
-    return _size_world(sizes[0], build, shard, init, device, example_batch, ranks, options)
+    # The caller's random state as it was: init (reset_parameters by default) draws from it
+    # outside find()'s own snapshot (a review of stop 55: a seeded job that sized first built
+    # other weights)
+    with _random_state_kept():
+        if isinstance(world_size, (list, tuple)):
+            return ShardedTable([_size_world(w, build, shard, init, device, example_batch, ranks,
+                                             options) for w in sizes])
+        return _size_world(sizes[0], build, shard, init, device, example_batch, ranks, options)
+
+
+@contextlib.contextmanager
+def _random_state_kept():
+    """torch's CPU generator and, where CUDA is initialized, its devices' put back afterwards."""
+    cpu = torch.get_rng_state()
+    cuda = (torch.cuda.get_rng_state_all()
+            if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+_MAX_WORLD = 1 << 20
 
 
 def _checked(build, shard, world_size, ranks, init, device, verify_timeout, options):
@@ -411,6 +443,21 @@ def _checked(build, shard, world_size, ranks, init, device, verify_timeout, opti
     if "world_size" in options or "ddp" in options:
         raise UsageError("find_sharded: world_size is the job's (the fake group's), given once; "
                          "ddp does not apply to a sharded model")
+    takes = set(inspect.signature(find).parameters) - {"model", "example_batch", "device"}
+    unknown = sorted(set(options) - takes)
+    if unknown:  # before any build (a review of stop 55: find()'s TypeError after the shard)
+        raise UsageError(f"find_sharded: no option {', '.join(map(repr, unknown))}; it takes "
+                         f"find()'s: {', '.join(sorted(takes))}")
+    for fn, name, args, form in ((build, "build", (), "build() -> torch.nn.Module"),
+                                 (init, "init", (None,), "init(model)")):
+        try:
+            if callable(fn):
+                inspect.signature(fn).bind(*args)
+        except TypeError:
+            raise UsageError(f"{name}: expected a function called as {form}, but its signature "
+                             f"is {inspect.signature(fn)}") from None
+        except ValueError:  # a builtin without a signature: tried as it is
+            pass
     if options.get("cache") not in (None, False):
         raise UsageError("cache: find_sharded does not use the result cache (its key holds "
                          "neither the world size nor the rank's shard); drop cache=")
@@ -425,7 +472,10 @@ def _checked(build, shard, world_size, ranks, init, device, verify_timeout, opti
                          "of them for a table); None means the running job's, and this process "
                          "is in no process group")
     sizes = world_size if isinstance(world_size, (list, tuple)) else [world_size]
-    sizes = list(dict.fromkeys(_count(w, "world_size") for w in sizes))  # each once, in order
+    # each once, in order; at most 2^20 ranks: torch's fake group keeps a table over every rank
+    # (a review of stop 55: 2^31 - 1 exhausted this machine's memory in init_process_group, and
+    # 2^31 reached its constructor's cast)
+    sizes = list(dict.fromkeys(_count(w, "world_size", maximum=_MAX_WORLD) for w in sizes))
     if not sizes:
         raise UsageError("world_size: expected an int >= 1 or a non-empty list of them, but got []")
     for fn, name, form, example in (
@@ -499,7 +549,13 @@ def _size_world(n, build, shard, init, device, example_batch, ranks, options):
         with fake_group(rank, n):
             model = _build(build, shard, init, device, _mesh(device, n))
             try:
-                result = find(model, example_batch, world_size=n, device=device, **options)
+                try:
+                    result = find(model, example_batch, world_size=n, device=device, **options)
+                except (DoesNotFit, ModelError) as e:
+                    # which rank of which world size (a review of stop 55: a table's failing row
+                    # said neither); the same class, its result and cause kept
+                    e.args = (f"world size {n}, rank {rank}: {e.args[0]}",) + e.args[1:]
+                    raise
                 alike = next(rs for _, rs in classes if rank in rs)
                 sized.append(RankResult(rank, alike, padded,
                                         sum(local_bytes(params, n, rank)), result))
