@@ -497,16 +497,25 @@ def check_batch(model, example_batch, micro_batch, *, micro_batches_per_step=1, 
     return Trial.from_json(record)
 
 
-def _session_of(model, example_batch, options, who):
-    """A _Session for one trial's call (check_batch, check_eval_batch): an option it does not take
-    (find()'s search options: progress, cache, ...) is a UsageError that names those it takes (a
-    review of stop 55: _Session's own TypeError)."""
-    takes = set(inspect.signature(_Session.__init__).parameters) - {"self", "model",
-                                                                    "example_batch"}
+def check_option_names(options, fn, who, leave_out=(), shown_out=(), where=""):
+    """UsageError, before any work, for an option `fn` does not take: the callers pass find()'s
+    options on (the drop-ins, find_sharded) or take fewer (one trial's calls), and an unknown name
+    left as `fn`'s TypeError late, naming another function (reviews of stop 55). `leave_out`: its
+    parameters that are not options (the model, the example); `shown_out`: those the caller sets
+    itself (left out of the names the message lists); `where`: where those come from."""
+    takes = set(inspect.signature(fn).parameters) - {"self", "model", "example_batch",
+                                                      *leave_out}
     unknown = sorted(set(options) - takes)
     if unknown:
-        raise UsageError(f"{who}: no option {', '.join(map(repr, unknown))} for one trial; it "
-                         f"takes {', '.join(sorted(takes))}")
+        source = f" (the others come from {where})" if where else ""
+        raise UsageError(f"{who}: no option {', '.join(map(repr, unknown))}; it takes "
+                         f"{', '.join(sorted(takes - set(shown_out)))}{source}")
+
+
+def _session_of(model, example_batch, options, who):
+    """A _Session for one trial's call (check_batch, check_eval_batch): find()'s search options
+    (progress, cache, ...) are UsageErrors."""
+    check_option_names(options, _Session.__init__, who)
     return _Session(model, example_batch, **options)
 
 

@@ -40,7 +40,7 @@ import torch
 
 from . import _fsdp
 from ._errors import DoesNotFit, ModelError, UsageError
-from ._find import _check_arity, find
+from ._find import _check_arity, check_option_names, find
 from ._options import _checked_device, _count, _target
 from ._result import Plan, Result
 
@@ -443,11 +443,7 @@ def _checked(build, shard, world_size, ranks, init, device, verify_timeout, opti
     if "world_size" in options or "ddp" in options:
         raise UsageError("find_sharded: world_size is the job's (the fake group's), given once; "
                          "ddp does not apply to a sharded model")
-    takes = set(inspect.signature(find).parameters) - {"model", "example_batch", "device"}
-    unknown = sorted(set(options) - takes)
-    if unknown:  # before any build (a review of stop 55: find()'s TypeError after the shard)
-        raise UsageError(f"find_sharded: no option {', '.join(map(repr, unknown))}; it takes "
-                         f"find()'s: {', '.join(sorted(takes))}")
+    check_option_names(options, find, "find_sharded", leave_out=("device",))
     for fn, name, args, form in ((build, "build", (), "build() -> torch.nn.Module"),
                                  (init, "init", (None,), "init(model)")):
         try:

@@ -38,7 +38,6 @@ precisions other than the three above, a module whose layers are built later (`c
 `training_step(dataloader_iter)`, a `target_batch` beside a `GradientAccumulationScheduler` (both
 set `accumulate_grad_batches`), `eval="only"`, an option `autobatch.find` does not take.
 """
-import inspect
 import logging
 
 import torch
@@ -92,12 +91,8 @@ class AutobatchFinder(pl.Callback):
             raise UsageError(f"AutobatchFinder: {', '.join(given)} come from the trainer and the "
                              "module (its precision, device, strategy, training_step and "
                              "configure_optimizers); remove them, or call autobatch.find directly")
-        known = set(inspect.signature(_find.find).parameters) - {"model", "example_batch"}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise UsageError(f"AutobatchFinder: no option {', '.join(map(repr, unknown))}; it "
-                             f"takes these of autobatch.find's (the others come from the "
-                             f"trainer): {', '.join(sorted(known - set(_DERIVED)))}")
+        _find.check_option_names(options, _find.find, "AutobatchFinder", shown_out=_DERIVED,
+                                 where="the trainer")
         if options.get("eval") == "only":
             raise UsageError("AutobatchFinder: eval='only' sizes an evaluation job alone, but "
                              "the finder sets the training batch; call autobatch.find(model, "

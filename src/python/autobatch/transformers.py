@@ -30,7 +30,6 @@ dataloader exists (transformers 5.24's trainer.py).
 """
 import contextlib
 import dataclasses
-import inspect
 import logging
 import os
 
@@ -88,12 +87,8 @@ def fit_training_arguments_with_result(args, model, example_batch, target_batch,
         raise UsageError(f"model: expected the torch.nn.Module the Trainer will train (e.g. "
                          f"AutoModelForCausalLM.from_pretrained(...)), but got "
                          f"{type(model).__name__}")
-    known = set(inspect.signature(_find.find).parameters) - {"model", "example_batch"}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise UsageError(f"fit_training_arguments: no option {', '.join(map(repr, unknown))}; "
-                         f"it takes these of autobatch.find's (the others come from the "
-                         f"TrainingArguments): {', '.join(sorted(known - set(_DERIVED) - {'eval'}))}")
+    _find.check_option_names(options, _find.find, "fit_training_arguments",
+                             shown_out=(*_DERIVED, "eval"), where="the TrainingArguments")
     given = sorted(set(options) & set(_DERIVED))
     if given:
         raise UsageError(f"fit_training_arguments: {', '.join(given)} come from the "
