@@ -687,6 +687,36 @@ TEST(SearchTest, FastestPlanFollowsTheMeasuredStepTimes) {
   EXPECT_EQ(r.plan->uniform.predicted_samples_per_second, 0.0);
 }
 
+// Catches a plan verification that steps down below min_batch (a model that cannot train on fewer
+// samples raises there: test_find.py's ResNet-18, BatchNorm, stepped down to 1 with min_batch 2):
+// the second micro-batch's extra leaves room for 3 samples a micro-batch, min_batch is 4, so the
+// step-down tries 4 as its last size and answers no plan; no trial is ever under min_batch.
+TEST(SearchTest, ThePlansStepDownStopsAtMinBatch) {
+  testing::PhasedModel m;
+  m.limit_bytes = 16 * testing::kGiB;
+  m.phases = {{"backward", 8 * testing::kGiB, 100 * testing::kMiB}};
+  m.accumulation_extra_bytes = 7 * testing::kGiB + 700 * testing::kMiB;
+  SearchOptions options;
+  options.margin_bytes = 0;
+  options.min_batch = 4;
+  options.target_batch = 1000;
+  std::vector<std::int64_t> sizes;
+  const Probe probe = [&](const TrialRequest& request) {
+    sizes.push_back(request.micro_batch_size);
+    return m.run(request);
+  };
+  const SearchResult r = findMaxBatch(probe, options);
+  ASSERT_EQ(r.max_micro_batch, 81);
+  EXPECT_GE(*std::ranges::min_element(sizes), 4);
+  EXPECT_FALSE(r.plan.has_value());
+  EXPECT_TRUE(std::ranges::any_of(r.warnings, [](const std::string& w) {
+    return w.find("no accumulation plan fits") != std::string::npos;
+  }));
+  EXPECT_TRUE(seenToFit(r, 81));
+  EXPECT_FALSE(seenToFit(r, 4, 2));                // tried with 2 micro-batches: out of memory
+  EXPECT_TRUE(std::ranges::count(sizes, 4) >= 2);  // min_batch, then the plan's last size
+}
+
 TEST(SearchTest, InvalidOptionsThrowWithTheExpectedValue) {
   const MemoryModel model = modelWithThreshold(10);
   SearchOptions options;

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -83,6 +84,12 @@ autobatch::TrialResult trialFromDict(const autobatch::TrialRequest& request, con
   r.cancelled = get<bool>(d, "cancelled", false);
   r.shortened = get<bool>(d, "shortened", false);
   r.stands_for_full = r.shortened && get<bool>(d, "stands_for_full", false);
+  if (d.contains("replayed_peak") && !d["replayed_peak"].is_none()) {
+    for (const auto& item : d["replayed_peak"].cast<py::list>()) {
+      const auto line = item.cast<py::sequence>();
+      r.replayed_peak.push_back({line[0].cast<double>(), line[1].cast<double>()});
+    }
+  }
   if (d.contains("phase_peaks")) {
     for (const auto& item : d["phase_peaks"].cast<py::list>()) {
       const auto p = item.cast<py::dict>();
@@ -659,6 +666,33 @@ void defineBudgetQueries(py::module_& m) {
       },
       "Stops the recording: (rise, allocated, allocations), the most bytes held above the start "
       "at any point, the bytes allocated and the count of allocations since start_allocation_log.");
+  m.def(
+      "stop_allocation_log_events",
+      [] {
+        const std::vector<autobatch::detail::AllocationEvent> events =
+            autobatch::detail::stopAllocationLog();
+        std::vector<std::int64_t> bytes;
+        std::vector<std::int64_t> freed;
+        bytes.reserve(events.size());
+        freed.reserve(events.size());
+        std::unordered_map<const void*, std::int64_t> live;  // pointer -> its allocation's index
+        for (const auto& e : events) {
+          const auto index = static_cast<std::int64_t>(bytes.size());
+          bytes.push_back(e.bytes);
+          if (e.bytes > 0) {
+            live[e.data] = index;
+            freed.push_back(-1);
+          } else {
+            const auto it = live.find(e.data);
+            freed.push_back(it == live.end() ? -1 : it->second);
+            if (it != live.end()) live.erase(it);
+          }
+        }
+        return py::make_tuple(bytes, freed);
+      },
+      "Stops the recording: (bytes, freed), one entry a tracked event in order: bytes > 0 an "
+      "allocation, < 0 a release; freed[i], for a release, the index of the allocation it "
+      "releases (-1: one made before start_allocation_log, and for every allocation).");
   m.def("set_refusal_suffix", &autobatch::detail::setBudgetRefusalSuffix, py::arg("suffix"),
         "Text appended to every refusal's message from now on ('' for none): the fair race's "
         "harness words the budget's refusal as the peers' matchers expect (issue 44).");

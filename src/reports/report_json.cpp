@@ -73,6 +73,14 @@ json toJson(const TrialResult& t) {
   // Only on a shortened measuring trial (TrialResult::shortened): the key's absence is a full one.
   if (t.shortened) j["shortened"] = true;
   if (t.stands_for_full) j["stands_for_full"] = true;
+  // Only where the probe replayed the trial's allocations (TrialResult::replayed_peak).
+  if (!t.replayed_peak.empty()) {
+    json lines = json::array();
+    for (const PeakLine& line : t.replayed_peak) {
+      lines.push_back(json::array({line.intercept_bytes, line.bytes_per_sample}));
+    }
+    j["replayed_peak"] = lines;
+  }
   return j;
 }
 

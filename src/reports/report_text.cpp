@@ -93,6 +93,7 @@ std::string trialNotes(const TrialResult& t) {
   }
   if (t.shortened) notes += "  measuring (shortened: 1 step after the optimizer's state)";
   if (t.stands_for_full) notes += ", stands for the full trial";
+  if (!t.replayed_peak.empty()) notes += ", peak replayed";
   if (!t.reason.empty()) notes += "  " + t.reason.substr(0, 80);
   return notes;
 }

@@ -219,6 +219,7 @@ MeasuredFit SearchDriver::measure(const TrialResult& r) {
     top = r.peak_bytes;
   }
   m.overhead = std::max<std::int64_t>(0, r.peak_bytes - top);
+  m.replayed_peak = r.replayed_peak;
   return m;
 }
 

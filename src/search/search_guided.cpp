@@ -181,6 +181,79 @@ void boundByActivations(std::map<std::string, Slope>& slopes) {
   }
 }
 
+/// How far a trial's forward and backward peak may be from a replayed peak that stands
+/// (MeasuredFit::replayed_peak): its lines are doubles from whole bytes.
+constexpr double kReplayToleranceBytes = 1024.0;
+
+/// The phases a replayed peak covers: the forward, loss and backward of the one micro-batch.
+bool replayedPhase(const std::string& key) {
+  return key == phaseKeyOf(phaseKey(TrialPhase::kForward), 0) ||
+         key == phaseKeyOf(phaseKey(TrialPhase::kLoss), 0) ||
+         key == phaseKeyOf(phaseKey(TrialPhase::kBackward), 0);
+}
+
+/// The replayed peak at `batch`: the largest of its lines.
+double replayedAt(const std::vector<PeakLine>& lines, std::int64_t batch) {
+  double most = -std::numeric_limits<double>::infinity();
+  for (const PeakLine& line : lines) {
+    most =
+        std::max(most, line.intercept_bytes + line.bytes_per_sample * static_cast<double>(batch));
+  }
+  return most;
+}
+
+/// The replayed peak a step stands on (docs/search.md, "The replayed peak"): that of the largest
+/// fit at or below the anchor with one, while every trial agrees with it: each fit's largest
+/// forward, loss or backward peak within kReplayToleranceBytes of it (a full trial checks a
+/// replay made from a measuring one's two sizes), each out-of-memory trial that failed in those
+/// phases refused above it. Null when none stands: a model
+/// whose allocations are not affine in the batch (or change order with it) shows that at the
+/// first trial measured after the replay, and the phases' secants step from there.
+const std::vector<PeakLine>* standingReplay(const SearchTrials& trials, const Anchor& anchor) {
+  const std::vector<PeakLine>* lines = nullptr;
+  for (auto it = std::make_reverse_iterator(std::next(anchor.it)); it != trials.fits.rend(); ++it) {
+    if (!it->second.replayed_peak.empty()) {
+      lines = &it->second.replayed_peak;
+      break;
+    }
+  }
+  if (lines == nullptr) return nullptr;
+  for (const auto& [batch, fit] : trials.fits) {
+    double measured = -1.0;
+    for (const auto& [key, bytes] : fit.phases) {
+      if (replayedPhase(key)) measured = std::max(measured, static_cast<double>(bytes));
+    }
+    if (measured < 0.0 || std::abs(replayedAt(*lines, batch) - measured) > kReplayToleranceBytes) {
+      return nullptr;
+    }
+  }
+  for (const auto& [batch, bound] : trials.bounds) {
+    if (replayedPhase(bound.first) &&
+        replayedAt(*lines, batch) < static_cast<double>(bound.second) - kReplayToleranceBytes) {
+      return nullptr;
+    }
+  }
+  return lines;
+}
+
+/// The largest batch whose replayed peak stays within `room` (the anchor's overhead on top), or
+/// -1 when a line that does not grow is over it at the anchor `a` already (one that falls with
+/// the batch and is under it there stays under above).
+double replayedBoundary(const std::vector<PeakLine>& lines, const Room& room, std::int64_t a) {
+  const auto left = static_cast<double>(room.budget_bytes - room.overhead_bytes);
+  double best = std::numeric_limits<double>::infinity();
+  for (const PeakLine& line : lines) {
+    if (line.bytes_per_sample <= 0.0) {
+      if (line.intercept_bytes + line.bytes_per_sample * static_cast<double>(a) > left) {
+        return -1.0;
+      }
+      continue;
+    }
+    best = std::min(best, std::floor((left - line.intercept_bytes) / line.bytes_per_sample));
+  }
+  return best;
+}
+
 class GuidedStrategy final : public SearchStrategy {
  public:
   GuidedStrategy(const SearchOptions& options, SearchGoal goal)
@@ -354,8 +427,18 @@ std::int64_t GuidedStrategy::boundary(const SearchTrials& trials, const Anchor& 
   boundByActivations(slopes);
   double best = std::numeric_limits<double>::infinity();
   bool best_bounded = false;  // the binding phase's slope came from a point above the anchor
+  // The replayed peak, where one stands, puts the forward and backward's boundary where the
+  // step's own allocations reach the room, in place of their secants (which a change of regime
+  // inside backward misleads: ViT-B/16's guess one too high, docs/search.md).
+  const std::vector<PeakLine>* replay = standingReplay(trials, anchor);
+  if (replay != nullptr) {
+    const double at = replayedBoundary(*replay, room, a);
+    best = at < 0.0 ? static_cast<double>(a) - 1.0 : at;
+    best_bounded = true;  // exact, not a secant's extrapolation: no far jump
+  }
   for (const auto& [key, slope] : slopes) {
     if (slope.bytes_per_sample == kNoSlope) continue;
+    if (replay != nullptr && replayedPhase(key)) continue;
     const std::int64_t value = at_a.phases.at(key);
     const auto left = static_cast<double>(room.budget_bytes - room.overhead_bytes - value);
     if (slope.bytes_per_sample <= 0.0) {

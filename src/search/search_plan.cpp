@@ -85,11 +85,15 @@ void SearchDriver::runPlan() {
                                   fit.per_sample_bytes);
       if (b >= 1.0 && b < static_cast<double>(next)) next = static_cast<std::int64_t>(b);
     }
+    // Never under min_batch (a model that cannot train on fewer samples, BatchNorm on one, raises
+    // there: test_find.py's ResNet-18 at 210 MiB stepped down to 1 with min_batch 2): min_batch
+    // itself is the last size tried.
+    if (next < options_.min_batch && x > options_.min_batch) next = options_.min_batch;
     result_.warnings.push_back("micro-batch " + std::to_string(x) +
                                " did not fit under the margin with 2 micro-batches per step; "
                                "planning on at most " +
                                std::to_string(next));
-    if (next < 1) {
+    if (next < options_.min_batch) {
       result_.plan.reset();
       result_.plan_max_micro_batch = 0;
       result_.warnings.emplace_back("no accumulation plan fits with 2 micro-batches per step");

@@ -15,8 +15,10 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "autobatch/vocabulary/search_options.h"
+#include "autobatch/vocabulary/trial.h"
 
 namespace autobatch::detail {
 
@@ -37,6 +39,8 @@ struct MeasuredFit {
   /// False for a shortened measuring trial's fit (TrialResult::shortened): it predicts and
   /// brackets like any fit, but the answer is only ever a confirmed one.
   bool confirmed = true;
+  /// TrialResult::replayed_peak: the forward and backward's peak at any batch (empty: none).
+  std::vector<PeakLine> replayed_peak;
 };
 
 /// "backward#0": the key of a phase of one micro-batch in MeasuredFit::phases.

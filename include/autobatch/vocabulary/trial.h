@@ -109,6 +109,13 @@ using autobatch::phaseKey;
 using autobatch::TrialPhase;
 }  // namespace detail
 
+/// One line of a replayed peak (TrialResult::replayed_peak): at micro-batch B the bytes held are
+/// `intercept_bytes + bytes_per_sample * B`.
+struct PeakLine {
+  double intercept_bytes = 0.0;
+  double bytes_per_sample = 0.0;
+};
+
 /// The peak of one phase of one micro-batch within a trial (the largest over its steps).
 struct PhasePeak {
   /// phaseKey() of the phase: "inputs", "forward", "loss", "backward" or "optimizer-step"; for a
@@ -196,6 +203,15 @@ struct TrialResult {
   /// samples only) and the failed trial's first step left them too; never under the CUDA caching
   /// allocator, whose reserved peak depends on the order of allocations.
   bool stands_for_full = false;
+  /// The forward and backward's peak at any micro-batch B (one micro-batch per step), as the
+  /// largest of these lines, in bytes as the phase peaks count them: a replay of this trial's
+  /// allocations at two sizes, event by event (docs/search.md, "The replayed peak"). Set by
+  /// autobatch.find's EagerProbe on a measuring trial that fit on the CPU budget allocator when
+  /// its first step (min_batch samples) and its whole step made the same allocations and
+  /// releases in the same order; empty elsewhere. Exact where every allocation's bytes are affine
+  /// in the batch; the guided strategy uses it only while every trial's measurements agree with
+  /// it.
+  std::vector<PeakLine> replayed_peak;
 };
 
 /// The units an allocator reserves memory in, as the search reads the measured peaks

@@ -7,6 +7,7 @@ the full trial's are _residue.py's.
 import torch
 
 from ._batches import leading, make_batch, mirror_removals
+from ._replay import EventLog, peak_lines
 from ._residue import StepResidue
 
 
@@ -30,9 +31,15 @@ class MeasuringTrials:
             # start its whole step from the full trial's memory, so its measurements are not the
             # full trial's (optimistic or not): the full trial runs.
             return self(size, micro_batches)
+        self.replay_logs = []
         record = self.trial(size, micro_batches, self._measure,
                             label=f"trial {self.count + 1} (measuring)")
         record["shortened"] = True
+        if record.get("outcome", "fits") == "fits" and len(self.replay_logs) == 2:
+            (first, first_size), (second, second_size, start, batch) = self.replay_logs
+            record["replayed_peak"] = peak_lines(first, first_size, second, second_size, start,
+                                                 batch, 1 << 40)
+        self.replay_logs = []
         # Only where the meter counts bytes: under the CUDA caching allocator the reserved peak
         # also depends on the order of allocations, which a shortened trial changes.
         if record.get("outcome") == "out-of-memory" and self.meter.name == "cpu-budget" and \
@@ -110,18 +117,30 @@ class MeasuringTrials:
         self._enter("inputs", size, 0, 0)
         held = make_batch(self.example, size, self.n0, self.device)
         made = self.meter.current_bytes() if residue is not None else 0
+        # Its forward and backward event by event, for the whole step's replayed peak
+        # (_replay.py): one micro-batch, on the budget allocator.
+        self.replay_logs = []
+        log = EventLog() if micro_batches == 1 and self.meter.name == "cpu-budget" else None
         for micro in range(micro_batches):
             small = leading(self.example, held, state_batch, self.n0)
-            output, loss = self.forward_loss(small, size, micro, 0)
-            self._check_step_loss(loss)
-            mirror_removals(small, held)
-            del small
-            if not self.keep_output:
-                del output
-                output = None
-            self._enter("backward", size, micro, 0)
-            (loss / micro_batches).backward()
+            if log is not None:
+                log.start()
+            try:
+                output, loss = self.forward_loss(small, size, micro, 0)
+                self._check_step_loss(loss)
+                mirror_removals(small, held)
+                del small
+                if not self.keep_output:
+                    del output
+                    output = None
+                self._enter("backward", size, micro, 0)
+                (loss / micro_batches).backward()
+            finally:
+                if log is not None:
+                    log.stop()  # also when the step fails: the recording is process-wide
             del loss, output
+        if log is not None:
+            self.replay_logs.append((log.events, state_batch))
         if residue is not None:
             residue.at_optimizer_step()
         self._optimizer_step(optimizer, size, 0)

@@ -20,6 +20,7 @@ from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
 from ._step_errors import check_gradients, check_loss, hint, text_of
 from ._measuring import MeasuringTrials
+from ._replay import EventLog
 from ._residue import StepLog, storage_bytes, storage_ptrs
 from ._batches import call_model, leading_size, make_batch  # noqa: F401 (re-exported)
 from ._state import local_tensor
@@ -292,6 +293,7 @@ class EagerProbe(MeasuringTrials):
         # What the training steps leave beyond their batch: whether a shortened trial's failure
         # stands for the full trial's (_residue.py); made anew at the first trial and the warm-up.
         self.residue = None
+        self.replay_logs = []  # a measuring trial's two logs for its replayed peak (_replay.py)
         self.largest_full_fit = 0  # the largest size a full training trial fit (measure's low + 1)
         # The example's own storages, which make_batch passes unchanged into every batch.
         self.example_ptrs = storage_ptrs(example)
@@ -419,14 +421,27 @@ class EagerProbe(MeasuringTrials):
                     made = self.meter.current_bytes()
                 if log is not None and micro == 0 and step < 2:
                     log.start()
-                output, loss = self.forward_loss(batch, size, micro, step)
-                self._check_step_loss(loss)
-                del batch
-                if not self.keep_output:  # dropped before backward, as a training_step does
-                    del output
-                    output = None
-                self._enter("backward", size, micro, step)
-                (loss / micro_batches).backward()
+                # A measuring trial's whole step, event by event (_replay.py), after its first.
+                replay = (EventLog() if state_batch > 0 and step == 0 and
+                          len(self.replay_logs) == 1 else None)
+                if replay is not None:
+                    start, batch_bytes = (self.meter.current_bytes(),
+                                          storage_bytes(batch, self.example_ptrs))
+                    replay.start()
+                try:
+                    output, loss = self.forward_loss(batch, size, micro, step)
+                    self._check_step_loss(loss)
+                    del batch
+                    if not self.keep_output:  # dropped before backward, as a training_step does
+                        del output
+                        output = None
+                    self._enter("backward", size, micro, step)
+                    (loss / micro_batches).backward()
+                finally:
+                    if replay is not None:
+                        replay.stop()
+                if replay is not None:
+                    self.replay_logs.append((replay.events, size, start, batch_bytes))
                 del loss, output  # kept: alive through backward, as `out = model(x)` keeps it
             if log is not None and step < 2:
                 log.stop()

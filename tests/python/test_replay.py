@@ -1,0 +1,190 @@
+"""The replayed peak (docs/search.md, "The replayed peak"; src/python/autobatch/_replay.py): a
+measuring trial's forward and backward, logged event by event by the budget allocator at its first
+step's size and its whole step's, give the bytes held at each event as a line in the batch; the
+largest of those lines is the forward and backward's peak at any batch, which the guided search
+takes in place of its secants. Each test names the wrong implementation it catches."""
+import random
+
+import pytest
+import torch
+
+import autobatch
+from autobatch._replay import peak_lines, upper_envelope
+from autobatch._state import ModelState
+from autobatch._trial import EagerProbe, Meter, leading_size
+
+GiB = 1 << 30
+
+
+# Catches an envelope that drops a line which is the largest somewhere in the range (the pop rule
+# turned around, equal slopes kept by the smaller intercept, a line dropped for crossing beyond the
+# range's low end when it is the largest at it): the envelope's largest line must be the largest of
+# all lines at every batch of the range.
+def test_the_envelope_is_the_largest_line_at_every_batch():
+    rng = random.Random(7)
+    for _ in range(200):
+        n = rng.randint(1, 40)
+        intercepts = [rng.uniform(-1e6, 1e6) for _ in range(n)]
+        slopes = [rng.choice([0.0, 10.0, 100.0, rng.uniform(-50.0, 500.0)]) for _ in range(n)]
+        hull = upper_envelope(intercepts, slopes, 1, 3000)
+        assert hull and len(hull) <= n
+        for x in range(1, 3001, 7):
+            want = max(a + s * x for a, s in zip(intercepts, slopes))
+            got = max(a + s * x for a, s in hull)
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-6), (x, intercepts, slopes)
+
+
+# Catches a replay made from logs of different work: another count of events, an allocation where
+# the other log releases, a release of an allocation of other bytes, a release of one made before
+# the log where the other releases its own, or two logs at one size (no slope); and one that
+# refuses two releases of equal tensors in the other order (autograd frees a node's saved tensors
+# so from run to run: a TransformerEncoderLayer's replay came and went with it).
+def test_logs_that_differ_in_anything_but_their_sizes_give_no_replay():
+    base = ([100, 200, -100, -200], [-1, -1, 0, 1])
+    assert peak_lines(base, 2, ([200, 400, -200, -400], [-1, -1, 0, 1]), 4, 0, 0, 100)
+    assert peak_lines(base, 2, ([200, 400, -200], [-1, -1, 0]), 4, 0, 0, 100) == []
+    assert peak_lines(base, 2, ([200, -400, -200, -400], [-1, -1, 0, 1]), 4, 0, 0, 100) == []
+    assert peak_lines(base, 2, ([200, 400, -400, -200], [-1, -1, 1, 0]), 4, 0, 0, 100) == []
+    assert peak_lines(base, 2, ([200, 400, -200, -400], [-1, -1, -1, 1]), 4, 0, 0, 100) == []
+    assert peak_lines(base, 2, base, 2, 0, 0, 100) == []
+    equal = ([32, 32, 100, -32, -32], [-1, -1, -1, 0, 1])
+    swapped = ([32, 32, 300, -32, -32], [-1, -1, -1, 1, 0])
+    # held after each event at B: 32, 64, 64 + 50 B, 32 + 50 B, 50 B: the largest 64 + 50 B
+    assert peak_lines(equal, 2, swapped, 6, 0, 0, 100) == [(64.0, 50.0)]
+
+
+class Block(torch.nn.Module):
+    """Self-attention and an MLP on 8 tokens, then a head: allocations of many shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(16, 64)
+        self.layer = torch.nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
+        self.head = torch.nn.Linear(64 * 8, 10)
+
+    def forward(self, x, y=None):
+        return self.head(self.layer(self.embed(x)).flatten(1))
+
+
+class Wide(torch.nn.Module):
+    """Weights far larger than a sample's activations: backward peaks at its end (every weight
+    gradient allocated) up to a few hundred samples, and on the activations above, so secants from
+    small batches read its slope low (the fair race's ViT-B/16 in miniature)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 2048)
+        self.b = torch.nn.Linear(2048, 2048)
+        self.c = torch.nn.Linear(2048, 10)
+
+    def forward(self, x, y=None):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def _example(model_class):
+    if model_class is Block:
+        return torch.randn(1, 8, 16), torch.randint(0, 10, (1,))
+    return torch.randn(1, 64), torch.randint(0, 10, (1,))
+
+
+def _loss(output, batch):
+    return torch.nn.functional.cross_entropy(output, batch[1])
+
+
+def _forward_backward_peak(record):
+    return max(p["peak_allocated_bytes"] for p in record["phase_peaks"]
+               if p["phase"] in ("forward", "loss", "backward"))
+
+
+# Catches a replay whose start leaves out the batch's own bytes (every other size off by its bytes
+# per sample times the difference), one that lines up events of different steps or of the state's
+# making, and one that reads an event's bytes as constant: a measuring trial's replay at 6 must
+# give every full trial's forward and backward peak at other sizes, to the byte.
+@pytest.mark.parametrize("model_class", [Wide, Block])
+def test_a_measuring_trials_replay_is_every_full_trials_peak(model_class):
+    torch.manual_seed(0)
+    model = model_class()
+    example = _example(model_class)
+    state = ModelState(model, example)
+    meter = Meter.cpu(8 * GiB, 0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    probe = EagerProbe(model, example, leading_size(example), torch.device("cpu"),
+                       lambda: torch.optim.AdamW(params, lr=1e-3), _loss,
+                       lambda: torch.autocast("cpu", enabled=False), meter, state, 3)
+    probe.state_batch = 2
+    meter.finish_setup(state.untracked_bytes())
+    try:
+        probe(2, 1)  # the search's first trial (min_batch, in full)
+        lines = probe.measure(6, 1)["replayed_peak"]
+        assert lines
+        for size in (3, 29, 301):
+            record = probe(size, 1)
+            want = _forward_backward_peak(record)
+            assert max(a + s * size for a, s in lines) == pytest.approx(want, abs=1.0), size
+    finally:
+        meter.remove()
+        state.restore(True)
+
+
+# Catches a search that does not take the replay (the key dropped between the probe and the
+# search, or the secants kept for forward and backward): on Wide the secants from 2 and the second
+# probe guess backward's slope low, and the replay puts the first guess on the answer: min_batch,
+# the second probe, B* in full, B* + 1 measured. The answers equal binsearch's (full trials only).
+def test_find_goes_from_the_second_probe_to_the_answer():
+    x, y = _example(Wide)
+    for limit in (130 << 20,):  # 8 s; the race has the others (docs/benchmarks.md)
+        found = {}
+        for strategy in ("guided", "binsearch"):
+            torch.manual_seed(0)
+            found[strategy] = autobatch.find(Wide(), (x, y), loss_fn=_loss, memory_limit=limit,
+                                             margin=0.0, steps_per_trial=3, min_batch=2,
+                                             strategy=strategy, progress=False)
+        best = found["binsearch"].max_micro_batch
+        trials = found["guided"].raw["trials"]
+        assert found["guided"].max_micro_batch == best, limit
+        assert [t["micro_batch_size"] for t in trials][2:] == [best, best + 1], limit
+        assert trials[1].get("replayed_peak") and not trials[2].get("shortened"), limit
+
+
+class FailsAt(torch.nn.Module):
+    """Raises in its forward at the batch sizes in `sizes`."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 32)
+        self.sizes = set()
+
+    def forward(self, x, y=None):
+        if x.shape[0] in self.sizes:
+            raise RuntimeError("a model error in forward")
+        return self.a(x)
+
+
+# Catches a recording left running by a step that failed inside it (the budget allocator's log is
+# process-wide: every allocation after it piled up in the log until the next one started): after
+# a measuring trial whose first step's or whole step's forward raised, nothing is recorded.
+@pytest.mark.parametrize("failing", [2, 6])
+def test_a_step_that_fails_inside_its_log_stops_the_recording(failing):
+    from autobatch import _core
+    torch.manual_seed(0)
+    model = FailsAt()
+    example = _example(Wide)
+    state = ModelState(model, example)
+    meter = Meter.cpu(8 * GiB, 0)
+    params = list(model.parameters())
+    probe = EagerProbe(model, example, leading_size(example), torch.device("cpu"),
+                       lambda: torch.optim.AdamW(params, lr=1e-3), _loss,
+                       lambda: torch.autocast("cpu", enabled=False), meter, state, 3)
+    probe.state_batch = 2
+    meter.finish_setup(state.untracked_bytes())
+    try:
+        probe(2, 1)
+        model.sizes = {failing}
+        with pytest.raises(Exception, match="a model error in forward"):
+            probe.measure(6, 1)
+        kept = torch.ones(4096)  # 16 KiB through the budget allocator, after the trial
+        assert _core.stop_allocation_log_events() == ([], [])
+        del kept
+    finally:
+        meter.remove()
+        state.restore(True)
