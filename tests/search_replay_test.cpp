@@ -54,7 +54,7 @@ SearchOptions guided() {
 
 // A probe that shortens the measuring trials, marks their failures as standing (as find's probe
 // does one above the largest full fit on the race's models), and reports `lines` on their fits.
-Probe replayingProbe(PhasedModel& m, std::vector<PeakLine> lines) {
+Probe replayingProbe(PhasedModel& m, const std::vector<PeakLine>& lines) {
   return [&m, lines](const TrialRequest& request) {
     TrialResult r = m.run(request);
     if (!request.measure) return r;
