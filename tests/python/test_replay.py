@@ -91,6 +91,20 @@ def _loss(output, batch):
     return torch.nn.functional.cross_entropy(output, batch[1])
 
 
+def _probe(model, example):
+    """An EagerProbe of 3 steps a trial (AdamW) on the CPU budget allocator, as find() sets it up
+    with min_batch 2: (probe, meter, state); the caller removes the meter and restores."""
+    state = ModelState(model, example)
+    meter = Meter.cpu(8 * GiB, 0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    probe = EagerProbe(model, example, leading_size(example), torch.device("cpu"),
+                       lambda: torch.optim.AdamW(params, lr=1e-3), _loss,
+                       lambda: torch.autocast("cpu", enabled=False), meter, state, 3)
+    probe.state_batch = 2
+    meter.finish_setup(state.untracked_bytes())
+    return probe, meter, state
+
+
 def _forward_backward_peak(record):
     return max(p["peak_allocated_bytes"] for p in record["phase_peaks"]
                if p["phase"] in ("forward", "loss", "backward"))
@@ -103,16 +117,7 @@ def _forward_backward_peak(record):
 @pytest.mark.parametrize("model_class", [Wide, Block])
 def test_a_measuring_trials_replay_is_every_full_trials_peak(model_class):
     torch.manual_seed(0)
-    model = model_class()
-    example = _example(model_class)
-    state = ModelState(model, example)
-    meter = Meter.cpu(8 * GiB, 0)
-    params = [p for p in model.parameters() if p.requires_grad]
-    probe = EagerProbe(model, example, leading_size(example), torch.device("cpu"),
-                       lambda: torch.optim.AdamW(params, lr=1e-3), _loss,
-                       lambda: torch.autocast("cpu", enabled=False), meter, state, 3)
-    probe.state_batch = 2
-    meter.finish_setup(state.untracked_bytes())
+    probe, meter, state = _probe(model_class(), _example(model_class))
     try:
         probe(2, 1)  # the search's first trial (min_batch, in full)
         lines = probe.measure(6, 1)["replayed_peak"]
@@ -168,15 +173,7 @@ def test_a_step_that_fails_inside_its_log_stops_the_recording(failing):
     from autobatch import _core
     torch.manual_seed(0)
     model = FailsAt()
-    example = _example(Wide)
-    state = ModelState(model, example)
-    meter = Meter.cpu(8 * GiB, 0)
-    params = list(model.parameters())
-    probe = EagerProbe(model, example, leading_size(example), torch.device("cpu"),
-                       lambda: torch.optim.AdamW(params, lr=1e-3), _loss,
-                       lambda: torch.autocast("cpu", enabled=False), meter, state, 3)
-    probe.state_batch = 2
-    meter.finish_setup(state.untracked_bytes())
+    probe, meter, state = _probe(model, _example(Wide))
     try:
         probe(2, 1)
         model.sizes = {failing}

@@ -4,11 +4,13 @@ samples of the size's batch makes the optimizer's state, then one whole step run
 EagerProbe (_trial.py) takes these methods; the residues that say whether its failure stands for
 the full trial's are _residue.py's.
 """
+import contextlib
+
 import torch
 
 from ._batches import leading, make_batch, mirror_removals
 from ._replay import EventLog, peak_lines
-from ._residue import StepResidue
+from ._residue import StepResidue, storage_bytes
 
 
 class MeasuringTrials:
@@ -120,12 +122,10 @@ class MeasuringTrials:
         # Its forward and backward event by event, for the whole step's replayed peak
         # (_replay.py): one micro-batch, on the budget allocator.
         self.replay_logs = []
-        log = EventLog() if micro_batches == 1 and self.meter.name == "cpu-budget" else None
+        replay = micro_batches == 1 and self.meter.name == "cpu-budget"
         for micro in range(micro_batches):
             small = leading(self.example, held, state_batch, self.n0)
-            if log is not None:
-                log.start()
-            try:
+            with (EventLog(self.replay_logs, state_batch) if replay else contextlib.nullcontext()):
                 output, loss = self.forward_loss(small, size, micro, 0)
                 self._check_step_loss(loss)
                 mirror_removals(small, held)
@@ -135,12 +135,7 @@ class MeasuringTrials:
                     output = None
                 self._enter("backward", size, micro, 0)
                 (loss / micro_batches).backward()
-            finally:
-                if log is not None:
-                    log.stop()  # also when the step fails: the recording is process-wide
             del loss, output
-        if log is not None:
-            self.replay_logs.append((log.events, state_batch))
         if residue is not None:
             residue.at_optimizer_step()
         self._optimizer_step(optimizer, size, 0)
@@ -148,6 +143,16 @@ class MeasuringTrials:
         if residue is not None:
             residue.first(state_batch, made, self.meter.current_bytes())
         return held
+
+
+    def _whole_step_log(self, batch, size, state_batch, step):
+        """A `with` block around a measuring trial's whole step that logs it event by event, after
+        its first step's log (_make_state), with the bytes held at its start and its batch's own
+        (_replay.peak_lines); one that does nothing elsewhere."""
+        if not (state_batch > 0 and step == 0 and len(self.replay_logs) == 1):
+            return contextlib.nullcontext()
+        return EventLog(self.replay_logs, size, self.meter.current_bytes(),
+                        storage_bytes(batch, self.example_ptrs))
 
 
 def backward_hooks_of(model):

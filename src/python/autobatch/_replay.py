@@ -20,19 +20,21 @@ from . import _core
 
 
 class EventLog:
-    """One step's forward and backward, event by event; `events` is None until stopped."""
+    """One step's forward and backward, event by event, as a `with` block: on leaving it (also by
+    an error: the recording is process-wide) appends `(events, *about)` to `into`."""
 
-    def __init__(self):
-        self.events, self.running = None, False
+    def __init__(self, into, *about):
+        self.into, self.about = into, about
 
-    def start(self):
+    def __enter__(self):
         _core.start_allocation_log()
-        self.running = True
+        return self
 
-    def stop(self):
-        if self.running:
-            self.events = _core.stop_allocation_log_events()
-            self.running = False
+    def __exit__(self, *exc):
+        events = _core.stop_allocation_log_events()
+        if exc[0] is None:
+            self.into.append((events, *self.about))
+        return False
 
 
 def peak_lines(first, first_size, second, second_size, start_bytes, batch_bytes, cap):

@@ -20,7 +20,6 @@ from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
 from ._step_errors import check_gradients, check_loss, hint, text_of
 from ._measuring import MeasuringTrials
-from ._replay import EventLog
 from ._residue import StepLog, storage_bytes, storage_ptrs
 from ._batches import call_model, leading_size, make_batch  # noqa: F401 (re-exported)
 from ._state import local_tensor
@@ -421,14 +420,7 @@ class EagerProbe(MeasuringTrials):
                     made = self.meter.current_bytes()
                 if log is not None and micro == 0 and step < 2:
                     log.start()
-                # A measuring trial's whole step, event by event (_replay.py), after its first.
-                replay = (EventLog() if state_batch > 0 and step == 0 and
-                          len(self.replay_logs) == 1 else None)
-                if replay is not None:
-                    start, batch_bytes = (self.meter.current_bytes(),
-                                          storage_bytes(batch, self.example_ptrs))
-                    replay.start()
-                try:
+                with self._whole_step_log(batch, size, state_batch, step):
                     output, loss = self.forward_loss(batch, size, micro, step)
                     self._check_step_loss(loss)
                     del batch
@@ -437,11 +429,6 @@ class EagerProbe(MeasuringTrials):
                         output = None
                     self._enter("backward", size, micro, step)
                     (loss / micro_batches).backward()
-                finally:
-                    if replay is not None:
-                        replay.stop()
-                if replay is not None:
-                    self.replay_logs.append((replay.events, size, start, batch_bytes))
                 del loss, output  # kept: alive through backward, as `out = model(x)` keeps it
             if log is not None and step < 2:
                 log.stop()
