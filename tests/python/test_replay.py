@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import autobatch
-from autobatch._replay import peak_lines, upper_envelope
+from autobatch._replay import aligned_logs, peak_lines, upper_envelope
 from autobatch._state import ModelState
 from autobatch._trial import EagerProbe, Meter, leading_size
 
@@ -35,22 +35,53 @@ def test_the_envelope_is_the_largest_line_at_every_batch():
 
 
 # Catches a replay made from logs of different work: another count of events, an allocation where
-# the other log releases, a release of an allocation of other bytes, a release of one made before
-# the log where the other releases its own, or two logs at one size (no slope); and one that
-# refuses two releases of equal tensors in the other order (autograd frees a node's saved tensors
-# so from run to run: a TransformerEncoderLayer's replay came and went with it).
+# the other log releases (and never one that balances it), a release of one made before the log
+# where the other releases its own, or two logs at one size (no slope); and one that refuses two
+# releases of equal tensors in the other order (autograd frees a node's saved tensors so from run
+# to run: a TransformerEncoderLayer's replay came and went with it). Two releases in the other
+# order, of tensors of other bytes, are one stretch (aligned_logs): the held bytes between them
+# depend on the order, the peak before them does not.
 def test_logs_that_differ_in_anything_but_their_sizes_give_no_replay():
     base = ([100, 200, -100, -200], [-1, -1, 0, 1])
     assert peak_lines(base, 2, ([200, 400, -200, -400], [-1, -1, 0, 1]), 4, 0, 0, 100)
     assert peak_lines(base, 2, ([200, 400, -200], [-1, -1, 0]), 4, 0, 0, 100) == []
     assert peak_lines(base, 2, ([200, -400, -200, -400], [-1, -1, 0, 1]), 4, 0, 0, 100) == []
-    assert peak_lines(base, 2, ([200, 400, -400, -200], [-1, -1, 1, 0]), 4, 0, 0, 100) == []
     assert peak_lines(base, 2, ([200, 400, -200, -400], [-1, -1, -1, 1]), 4, 0, 0, 100) == []
     assert peak_lines(base, 2, base, 2, 0, 0, 100) == []
+    # held at B: 50 B, 150 B, then 100 B or 50 B by the order, then 0: the largest 150 B
+    assert peak_lines(base, 2, ([200, 400, -400, -200], [-1, -1, 1, 0]), 4, 0, 0, 100) == [
+        (0.0, 150.0)]
     equal = ([32, 32, 100, -32, -32], [-1, -1, -1, 0, 1])
     swapped = ([32, 32, 300, -32, -32], [-1, -1, -1, 1, 0])
     # held after each event at B: 32, 64, 64 + 50 B, 32 + 50 B, 50 B: the largest 64 + 50 B
     assert peak_lines(equal, 2, swapped, 6, 0, 0, 100) == [(64.0, 50.0)]
+
+
+# Catches a replay lost to the order of intra-op worker threads' allocations (ViT-B/16's layer
+# norm backward on 2 threads allocates 20 bytes on each; logged in the race, where 12 of 12
+# measuring trials at 4 on a loaded machine read them in the other order than at 2, and the
+# search went without the replay), and one that reads such a stretch in either log's order
+# rather than at its worst: 15360 B + 400 + 20 + 20, where the first log alone reads 15360 B + 420.
+# Also one that merges a stretch longer than its window.
+def test_worker_threads_allocations_in_another_order_are_read_at_their_worst():
+    first = ([30720, 400, 20, -20, 20, -20, -400, -30720], [-1, -1, -1, 2, -1, 4, 1, 0])
+    second = ([61440, 400, 20, 20, -20, -20, -400, -61440], [-1, -1, -1, -1, 3, 2, 1, 0])
+    assert peak_lines(first, 2, second, 4, 0, 0, 1000) == [(440.0, 15360.0)]
+    assert peak_lines(second, 4, first, 2, 0, 0, 1000) == [(440.0, 15360.0)]
+    # The stretch starts at the first event that differs (the second 20 bytes' release where the
+    # other log allocates) and ends where both have made and freed the same: 3 events.
+    assert aligned_logs(first, second) == (
+        ([30720, 400, 20, 20, -40, -400, -30720], [-1, -1, -1, -1, -1, 1, 0]),
+        ([61440, 400, 20, 20, -40, -400, -61440], [-1, -1, -1, -1, -1, 1, 0]))
+    assert aligned_logs(first, second, window=2) is None
+    # Three stretches in one log, one of them at the log's end.
+    threads = ([8, -8, 8, -8], [-1, 0, -1, 2])
+    other = ([8, 8, -8, -8], [-1, -1, 1, 0])
+    a = (threads[0] + [100] + threads[0], threads[1] + [-1] + [f + 5 if f >= 0 else -1
+                                                                for f in threads[1]])
+    b = (other[0] + [300] + other[0], other[1] + [-1] + [f + 5 if f >= 0 else -1
+                                                          for f in other[1]])
+    assert peak_lines(a, 2, b, 6, 0, 0, 1000) == [(16.0, 50.0)]
 
 
 class Block(torch.nn.Module):
