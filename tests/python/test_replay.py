@@ -73,7 +73,22 @@ def test_worker_threads_allocations_in_another_order_are_read_at_their_worst():
     assert aligned_logs(first, second) == (
         ([30720, 400, 20, 20, -40, -400, -30720], [-1, -1, -1, -1, -1, 1, 0]),
         ([61440, 400, 20, 20, -40, -400, -61440], [-1, -1, -1, -1, -1, 1, 0]))
-    assert aligned_logs(first, second, window=2) is None
+    # Where no stretch closes within the window, the two 20-byte transients are read as one in
+    # each log only (aligned_logs' second kind): each lined up with 0 bytes in the other.
+    assert aligned_logs(first, second, window=2) == (
+        ([30720, 400, 20, 0, 0, -20, 20, -20, -400, -30720], [-1, -1, -1, -1, 3, 2, -1, 6, 1, 0]),
+        ([61440, 400, 20, 20, -20, -20, 0, 0, -400, -61440], [-1, -1, -1, -1, 3, 2, -1, 6, 1, 0]))
+    # A transient in one log at its end, and one in the shorter log; an allocation in one log
+    # only that the next event does not free is no transient: no line-up.
+    # A transient's bytes read as scaling from 0 at the size that lacks it: 64 bytes at 4 over
+    # 50 B held is the line through (2, 100) and (4, 264); 8 bytes at 2 the line through
+    # (2, 108) and (4, 200).
+    short = ([100, -100], [-1, 0])
+    assert peak_lines(short, 2, ([200, 64, -64, -200, 8, -8], [-1, -1, 1, 0, -1, 4]), 4, 0, 0,
+                      100) == [(0.0, 50.0), (-64.0, 82.0)]
+    assert peak_lines(([100, 8, -8, -100], [-1, -1, 1, 0]), 2, ([200, -200], [-1, 0]), 4, 0, 0,
+                      100) == [(16.0, 46.0), (0.0, 50.0)]
+    assert aligned_logs(short, ([200, 64, -200, -64], [-1, -1, 0, 1])) is None
     # Three stretches in one log, one of them at the log's end.
     threads = ([8, -8, 8, -8], [-1, 0, -1, 2])
     other = ([8, 8, -8, -8], [-1, -1, 1, 0])
@@ -112,7 +127,26 @@ class Wide(torch.nn.Module):
         return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
 
 
+def resnet18():
+    """torchvision's ResNet-18 on 16x16 images: its convolutions and batch norms on the CPU make
+    10 scratch allocations at 6 samples that they do not at 2, each freed by the next event
+    (ResNet-50 in the race: 9 between 2 and 4, 13 between 4 and 293, none at its peak)."""
+    torchvision = pytest.importorskip("torchvision")  # not in the newest-torch environment
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torchvision.models.resnet18(num_classes=10)
+
+        def forward(self, x, y=None):
+            return self.net(x)
+
+    return Net()
+
+
 def _example(model_class):
+    if model_class is resnet18:
+        return torch.randn(1, 3, 16, 16), torch.randint(0, 10, (1,))
     if model_class is Block:
         return torch.randn(1, 8, 16), torch.randint(0, 10, (1,))
     return torch.randn(1, 64), torch.randint(0, 10, (1,))
@@ -144,16 +178,20 @@ def _forward_backward_peak(record):
 # Catches a replay whose start leaves out the batch's own bytes (every other size off by its bytes
 # per sample times the difference), one that lines up events of different steps or of the state's
 # making, and one that reads an event's bytes as constant: a measuring trial's replay at 6 must
-# give every full trial's forward and backward peak at other sizes, to the byte.
-@pytest.mark.parametrize("model_class", [Wide, Block])
-def test_a_measuring_trials_replay_is_every_full_trials_peak(model_class):
+# give every full trial's forward and backward peak at other sizes, to the byte. On ResNet-18 the
+# measuring trial's whole step logs transients its first step (2 samples) does not make: catches
+# a line-up that gives up on logs of other lengths (no replay), or pairs the events after a
+# transient one off (another peak).
+@pytest.mark.parametrize("model_class,sizes", [
+    (Wide, (3, 29, 301)), (Block, (3, 29, 301)), (resnet18, (3, 64, 100))])
+def test_a_measuring_trials_replay_is_every_full_trials_peak(model_class, sizes):
     torch.manual_seed(0)
     probe, meter, state = _probe(model_class(), _example(model_class))
     try:
         probe(2, 1)  # the search's first trial (min_batch, in full)
         lines = probe.measure(6, 1)["replayed_peak"]
         assert lines
-        for size in (3, 29, 301):
+        for size in sizes:
             record = probe(size, 1)
             want = _forward_backward_peak(record)
             assert max(a + s * size for a, s in lines) == pytest.approx(want, abs=1.0), size
