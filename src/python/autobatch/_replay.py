@@ -1,11 +1,12 @@
 """The replayed peak of a measuring trial (docs/search.md, "The replayed peak"): its first step's
 forward and backward on `state_batch` samples and its whole step's on the size's batch, logged by
 the budget allocator event by event (_core.stop_allocation_log_events). Where both ran the same
-allocations and releases in the same order, each allocation's bytes is read as affine in the
-micro-batch (the two sizes give its bytes per sample), and the bytes held at each event, above
-the whole step's start, are a line in the micro-batch; the whole step's start holds the batch
-(its bytes per sample) and what does not scale with it. The forward and backward's peak at any
-micro-batch is then the largest of those lines: the upper envelope this module returns, as
+allocations and releases in the same order (up to what aligned_logs lines up: a stretch in
+another order, a transient one log makes and the other not), each allocation's bytes is read as
+affine in the micro-batch (the two sizes give its bytes per sample), and the bytes held at each
+event, above the whole step's start, are a line in the micro-batch; the whole step's start holds
+the batch (its bytes per sample) and what does not scale with it. The forward and backward's peak
+at any micro-batch is then the largest of those lines: the upper envelope this module returns, as
 (intercept bytes, bytes per sample) pairs, for the search's guided strategy
 (TrialResult::replayed_peak), which checks it against every full trial it measures.
 
@@ -49,11 +50,9 @@ def peak_lines(first, first_size, second, second_size, start_bytes, batch_bytes,
     aligned = aligned_logs(first, second)
     if aligned is None:
         return []
-    (bytes_1, freed_1), (bytes_2, freed_2) = aligned
+    (bytes_1, _), (bytes_2, _) = aligned
     b1 = torch.tensor(bytes_1, dtype=torch.float64)
     b2 = torch.tensor(bytes_2, dtype=torch.float64)
-    if not _same_releases(b1, b2, freed_1, freed_2):
-        return []
     per_sample = (b2 - b1) / float(second_size - first_size)
     intercepts = torch.cumsum(b2 - per_sample * second_size, 0)
     slopes = torch.cumsum(per_sample, 0)
@@ -67,31 +66,38 @@ def peak_lines(first, first_size, second, second_size, start_bytes, batch_bytes,
 
 
 def aligned_logs(first, second, window=512):
-    """The two logs lined up event by event: ((bytes, freed), (bytes, freed)) of equal lengths, in
-    which each event is the same allocation or release in both (a release freeing the same
-    allocation, or one of the same bytes at both sizes), or None where they cannot be. The logs
-    as they are when they already are; otherwise two kinds of difference are lined up, the only
-    ones seen in the race's models (docs/search.md, "The replayed peak"):
+    """The two logs lined up event by event: ((bytes, freed), (bytes, freed)) of equal lengths, or
+    None where they cannot be. Lined up as the same event: two allocations at the same place
+    (their bytes are what the replay reads as affine in the batch, so nothing checks them), two
+    releases freeing the same allocation, or allocations of the same bytes at both sizes, or
+    both freeing one made before the log. The logs as they are when they already line up so;
+    otherwise two kinds of difference are lined up, the only ones seen in the race's models
+    (docs/search.md, "The replayed peak"):
 
     - **A stretch in another order**: intra-op worker threads allocate too (ViT-B/16's layer norm
       backward on 2 threads, 20 bytes on each), and from run to run one log reads
       +20 -20 +20 -20 where the other reads +20 +20 -20 -20. The stretch, from the first event
       that differs to the least end (at most `window` events) where both logs have made as many
-      allocations and freed the same ones (made before it, inside it, or before the log), is
-      merged in both into one allocation (its allocations' bytes summed) and one release: the
-      bytes held there are its worst order, a few bytes above what a run held.
+      allocations, freed as many of them, and freed the same allocations made before the
+      stretch (by count where made before the log), is merged in both into one allocation (its
+      allocations' bytes summed) and one release: the bytes held there are at or above what any
+      order of the stretch holds (all its allocations before its releases): for per-thread
+      scratch a few bytes more than a run held.
     - **A transient in one log only**: an allocation freed by the next event (a kernel's
       scratch), which a kernel makes at one size and not at the other (ResNet-50's convolutions
       and batch norms on the CPU: 9 more at batch 4 than at 2, none of them at the peak). It is
       lined up with an allocation and a release of 0 bytes in the other log: its bytes read as
-      scaling from 0, an overestimate where it sets the peak, which the search's check against
-      its trials drops.
+      scaling from 0 at the size without it, which reads it low at batches below the size with
+      it, and wherever the kernel makes it at the other size too.
 
     Logs of one length are lined up with stretches first (a transient only where no stretch
     closes), logs of other lengths with transients first (where the log goes on as the other
-    after it); then the other way round if that finds no line-up. Each way is a heuristic: a
-    wrong line-up makes a wrong replay, which the search's check against its trials drops
-    (SearchReplayTest.AReplayTheTrialsContradictIsDropped); exactness never rests on it."""
+    after it); then the other way round if that finds no line-up. Each is a heuristic that can
+    line up other work (two transients of other bytes that trade places read as two that grow
+    or shrink with the batch; a stretch whose allocations are other tensors in each log): a
+    wrong line-up makes a wrong replay, too high or too low, which the search's check against
+    its trials drops (SearchReplayTest.AReplayTheTrialsContradictIsDropped) at the cost of a
+    trial or two; exactness never rests on it."""
     bytes_1, freed_1 = first
     bytes_2, freed_2 = second
     if len(bytes_1) == len(bytes_2) and freed_1 == freed_2 and all(
@@ -209,21 +215,6 @@ def _stretch(bytes_1, freed_1, i, bytes_2, freed_2, j, at_1, at_2, window):
         if made == 0 and not balance:
             return length
     return 0
-
-
-def _same_releases(b1, b2, freed_1, freed_2):
-    """Whether each release frees, in both logs, an allocation of the same bytes at both sizes
-    (the same line): two tensors of one size freed in the other order (seen in autograd's
-    releases, from run to run) release the same bytes either way."""
-    f1 = torch.tensor(freed_1, dtype=torch.int64)
-    f2 = torch.tensor(freed_2, dtype=torch.int64)
-    other = f1 != f2
-    if not bool(other.any()):
-        return True
-    i, j = f1[other], f2[other]
-    if bool((i < 0).any()) or bool((j < 0).any()):
-        return False  # one log releases what it made, the other something made before it
-    return torch.equal(b1[i], b1[j]) and torch.equal(b2[i], b2[j])
 
 
 def upper_envelope(intercepts, slopes, low, high):
