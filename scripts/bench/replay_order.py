@@ -42,6 +42,7 @@ def main() -> int:
     from autobatch._replay import aligned_logs, peak_lines
     from autobatch._state import ModelState
     from autobatch._trial import EagerProbe, Meter, leading_size
+    import peers
     import race
 
     seen = []
@@ -52,21 +53,16 @@ def main() -> int:
         aligned = None if same else aligned_logs(first, second)
         lines = peak_lines(first, first_size, second, second_size, *rest)
         seen.append((len(first[0]), len(second[0]), same,
-                     None if aligned is None else len(aligned[0][0]), lines))
+                     None if aligned is None else len(aligned[0]), lines))
         return lines
 
     measuring.peak_lines = spy
-    _, shape, int_range, _ = race.RACE_MODELS[args.model]
-    model = race.make(race.RACE_MODELS[args.model][0])
-    dims = [int(d) for d in shape.split("x")]
-    x = (torch.randint(0, int_range, [1] + dims) if int_range else torch.randn([1] + dims))
-    y = torch.randint(0, int_range or 1000, [1] + (dims if int_range else []))
+    ctor, shape, int_high, _ = race.RACE_MODELS[args.model]
+    model = race.make(ctor, int(shape.split("x")[-1]))  # as race.py's child builds it
+    x, y = peers.make_batch(argparse.Namespace(shape=shape, int_high=int_high), 1, "cpu")
 
-    def step(m, batch):
-        out = m(batch[0])
-        out = getattr(out, "logits", out)
-        return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
-                                                 batch[1].reshape(-1))
+    def step(m, batch):  # race.py's autobatch row's
+        return peers.loss_of(m(batch[0]), batch[1])
 
     state = ModelState(model, (x, y))
     meter = Meter.cpu(64 << 30, 0)

@@ -50,7 +50,7 @@ def peak_lines(first, first_size, second, second_size, start_bytes, batch_bytes,
     aligned = aligned_logs(first, second)
     if aligned is None:
         return []
-    (bytes_1, _), (bytes_2, _) = aligned
+    bytes_1, bytes_2 = aligned
     b1 = torch.tensor(bytes_1, dtype=torch.float64)
     b2 = torch.tensor(bytes_2, dtype=torch.float64)
     per_sample = (b2 - b1) / float(second_size - first_size)
@@ -66,8 +66,8 @@ def peak_lines(first, first_size, second, second_size, start_bytes, batch_bytes,
 
 
 def aligned_logs(first, second, window=512):
-    """The two logs lined up event by event: ((bytes, freed), (bytes, freed)) of equal lengths, or
-    None where they cannot be. Lined up as the same event: two allocations at the same place
+    """The two logs' bytes lined up event by event: two lists of equal lengths, or None where they
+    cannot be. Lined up as the same event: two allocations at the same place
     (their bytes are what the replay reads as affine in the batch, so nothing checks them), two
     releases freeing the same allocation, or allocations of the same bytes at both sizes, or
     both freeing one made before the log. The logs as they are when they already line up so;
@@ -102,7 +102,7 @@ def aligned_logs(first, second, window=512):
     bytes_2, freed_2 = second
     if len(bytes_1) == len(bytes_2) and freed_1 == freed_2 and all(
             (x > 0) == (y > 0) for x, y in zip(bytes_1, bytes_2)):
-        return first, second
+        return bytes_1, bytes_2
     # Logs of one length are most likely the same events in another order: stretches first.
     # Of other lengths, a transient that one log makes and the other not.
     transients_first = len(bytes_1) != len(bytes_2)
@@ -117,7 +117,7 @@ def _line_up(first, second, window, transients_first):
     bytes_1, freed_1 = first
     bytes_2, freed_2 = second
     n_1, n_2 = len(bytes_1), len(bytes_2)
-    out_1, out_2 = ([], []), ([], [])
+    out_1, out_2 = [], []  # the lined-up bytes
     at_1, at_2 = [-1] * n_1, [-1] * n_2  # an event's index in the lined-up logs
 
     def target(freed, at, k):
@@ -130,30 +130,26 @@ def _line_up(first, second, window, transients_first):
         if x > 0:
             return True
         t_1, t_2 = target(freed_1, at_1, i), target(freed_2, at_2, j)
-        return t_1 == t_2 or (t_1 >= 0 and t_2 >= 0 and out_1[0][t_1] == out_1[0][t_2]
-                              and out_2[0][t_1] == out_2[0][t_2])
+        return t_1 == t_2 or (t_1 >= 0 and t_2 >= 0 and out_1[t_1] == out_1[t_2]
+                              and out_2[t_1] == out_2[t_2])
 
-    def put(out, at, k, b, freed):
-        at[k] = len(out[0])
-        out[0].append(b[k])
-        out[1].append(target(freed, at, k))
+    def put(out, at, k, b):
+        at[k] = len(out)
+        out.append(b[k])
 
     def transient(b, freed, k):
         return k + 1 < len(b) and b[k] > 0 and b[k + 1] < 0 and freed[k + 1] == k
 
     def alone(out, at, k, b, other):  # a transient in one log; 0 bytes in the other
-        made = len(out[0])
-        at[k], at[k + 1] = made, made + 1
-        out[0].extend([b[k], b[k + 1]])
-        out[1].extend([-1, made])
-        other[0].extend([0, 0])
-        other[1].extend([-1, made])
+        at[k], at[k + 1] = len(out), len(out) + 1
+        out.extend([b[k], b[k + 1]])
+        other.extend([0, 0])
 
     i = j = 0
     while i < n_1 and j < n_2:
         if same(i, j):
-            put(out_1, at_1, i, bytes_1, freed_1)
-            put(out_2, at_2, j, bytes_2, freed_2)
+            put(out_1, at_1, i, bytes_1)
+            put(out_2, at_2, j, bytes_2)
             i, j = i + 1, j + 1
             continue
         one = transient(bytes_1, freed_1, i) and not transient(bytes_2, freed_2, j)
@@ -169,10 +165,9 @@ def _line_up(first, second, window, transients_first):
         length = _stretch(bytes_1, freed_1, i, bytes_2, freed_2, j, at_1, at_2, window)
         if length:
             for out, at, b, k in ((out_1, at_1, bytes_1, i), (out_2, at_2, bytes_2, j)):
-                made = len(out[0])
-                out[0].extend([sum(v for v in b[k:k + length] if v > 0),
-                               sum(v for v in b[k:k + length] if v < 0)])
-                out[1].extend([-1, -1])
+                made = len(out)
+                out.extend([sum(v for v in b[k:k + length] if v > 0),
+                            sum(v for v in b[k:k + length] if v < 0)])
                 for e in range(k, k + length):
                     at[e] = made  # later releases of its allocations free the merged one
             i, j = i + length, j + length
