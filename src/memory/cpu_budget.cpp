@@ -3,8 +3,10 @@
 #include <ATen/Parallel.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
 #include <sys/resource.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -92,6 +94,7 @@ class BudgetAllocator final : public c10::Allocator {
     bool apart = false;  // another thread's, or inside a collective's call
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      pollWatchedLocked();
       if (error_) {
         const std::string message = error_(point_, bytes);
         TORCH_CHECK(message.empty(), message);
@@ -192,6 +195,17 @@ class BudgetAllocator final : public c10::Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     current_ -= external_;
     external_ = 0;
+    for (const Watched& w : watched_) c10::raw::weak_intrusive_ptr::decref(w.storage);
+    watched_.clear();
+  }
+  // A storage counted in the external bytes (made before the allocator was installed: the
+  // baseline's memory outside the model), watched through one weak reference that this
+  // allocator now owns: when the storage is freed, its bytes leave the count at the next
+  // allocation or read, as the caching allocator's count drops when such a tensor dies on CUDA
+  // (a plan buffer a step replaces, a cache the user clears).
+  void watchExternal(c10::intrusive_ptr_target* storage, std::int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    watched_.push_back({storage, bytes});
   }
   // A new phase: the one ending keeps its peak (by phase and micro-batch), the new one starts
   // from the bytes held now.
@@ -247,6 +261,7 @@ class BudgetAllocator final : public c10::Allocator {
   }
   std::int64_t current() {
     std::lock_guard<std::mutex> lock(mutex_);
+    pollWatchedLocked();
     return current_;
   }
   std::int64_t peak() {
@@ -289,6 +304,19 @@ class BudgetAllocator final : public c10::Allocator {
  private:
   BudgetAllocator() = default;
 
+  // Called with mutex_ held: the watched external storages freed since the last poll leave the
+  // count (a weak reference's use count is 0 once the storage's last owner let it go).
+  void pollWatchedLocked() {
+    if (watched_.empty()) return;
+    std::erase_if(watched_, [this](const Watched& w) {
+      if (c10::raw::weak_intrusive_ptr::use_count(w.storage) > 0) return false;
+      external_ -= w.bytes;
+      current_ -= w.bytes;
+      c10::raw::weak_intrusive_ptr::decref(w.storage);
+      return true;
+    });
+  }
+
   // Called with mutex_ held.
   [[noreturn]] void refuse(const std::string& message) {
     ++refusals_;
@@ -308,6 +336,11 @@ class BudgetAllocator final : public c10::Allocator {
   bool logging_ = false;                     // startLog() .. stopLog()
   std::vector<AllocationEvent> log_;
   std::int64_t external_ = 0;
+  struct Watched {
+    c10::intrusive_ptr_target* storage;  // a StorageImpl: one weak reference, owned
+    std::int64_t bytes;
+  };
+  std::vector<Watched> watched_;  // watchExternal
   std::int64_t limit_ = 0;  // 0: no limit (not installed)
   std::string source_;
   TrialPoint point_;
@@ -602,6 +635,13 @@ bool interruptRequested() { return t_interrupt != nullptr && (*t_interrupt)(); }
 bool interruptFired() { return t_interrupt_fired; }
 
 bool isBudgetTracked(const void* data) { return BudgetAllocator::instance().tracked(data); }
+
+void watchBudgetExternal(std::uintptr_t weak_storage, std::int64_t bytes) {
+  // torch.UntypedStorage._weak_ref() returns the StorageImpl* (make_weak<StorageImpl>).
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): a pointer Python handed over as an int
+  c10::intrusive_ptr_target* storage = reinterpret_cast<c10::StorageImpl*>(weak_storage);
+  BudgetAllocator::instance().watchExternal(storage, bytes);
+}
 
 std::pair<std::uint64_t, std::string> budgetRefusals() {
   return BudgetAllocator::instance().refusals();

@@ -185,6 +185,14 @@ bool interruptFired();
 /// True when `data` was allocated (and is counted) by the budget allocator.
 bool isBudgetTracked(const void* data);
 
+/// Watches a storage whose `bytes` the budget backend's finishSetup() counted as external (made
+/// before the allocator was installed): when it is freed, its bytes leave the count at the next
+/// allocation or read of the count. `weak_storage`: a `c10::StorageImpl*` holding one weak
+/// reference (torch.UntypedStorage._weak_ref()), which the allocator owns from now on and
+/// releases when the storage dies or the backend is removed. Unchecked: a wrong handle is
+/// undefined behaviour.
+void watchBudgetExternal(std::uintptr_t weak_storage, std::int64_t bytes);
+
 /// How many allocations the budget allocator has refused in this process (limit, process guard
 /// or injected fault) and the last refusal's message (the c10::OutOfMemoryError's text). Code that
 /// turns the OutOfMemoryError into a plain error (an AOTInductor package's call) is out of memory

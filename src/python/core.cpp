@@ -631,6 +631,11 @@ void defineBudgetQueries(py::module_& m) {
     // NOLINTNEXTLINE(performance-no-int-to-ptr): the address is only compared, never read
     return autobatch::detail::isBudgetTracked(reinterpret_cast<const void*>(data));
   });
+  m.def("watch_external", &autobatch::detail::watchBudgetExternal, py::arg("weak_storage"),
+        py::arg("bytes"),
+        "Watches a storage counted in the CPU budget's baseline (finish_setup): its bytes leave "
+        "the count once it is freed. weak_storage: torch.UntypedStorage._weak_ref(), owned by "
+        "the allocator from then on (released when the storage dies or the backend is removed).");
   m.def("refusals", [] { return autobatch::detail::budgetRefusals().first; });
   m.def(
       "foreign_allocations", [] { return autobatch::detail::budgetForeignAllocations(); },

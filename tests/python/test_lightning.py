@@ -45,13 +45,16 @@ def test_trial_is_the_modules_training_step():
     # target the size is the safe micro-batch itself and the accumulation stays as the script set.
     # 12 MiB: the second pass's input copy (x.flip(0), saved for backward) makes backward the
     # peak; under LIMIT the optimizer step, with the batch alive through it, binds both nets.
+    # The forward's answer first, with nothing of a fit alive (Lightning keeps the module, and so
+    # the trainer and its optimizer, alive through every callback: callback.log, set by its
+    # callback_connector._attach_model_logging_functions).
+    x = torch.randn(4, lm.FEATURES)
+    forward_only = autobatch.find(lm.Net().net, x, memory_limit="12MiB", margin=0,
+                                  optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     finder = abl.AutobatchFinder(memory_limit="12MiB", margin=0)
     trainer, model, data = fit(finder, model=lm.TwoPassNet(), accumulate_grad_batches=3)
     assert trainer.accumulate_grad_batches == 3 and finder.plan is None
     assert data.batch_size == finder.micro_batch == finder.result.safe_micro_batch
-    x = torch.randn(4, lm.FEATURES)
-    forward_only = autobatch.find(lm.Net().net, x, memory_limit="12MiB", margin=0,
-                                  optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     # measured 251 against 287: the copy's 16 KB a sample in backward (a trial of model(x)
     # would answer the forward's 287)
     assert finder.micro_batch < 0.92 * forward_only.safe_micro_batch
@@ -177,14 +180,23 @@ def test_unsupported_strategy():
 # with a raw AttributeError, one building layers there was sized without them. Sized after it,
 # the answer is Net's with Data (the same network and samples).
 def test_a_module_that_builds_in_its_setup_is_sized_whole():
-    reference = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
-    fit(reference, limit_train_batches=1)
+    reference = _reference_size()
     finder = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
     trainer = lm.trainer(finder, limit_train_batches=1)
     model = lm.SetupNet()
     trainer.fit(model)
-    assert finder.micro_batch == reference.micro_batch == model.batch_size
+    assert finder.micro_batch == reference == model.batch_size
     assert "setup" not in vars(model)  # the finder's wrapper is gone
+
+
+def _reference_size():
+    """Net's size with Data under LIMIT, its fit let go: Lightning keeps the module (and so the
+    trainer and its optimizer's state) alive through every callback it was given (callback.log,
+    callback_connector._attach_model_logging_functions), and a later search counts what the
+    process holds."""
+    reference = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
+    fit(reference, limit_train_batches=1)
+    return reference.micro_batch
 
 
 # A review of stop 55 (F1, F4). Catches trials that call training_step(batch, 0) whatever its
@@ -194,11 +206,10 @@ def test_a_module_that_builds_in_its_setup_is_sized_whole():
 # own optimizer and scheduler (the epoch trains).
 @pytest.mark.parametrize("model_class", [lm.NoIndexNet, lm.LrLoggingNet])
 def test_training_step_forms_lightning_trains(model_class):
-    reference = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
-    fit(reference, limit_train_batches=1)
+    reference = _reference_size()
     finder = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
     trainer, model, _ = fit(finder, model=model_class(), limit_train_batches=2)
-    assert finder.micro_batch == reference.micro_batch
+    assert finder.micro_batch == reference
     assert trainer.global_step == 2 and len(trainer.optimizers) == 1
 
 
@@ -212,6 +223,11 @@ def test_mixed_precision_is_sized_with_lightnings_autocast():
     model = lm.SharedWeightNet()
     lm.trainer(finder, precision="bf16-mixed", limit_train_batches=1).fit(model)
     b = finder.result.max_micro_batch
+    # The fit's trainer and optimizer state go with the finder (see _reference_size), and the
+    # gradients its last step left: the checks below run on the module as a fresh fit starts it.
+    del finder
+    model.trainer = None
+    model.zero_grad(set_to_none=True)
 
     def lightnings_step(m, batch):
         with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):

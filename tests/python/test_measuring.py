@@ -172,6 +172,7 @@ def test_find_measures_with_shortened_trials_and_answers_a_full_one():
     assert [t.stands_for_full for t in result.trials] == \
         [bool(t.get("stands_for_full")) for t in trials]
     assert "stands for the full trial" in result.text
+    del model  # memory outside the model of the next search, which the first did not have
     torch.manual_seed(0)
     full = autobatch.find(Net(), (x, y), loss_fn=_loss, memory_limit="24MiB", margin=0.0,
                           steps_per_trial=3, min_batch=2, max_batch=1 << 16, strategy="binsearch")
@@ -395,6 +396,7 @@ def test_a_model_keeping_its_small_input_breaks_the_evidence_and_gets_exact_answ
         meter.remove()
         state.restore(True)
     assert probe.residue.broken
+    del probe, meter, state  # its model and snapshot would be memory outside the next searches'
     found = _guided_and_binsearch(KeepSmall, 1024, ["7600KiB", "8200KiB", "8800KiB"])
     assert all(g.max_micro_batch == b.max_micro_batch for _, g, b in found), _answers(found)
     assert not any(t.stands_for_full for _, g, _ in found for t in g.trials)

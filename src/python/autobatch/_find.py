@@ -114,6 +114,8 @@ class _Session:
         if not self.trained:
             raise UsageError("model: no parameter requires grad, so there is nothing to train")
         self.make_optimizer, self.optimizer_name = _optimizer_factory(optimizer, self.trained)
+        if steps_per_trial == 1:
+            _check_one_step(self.make_optimizer, zero_grad)
         # One figure for the report and the trials' DDP bucket buffer (the same bytes).
         self.gradient_bytes = _distinct_bytes(self.trained)
         self.ddp_bucket_bytes = self.gradient_bytes if self.ddp else 0
@@ -163,6 +165,8 @@ class _Session:
                 "seed": None, "ddp": self.ddp,
                 "step": "python-eager" if self.step is None else f"python-eager: {_name(self.step)}"}
         doc["options"].update(step)
+        if isinstance(doc.get("model"), dict):  # Result.memory; the text's line is a warning
+            doc["model"]["held_outside_model_bytes"] = getattr(self, "outside", (0,))[0]
         if isinstance(doc.get("fingerprint"), dict):
             doc["fingerprint"]["options"] = doc["options"]
             doc["fingerprint"]["inputs"] = step["inputs"]
@@ -229,9 +233,11 @@ class _Session:
             if meter.needs_warm_up() or ranks > 1:
                 probe.warm_up(self.options["min_batch"], check_collectives=ranks > 1)
             try:
-                meter.finish_setup(state.untracked_bytes())
+                self.untracked = state.count_untracked(meter)
             except _core.Error as e:
                 raise UsageError(str(e)) from None
+            self.outside = state.outside_model(self.device)
+            meter.notes += _outside_note(self.outside, self.device)
             probe.facts = _facts(self, state, meter)
             try:
                 return fn(probe, probe.facts)
@@ -256,6 +262,37 @@ class _Session:
                              f"trials run under, {meter.limit_bytes()} bytes "
                              f"({meter.limit_source()}, less the reserve); expected a smaller "
                              "margin, or a fraction such as 0.05")
+
+
+def _check_one_step(make_optimizer, zero_grad):
+    """UsageError for steps_per_trial=1 where the second step holds more than the first, as the
+    command refuses --steps-per-trial 1 (src/probes/runner_checks.cpp, checkStepsPerTrial): an
+    optimizer with state creates it at the first step() (AdamW's two parameter-sized sets), and
+    zero_grad="zeros" keeps the gradients alive through the next forward. One step is evidence
+    only with no optimizer or SGD without momentum, and gradients set to None: an MLP at 40 MiB
+    answered 2098 with AdamW and one step, where its loop fails at 2098 on the second step and
+    two steps find 1491. Any other class counts as keeping state: its state cannot be known
+    before its first step."""
+    optimizer = make_optimizer()
+    stateless = optimizer is None or (
+        type(optimizer) is torch.optim.SGD and
+        all(not g.get("momentum") for g in optimizer.param_groups))
+    name = "none" if optimizer is None else type(optimizer).__name__
+    del optimizer
+    if stateless and zero_grad == "none":
+        return
+    why = []
+    if not stateless:
+        why.append(f"the optimizer {name} creates its state at the first step(), so only the "
+                   "second step runs with it")
+    if zero_grad == "zeros":
+        why.append("zero_grad='zeros' keeps the gradients alive from the second step's forward on")
+    raise UsageError(f"steps_per_trial: expected at least 2 with optimizer {name} and zero_grad="
+                     f"{zero_grad!r}, but got 1; {', and '.join(why)}: a batch that fits one step "
+                     "may fail the next; use steps_per_trial=2 (the default)"
+                     + ("" if zero_grad == "zeros" else
+                        ", or an optimizer without state (torch.optim.SGD without momentum, or "
+                        "'none')"))
 
 
 def _collect_garbage(device):
@@ -303,6 +340,19 @@ def _held_note(state):
     total = _core.format_bytes(sum(n for _, n in held))
     return [f"the model holds {total} in tensors that are neither parameters nor buffers: "
             f"{names}{more}; counted in every trial's memory as your job will hold them"]
+
+
+def _outside_note(outside, device):
+    """The result's line on the memory the process holds outside the model when the search
+    starts (a teacher or reference model a step calls, a dataset in memory, an optimizer's
+    state): counted in every trial's baseline, as the user's job holds it beside its steps."""
+    total, count, largest = outside
+    if not total:
+        return []
+    return [f"held outside the model: {_core.format_bytes(total)} of {device.type} memory in "
+            f"{count} tensor storage(s) this process holds (the largest {largest}); counted in "
+            "every trial's memory as your job will hold them beside its steps; free what the "
+            "job does not need before calling autobatch"]
 
 
 _COLLECTIVES_NEVER_WAIT = threading.Event()  # set inside collectives_never_wait()
@@ -577,7 +627,7 @@ def _distinct_bytes(tensors):
 def _facts(session, state, meter):
     """What the report says of the model and the run (MemoryBreakdown and RunContext's fields)."""
     device, model = session.device, session.model
-    baseline = (state.untracked_bytes() if device.type == "cpu"
+    baseline = (session.untracked if device.type == "cpu"
                 else torch.cuda.memory_allocated(device))
     loss = _loss_name(session, "the output's .loss, else its mean")
     first = session.make_optimizer()  # built once: its class and implementation for the report

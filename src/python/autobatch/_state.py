@@ -6,6 +6,7 @@ requires_grad flags, gradients (the same tensor objects), buffers registered dur
 (removed), the example batch's gradients, and the random number generators' states (CPU, CUDA,
 Python's `random`, numpy's global one). The user's optimizer is never touched: trials build their
 own."""
+import gc
 import random
 import sys
 from collections.abc import Mapping
@@ -136,6 +137,8 @@ class ModelState:
                     self.held += [(f"{name + '.' if name else ''}{k}", t) for t in _held(v)
                                   if id(t) not in own]
         self.example_grads = [(t, t.grad) for _, t in example_tensors(example) if t.is_leaf]
+        self.example_ptrs = {p for p in (_storage_ptr(t) for _, t in example_tensors(example))
+                             if p}
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = (torch.cuda.get_rng_state_all()
                          if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
@@ -215,18 +218,107 @@ class ModelState:
             out.append((name, s.nbytes()))
         return sorted(out, key=lambda x: -x[1])
 
+    def own_ptrs(self):
+        """The data pointers the baseline leaves out: autobatch's own host copies (the weights'
+        snapshot, the plain attributes' values, the random number generators' states), which the
+        process holds only for the search, and the example batch, which stands for the job's
+        batches that every trial makes and counts itself (a drop-in's example is the first batch
+        of the job's loader, gone when the job trains: Lightning's own fit held 6,116 bytes less
+        than a baseline with the generator's state and that batch in it, one sample of the
+        answer)."""
+        saved = [t for t in self.copies] + [s[1] for *_, s in self.attributes
+                                              if s is not None and s[0] == "tensor"]
+        saved += [self.cpu_rng, *(self.cuda_rng or [])]
+        return {p for p in map(_storage_ptr, saved) if p} | self.example_ptrs
+
     def untracked_bytes(self):
-        """Bytes of the distinct CPU storages of the model's tensors, and of the tensors its
-        modules hold as plain attributes, that the budget allocator does not count (allocated
-        before it was installed): the baseline of every trial."""
-        seen, total = set(), 0
-        for t in self.tensors + [t for _, t in self.held]:
-            if t.device.type != "cpu":
-                continue
-            s = local_tensor(t).untyped_storage()
-            ptr = s.data_ptr()
-            if ptr == 0 or ptr in seen or _core.is_tracked(ptr):
-                continue
-            seen.add(ptr)
-            total += s.nbytes()
+        """Bytes of the distinct CPU storages alive in this process that the budget allocator
+        does not count (allocated before it was installed): the model's tensors, the tensors its
+        modules hold as plain attributes, and every other tensor the process holds (a frozen
+        teacher in a step's closure, a reference model, a dataset in RAM, the user's optimizer
+        state), each storage once; autobatch's own snapshot left out. The baseline of every
+        trial, as the caching allocator's statistics count every live tensor on CUDA."""
+        return sum(n for _, n, _ in self._untracked_storages())
+
+    def count_untracked(self, meter):
+        """meter.finish_setup() with untracked_bytes() as its baseline, and, under the CPU
+        budget, each of those storages watched by the allocator, so that one freed during the
+        search (a buffer a step replaces, held by an object outside the model) leaves the count
+        as it leaves the process (as the caching allocator's count drops on CUDA). Returns the
+        baseline's bytes."""
+        rows = self._untracked_storages()
+        total = sum(n for _, n, _ in rows)
+        meter.finish_setup(total)
+        if meter.name == "cpu-budget":
+            for _, n, t in rows:
+                _core.watch_external(local_tensor(t).untyped_storage()._weak_ref(), n)
         return total
+
+    def outside_model(self, device):
+        """(bytes, count, largest) of the distinct storages on `device` that live tensors hold
+        outside the model (neither its parameters and buffers nor its modules' attributes), with
+        `largest` a description of the largest tensor ("float32[4096, 4096]"); on the CPU only
+        those the budget allocator does not count (made before the search)."""
+        own = set()
+        for t in self.tensors + [t for _, t in self.held]:
+            ptr = _storage_ptr(t)
+            if ptr:
+                own.add(ptr)
+        rows = ([(p, n, t) for p, n, t in self._untracked_storages() if p not in own]
+                if device.type == "cpu" else
+                [(p, n, t) for p, n, t in live_storages(device, self.own_ptrs()) if p not in own])
+        if not rows:
+            return 0, 0, ""
+        _, n, t = max(rows, key=lambda r: r[1])
+        dtype = str(t.dtype).replace("torch.", "")
+        return sum(r[1] for r in rows), len(rows), f"{dtype}{list(t.shape)} ({n} bytes)"
+
+    def _untracked_storages(self):
+        """[(data pointer, bytes, a tensor)] of the distinct untracked CPU storages alive."""
+        rows = [(p, n, t) for p, n, t in
+                _distinct(self.tensors + [t for _, t in self.held], torch.device("cpu"), set())]
+        seen = {p for p, _, _ in rows}
+        rows += [(p, n, t) for p, n, t in live_storages(torch.device("cpu"), self.own_ptrs())
+                 if p not in seen]
+        return [(p, n, t) for p, n, t in rows if not _core.is_tracked(p)]
+
+
+def _storage_ptr(t):
+    """The data pointer of the storage behind `t` (a DTensor's local shard), or 0 where it has
+    none that holds bytes here (meta, fake and sparse tensors, wrapper subclasses)."""
+    try:
+        s = local_tensor(t).untyped_storage()
+        return s.data_ptr() if s.nbytes() > 0 else 0
+    except Exception:  # noqa: BLE001  sparse, nested, fake or functional tensors have none
+        return 0
+
+
+def _distinct(tensors, device, skip):
+    """[(data pointer, bytes, tensor)] of the distinct storages of `tensors` on `device` (its
+    type; on CUDA its index too), those in `skip` left out."""
+    out, seen = [], set(skip)
+    for t in tensors:
+        try:
+            where = t.device
+        except Exception:  # noqa: BLE001  a wrapper subclass without a device
+            continue
+        if where.type != device.type or (device.type == "cuda" and device.index is not None
+                                         and where.index != device.index):
+            continue
+        ptr = _storage_ptr(t)
+        if ptr == 0 or ptr in seen:
+            continue
+        seen.add(ptr)
+        out.append((ptr, local_tensor(t).untyped_storage().nbytes(), t))
+    return out
+
+
+def live_storages(device, skip=()):
+    """[(data pointer, bytes, tensor)] of the distinct storages on `device` behind every tensor
+    Python's collector tracks (gc.get_objects(): the tensors any Python object refers to), those
+    in `skip` left out. Not seen: tensors only C++ holds (an autograd graph's saved tensors, a
+    TorchScript module's attributes) and objects frozen out of the collector (gc.freeze)."""
+    # type(), not isinstance(): isinstance reads an object's __class__, which a lazy module
+    # proxy resolves (torch.distributed's deprecated reduce_op warned from here).
+    tensors = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.Tensor)]
+    return _distinct(tensors, device, skip)

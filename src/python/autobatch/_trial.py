@@ -70,6 +70,21 @@ def state_bytes(optimizer):
     return total
 
 
+class KeptOutput:
+    """What a framework's step (the drop-ins' step=) returns when the framework keeps more of it
+    than the loss: `loss`, the micro-batch's loss, and `kept`, the tensors the framework holds
+    alive with it. `through_step` True: held through backward and the optimizer step, and freed
+    before the next micro-batch's forward (Lightning keeps a training_step dict's other values in
+    its ClosureResult until the batch ends: loops/optimization/automatic.py); False: held through
+    backward, as keep_output=True holds the output. In an evaluation trial, `kept` is the output
+    alive while the next batch runs (a Trainer's prediction_step's logits)."""
+
+    __slots__ = ("loss", "kept", "through_step")
+
+    def __init__(self, loss, kept, through_step=False):
+        self.loss, self.kept, self.through_step = loss, kept, through_step
+
+
 class _TrialStopped(Exception):
     """Raised between a trial's steps when the search's deadline passed or it was cancelled
     (_core.trial_should_stop); `done` steps of `total_ms` ran whole before it."""
@@ -339,6 +354,8 @@ class EagerProbe(MeasuringTrials):
                 if self.step is not None:
                     loss = self.step(self.model, batch)
                     self._enter("loss", size, micro, step)
+                    if isinstance(loss, KeptOutput):
+                        return loss, loss.loss
                     return loss, loss
                 output = call_model(self.model, batch)
                 self._enter("loss", size, micro, step)
@@ -395,6 +412,7 @@ class EagerProbe(MeasuringTrials):
 
     def _run_steps(self, size, micro_batches, steps, optimizer, residue, state_batch, log):
         held = None  # the batch the loop holds (_steps); only here, so that the next one frees it
+        kept = None  # a framework's step output held through the optimizer step (KeptOutput)
         if state_batch > 0:
             held = self._shortened_start(optimizer, size, micro_batches, state_batch, residue)
         done, total_ms = 0, 0.0
@@ -421,10 +439,14 @@ class EagerProbe(MeasuringTrials):
                 if log is not None and micro == 0 and step < 2:
                     log.start()
                 with self._whole_step_log(batch, size, state_batch, step):
+                    kept = None  # the framework let the previous micro-batch's output go
                     output, loss = self.forward_loss(batch, size, micro, step)
                     self._check_step_loss(loss)
                     del batch
-                    if not self.keep_output:  # dropped before backward, as a training_step does
+                    if isinstance(output, KeptOutput):  # what the framework holds, as it does
+                        kept, output = (output.kept if output.through_step else None,
+                                        output.kept)
+                    elif not self.keep_output:  # dropped before backward, as a training_step does
                         del output
                         output = None
                     self._enter("backward", size, micro, step)
@@ -437,6 +459,7 @@ class EagerProbe(MeasuringTrials):
             if not self.gradients_seen:
                 self._check_gradients()
             self._optimizer_step(optimizer, size, step)
+            kept = None
             self.meter.synchronize()  # the step's queued kernels, once per step (CUDA)
             total_ms += (time.perf_counter() - t0) * 1000.0
             if residue is not None:

@@ -45,6 +45,7 @@ import torch
 from . import _find
 from ._errors import UsageError
 from ._ranks import search_and_agree
+from ._trial import KeptOutput
 
 try:
     import lightning.pytorch as pl
@@ -299,7 +300,16 @@ def _training_step_of(pl_module):
                 raise UsageError(f"AutobatchFinder: training_step returned a dict without 'loss' "
                                  f"(keys {sorted(map(str, out))}); Lightning trains on the dict's "
                                  "'loss', so return it under that key")
+            extra = {k: v for k, v in out.items() if k != "loss"}
             out = out["loss"]
+            if extra and isinstance(out, torch.Tensor):
+                # Lightning keeps the dict's other values, not detached, in its ClosureResult
+                # through backward and the optimizer's step until the batch ends
+                # (loops/optimization/automatic.py, ClosureResult.from_training_step_output;
+                # training_epoch_loop.py hands them to on_train_batch_end): {"loss", "logits"}
+                # at 40 MiB was sized 1085 by a trial that kept the loss only, where
+                # Lightning's fit fits 825.
+                return KeptOutput(out, extra, through_step=True)
         if out is None:
             raise UsageError("AutobatchFinder: training_step returned None (a skipped batch) for "
                              "the example batch; it must return the loss (a tensor, or a dict "
