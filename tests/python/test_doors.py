@@ -16,8 +16,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def run(script, *args):
     """One fresh process of a check script; its last stdout line as JSON."""
+    return run_env({}, script, *args)
+
+
+def run_env(env, script, *args):
+    """run() with `env` added to the environment."""
     out = subprocess.run([sys.executable, os.path.join(HERE, script), *map(str, args)],
-                         capture_output=True, text=True, timeout=600, cwd=HERE)
+                         capture_output=True, text=True, timeout=600, cwd=HERE,
+                         env={**os.environ, **env})
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -81,3 +87,20 @@ def test_lightning_holds_what_a_training_step_dict_keeps_as_its_fit_does():
     outcomes = [run("lightning_fit_check.py", "fit", limit, size)["outcome"]
                 for size in (b, b + 1)]
     assert outcomes == ["fits", "out-of-memory"], (b, outcomes)
+
+
+# Catches two ways the Hugging Face drop-in's evaluation trial held less than the Trainer's
+# evaluation: the label-smoothed step kept only its loss where prediction_step hands the logits
+# to the evaluation loop, which keeps them while the next batch runs (72 where the Trainer runs
+# out of memory at 66), and trials with the model's own config.use_cache=True where the Trainer
+# sets args.use_cache (False) in its __init__ (every evaluation forward built a key/value cache:
+# 58 where the Trainer fits 61). The truth: trainer.train() for one step with an evaluation of two
+# batches after it, compute_metrics set and eval_accumulation_steps=1 (hf_eval_check.py).
+@pytest.mark.parametrize("smoothing", [0.1, 0.0])
+def test_the_hf_evaluation_batch_is_the_trainers_own(smoothing):
+    pytest.importorskip("transformers")
+    limit = 40 << 20
+    e = run("hf_eval_check.py", "find", limit, smoothing)["eval_max"]
+    outcomes = [run_env({"METRICS": "1"}, "hf_eval_check.py", "evaluate", limit, smoothing,
+                        size)["outcome"] for size in (e, e + 1)]
+    assert outcomes == ["fits", "out-of-memory"], (e, outcomes)

@@ -38,6 +38,7 @@ import torch
 from . import _find
 from ._errors import UsageError
 from ._ranks import _all_min, search_and_agree
+from ._trial import KeptOutput
 
 try:
     from transformers import Trainer, TrainingArguments
@@ -63,8 +64,10 @@ def fit_training_arguments(args, model, example_batch, target_batch, *, eval=Fal
       optimizer, precision, device, world_size and ddp come from `args`.
     eval: True: also per_device_eval_batch_size, the safe evaluation batch with the training
       state resident (the Trainer's evaluation loop: model.eval(), no_grad, the loss and logits of
-      each batch; its default of keeping every batch's logits on the device until the end of
-      evaluation grows with the number of batches, not the batch: set eval_accumulation_steps).
+      each batch, one batch's logits alive while the next runs, as with
+      eval_accumulation_steps=1; its default of keeping every batch's logits on the device until
+      the end of evaluation grows with the number of batches, not the batch: a warning says so
+      when eval_accumulation_steps is unset).
     For the search's Result too, call fit_training_arguments_with_result.
     Raises UsageError, DoesNotFit (the minimum micro-batch, the training state beside an
     evaluation batch, or evaluation batch 1 does not fit), ModelError.
@@ -105,7 +108,7 @@ def fit_training_arguments_with_result(args, model, example_batch, target_batch,
     model_device = {p.device for p in model.parameters()}
     if model_device != {device}:
         model.to(device)  # where Trainer puts it (_move_model_to_device)
-    with _checkpointing(model, args):
+    with _checkpointing(model, args), _use_cache(model, args):
         trial_model = _compiled(model, args)
 
         # The Trainer's training_step keeps compute_loss's loss, not the model's output.
@@ -133,7 +136,23 @@ def fit_training_arguments_with_result(args, model, example_batch, target_batch,
     if eval:
         log.info("autobatch: per_device_eval_batch_size %d -> %d", args.per_device_eval_batch_size,
                  eval_batch)
+        if args.eval_accumulation_steps is None:
+            note = _ACCUMULATING_PREDICTIONS
+            result.warnings.append(note)
+            log.warning("autobatch: %s", note)
     return sized, result
+
+
+# The evaluation trial holds one batch's logits while the next runs, as the Trainer's evaluation
+# loop does with eval_accumulation_steps=1 (each batch's predictions leave the device after it);
+# without it, EvalLoopContainer (transformers' trainer_pt_utils.py) concatenates every batch's
+# logits on the device until the evaluation ends when predictions are kept (compute_metrics).
+_ACCUMULATING_PREDICTIONS = (
+    "per_device_eval_batch_size holds for evaluation with eval_accumulation_steps=1, or with "
+    "no compute_metrics (the loss only); with compute_metrics and eval_accumulation_steps unset "
+    "the Trainer keeps every evaluation batch's logits on the device until the evaluation ends, "
+    "memory that grows with the number of batches, not with the batch: set "
+    "eval_accumulation_steps=1 in the TrainingArguments")
 
 
 def _check_supported(args, target):
@@ -179,7 +198,17 @@ def _label_smoothing_step(args, model):
             return m(**batch).loss if isinstance(batch, dict) else m(batch).loss
         inputs = dict(batch)
         labels = inputs.pop("labels")
-        return smoother(m(**inputs), labels, shift_labels=causal)
+        outputs = m(**inputs)
+        loss = smoother(outputs, labels, shift_labels=causal)
+        if torch.is_grad_enabled():
+            return loss  # training_step: compute_loss returns the loss alone
+        # prediction_step (the evaluation trial, under no_grad): compute_loss(...,
+        # return_outputs=True) hands the outputs back, and the evaluation loop keeps the batch's
+        # logits while the next batch runs (all_preds, or `logits` until the next
+        # prediction_step returns). Kept as the trial's output, as the model's own loss keeps
+        # its output: with the loss alone the evaluation batch was sized 72 where the Trainer's
+        # evaluation of two batches (eval_accumulation_steps=1) runs out of memory at 66.
+        return KeptOutput(loss, outputs.logits)
     return trainer_compute_loss
 
 
@@ -224,6 +253,25 @@ def _checkpointing(model, args):
     finally:
         if not was:
             disable()
+
+
+@contextlib.contextmanager
+def _use_cache(model, args):
+    """model.config.use_cache as the Trainer sets it in its __init__ (`args.use_cache`, False by
+    default: transformers 5.24's trainer.py, "Finalize"), put back after the trials: with the
+    model's own True, every evaluation forward built a key/value cache the Trainer's does not (the
+    tiny Llama's evaluation batch was sized 58 where the Trainer's evaluation fits 61), and every
+    training forward one its training step does not."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "use_cache"):
+        yield
+        return
+    was = config.use_cache
+    config.use_cache = args.use_cache
+    try:
+        yield
+    finally:
+        config.use_cache = was
 
 
 def _checkpointing_on(model):
