@@ -104,3 +104,100 @@ def test_the_hf_evaluation_batch_is_the_trainers_own(smoothing):
     outcomes = [run_env({"METRICS": "1"}, "hf_eval_check.py", "evaluate", limit, smoothing,
                         size)["outcome"] for size in (e, e + 1)]
     assert outcomes == ["fits", "out-of-memory"], (e, outcomes)
+
+
+# Catches find_sharded run in a worker thread: the next call, in any thread, crashed the process
+# in torch's fake-tensor code (a segmentation fault). Refused there before any work.
+def test_find_sharded_outside_the_main_thread_is_refused():
+    import concurrent.futures
+    import tiny_models
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        call = pool.submit(autobatch.find_sharded, tiny_models.ShardedMlp,
+                           tiny_models.shard_units, tiny_models.sharded_mlp_batch(),
+                           world_size=4, step=tiny_models.sharded_mlp_step,
+                           optimizer=tiny_models.adamw, memory_limit="24MiB", device="cpu")
+        with pytest.raises(autobatch.UsageError, match="runs in the main thread only"):
+            call.result()
+
+
+# Catches the enable_input_require_grads hook that activation checkpointing leaves on the input
+# embeddings of a plain (not PEFT) model: its disable removes it only for PEFT, so every call of
+# fit_training_arguments(activation_checkpointing=True) left one more.
+def test_checkpointing_for_the_trials_leaves_no_hook(tmp_path):
+    pytest.importorskip("transformers")
+    import autobatch.transformers as abt
+    import tiny_models
+    from transformers import TrainingArguments
+    model, example = tiny_models.llama()
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                             activation_checkpointing=True, per_device_train_batch_size=2)
+    embeddings = model.get_input_embeddings()
+    before = len(embeddings._forward_hooks)
+    for _ in range(2):
+        abt.fit_training_arguments(args, model, example, 8, memory_limit="40MiB")
+    assert len(embeddings._forward_hooks) == before
+    assert not getattr(model, "is_activation_checkpointing", False)
+
+
+# Catches autobatch's own TypeError on a loss_fn that returns (loss, metrics), a dict or a
+# per-sample vector, reported as the model's error (the vector only at micro-batch 2).
+@pytest.mark.parametrize("loss_fn, words", [
+    (lambda out, batch: (out.mean(), {"acc": 1.0}), "returned a tuple of 2"),
+    (lambda out, batch: {"loss": out.mean()}, "returned a dict"),
+    (lambda out, batch: out.mean(dim=1), "a tensor of shape (1,)"),
+])
+def test_a_loss_fn_that_returns_more_than_the_loss_is_a_usage_error(loss_fn, words):
+    model, x = mlp()
+    with pytest.raises(autobatch.UsageError, match="loss_fn: expected it to return") as e:
+        autobatch.find(model, x, loss_fn=loss_fn, memory_limit="16MiB")
+    assert words in str(e.value)
+
+
+# Catches a DataLoader's (inputs, targets) tuple passed as model(*batch) with an error that did
+# not say how to size such a job.
+def test_a_tuple_batch_the_model_cannot_take_points_to_step():
+    model, x = mlp()
+    with pytest.raises(autobatch.ModelError, match="step=lambda model, batch"):
+        autobatch.find(model, (x, torch.zeros(1, dtype=torch.long)), memory_limit="16MiB")
+
+
+# Catches check_batch taking options it cannot apply: micro_batches_per_step unchecked, and the
+# search's bounds and time limit silently ignored (a time_limit of 5 s did not stop 10^5
+# micro-batches).
+@pytest.mark.parametrize("options, words", [
+    ({"micro_batches_per_step": 0}, "micro_batches_per_step: expected an int >= 1"),
+    ({"micro_batches_per_step": -1}, "micro_batches_per_step: expected an int >= 1"),
+    ({"micro_batches_per_step": 2.0}, "micro_batches_per_step: expected an int >= 1"),
+    ({"micro_batches_per_step": "2"}, "micro_batches_per_step: expected an int >= 1"),
+    ({"micro_batches_per_step": True}, "micro_batches_per_step: expected an int >= 1"),
+    ({"micro_batches_per_step": None}, "micro_batches_per_step: expected an int >= 1"),
+    ({"time_limit": 5}, "time_limit bound or plan a search"),
+    ({"max_batch": 8, "min_batch": 2}, "max_batch, min_batch bound or plan a search"),
+    ({"dataset_size": 100}, "dataset_size bound or plan a search"),
+    ({"target_batch": 64}, "target_batch bound or plan a search"),
+])
+def test_check_batch_refuses_what_one_trial_cannot_apply(options, words):
+    model, x = mlp()
+    with pytest.raises(autobatch.UsageError, match=words):
+        autobatch.check_batch(model, x, 4, memory_limit="16MiB", **options)
+
+
+# Catches the docs and the parser disagreeing: "1.5 GB" is read as the command reads it.
+def test_a_size_with_a_space_before_its_unit_is_read_as_the_command_reads_it():
+    model, x = mlp()
+    trial = autobatch.check_batch(model, x, 2, memory_limit="8 MiB")
+    assert trial.outcome == "fits"
+    from autobatch._options import _limit
+    assert _limit("1.5 GB") == 1_500_000_000 and _limit("8 MiB") == 8 << 20
+    with pytest.raises(autobatch.UsageError, match="none around it"):
+        _limit(" 8MiB")
+
+
+# Catches an extension that cannot load for a missing system library blamed on torch ("rebuild
+# it against this torch").
+def test_a_missing_library_is_named():
+    from autobatch import _load_failure
+    text = _load_failure("libfmt.so.9: cannot open shared object file: No such file or directory",
+                         "rebuild it")
+    assert "needs the shared library libfmt.so.9" in text and "rebuild" not in text
+    assert "rebuild it" in _load_failure("undefined symbol: _ZN3c10", "rebuild it")

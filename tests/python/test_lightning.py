@@ -300,3 +300,24 @@ def test_refusals_of_a_review(case, message):
         extra = [GradientAccumulationScheduler({0: 1})] if case == "accumulation" else []
         lm.trainer(finder, *extra).fit(model, datamodule=lm.Data())
     assert finder is None or finder.result is None
+
+
+# Issue 63 rows 14 and 15. Catches BatchSizeFinder's arguments failing as "no option", a finder
+# that searches under fast_dev_run (Lightning's own skips with its warning), and max_trials=0
+# not keeping the script's size.
+@pytest.mark.parametrize("name, words", [("mode", "strategy="), ("init_val", "min_batch="),
+                                         ("max_val", "max_batch=")])
+def test_batch_size_finders_arguments_name_ours(name, words):
+    with pytest.raises(autobatch.UsageError, match=f"{name}= is BatchSizeFinder's: .*{words}"):
+        abl.AutobatchFinder(**{name: 4})
+
+
+@pytest.mark.parametrize("trainer_options, finder_options", [
+    ({"fast_dev_run": True}, {}), ({"limit_train_batches": 1}, {"max_trials": 0})])
+def test_the_finder_skips_as_batch_size_finder_does(trainer_options, finder_options, recwarn):
+    finder = abl.AutobatchFinder(memory_limit=LIMIT, **finder_options)
+    trainer, model, data = fit(finder, **trainer_options)
+    assert data.batch_size == 4 and finder.result is None
+    assert set(model.seen) == {4}
+    if "fast_dev_run" in trainer_options:
+        assert any("Skipping batch size scaler" in str(w.message) for w in recwarn)

@@ -32,9 +32,21 @@ def _load_core():
     try:
         from . import _core as core
     except ImportError as e:
-        raise ImportError(f"autobatch._core does not load with torch {torch.__version__} "
-                          f"({e}); {fix}") from e
+        raise ImportError(_load_failure(str(e), fix)) from e
     return core
+
+
+def _load_failure(text, fix):
+    """The words for an extension that does not load: a shared library the system lacks is named
+    as such (the dynamic loader's "libX.so.N: cannot open shared object file"), not blamed on
+    torch; anything else (an undefined symbol: another torch's ABI) says to rebuild."""
+    import re
+    missing = re.search(r"([\w.+-]+\.so[\w.]*): cannot open shared object file", text)
+    if missing:
+        return (f"autobatch._core needs the shared library {missing.group(1)}, which this system "
+                f"does not have ({text}); install the system package that provides it, or "
+                "install autobatch from a wheel that carries it")
+    return f"autobatch._core does not load with torch {torch.__version__} ({text}); {fix}"
 
 
 _core = _load_core()
@@ -52,7 +64,8 @@ __version__ = "0.1.0"
 def plan(max_micro_batch: int, target_batch: int, world_size: int = 1, kind: str = "auto") -> Plan:
     """The accumulation plan for `target_batch` samples per optimizer step over `world_size` ranks
     whose micro-batch may be at most `max_micro_batch` (kind "auto", "uniform" or "balanced"; the
-    library's planner, docs/planner.md). Raises UsageError for an impossible target."""
+    library's planner, docs/search.md "Headroom, plan"). Raises UsageError for an impossible
+    target."""
     import json
 
     from ._options import _INT32_MAX, _count, _target

@@ -538,6 +538,11 @@ def check_batch(model, example_batch, micro_batch, *, micro_batches_per_step=1, 
     """
     if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
         raise UsageError(f"micro_batch: expected an int >= 1, but got {micro_batch!r}")
+    if micro_batches_per_step is None:
+        raise UsageError("micro_batches_per_step: expected an int >= 1 (the micro-batches "
+                         "accumulated into one optimizer step), but got None")
+    _count(micro_batches_per_step, "micro_batches_per_step", maximum=_INT32_MAX)
+    _refuse_search_options(options, "check_batch")
     session = _session_of(model, example_batch, options, "check_batch")
     record = session.run(lambda probe, facts: probe(micro_batch, micro_batches_per_step))
     record.setdefault("outcome", "fits")
@@ -545,6 +550,26 @@ def check_batch(model, example_batch, micro_batch, *, micro_batches_per_step=1, 
     if record.get("cancelled"):
         raise Cancelled("interrupted: the trial stopped at Ctrl-C; the model is restored")
     return Trial.from_json(record)
+
+
+# find()'s options that bound or plan a search, with their defaults: one trial at a given size
+# has no use for them, and taking them silently let a user believe they applied (a time_limit
+# of 5 s did not stop 10^5 micro-batches).
+_SEARCH_ONLY = {"target_batch": None, "world_size": 1, "time_limit": None, "min_batch": 1,
+                "max_batch": None, "dataset_size": None, "max_trials": None,
+                "strategy": "guided", "plan": "auto"}
+
+
+def _refuse_search_options(options, who):
+    """UsageError for a search-only option given to one trial's call."""
+    given = sorted(k for k, default in _SEARCH_ONLY.items()
+                   if k in options and options[k] is not None
+                   and not (type(options[k]) is type(default) and options[k] == default))
+    if given:
+        why = (" (one trial runs to its end; Ctrl-C stops it)" if "time_limit" in given else "")
+        raise UsageError(f"{who}: {', '.join(given)} bound or plan a search and have no meaning "
+                         f"for one trial at a given micro-batch{why}; drop them, or call "
+                         "autobatch.find to search")
 
 
 def check_option_names(options, fn, who, leave_out=(), shown_out=(), where=""):

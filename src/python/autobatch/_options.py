@@ -28,8 +28,9 @@ def _bytes(value, what, hint=""):
             raise UsageError(f"{what}: expected >= 0 bytes and < 2^63, but got {value}")
         return value
     if value != value.strip() or not value:
-        raise UsageError(f"{what}: expected bytes as a string such as '8GiB' or '512MiB' (no "
-                         f"spaces around it), but got {value!r}")
+        raise UsageError(f"{what}: expected bytes as a string such as '8GiB', '512MiB' or "
+                         f"'1.5 GB' (a space may stand between the number and the unit, none "
+                         f"around it), but got {value!r}")
     try:
         return _core.parse_bytes(value, what)
     except _core.Error as e:

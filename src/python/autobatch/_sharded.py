@@ -392,12 +392,16 @@ def find_sharded(build, shard, example_batch, *, world_size=None, ranks=None, in
       time_limit and max_trials bound each rank's search (each world size's and each rank's in
       turn), not the whole call.
 
-    Raises UsageError for bad arguments or when this process is already in a fake process group
+    Runs in the main thread only (UsageError elsewhere: after a run in another thread, torch's
+    fake tensors crash the next call). Raises UsageError for bad arguments or when this process
+    is already in a fake process group
     (the fake group is set up and torn down here; the process is left without one), what find()
     raises for the sized rank, and the errors of build, shard and init unchanged (the group torn
     down first). Side effects: find()'s, for each rank sized.
     """
     in_job = _in_job()
+    if not in_job:
+        _refuse_worker_thread()
     try:
         world_size, sizes, ranks, init, device = _checked(build, shard, world_size, ranks, init,
                                                           device, verify_timeout, options)
@@ -418,6 +422,21 @@ def find_sharded(build, shard, example_batch, *, world_size=None, ranks=None, in
             return ShardedTable([_size_world(w, build, shard, init, device, example_batch, ranks,
                                              options) for w in sizes])
         return _size_world(sizes[0], build, shard, init, device, example_batch, ranks, options)
+
+
+def _refuse_worker_thread():
+    """UsageError outside the main thread: after fully_shard has run on fake tensors in a worker
+    thread (an executor, a notebook's background thread), the next call in any thread crashes
+    the process inside torch's fake-tensor code (a segmentation fault, torch 2.11; torch alone
+    reproduces it), so it is never run there."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        raise UsageError(
+            f"find_sharded: called in the thread {threading.current_thread().name!r}, not the "
+            "main thread; it shards the model with FSDP2 on fake tensors, and after that has run "
+            "in another thread the next call crashes the process inside torch (a segmentation "
+            "fault), so it runs in the main thread only: call it there, or in a subprocess "
+            "(multiprocessing with the 'spawn' start method)")
 
 
 @contextlib.contextmanager

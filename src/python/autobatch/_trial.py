@@ -70,6 +70,28 @@ def state_bytes(optimizer):
     return total
 
 
+def _check_loss_fn_result(loss):
+    """UsageError unless loss_fn returned the micro-batch's loss, a scalar tensor: a tuple of
+    (loss, metrics), a dict or a per-sample vector left find() as the model's error, the vector
+    only at micro-batch 2 (its shape is (1,) at 1)."""
+    if isinstance(loss, torch.Tensor) and loss.dim() == 0:
+        return
+    if isinstance(loss, torch.Tensor):
+        what, fix = (f"a tensor of shape {tuple(loss.shape)}",
+                     "reduce it, e.g. F.cross_entropy(..., reduction='mean') or .mean()")
+    elif isinstance(loss, (tuple, list)):
+        what, fix = (f"a {type(loss).__name__} of {len(loss)}",
+                     "return the loss alone, e.g. lambda output, batch: my_loss(output, batch)[0]")
+    elif isinstance(loss, Mapping):
+        what, fix = (f"a {type(loss).__name__} with keys {sorted(map(str, loss))[:5]}",
+                     "return the loss alone, e.g. lambda output, batch: my_loss(output, batch)"
+                     "['loss']")
+    else:
+        what, fix = type(loss).__name__, "return a scalar tensor that requires grad (not .item())"
+    raise UsageError(f"loss_fn: expected it to return the micro-batch's loss, a scalar tensor, "
+                     f"but it returned {what}; {fix}")
+
+
 class KeptOutput:
     """What a framework's step (the drop-ins' step=) returns when the framework keeps more of it
     than the loss: `loss`, the micro-batch's loss, and `kept`, the tensors the framework holds
@@ -360,8 +382,11 @@ class EagerProbe(MeasuringTrials):
                 output = call_model(self.model, batch)
                 self._enter("loss", size, micro, step)
                 rule = []
-                loss = (self.loss_fn(output, batch) if self.loss_fn is not None
-                        else default_loss(output, rule))
+                if self.loss_fn is not None:
+                    loss = self.loss_fn(output, batch)
+                    _check_loss_fn_result(loss)
+                else:
+                    loss = default_loss(output, rule)
                 self.loss_rule = rule[0] if rule else self.loss_rule
                 return output, loss
         finally:
@@ -688,8 +713,19 @@ class EagerProbe(MeasuringTrials):
                 "restored. Start a new process (CUDA_LAUNCH_BLOCKING=1 helps find the kernel)",
                 micro_batch=size)
         return ModelError(f"the model raised an error at micro-batch {size} (not out of "
-                          f"memory): {type(error).__name__}: {text_of(error)}{hint(error, size)}",
-                          micro_batch=size)
+                          f"memory): {type(error).__name__}: {text_of(error)}{hint(error, size)}"
+                          f"{self._tuple_hint(error)}", micro_batch=size)
+
+    def _tuple_hint(self, error):
+        """The fix when a tuple example reached the model as model(*batch) and did not fit its
+        signature: the usual (inputs, targets) batch of a DataLoader."""
+        if (self.step is None and isinstance(self.example, (tuple, list)) and
+                isinstance(error, TypeError) and "positional argument" in text_of(error)):
+            return ("; the example batch is a tuple, which the trial passes as model(*batch): "
+                    "for an (inputs, targets) batch pass step=lambda model, batch: "
+                    "F.cross_entropy(model(batch[0]), batch[1]) (the forward and loss of one "
+                    "micro-batch), or loss_fn= with the inputs alone as example_batch")
+        return ""
 
     def _failure(self, e):
         """The library's classification of a failed step (autobatch/vocabulary/failure.h)."""

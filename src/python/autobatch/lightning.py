@@ -49,7 +49,7 @@ from ._trial import KeptOutput
 
 try:
     import lightning.pytorch as pl
-    from lightning.pytorch.utilities import rank_zero_info
+    from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
     from lightning.pytorch.utilities.parsing import (lightning_getattr, lightning_hasattr,
                                                      lightning_setattr)
     from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
@@ -76,7 +76,14 @@ class AutobatchFinder(pl.Callback):
       (ranks with different memory, e.g. in a test). optimizer, loss_fn, precision, device,
       world_size, step and ddp come from the trainer and the module. eval=True also sizes the
       evaluation batch beside the training state (result.eval_safe_batch; nothing is set from
-      it); eval="only" is refused (it sizes no training batch).
+      it); eval="only" is refused (it sizes no training batch). max_trials=0 leaves the batch size
+      as it is, as BatchSizeFinder's does. BatchSizeFinder's mode, init_val and max_val are
+      refused with the option that stands for each (strategy, min_batch, max_batch);
+      steps_per_trial, max_trials and margin are taken as find() takes them (the margin in
+      every strategy).
+
+    Skipped, as BatchSizeFinder skips, under fast_dev_run (with Lightning's warning); like it,
+    warns when the module and its hparams both hold the batch size attribute.
 
     After `fit`'s setup: `result` (this rank's autobatch.Result), `micro_batch` (the agreed size
     set on the attribute), `accumulation_steps` (set on the trainer), `plan` (the uniform Plan;
@@ -87,6 +94,7 @@ class AutobatchFinder(pl.Callback):
 
     def __init__(self, target_batch=None, batch_arg_name="batch_size", **options):
         super().__init__()
+        _refuse_lightning_names(options)
         given = sorted(set(options) & set(_DERIVED))
         if given:
             raise UsageError(f"AutobatchFinder: {', '.join(given)} come from the trainer and the "
@@ -105,6 +113,11 @@ class AutobatchFinder(pl.Callback):
                              f"{batch_arg_name!r}")
         self.target_batch = _find._target(target_batch)
         self.batch_arg_name = batch_arg_name
+        # max_trials=0 keeps the batch size as the script set it, as BatchSizeFinder does (its
+        # loops run no trial); find() itself takes at least 1.
+        self.skip = options.get("max_trials") == 0 and not isinstance(options["max_trials"], bool)
+        if self.skip:
+            options.pop("max_trials")
         self.options = options
         self.result = None
         self.micro_batch = None
@@ -119,6 +132,14 @@ class AutobatchFinder(pl.Callback):
         an answer for half a model)."""
         if stage != "fit":
             return
+        if trainer.fast_dev_run:  # as Lightning's tuner skips (tuner/batch_size_scaling.py)
+            rank_zero_warn("Skipping batch size scaler since `fast_dev_run` is enabled.")
+            return
+        if self.skip:
+            rank_zero_info(f"autobatch: max_trials=0: {self.batch_arg_name} and "
+                           "accumulate_grad_batches are left as they are")
+            return
+        _warn_mutually_exclusive(pl_module, self.batch_arg_name)
         world = trainer.world_size
         if self.target_batch and self.target_batch % world:
             raise UsageError(f"AutobatchFinder: target_batch {self.target_batch} is not a multiple "
@@ -186,6 +207,35 @@ class AutobatchFinder(pl.Callback):
                    f"accumulate_grad_batches {self.accumulation_steps}{plan_text}{agreed_text}")
         log.debug("%s", self.result.text)
         rank_zero_info(message)  # Lightning's own channel: shown once, on rank 0
+
+
+# BatchSizeFinder's arguments that AutobatchFinder names otherwise, with what to pass instead
+# (lightning/pytorch/callbacks/batch_size_finder.py; steps_per_trial, max_trials and margin are
+# find()'s own names, taken as they are: the margin applies in every strategy, where Lightning's
+# applies in binsearch mode only).
+_LIGHTNING_NAMES = {
+    "mode": "the search is strategy= ('guided', the default: a fit of two measured trials, then "
+            "the bracket; 'binsearch' or 'power', Lightning's own)",
+    "init_val": "the search starts at min_batch= (default 1: the smallest micro-batch it may "
+                "answer, not a first guess to grow from)",
+    "max_val": "the largest micro-batch it may answer is max_batch= (default: no bound)",
+}
+
+
+def _refuse_lightning_names(options):
+    given = [k for k in _LIGHTNING_NAMES if k in options]
+    if given:
+        raise UsageError("AutobatchFinder: " + "; ".join(
+            f"{k}= is BatchSizeFinder's: {_LIGHTNING_NAMES[k]}" for k in given))
+
+
+def _warn_mutually_exclusive(pl_module, name):
+    """Lightning's own warning when the module and its hparams both hold the batch size
+    (BatchSizeFinder.setup): lightning_setattr sets both, the loader reads one."""
+    if hasattr(pl_module, name) and hasattr(pl_module, "hparams") and name in pl_module.hparams:
+        rank_zero_warn(f"Field `model.{name}` and `model.hparams.{name}` are mutually exclusive! "
+                       f"`model.{name}` will be used as the initial batch size for scaling. If "
+                       "this is not the intended behavior, please remove either one.")
 
 
 def _check_can_size(trainer, pl_module, batch_arg_name, target_batch):

@@ -236,6 +236,7 @@ def _checkpointing(model, args):
         yield
         return
     was = bool(_checkpointing_on(model))
+    hooks_before = list(_input_grad_hooks(model))
     kwargs = dict(args.activation_checkpointing_kwargs or {})
     every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
     if hasattr(model, "activation_checkpointing_enable"):
@@ -253,6 +254,7 @@ def _checkpointing(model, args):
     finally:
         if not was:
             disable()
+            _drop_input_require_grads(model, hooks_before)
 
 
 @contextlib.contextmanager
@@ -272,6 +274,31 @@ def _use_cache(model, args):
         yield
     finally:
         config.use_cache = was
+
+
+def _input_grad_hooks(model):
+    """The forward hooks enable_input_require_grads() registered on the input embeddings
+    (transformers 5.24's modeling_utils.py keeps them in _require_grads_hooks)."""
+    hooks = getattr(model, "_require_grads_hooks", None) or []
+    single = getattr(model, "_require_grads_hook", None)
+    return hooks if hooks else ([single] if single is not None else [])
+
+
+def _drop_input_require_grads(model, hooks_before):
+    """The hooks that enabling checkpointing for the trials added, removed: its disable removes
+    them only for a PEFT model (_activation_checkpointing_disable), so each call left one more
+    on the input embeddings of a plain model."""
+    added = [h for h in _input_grad_hooks(model) if all(h is not b for b in hooks_before)]
+    for h in added:
+        h.remove()
+    if added:
+        if hooks_before:
+            model._require_grads_hooks = hooks_before
+            model._require_grads_hook = hooks_before[0]
+        else:
+            model._require_grads_hooks = []
+            if hasattr(model, "_require_grads_hook"):
+                del model._require_grads_hook
 
 
 def _checkpointing_on(model):
