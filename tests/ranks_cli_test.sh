@@ -6,6 +6,8 @@
 #   killed          a rank killed mid-search: the others exit 4, naming it, in bounded time
 #   missing         a rank that never arrives: exit 4 naming it after --rank-timeout
 #   wrong-world     rank >= world size (flags, torchrun env): exit 2
+#   different-targets, different-models
+#                   a plan's input differs between the ranks: exit 4 on both, naming the field
 set -euo pipefail
 case_name="$1" cli="$2" python="$3" work="$4/$1"
 rm -rf "$work" && mkdir -p "$work"
@@ -87,9 +89,36 @@ case "$case_name" in
     start=$SECONDS
     start_rank 0 2 64MiB --rank-timeout 2
     wait_rank 0; [ "$rc" = 4 ] || fail "rank 0 exited $rc, expected 4"
-    grep -q "no result from rank(s) 1 within 2.0 s (--rank-timeout): rank 1 never arrived" \
+    grep -q "no job record from rank(s) 1 within 2.0 s (--rank-timeout): rank 1 never arrived" \
       "$work/rank0.err" || fail "no message naming rank 1"
     echo "missing rank 1: rank 0 exited 4 after $((SECONDS - start)) s" ;;
+  different-targets|different-models)
+    # Issue 68 rows 1 and 2: what a plan depends on differs between the ranks; both exit 4 in
+    # the job round (before any trial), naming the field, the ranks and both values.
+    if [ "$case_name" = different-targets ]; then
+      start_rank 0 2 40MiB --rank-timeout 60 --target-batch 64
+      start_rank 1 2 40MiB --rank-timeout 60 --target-batch 40000
+      words="ranks disagree on target-batch: rank 0 has '64', rank 1 has '40000'"
+    else
+      other="$work/other.pt"
+      "$python" - "$other" <<'PY'
+import sys, torch
+torch.manual_seed(1)
+net = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+torch.jit.save(torch.jit.script(net), sys.argv[1],
+               _extra_files={"autobatch/inputs.json": '{"version": 1, "inputs": ["512"], "loss": "cross-entropy"}'})
+PY
+      start_rank 0 2 40MiB --rank-timeout 60
+      start_rank 1 2 40MiB --rank-timeout 60 --model "$other"
+      words="ranks disagree on model: rank 0 has '"
+    fi
+    for r in 0 1; do
+      wait_rank "$r"; [ "$rc" = 4 ] || fail "rank $r exited $rc, expected 4"
+      grep -qF "$words" "$work/rank$r.err" || fail "rank $r: no message naming the field"
+      grep -q '"status": "ranks-disagree"' "$work/rank$r.json" || fail "rank $r: JSON status"
+      ! grep -q "trial batch" "$work/rank$r.err" || fail "rank $r ran a trial before the job round"
+    done
+    grep -h "ranks disagree" "$work/rank0.err" ;;
   wrong-world)
     rc=0; "$cli" --model "$model" --device cpu --rank 2 --world-size 2 >"$work/a.out" 2>"$work/a.err" || rc=$?
     [ "$rc" = 2 ] || fail "--rank 2 --world-size 2 exited $rc"

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -12,6 +13,28 @@ namespace autobatch {
 namespace {
 // Named after the file: the test executables compile several files as one unit (UNITY_BUILD).
 namespace ranks_test {
+
+RankReport rep(int rank, std::string status, std::string device, std::int64_t safe,
+               std::int64_t plan_max, bool verified, std::int64_t limit) {
+  RankReport r;
+  r.rank = rank;
+  r.status = std::move(status);
+  r.device = std::move(device);
+  r.safe_micro_batch = safe;
+  r.plan_max_micro_batch = plan_max;
+  r.plan_verified = verified;
+  r.memory_limit_bytes = limit;
+  return r;
+}
+
+std::string rankErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const RankError& e) {
+    return e.what();
+  }
+  return "";
+}
 
 EnvLookup envOf(std::map<std::string, std::string> vars) {
   return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {
@@ -132,7 +155,9 @@ TEST(RanksTest, RankDevice) {
 }
 
 TEST(RanksTest, ReportRoundTrips) {
-  RankReport r{2, "ok", "cuda:2", 37, 35, true, 123456789};
+  RankReport r = rep(2, "ok", "cuda:2", 37, 35, true, 123456789);
+  r.inputs = "int64:64 f32:3x;224%";  // a separator and the escape character survive
+  r.version = "0.1.0";
   EXPECT_EQ(decodeRankReport(encodeRankReport(r)), r);
   EXPECT_THROW(decodeRankReport("rank=1"), Error);
   EXPECT_THROW(decodeRankReport("garbage"), Error);
@@ -142,7 +167,7 @@ TEST(RanksTest, AgreeTakesTheMinimumAndNamesTheLimitingRanks) {
   for (int world = 1; world <= 6; ++world) {
     std::vector<RankReport> reports;
     for (int r = world - 1; r >= 0; --r) {  // any order
-      reports.push_back({r, "ok", "cpu", 40 + 7 * r, 39 + r, r != 1, 0});
+      reports.push_back(rep(r, "ok", "cpu", 40 + 7 * r, 39 + r, r != 1, 0));
     }
     const Agreement a = agree(reports, world);
     EXPECT_EQ(a.safe_micro_batch, 40);
@@ -152,22 +177,23 @@ TEST(RanksTest, AgreeTakesTheMinimumAndNamesTheLimitingRanks) {
     EXPECT_EQ(static_cast<int>(a.reports.size()), world);
   }
   const Agreement none =
-      agree({{0, "ok", "cpu", 10, 10, true, 0}, {1, "ok", "cpu", 0, 0, false, 0}}, 2);
+      agree({rep(0, "ok", "cpu", 10, 10, true, 0), rep(1, "ok", "cpu", 0, 0, false, 0)}, 2);
   EXPECT_EQ(none.safe_micro_batch, 0);
   EXPECT_EQ(none.limiting_ranks, std::vector<int>{1});
 }
 
 TEST(RanksTest, AgreeRejectsFailedAndMissingRanks) {
   try {
-    agree({{0, "ok", "cpu", 10, 10, true, 0}, {1, "usage-error", "", 0, 0, false, 0}}, 2);
+    agree({rep(0, "ok", "cpu", 10, 10, true, 0), rep(1, "usage-error", "", 0, 0, false, 0)}, 2);
     FAIL() << "expected RankError";
   } catch (const RankError& e) {
     EXPECT_EQ(std::string(e.what()),
               "ranks could not agree: rank(s) 1 failed before agreeing (rank 1: usage-error); "
               "see their logs");
   }
-  EXPECT_THROW(agree({{0, "ok", "cpu", 10, 10, true, 0}}, 2), Error);
-  EXPECT_THROW(agree({{0, "ok", "cpu", 1, 1, true, 0}, {0, "ok", "cpu", 1, 1, true, 0}}, 2), Error);
+  EXPECT_THROW(agree({rep(0, "ok", "cpu", 10, 10, true, 0)}, 2), Error);
+  EXPECT_THROW(
+      agree({rep(0, "ok", "cpu", 1, 1, true, 0), rep(0, "ok", "cpu", 1, 1, true, 0)}, 2), Error);
 }
 
 // Issue 27, rows 19 and 21: every launcher variable counts alone; the store host is checked.
@@ -252,6 +278,69 @@ TEST(RanksTest, AStoreHostThatIsNoAddressIsAUsageError) {
   EXPECT_EQ(resolveRankInfo({}, envOf({{"SLURM_PROCID", "0"}, {"SLURM_JOB_NODELIST", "n[3-4]"}}))
                 .master_addr_origin,
             "SLURM_JOB_NODELIST");
+}
+
+// Issue 68 rows 1 and 2: the ranks compare what their plans depend on. Catches a job round
+// that compares nothing (rank 0 --target-batch 64, rank 1 40000: both exit 0 with one backward
+// per step on one rank and forty on the other), one that stops at the first rank, and two
+// versions taken as one.
+TEST(RanksTest, JobRecordsThatDifferNameTheFieldTheRanksAndBothValues) {
+  const JobFields a = {{"model", "abc (10 bytes)"}, {"target-batch", "64"}, {"plan", "auto"}};
+  JobFields b = a;
+  b[1].second = "40000";
+  const auto record = [](const JobFields& f, const std::string& version) {
+    return decodeJobFields(encodeJobFields(f, version));
+  };
+  EXPECT_EQ(record(a, "0.1.0").fields, a);
+  EXPECT_EQ(record(a, "0.1.0").version, "0.1.0");
+  EXPECT_NO_THROW(compareJobRecords({record(a, "0.1.0"), record(a, "0.1.0")}));
+  EXPECT_EQ(rankErrorOf([&] {
+              compareJobRecords({record(a, "0.1.0"), record(a, "0.1.0"), record(b, "0.1.0")});
+            }),
+            "ranks disagree on target-batch: rank 0 has '64', rank 2 has '40000'; every rank of "
+            "one job must run it with the same target-batch (the plan would differ between ranks "
+            "and their collectives mismatch)");
+  JobFields c = a;
+  c[0].second = "def (10 bytes)";
+  EXPECT_NE(rankErrorOf([&] { compareJobRecords({record(a, "0.1.0"), record(c, "0.1.0")}); })
+                .find("ranks disagree on model: rank 0 has 'abc (10 bytes)', rank 1 has "
+                      "'def (10 bytes)'"),
+            std::string::npos);
+  EXPECT_EQ(rankErrorOf([&] { compareJobRecords({record(a, "0.1.0"), record(a, "0.2.0")}); }),
+            "ranks disagree on the autobatch version: rank 0 runs autobatch 0.1.0, rank 1 runs "
+            "autobatch 0.2.0; run the same autobatch on every rank");
+}
+
+// Catches a rank of another version read as a parse error (exit 1 naming nobody): a report of
+// protocol 1 (no protocol key) or of a later protocol is refused naming both versions.
+TEST(RanksTest, ReportsOfAnotherProtocolNameBothVersions) {
+  const RankReport old = decodeRankReport(
+      "rank=1;status=ok;device=cpu;safe=3;plan_max=3;verified=1;limit=100");
+  EXPECT_EQ(old.protocol, 1);
+  RankReport mine = rep(0, "ok", "cpu", 4, 4, true, 100);
+  mine.version = "0.1.0";
+  const std::string words = rankErrorOf([&] { agree({mine, old}, 2); });
+  EXPECT_NE(words.find("rank 1 runs an autobatch without a version in its records (rank records "
+                       "of protocol 1), this job's other ranks autobatch 0.1.0 (protocol 2)"),
+            std::string::npos)
+      << words;
+  const RankReport later = decodeRankReport("protocol=9;version=9.0;rank=1;whatever=1");
+  EXPECT_EQ(later.protocol, 9);
+  EXPECT_NE(rankErrorOf([&] { agree({mine, later}, 2); }).find("autobatch 9.0"),
+            std::string::npos);
+}
+
+// Catches ranks of other inputs (another model's archive) agreeing on the smaller rank's size.
+TEST(RanksTest, ReportsOfOtherInputsDisagree) {
+  RankReport a = rep(0, "ok", "cpu", 40, 40, true, 0);
+  RankReport b = rep(1, "ok", "cpu", 27, 27, true, 0);
+  a.inputs = "f32:512";
+  b.inputs = "int64:128";
+  EXPECT_EQ(rankErrorOf([&] { agree({a, b}, 2); }),
+            "ranks disagree on inputs: rank 0 has 'f32:512', rank 1 has 'int64:128'; every rank "
+            "of one job must train the same model on the same inputs");
+  b.inputs = a.inputs;
+  EXPECT_EQ(agree({a, b}, 2).safe_micro_batch, 27);
 }
 
 }  // namespace ranks_test

@@ -313,7 +313,13 @@ TEST(ReportGoldenTest, RanksAgreed) {
   a.limiting_ranks = {2};
   for (int i = 0; i < 4; ++i) {
     const std::int64_t safe = i == 2 ? 48 : 52;
-    a.reports.push_back({i, "ok", "cuda:" + std::to_string(i), safe, safe, true, limit});
+    RankReport report;
+    report.rank = i;
+    report.device = "cuda:" + std::to_string(i);
+    report.safe_micro_batch = report.plan_max_micro_batch = safe;
+    report.plan_verified = true;
+    report.memory_limit_bytes = limit;
+    a.reports.push_back(report);
   }
   d.agreement = a;
   SearchResult& s = d.result->search;

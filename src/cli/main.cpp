@@ -29,6 +29,7 @@
 #include "autobatch/run/result_cache.h"
 #include "autobatch/vocabulary/error.h"
 #include "autobatch/vocabulary/failure.h"
+#include "autobatch/vocabulary/input_spec.h"
 #include "autobatch/vocabulary/units.h"
 #include "autobatch/vocabulary/version.h"
 #include "autobatch/workflows/cached_search.h"
@@ -55,7 +56,8 @@ constexpr const char* kExitCodes = R"(Exit codes:
   2    usage or bad input detected by autobatch (flags, specs, files, model signature)
   3    does not fit (nothing fits at the minimum batch, memory limit below what the model
        itself needs, --check-batch failed)
-  4    ranks could not agree (multi-rank timeout)
+  4    ranks could not agree (a rank died, failed or timed out) or run different jobs
+       (another model, a flag the plan depends on, other inputs or autobatch version)
   130  interrupted by SIGINT, 143 by SIGTERM: the trial stops (on the CPU at its next op, on
        CUDA after the current step), the best verified result is printed and written; a
        second signal exits at once without writing
@@ -248,9 +250,13 @@ void runFleet(Cli& cli) {
 
 // Every rank publishes its result; all take the minimum, and the plan is made again for it.
 void agreeAcrossRanks(Cli& cli) {
+  std::string inputs;
+  for (const auto& input : cli.report.result->context.inputs) {
+    inputs += (inputs.empty() ? "" : " ") + autobatch::toString(input);
+  }
   cli.report.agreement =
       autobatch::agreeAcrossRanks(*cli.ranks, cli.report.rank->rank, cli.report.spec.device,
-                                  cli.report.options, cli.report.result->search);
+                                  cli.report.options, cli.report.result->search, inputs);
 }
 
 // Output paths, before any trial: `--json -` never shares stdout with --env (eval would run the
@@ -314,6 +320,39 @@ std::optional<int> readCommandLine(cxxopts::Options& options, const cxxopts::Par
   return std::nullopt;
 }
 
+// What every rank's plan depends on, compared in the job round before any trial (docs/launchers.md
+// "What the ranks compare"): the model by content (SHA-1 and size, not its path) and the flags
+// that change the trials or the plan, as given (--optimizer-impl auto resolves by device, so its
+// given value is compared). Never compared: the device and local rank, the memory limit, reserve,
+// margin and fleet, the device's name and memory, the allocator config, the search bounds,
+// paths: ranks on other devices are what the minimum over the ranks is for.
+autobatch::JobFields jobFieldsOf(const Cli& cli) {
+  const auto& spec = cli.report.spec;
+  const auto& o = cli.report.options;
+  std::string lengths;
+  for (const auto l : cli.lengths) lengths += (lengths.empty() ? "" : ",") + std::to_string(l);
+  const auto yes = [](bool b) { return std::string(b ? "yes" : "no"); };
+  return {
+      {"model", cli.report.model_sha1 + " (" + std::to_string(cli.report.model_file_bytes) +
+                    " bytes)"},
+      {"loss", spec.loss ? std::string(autobatch::toString(*spec.loss)) : "(the archive's)"},
+      {"optimizer", std::string(autobatch::toString(spec.optimizer))},
+      {"optimizer-impl", std::string(autobatch::toString(spec.optimizer_impl))},
+      {"zero-grad", std::string(autobatch::toString(spec.zero_grad))},
+      {"keep-output", yes(spec.keep_output)},
+      {"precision", std::string(autobatch::toString(spec.precision))},
+      {"steps-per-trial", std::to_string(spec.steps_per_trial)},
+      {"accumulation-steps", std::to_string(spec.accumulation_steps)},
+      {"ddp", yes(spec.ddp)},
+      {"target-batch", std::to_string(o.target_batch)},
+      {"target-tokens", std::to_string(cli.target_tokens)},
+      {"lengths", lengths.empty() ? "(none)" : lengths},
+      {"world-size", std::to_string(o.world_size)},
+      {"plan", std::string(autobatch::toString(o.plan))},
+      {"eval", cli.eval_only ? "only" : yes(cli.eval)},
+  };
+}
+
 // Before the search: the model's fingerprint, and the ranks' store. Returns an exit code when a
 // signal came meanwhile.
 std::optional<int> prepare(Cli& cli) {
@@ -333,8 +372,16 @@ std::optional<int> prepare(Cli& cli) {
                   std::to_string(rank.world_size) +
                   "; a multi-rank preflight searches (give --target-batch)");
     }
+    if (cli.report.model_sha1.empty()) {
+      // Never two empty hashes taken as the same model: the job round compares them.
+      throw Error("--model: expected a model file (the ranks compare its SHA-1), but '" +
+                  spec.model_path + "' is not a regular file");
+    }
+    cli.rank_options.version = cli.report.build.autobatch_version;
     cli.ranks = std::make_unique<autobatch::RankGroup>(rank, cli.rank_options);
     spdlog::info("{}", cli.ranks->describe());
+    if (g_signal.load() != 0) return interruptedBeforeSearch(cli);
+    cli.ranks->compareJob(jobFieldsOf(cli));
     if (g_signal.load() != 0) return interruptedBeforeSearch(cli);
   }
   return std::nullopt;

@@ -4,8 +4,10 @@
 
 namespace autobatch {
 
-RankReport rankReportOf(int rank, const std::string& device, const SearchResult& search) {
+RankReport rankReportOf(int rank, const std::string& device, const SearchResult& search,
+                        const std::string& inputs) {
   RankReport mine;
+  mine.inputs = inputs;
   mine.rank = rank;
   mine.device = device;
   mine.safe_micro_batch = search.safe_micro_batch;
@@ -27,8 +29,9 @@ void applyAgreement(const Agreement& agreement, const SearchOptions& options,
 }
 
 Agreement agreeAcrossRanks(RankGroup& group, int rank, const std::string& device,
-                           const SearchOptions& options, SearchResult& search) {
-  Agreement agreement = group.exchange(rankReportOf(rank, device, search));
+                           const SearchOptions& options, SearchResult& search,
+                           const std::string& inputs) {
+  Agreement agreement = group.exchange(rankReportOf(rank, device, search, inputs));
   applyAgreement(agreement, options, search);
   return agreement;
 }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -119,13 +120,59 @@ struct RankGroup::Impl {
     if (heartbeat.joinable()) heartbeat.join();
   }
 
+  // Every rank's `kind/<r>` record, waited for as long as its heartbeat advances (a slow rank is
+  // waited for; one silent for timeout_s is dead). `other(r)`, when given, is asked about a rank
+  // whose record is missing: it may throw (a rank that published something else instead).
+  std::map<int, std::string> collect(const char* kind, const std::function<void(int)>& other) {
+    std::map<int, std::string> records;
+    const int world = info.world_size;
+    const auto start = Clock::now();
+    std::map<int, std::pair<std::string, Clock::time_point>> last;
+    for (int r = 0; r < world; ++r) last[r] = {"", start};
+    while (static_cast<int>(records.size()) < world) {
+      std::vector<int> dead;
+      std::string why;
+      const auto now = Clock::now();
+      for (int r = 0; r < world; ++r) {
+        if (records.contains(r)) continue;
+        if (store->check({key(kind, r)})) {
+          records[r] = store->get_to_str(key(kind, r));
+          continue;
+        }
+        if (other) other(r);
+        std::string beat = store->check({key("hb", r)}) ? store->get_to_str(key("hb", r)) : "";
+        if (beat != last[r].first) last[r] = {beat, now};
+        const double silent = std::chrono::duration<double>(now - last[r].second).count();
+        if (silent > options.timeout_s) {
+          dead.push_back(r);
+          why += (why.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) +
+                 (beat.empty() ? " never arrived"
+                               : " stopped its heartbeat (last #" + beat + ") " + seconds(silent) +
+                                     " ago: it died or hung");
+        }
+      }
+      if (!dead.empty()) {
+        std::string names;
+        for (int r : dead) names += (names.empty() ? "" : ", ") + std::to_string(r);
+        throw RankError("ranks could not agree: no " +
+                        std::string(std::string_view(kind) == "job" ? "job record" : "result") +
+                        " from rank(s) " + names + " within " + seconds(options.timeout_s) +
+                        " (--rank-timeout): " + why);
+      }
+      if (static_cast<int>(records.size()) < world) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    return records;
+  }
+
   // The host waits until every rank has read the reports, then may take the store away. It stops
   // waiting for a rank whose heartbeat has been silent for --rank-timeout (dead: it will never
   // read), but keeps waiting for one still beating: a rank still searching when another failed
   // comes to the exchange later and must find the store there to learn which rank failed (under
   // load, a fixed wait of one timeout let it find the store gone and blame rank 0). Bounded by
   // kMaxReaderWaitS all the same: a rank whose heartbeat thread lives on while it hangs.
-  void waitForReaders() const {
+  void waitForReaders(const char* read_key = "read") const {
     if (!hosts) return;
     constexpr double kMaxReaderWaitS = 600.0;
     const auto start = Clock::now();
@@ -134,7 +181,7 @@ struct RankGroup::Impl {
     for (int r = 0; r < info.world_size; ++r) {
       std::string beat;
       auto changed = start;
-      while (!store->check({key("read", r)}) && Clock::now() < hard_deadline) {
+      while (!store->check({key(read_key, r)}) && Clock::now() < hard_deadline) {
         const std::string now_beat =
             store->check({key("hb", r)}) ? store->get_to_str(key("hb", r)) : "";
         const auto now = Clock::now();
@@ -188,59 +235,66 @@ std::string RankGroup::describe() const {
          i.source + "), store " + impl_->where();
 }
 
-Agreement RankGroup::exchange(const RankReport& mine) {
+void RankGroup::compareJob(const JobFields& mine) {
+  Impl& m = *impl_;
+  try {
+    m.store->set(key("job", m.info.rank), encodeJobFields(mine, m.options.version));
+  } catch (const c10::Error& e) {
+    m.lost("publishing its job record", e);
+  }
+  // A rank that published a result without a job record failed before this round (abandon) or
+  // runs an autobatch without it: said at once, never waited for until the timeout.
+  const auto other = [&m](int r) {
+    if (!m.store->check({key("result", r)})) return;
+    const RankReport theirs = decodeRankReport(m.store->get_to_str(key("result", r)));
+    if (theirs.protocol == kRankProtocol && theirs.status != "ok") {
+      throw RankError("ranks could not agree: rank " + std::to_string(r) +
+                      " failed before comparing the job (" + theirs.status + "); see its log");
+    }
+    throw RankError("ranks disagree on the autobatch version: rank " + std::to_string(r) +
+                    " published a result without a job record (an autobatch without the job " +
+                    "comparison" + (theirs.version.empty() ? "" : ", version " + theirs.version) +
+                    "), this rank runs " +
+                    (m.options.version.empty() ? "another" : "autobatch " + m.options.version) +
+                    "; run the same autobatch on every rank");
+  };
+  try {
+    std::vector<JobRecord> records;
+    for (auto& [r, text] : m.collect("job", other)) records.push_back(decodeJobFields(text));
+    m.store->set(key("jobread", m.info.rank), "1");
+    compareJobRecords(records);
+  } catch (const RankError&) {
+    // Every rank read the same records and fails the same way: the host keeps the store until
+    // they have (a rank that found it gone would blame rank 0).
+    try {
+      m.store->set(key("jobread", m.info.rank), "1");
+      m.waitForReaders("jobread");
+    } catch (const c10::Error&) {
+      // The store is gone; the RankError says what happened first.
+    }
+    throw;
+  } catch (const c10::Error& e) {
+    m.lost("waiting for the other ranks' job records", e);
+  }
+}
+
+Agreement RankGroup::exchange(const RankReport& given) {
   Impl& m = *impl_;
   const int world = m.info.world_size;
-  std::map<int, RankReport> reports;
-  reports[m.info.rank] = mine;
+  RankReport mine = given;
+  mine.protocol = kRankProtocol;
+  mine.version = m.options.version;
   try {
     m.store->set(key("result", m.info.rank), encodeRankReport(mine));
   } catch (const c10::Error& e) {
     m.lost("publishing its result", e);
   }
-  // Per rank still missing: its last heartbeat value and when this rank saw it change.
-  const auto start = Clock::now();
-  std::map<int, std::pair<std::string, Clock::time_point>> last;
-  for (int r = 0; r < world; ++r) last[r] = {"", start};
   try {
-    while (static_cast<int>(reports.size()) < world) {
-      std::vector<int> dead;
-      std::string why;
-      const auto now = Clock::now();
-      for (int r = 0; r < world; ++r) {
-        if (reports.contains(r)) continue;
-        if (m.store->check({key("result", r)})) {
-          reports[r] = decodeRankReport(m.store->get_to_str(key("result", r)));
-          continue;
-        }
-        std::string beat = m.store->check({key("hb", r)}) ? m.store->get_to_str(key("hb", r)) : "";
-        if (beat != last[r].first) last[r] = {beat, now};
-        const double silent = std::chrono::duration<double>(now - last[r].second).count();
-        if (silent > m.options.timeout_s) {
-          dead.push_back(r);
-          why += (why.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) +
-                 (beat.empty() ? " never arrived"
-                               : " stopped its heartbeat (last #" + beat + ") " + seconds(silent) +
-                                     " ago: it died or hung");
-        }
-      }
-      if (!dead.empty()) {
-        std::string names;
-        for (int r : dead) {
-          if (!names.empty()) names += ", ";
-          names += std::to_string(r);
-        }
-        throw RankError("ranks could not agree: no result from rank(s) " + names + " within " +
-                        seconds(m.options.timeout_s) + " (--rank-timeout): " + why);
-      }
-      if (static_cast<int>(reports.size()) < world) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
+    std::vector<RankReport> all;
+    for (auto& [r, text] : m.collect("result", nullptr)) {
+      all.push_back(r == m.info.rank ? mine : decodeRankReport(text));
     }
     m.store->set(key("read", m.info.rank), "1");
-    std::vector<RankReport> all;
-    all.reserve(reports.size());
-    for (auto& [r, report] : reports) all.push_back(report);
     Agreement agreement = agree(std::move(all), world);
     m.waitForReaders();
     return agreement;
@@ -263,6 +317,7 @@ void RankGroup::abandon(const std::string& status) noexcept {
   RankReport failed;
   failed.rank = m.info.rank;
   failed.status = status;
+  failed.version = m.options.version;
   try {
     m.store->set(key("result", m.info.rank), encodeRankReport(failed));
     m.store->set(key("read", m.info.rank), "1");

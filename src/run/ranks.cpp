@@ -89,6 +89,57 @@ std::string join(const std::vector<int>& ranks) {
   return out;
 }
 
+
+// Report values that may hold the separators (an input spec, a device, a version): '%' and ';'
+// written as %25 and %3B.
+std::string escapeValue(std::string_view value) {
+  std::string out;
+  for (const char c : value) {
+    if (c == '%') {
+      out += "%25";
+    } else if (c == ';') {
+      out += "%3B";
+    } else if (c == '\n') {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string unescapeValue(std::string_view value) {
+  std::string out;
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    if (value.substr(i, 3) == "%25") {
+      out += '%';
+      i += 2;
+    } else if (value.substr(i, 3) == "%3B") {
+      out += ';';
+      i += 2;
+    } else {
+      out += value[i];
+    }
+  }
+  return out;
+}
+
+std::string oneLine(std::string value) {
+  std::replace(value.begin(), value.end(), '\n', ' ');
+  return value;
+}
+
+// A rank of another protocol: both versions named (the other's may be unknown: version 1 wrote
+// none).
+std::string versionsDiffer(int rank, int protocol, const std::string& version,
+                           const std::string& ours) {
+  return "ranks disagree on the autobatch version: rank " + std::to_string(rank) + " runs " +
+         (version.empty() ? std::string("an autobatch without a version in its records")
+                          : "autobatch " + version) +
+         " (rank records of protocol " + std::to_string(protocol) + "), this job's other ranks " +
+         (ours.empty() ? std::string("another") : "autobatch " + ours) + " (protocol " +
+         std::to_string(kRankProtocol) + "); run the same autobatch on every rank";
+}
 }  // namespace
 
 EnvLookup processEnvironment() {
@@ -186,14 +237,48 @@ std::string rankDevice(std::string_view device, int local_rank) {
 
 std::string encodeRankReport(const RankReport& r) {
   std::ostringstream out;
-  out << "rank=" << r.rank << ";status=" << r.status << ";device=" << r.device
+  out << "protocol=" << r.protocol << ";version=" << escapeValue(r.version) << ";rank=" << r.rank
+      << ";status=" << r.status << ";device=" << escapeValue(r.device)
       << ";safe=" << r.safe_micro_batch << ";plan_max=" << r.plan_max_micro_batch
-      << ";verified=" << (r.plan_verified ? 1 : 0) << ";limit=" << r.memory_limit_bytes;
+      << ";verified=" << (r.plan_verified ? 1 : 0) << ";limit=" << r.memory_limit_bytes
+      << ";inputs=" << escapeValue(r.inputs);
   return out.str();
 }
 
 RankReport decodeRankReport(std::string_view text) {
   RankReport r;
+  // Another protocol's report is not read field by field: its rank and version are enough for
+  // agree() to refuse it naming both versions (a parse error named neither).
+  // Version 1 wrote no protocol: its 7 keys exactly (rank, status, device, safe, plan_max,
+  // verified, limit) are such a report; anything else without a protocol is no report.
+  r.protocol = 0;
+  int v1_keys = 0;
+  int items = 0;
+  for (std::string_view rest = text; !rest.empty(); ++items) {
+    const auto end = std::min(rest.find(';'), rest.size());
+    const std::string_view item = rest.substr(0, end);
+    rest.remove_prefix(std::min(end + 1, rest.size()));
+    if (item.starts_with("protocol=")) {
+      r.protocol = static_cast<int>(parseInteger(item.substr(9), "rank report: protocol", 1,
+                                                 1 << 20));
+    } else if (item.starts_with("version=")) {
+      r.version = unescapeValue(item.substr(8));
+    } else if (item.starts_with("rank=")) {
+      r.rank = static_cast<int>(parseInteger(item.substr(5), "rank report: rank", 0, 1 << 20));
+    }
+    for (const std::string_view k : {"rank=", "status=", "device=", "safe=", "plan_max=",
+                                     "verified=", "limit="}) {
+      if (item.starts_with(k)) ++v1_keys;
+    }
+  }
+  if (r.protocol == 0) {
+    if (v1_keys != 7 || items != 7) {
+      throw Error("rank report: expected 'protocol=N;...' as autobatch writes it, but got '" +
+                  std::string(text.substr(0, 200)) + "'");
+    }
+    r.protocol = 1;
+  }
+  if (r.protocol != kRankProtocol) return r;
   int seen = 0;
   while (!text.empty()) {
     const auto end = std::min(text.find(';'), text.size());
@@ -211,7 +296,7 @@ RankReport decodeRankReport(std::string_view text) {
     } else if (key == "status") {
       r.status = value;
     } else if (key == "device") {
-      r.device = value;
+      r.device = unescapeValue(value);
     } else if (key == "safe") {
       r.safe_micro_batch = parseInteger(value, "rank report: safe", 0, kMax);
     } else if (key == "plan_max") {
@@ -220,20 +305,95 @@ RankReport decodeRankReport(std::string_view text) {
       r.plan_verified = parseInteger(value, "rank report: verified", 0, 1) == 1;
     } else if (key == "limit") {
       r.memory_limit_bytes = parseInteger(value, "rank report: limit", 0, kMax);
-    } else {
+    } else if (key == "inputs") {
+      r.inputs = unescapeValue(value);
+    } else if (key != "protocol" && key != "version") {
       throw Error("rank report: unexpected key '" + std::string(key) + "'");
     }
     ++seen;
   }
-  if (seen != 7) {
-    throw Error("rank report: expected 7 fields, but got " + std::to_string(seen));
+  if (seen != 10) {
+    throw Error("rank report: expected 10 fields, but got " + std::to_string(seen));
   }
   return r;
+}
+
+std::string encodeJobFields(const JobFields& fields, std::string_view version) {
+  std::string out = "protocol=" + std::to_string(kRankProtocol) + "\nversion=" +
+                    oneLine(std::string(version)) + "\n";
+  for (const auto& [name, value] : fields) out += name + "=" + oneLine(value) + "\n";
+  return out;
+}
+
+JobRecord decodeJobFields(std::string_view text) {
+  JobRecord record;
+  while (!text.empty()) {
+    const auto end = std::min(text.find('\n'), text.size());
+    const std::string_view line = text.substr(0, end);
+    text.remove_prefix(std::min(end + 1, text.size()));
+    const auto eq = line.find('=');
+    if (eq == std::string_view::npos) {
+      throw Error("job record: expected name=value lines, but got '" + std::string(line) + "'");
+    }
+    const std::string name(line.substr(0, eq));
+    const std::string value(line.substr(eq + 1));
+    if (name == "protocol") {
+      record.protocol = static_cast<int>(parseInteger(value, "job record: protocol", 1, 1 << 20));
+    } else if (name == "version") {
+      record.version = value;
+    } else {
+      record.fields.emplace_back(name, value);
+    }
+  }
+  return record;
+}
+
+void compareJobRecords(const std::vector<JobRecord>& by_rank) {
+  if (by_rank.empty()) return;
+  const JobRecord& first = by_rank.front();
+  for (std::size_t r = 0; r < by_rank.size(); ++r) {
+    if (by_rank[r].protocol != kRankProtocol) {
+      throw RankError(versionsDiffer(static_cast<int>(r), by_rank[r].protocol,
+                                     by_rank[r].version, first.version));
+    }
+    if (by_rank[r].version != first.version) {
+      throw RankError("ranks disagree on the autobatch version: rank 0 runs autobatch " +
+                      first.version + ", rank " + std::to_string(r) + " runs autobatch " +
+                      by_rank[r].version + "; run the same autobatch on every rank");
+    }
+  }
+  for (const auto& [name, value] : first.fields) {
+    std::string others;
+    for (std::size_t r = 1; r < by_rank.size(); ++r) {
+      const auto& fields = by_rank[r].fields;
+      const auto it = std::find_if(fields.begin(), fields.end(),
+                                   [&](const auto& f) { return f.first == name; });
+      const std::string theirs = it == fields.end() ? "(none)" : it->second;
+      if (theirs != value) {
+        others += (others.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " has '" +
+                                                  theirs + "'");
+      }
+    }
+    if (!others.empty()) {
+      throw RankError("ranks disagree on " + name + ": rank 0 has '" + value + "', " + others +
+                      "; every rank of one job must run it with the same " + name +
+                      " (the plan would differ between ranks and their collectives mismatch)");
+    }
+  }
 }
 
 Agreement agree(std::vector<RankReport> reports, int world_size) {
   std::sort(reports.begin(), reports.end(),
             [](const RankReport& a, const RankReport& b) { return a.rank < b.rank; });
+  for (const auto& r : reports) {
+    if (r.protocol != kRankProtocol) {
+      const auto ours = std::find_if(reports.begin(), reports.end(), [](const RankReport& o) {
+        return o.protocol == kRankProtocol;
+      });
+      throw RankError(versionsDiffer(r.rank, r.protocol, r.version,
+                                     ours == reports.end() ? "" : ours->version));
+    }
+  }
   if (static_cast<int>(reports.size()) != world_size) {
     throw Error("rank reports: expected " + std::to_string(world_size) + ", but got " +
                 std::to_string(reports.size()));
@@ -256,6 +416,13 @@ Agreement agree(std::vector<RankReport> reports, int world_size) {
   if (!failed.empty()) {
     throw RankError("ranks could not agree: rank(s) " + join(failed) + " failed before agreeing (" +
                     statuses + "); see their logs");
+  }
+  for (const auto& r : reports) {
+    if (r.inputs != reports.front().inputs) {
+      throw RankError("ranks disagree on inputs: rank 0 has '" + reports.front().inputs +
+                      "', rank " + std::to_string(r.rank) + " has '" + r.inputs +
+                      "'; every rank of one job must train the same model on the same inputs");
+    }
   }
   Agreement a;
   a.safe_micro_batch = reports.front().safe_micro_batch;

@@ -201,3 +201,64 @@ def test_a_missing_library_is_named():
                          "rebuild it")
     assert "needs the shared library libfmt.so.9" in text and "rebuild" not in text
     assert "rebuild it" in _load_failure("undefined symbol: _ZN3c10", "rebuild it")
+
+
+# Catches tensors that outlive their trial going unnamed: a forward hook that appends
+# `o.detach()` to a list of the user's kept every trial's activations, each trial ran with the
+# earlier ones alive, and the result said only "non-monotonic" (safe 19 against max 94).
+def test_tensors_a_step_keeps_past_its_end_are_named():
+    model, x = mlp()
+    saved = []
+
+    def save_activations(module, args, output):
+        saved.append(output.detach())
+    hook = model[0].register_forward_hook(save_activations)
+    try:
+        r = autobatch.find(model, x, memory_limit="16MiB", margin=0, max_trials=6)
+    finally:
+        hook.remove()
+    notes = [w for w in r.warnings if "stay alive after them" in w]
+    assert saved and notes, r.warnings
+    assert "in the closure of the function" in notes[0] and "save_activations" in notes[0]
+    saved.clear()
+    clean = autobatch.find(model, x, memory_limit="16MiB", margin=0, max_trials=6)
+    assert not any("stay alive after them" in w for w in clean.warnings), clean.warnings
+
+
+# Catches find_sharded's eval= results that carried no evaluation sizes, and an eval="only"
+# text that called the evaluation batch a micro-batch beside a training maximum never sized.
+def test_find_sharded_says_which_batch_it_sized():
+    from test_sharded import find_mlp
+    only = find_mlp(4, eval="only")
+    assert only.eval_safe_batch == min(r.result.eval_safe_batch for r in only.ranks) > 0
+    text = str(only)
+    assert f"evaluation batch {only.eval_safe_batch} (max {only.eval_max_batch})" in text
+    assert "micro-batch" not in text and only.to_dict()["eval"]["state"] == "parameters-only"
+    both = find_mlp(4, eval=True)
+    assert 0 < both.eval_safe_batch and both.to_dict()["eval"]["state"] == "training-resident"
+    assert f"evaluation batch {both.eval_safe_batch}" in str(both)
+    assert find_mlp(4).eval_safe_batch == 0 and "eval" not in find_mlp(4).to_dict()
+
+
+# Catches fit_training_arguments refusing a call without a target, where the Trainer's
+# auto_find_batch_size it replaces needs none: per_device_train_batch_size is then the cap (never
+# grown past), and gradient_accumulation_steps is left as the user set it.
+def test_fit_training_arguments_without_a_target_works_as_auto_find_batch_size(tmp_path):
+    pytest.importorskip("transformers")
+    import autobatch.transformers as abt
+    import tiny_models
+    from transformers import TrainingArguments
+    model, example = tiny_models.llama()
+
+    def args(size):
+        return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                                 per_device_train_batch_size=size, gradient_accumulation_steps=3,
+                                 auto_find_batch_size=True)
+    small, r = abt.fit_training_arguments_with_result(args(8), model, example,
+                                                      memory_limit="40MiB")
+    assert (small.per_device_train_batch_size, small.gradient_accumulation_steps) == (8, 3)
+    assert r.max_micro_batch == 8 and r.plan is None and small.auto_find_batch_size is False
+    large, r = abt.fit_training_arguments_with_result(args(512), model, example,
+                                                      memory_limit="40MiB")
+    assert large.per_device_train_batch_size == r.safe_micro_batch < 512
+    assert large.gradient_accumulation_steps == 3

@@ -113,7 +113,7 @@ class Counting(torch.nn.Module):
     ({"memory_limit": 0}, "more than 0 bytes"),
     ({"memory_limit": "0"}, "more than 0 bytes"),
     ({"memory_limit": "0GiB"}, "more than 0 bytes"),
-    ({"memory_limit": " 8MiB "}, "no spaces"),
+    ({"memory_limit": " 8MiB "}, "none around it"),
     ({"memory_limit": LIMIT, "min_batch": "4"}, "min_batch: expected an int"),
     ({"memory_limit": LIMIT, "max_batch": 2.5}, "max_batch: expected an int"),
     ({"memory_limit": LIMIT, "world_size": 2.0}, "world_size: expected an int"),

@@ -21,8 +21,10 @@ namespace autobatch {
 /// What rank `rank` (in [0, world size)) publishes of `search`: its safe micro-batch, the
 /// micro-batch its plan may use (search.plan_max_micro_batch when it has a plan, else the safe
 /// micro-batch), plan_verified and memory_limit_bytes, status "ok". `device` ("cuda:1", "cpu")
-/// names the rank's device in the others' reports. Never throws.
-RankReport rankReportOf(int rank, const std::string& device, const SearchResult& search);
+/// names the rank's device in the others' reports; `inputs` the inputs its trials used (input
+/// specs joined by spaces), which the ranks compare. Never throws.
+RankReport rankReportOf(int rank, const std::string& device, const SearchResult& search,
+                        const std::string& inputs = "");
 
 /// Lowers `search` to what the ranks agreed: a warning "this rank's safe micro-batch A lowered to
 /// B, the minimum over the ranks" when B < A, then replan() with the agreed safe micro-batch and,
@@ -33,14 +35,17 @@ RankReport rankReportOf(int rank, const std::string& device, const SearchResult&
 void applyAgreement(const Agreement& agreement, const SearchOptions& options, SearchResult& search);
 
 /// The agreement of a multi-rank preflight, run after this rank's search: publishes
-/// rankReportOf(rank, device, search) through `group`, waits for every rank's report (blocking,
+/// rankReportOf(rank, device, search, inputs) through `group`, waits for every rank's report
+/// (blocking,
 /// at most the group's timeout_s per silent rank), and applies their minimum to `search`
 /// (applyAgreement). Returns the agreement (every rank's report, the limiting ranks), which the
 /// report shows. `options`: the search's (target_batch, world_size, plan kind).
-/// Throws: RankError when a rank died, failed or stayed silent, or the store was lost (the group
-/// names the ranks; `search` is then unchanged); autobatch::Error from the planner.
+/// Throws: RankError when a rank died, failed or stayed silent, the ranks' inputs differ, or the
+/// store was lost (the group names the ranks; `search` is then unchanged); autobatch::Error from
+/// the planner.
 /// Side effects: network traffic to the store; `search` lowered in place.
 Agreement agreeAcrossRanks(RankGroup& group, int rank, const std::string& device,
-                           const SearchOptions& options, SearchResult& search);
+                           const SearchOptions& options, SearchResult& search,
+                           const std::string& inputs = "");
 
 }  // namespace autobatch

@@ -30,6 +30,9 @@ struct RankGroupOptions {
   /// restarted job does not read the last attempt's keys from the agent's store.
   /// Default: "autobatch/preflight".
   std::string prefix = "autobatch/preflight";
+  /// This autobatch's version, stamped on what the rank publishes (a rank of another version is
+  /// named with both). Default: "" (unknown).
+  std::string version;
 };
 
 class RankGroup {
@@ -41,6 +44,14 @@ class RankGroup {
   ~RankGroup();
   RankGroup(const RankGroup&) = delete;
   RankGroup& operator=(const RankGroup&) = delete;
+
+  /// The job round, right after connecting and before any trial: publishes `mine` (what this
+  /// rank's plan depends on: the model's hash, the flags that change the plan, the version),
+  /// waits for every rank's, and compares them (compareJobRecords). Every rank sees the same
+  /// records, so a difference ends every rank. Throws: RankError (a field or the version differs,
+  /// naming the field, the ranks and both values; a rank died, failed or runs an autobatch without
+  /// this round).
+  void compareJob(const JobFields& mine);
 
   /// Publishes `mine`, waits for every rank's report and returns their agreement (the minimum).
   /// The rank hosting the store then waits (at most timeout_s) until every rank has read the

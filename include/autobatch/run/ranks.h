@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace autobatch {
@@ -87,6 +88,33 @@ std::string firstSlurmHost(std::string_view nodelist);
 /// The device of this rank: "cuda" -> "cuda:<local_rank>"; any other value (cpu, cuda:N) as given.
 std::string rankDevice(std::string_view device, int local_rank);
 
+/// The version of what ranks publish in the store (the job round's fields and the reports): a
+/// rank of another version is refused with both versions named (RankError), never misread.
+/// Version 1 (no "protocol" key) had no job round.
+inline constexpr int kRankProtocol = 2;
+
+/// What every rank of one preflight must share for its plan to be one plan, in a fixed order:
+/// (name, value) pairs. Values are single-line text (a newline in one is written as a space).
+using JobFields = std::vector<std::pair<std::string, std::string>>;
+
+/// The job round's record: "protocol=<N>" and "version=<autobatch version>", then one
+/// "name=value" line per field.
+std::string encodeJobFields(const JobFields& fields, std::string_view version);
+
+/// A rank's job-round record read back: its protocol, its autobatch version and its fields.
+struct JobRecord {
+  int protocol = 1;
+  std::string version;
+  JobFields fields;
+};
+/// Throws: autobatch::Error for text that encodeJobFields did not write (a protocol it knows).
+JobRecord decodeJobFields(std::string_view text);
+
+/// Throws: RankError when the ranks' records differ, naming the first field (in rank 0's order)
+/// whose value is not rank 0's, with rank 0's value and every other rank's that differs, or when
+/// a rank runs another protocol (both autobatch versions named). `by_rank` holds every rank.
+void compareJobRecords(const std::vector<JobRecord>& by_rank);
+
 /// What one rank publishes after its search.
 struct RankReport {
   int rank = 0;
@@ -102,6 +130,12 @@ struct RankReport {
   bool plan_verified = false;
   /// The limit its trials ran under, in bytes.
   std::int64_t memory_limit_bytes = 0;
+  /// The inputs its trials used (the flags', else the archive's), as input specs joined by
+  /// spaces: compared across the ranks (a rank of another model or other inputs is refused).
+  std::string inputs;
+  /// kRankProtocol and the autobatch version of the rank that wrote it (RankGroup stamps both).
+  int protocol = kRankProtocol;
+  std::string version;
 
   bool operator==(const RankReport&) const = default;
 };
@@ -126,8 +160,10 @@ struct Agreement {
 };
 
 /// Takes the minimum over `reports` (one per rank, any order).
-/// Throws: RankError when a rank reported a failure status (the message names the ranks and their
-/// statuses); autobatch::Error when a rank is missing, repeated or out of range.
+/// Throws: RankError when a rank runs another protocol (both versions named), when a rank
+/// reported a failure status (the message names the ranks and their statuses), or when the ranks'
+/// inputs differ (the field, the ranks and both values named); autobatch::Error when a rank is
+/// missing, repeated or out of range.
 Agreement agree(std::vector<RankReport> reports, int world_size);
 
 }  // namespace autobatch

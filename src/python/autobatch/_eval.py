@@ -47,6 +47,7 @@ class EvalProbe:
             self.resident = (kept, buckets)
             return done
         p.kept_grads = p.zero_grad == "zeros"
+        p.holding = True  # the state made here is held on purpose until release()
         try:
             record = p.trial(training_batch, micro_batches, step)
         except BaseException:  # a model error (ModelError): nothing is held
@@ -68,6 +69,7 @@ class EvalProbe:
         self.resident = None
         self.probe.largest_oom = self.training_oom
         self.probe.kept_grads = False
+        self.probe.holding = False
         for param in self.probe.state.params:
             param.grad = None
         if self.probe.meter.poisoned():

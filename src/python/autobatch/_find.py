@@ -18,7 +18,8 @@ from ._fingerprint import _code_digest, fingerprint
 from ._optimizers import _impl, _optimizer_factory
 from ._options import (_INT32_MAX, _autocast, _bytes, _count, _device_of, _limit, _margin,
                        _seconds, _target)
-from ._state import ModelState, example_tensors, local_tensor
+from ._state import ModelState, example_tensors, live_storages, local_tensor
+from ._survivors import Survivors
 from ._trial import EagerProbe, Meter, leading_size, refuse_collective_modules
 
 log = logging.getLogger("autobatch")
@@ -239,6 +240,9 @@ class _Session:
             self.outside = state.outside_model(self.device)
             meter.notes += _outside_note(self.outside, self.device)
             probe.facts = _facts(self, state, meter)
+            probe.survivors = Survivors(self.device,
+                                        [p for p, _, _ in live_storages(self.device)],
+                                        meter.current_bytes())
             try:
                 return fn(probe, probe.facts)
             except _core.Error as e:

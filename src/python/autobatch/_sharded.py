@@ -82,6 +82,26 @@ class ShardedResult:
     # the plan for target_batch at it (this rank's own `result` may allow more)
     agreed_micro_batch: int = 0
     agreed_plan: Optional[Plan] = None
+    # find()'s eval= as given: "" (training only), "training-resident" (eval=True: also the
+    # evaluation batch beside the training state) or "parameters-only" (eval="only": the
+    # evaluation batch alone; micro_batch and max_micro_batch are then the evaluation's, as
+    # find()'s Result gives them)
+    eval: str = ""
+
+    @property
+    def eval_safe_batch(self) -> int:
+        """The evaluation batch every sized rank holds (the smallest of their safe evaluation
+        batches); 0 without eval=."""
+        return min((r.result.eval_safe_batch for r in self.ranks), default=0) if self.eval else 0
+
+    @property
+    def eval_max_batch(self) -> int:
+        """The raw evaluation maximum of the rank whose safe evaluation batch binds; 0 without
+        eval=."""
+        if not self.eval or not self.ranks:
+            return 0
+        return min(self.ranks, key=lambda r: (r.result.eval_safe_batch, r.rank)
+                   ).result.eval_max_batch
 
     @property
     def result(self) -> Result:
@@ -119,12 +139,23 @@ class ShardedResult:
                            "trials": len(r.result.trials)} for r in self.ranks],
                 "layout": self.layout, "backend_buffers": self.backend,
                 **({"agreed_micro_batch": self.agreed_micro_batch, "verified": True}
-                   if self.agreed_micro_batch else {})}
+                   if self.agreed_micro_batch else {}),
+                **({"eval": {"state": self.eval, "safe_batch": self.eval_safe_batch,
+                             "max_batch": self.eval_max_batch,
+                             "ranks": [{"rank": r.rank,
+                                        "max_batch": r.result.eval_max_batch,
+                                        "safe_batch": r.result.eval_safe_batch}
+                                       for r in self.ranks]}} if self.eval else {})}
 
     def __str__(self):
+        if self.eval == "parameters-only":
+            return self._eval_only_text()
         lines = [f"sharded (FSDP2, fake process group): world size {self.world_size}, "
                  f"micro-batch {self.safe_micro_batch} (max {self.max_micro_batch}), binding "
                  f"rank {self.binding_rank}"]
+        if self.eval:
+            lines.append(f"  evaluation batch {self.eval_safe_batch} (max "
+                         f"{self.eval_max_batch}) beside the training state, on every rank sized")
         if self.agreed_micro_batch:
             lines[0] = (f"sharded (FSDP2, in the job): world size {self.world_size}, agreed "
                         f"micro-batch {self.agreed_micro_batch}, verified by one real step on "
@@ -139,6 +170,19 @@ class ShardedResult:
                          f"{len(r.result.trials)} trials")
         if self.plan is not None:
             lines.append(f"  {self.plan}")
+        lines.append(f"  not measured: {self.backend}")
+        return "\n".join(lines)
+
+    def _eval_only_text(self):
+        """eval="only": every figure is an evaluation batch's (the parameters alone resident)."""
+        lines = [f"sharded (FSDP2, fake process group): world size {self.world_size}, "
+                 f"evaluation batch {self.eval_safe_batch} (max {self.eval_max_batch}) with the "
+                 f"parameters alone resident (eval='only': no training batch sized)"]
+        for r in self.ranks:
+            lines.append(f"  rank {r.rank} (as ranks {_text_span(r.ranks_alike)}): parameter "
+                         f"shard {r.parameter_bytes} bytes, evaluation max "
+                         f"{r.result.eval_max_batch}, safe {r.result.eval_safe_batch}, "
+                         f"{len(r.result.trials)} trials")
         lines.append(f"  not measured: {self.backend}")
         return "\n".join(lines)
 
@@ -388,7 +432,11 @@ def find_sharded(build, shard, example_batch, *, world_size=None, ranks=None, in
       is available, else the CPU). verify_timeout: inside a job, the seconds the verification
       step's collectives wait for a rank (default 120).
     options: find()'s (optimizer, step or loss_fn, precision, memory_limit, margin,
-      target_batch: the global batch over all ranks, time_limit, ...), not world_size.
+      target_batch: the global batch over all ranks, time_limit, eval, ...), not world_size.
+      eval=True also sizes each rank's evaluation batch beside its training state, eval="only"
+      the evaluation batch alone (the parameters resident, no training batch): the result's
+      eval_safe_batch / eval_max_batch are the smallest over the ranks sized, and with "only"
+      its text and micro_batch speak of the evaluation batch.
       time_limit and max_trials bound each rank's search (each world size's and each rank's in
       turn), not the whole call.
 
@@ -422,6 +470,12 @@ def find_sharded(build, shard, example_batch, *, world_size=None, ranks=None, in
             return ShardedTable([_size_world(w, build, shard, init, device, example_batch, ranks,
                                              options) for w in sizes])
         return _size_world(sizes[0], build, shard, init, device, example_batch, ranks, options)
+
+
+def _eval_state(value):
+    """find()'s eval= in the report's words ("" when absent or False)."""
+    return {True: "training-resident", "only": "parameters-only"}.get(value, "") \
+        if value is not False and value is not None else ""
 
 
 def _refuse_worker_thread():
@@ -580,6 +634,6 @@ def _size_world(n, build, shard, init, device, example_batch, ranks, options):
     binding = min(sized, key=lambda r: (r.result.safe_micro_batch, r.rank)).rank
     table = [{"ranks": _span(rs), "count": len(rs), "local_parameter_bytes": sum(sig)}
              for sig, rs in classes]
-    out = ShardedResult(n, binding, sized, table)
+    out = ShardedResult(n, binding, sized, table, eval=_eval_state(options.get("eval")))
     out.result.raw["sharded"] = out.to_dict()  # the binding rank's JSON report carries it
     return out

@@ -334,6 +334,9 @@ class EagerProbe(MeasuringTrials):
         # The example's own storages, which make_batch passes unchanged into every batch.
         self.example_ptrs = storage_ptrs(example)
         self.sizes_seen = set()  # the batch sizes the model's forward has run on
+        self.survivors = None  # _survivors.Survivors: tensors that outlive their trial (find's)
+        self.holding = False  # the evaluation's training state is held between trials
+        self.survivor_note = None  # its line in the meter's notes
         self.gradients_seen = False  # a trainable parameter had a gradient after a backward
 
     def cancel(self):
@@ -605,6 +608,7 @@ class EagerProbe(MeasuringTrials):
                     p.grad = None
             self._enter("idle", size)
         error = self._end(record, error)
+        self._check_survivors()
         if failure is not None and failure["kind"] == "possible-out-of-memory" and \
                 error is not None and not self.meter.poisoned():
             if self._memory_after_all(size, body, failure):
@@ -634,6 +638,21 @@ class EagerProbe(MeasuringTrials):
             raise self._model_error(error, size) from error
         self._log(size, micro_batches, record, label)
         return record
+
+    def _check_survivors(self):
+        """Tensors the trial made that are still alive now that it let go of its own (a step
+        that keeps them: _survivors.py): named once in the result's warnings, and updated."""
+        if self.survivors is None or self.holding or self.meter.poisoned():
+            return
+        if not self.survivors.check(self.meter.current_bytes()):
+            return
+        note = self.survivors.note()
+        if self.survivor_note in self.meter.notes:
+            self.meter.notes[self.meter.notes.index(self.survivor_note)] = note
+        else:
+            self.meter.notes.append(note)
+        self.survivor_note = note
+        log.warning("autobatch: %s", note)
 
     def _drain_autograd(self):
         """After a step that failed: autograd's engine keeps a failed backward's queued work (its

@@ -51,7 +51,8 @@ log = logging.getLogger("autobatch")
 _DERIVED = ("optimizer", "precision", "device", "world_size", "target_batch", "ddp", "step")
 
 
-def fit_training_arguments(args, model, example_batch, target_batch, *, eval=False, **options):
+def fit_training_arguments(args, model, example_batch, target_batch=None, *, eval=False,
+                           **options):
     """Returns a copy of `args` sized for `target_batch` samples per optimizer step over all
     ranks (per_device_train_batch_size x gradient_accumulation_steps x world size = target_batch).
 
@@ -59,7 +60,10 @@ def fit_training_arguments(args, model, example_batch, target_batch, *, eval=Fal
       on any device (moved to args.device for the trials, as the Trainer moves it; its weights,
       buffers, gradients, training flags and RNG states are restored afterwards).
     example_batch: a dict as the Trainer's collator makes it ({"input_ids": ..., "labels": ...});
-      batches of B samples repeat its rows. target_batch: int >= 1.
+      batches of B samples repeat its rows. target_batch: int >= 1, or None (as
+      auto_find_batch_size: per_device_train_batch_size is the cap, the largest safe micro-batch
+      at most it is set, gradient_accumulation_steps is left as it is; max_batch= raises the
+      cap).
     options: as autobatch.find takes them (memory_limit, margin, time_limit, loss_fn, ...);
       optimizer, precision, device, world_size and ddp come from `args`.
     eval: True: also per_device_eval_batch_size, the safe evaluation batch with the training
@@ -76,8 +80,8 @@ def fit_training_arguments(args, model, example_batch, target_batch, *, eval=Fal
                                               eval=eval, **options)[0]
 
 
-def fit_training_arguments_with_result(args, model, example_batch, target_batch, *, eval=False,
-                                       **options):
+def fit_training_arguments_with_result(args, model, example_batch, target_batch=None, *,
+                                       eval=False, **options):
     """fit_training_arguments, and the search's Result: (arguments, Result)."""
     if eval not in (False, True):
         raise UsageError(f"eval: expected True (also set per_device_eval_batch_size) or False, "
@@ -99,8 +103,9 @@ def fit_training_arguments_with_result(args, model, example_batch, target_batch,
                          "there, or call autobatch.find directly")
     target = _find._target(target_batch)
     if not target:
-        raise UsageError("target_batch: expected an int >= 1 (per_device_train_batch_size x "
-                         "gradient_accumulation_steps x world size)")
+        # As auto_find_batch_size: per_device_train_batch_size is the cap (the search answers
+        # at most it unless max_batch= says otherwise) and the accumulation stays as it is.
+        options.setdefault("max_batch", args.per_device_train_batch_size)
     _check_supported(args, target)
     device, world = args.device, args.world_size
     precision = "amp-bf16" if args.bf16 else "amp-fp16" if args.fp16 else None
@@ -118,21 +123,26 @@ def fit_training_arguments_with_result(args, model, example_batch, target_batch,
 
         def search():
             return _find.find(trial_model, example_batch, optimizer=_optimizer_factory(args, model),
-                              precision=precision, device=device, target_batch=target,
+                              precision=precision, device=device, target_batch=target or None,
                               world_size=world, ddp=world > 1, eval=eval, **options)
         result, agreed = search_and_agree(search, world, device, "fit_training_arguments")
     eval_batch = (_all_min(result.eval_safe_batch, device) if world > 1 else
                   result.eval_safe_batch) if eval else args.per_device_eval_batch_size
     import autobatch
-    plan = (result.plans.get("uniform") if agreed == result.safe_micro_batch else None) \
-        or autobatch.plan(agreed, target, world, kind="uniform")
-    sized = dataclasses.replace(args, per_device_train_batch_size=plan.micro_batch_size,
-                                gradient_accumulation_steps=plan.accumulation_steps,
+    if target:
+        plan = (result.plans.get("uniform") if agreed == result.safe_micro_batch else None) \
+            or autobatch.plan(agreed, target, world, kind="uniform")
+        micro, steps = plan.micro_batch_size, plan.accumulation_steps
+    else:
+        plan, micro, steps = None, agreed, args.gradient_accumulation_steps
+    sized = dataclasses.replace(args, per_device_train_batch_size=micro,
+                                gradient_accumulation_steps=steps,
                                 per_device_eval_batch_size=eval_batch,
                                 auto_find_batch_size=False)
     log.info("autobatch: per_device_train_batch_size %d -> %d, gradient_accumulation_steps %d -> "
-             "%d (%s)", args.per_device_train_batch_size, plan.micro_batch_size,
-             args.gradient_accumulation_steps, plan.accumulation_steps, plan)
+             "%d (%s)", args.per_device_train_batch_size, micro,
+             args.gradient_accumulation_steps, steps,
+             plan if plan else "no target: the accumulation as it was")
     if eval:
         log.info("autobatch: per_device_eval_batch_size %d -> %d", args.per_device_eval_batch_size,
                  eval_batch)
@@ -176,7 +186,7 @@ def _check_supported(args, target):
         raise UsageError(f"fit_training_arguments: {args.n_gpu} GPUs in one process "
                          "(DataParallel) is not supported; launch one process per GPU with "
                          "torchrun (DDP)")
-    if target % args.world_size:
+    if target and target % args.world_size:
         raise UsageError(f"target_batch: {target} is not a multiple of the world size "
                          f"{args.world_size} (every rank takes an equal share)")
 
