@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli_run.h"
@@ -431,6 +432,56 @@ TEST(CliTest, ModelsThatCannotTrainAreUsageErrors) {
       << frozen.err;
 }
 
+// Issue 68 row 4. Catches a signature check that counts arguments only: a float argument (here
+// keyword-only, then by position) took an --input tensor and failed at micro-batch 1 as the
+// model's error (exit 1, "Expected a value of type 'float'"). A default keeps working.
+TEST(CliTest, AForwardArgumentThatIsNoTensorIsAUsageErrorBeforeAnyTrial) {
+  const std::string common = " --device cpu --memory-limit 64MiB --input 64,64 -q";
+  for (const auto& [name, signature, words] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           // (a C++-defined module reads `*` but keeps no keyword-only flag: the type is the
+           // refusal's reason here; a Python-scripted one is also named keyword-only)
+           {"KwScale", "x, *, scale: float", "forward argument 'scale' is"},
+           {"PosScale", "x, scale: float",
+            "forward argument 'scale' is of type float, but autobatch passes forward tensors "
+            "only"}}) {
+    const CliRun run = runCli("--model " +
+                              customModel(name, "def forward(self, " + signature +
+                                                    "):\n  return torch.matmul(x, self.w) * "
+                                                    "scale\n") +
+                              common);
+    EXPECT_EQ(run.exit_code, 2) << run.err;
+    EXPECT_NE(run.err.find(words), std::string::npos) << run.err;
+    EXPECT_EQ(run.err.find("trial batch"), std::string::npos) << run.err;
+  }
+  const CliRun with_default = runCli(
+      "--model " +
+      customModel("DefaultScale",
+                  "def forward(self, x, scale: float = 2.0):\n  return torch.matmul(x, self.w) "
+                  "* scale\n") +
+      " --device cpu --memory-limit 64MiB --input 64 -q --check-batch 4");
+  EXPECT_EQ(with_default.exit_code, 0) << with_default.err;
+}
+
+// Issue 68 row 5 (c, d). Catches --help naming --format pt2 as if it were the CLI's flag, and a
+// fleet size under --reserve blamed on --memory-limit, which was never given.
+TEST(CliTest, MessagesNameTheFlagsThatWereGiven) {
+  const CliRun help = runCli("--help");
+  EXPECT_NE(help.out.find("(written by scripts/autobatch_export.py --format pt2)"),
+            std::string::npos)
+      << help.out;
+  const std::string model =
+      customModel("FleetReserve", "def forward(self, x):\n  return torch.matmul(x, self.w)\n");
+  const CliRun fleet =
+      runCli("--model " + model + " --device cpu --input 64 --fleet 16MiB,64MiB --reserve 20MiB");
+  EXPECT_EQ(fleet.exit_code, 2) << fleet.err;
+  EXPECT_NE(fleet.err.find("--fleet: expected sizes above --reserve (20.00 MiB), but size "
+                           "'16MiB' is 16.00 MiB"),
+            std::string::npos)
+      << fleet.err;
+  EXPECT_EQ(fleet.err.find("--memory-limit"), std::string::npos) << fleet.err;
+}
+
 TEST(CliTest, AShapeTheModelRejectsIsTheModelsErrorNotOutOfMemory) {
   const std::string model =
       customModel("Mlp64", "def forward(self, x):\n  return torch.matmul(x, self.w)\n");
@@ -585,9 +636,10 @@ void waitUntilDelivered(pid_t pid, int sig) {
 }
 
 // Starts the CLI (fork/exec), waits for the first trial's log line on stderr, sends `signals`
-// (different ones, all pending at once), and waits for the process to end.
+// (different ones, all pending at once; with `gap_ms` > 0 one after the other, `gap_ms` apart),
+// and waits for the process to end.
 Interrupted interruptAfterFirstTrial(const std::vector<std::string>& args,
-                                     const std::vector<int>& signals) {
+                                     const std::vector<int>& signals, int gap_ms = 0) {
   const fs::path out = tmpDir() / "stdout.txt";
   const fs::path err = tmpDir() / "stderr.txt";
   // A previous run's files would be read before the child truncates them.
@@ -619,13 +671,19 @@ Interrupted interruptAfterFirstTrial(const std::vector<std::string>& args,
   // the next pending signal on the previous handler's sigreturn). Sent back to back to a running
   // child, a test preempted between two kill() calls on a loaded machine let the child take the
   // first alone, cancel and write its result before the second came.
-  const bool together = signals.size() > 1;
+  const bool together = signals.size() > 1 && gap_ms == 0;
   if (together) {
     int stop_status = 0;
     kill(pid, SIGSTOP);
     waitpid(pid, &stop_status, WUNTRACED);
   }
-  for (const int sig : signals) kill(pid, sig);
+  for (const int sig : signals) {
+    kill(pid, sig);
+    if (gap_ms > 0) {
+      waitUntilDelivered(pid, sig);
+      usleep(static_cast<useconds_t>(gap_ms) * 1000);
+    }
+  }
   if (together) kill(pid, SIGCONT);
   for (const int sig : signals) waitUntilDelivered(pid, sig);
   int status = 0;
@@ -673,18 +731,43 @@ INSTANTIATE_TEST_SUITE_P(SigintAndSigterm, InterruptTest, ::testing::Values(SIGI
 // trial ended without trimming the heap (issue 44: src/memory/cpu_budget.cpp) the CLI wrote its
 // result in that wait on most runs (5 of 6 here). Catches a second signal that waits for the
 // writing, or that is taken for the first.
+// With the grace period at 0 (AUTOBATCH_SIGNAL_GRACE_MS, inherited by the CLI), every second
+// signal is a new request.
 TEST(CliTest, SecondSignalExitsAtOnceWithoutWriting) {
   const fs::path json_path = tmpDir() / "twice.json";
+  ::setenv("AUTOBATCH_SIGNAL_GRACE_MS", "0", 1);
   const Interrupted run =
       interruptAfterFirstTrial({"--model", slowModel(), "--device", "cpu", "--memory-limit",
                                 "512MiB", "--json", json_path.string()},
                                {SIGINT, SIGTERM});
+  ::unsetenv("AUTOBATCH_SIGNAL_GRACE_MS");
   // 128 + the signal handled second: the kernel picks the order of two pending signals.
   EXPECT_TRUE(run.exit_code == 128 + SIGINT || run.exit_code == 128 + SIGTERM)
       << run.exit_code << "\n"
       << run.err;
   EXPECT_FALSE(fs::exists(json_path));
   EXPECT_EQ(run.out.find("max micro-batch"), std::string::npos) << run.out;
+}
+
+// Issue 68 row 3: one stop request that arrives as two signals (coreutils timeout signals the
+// child and its process group; torchrun forwards Ctrl-C to a worker that also got it) writes the
+// report. Catches a second signal within the grace period (2 s) taken as "exit at once": two
+// SIGTERMs 50 ms apart lost the JSON every time, and two signals at once too.
+TEST(CliTest, SignalsWithinTheGracePeriodAreOneRequestThatWritesTheReport) {
+  for (const int gap_ms : {50, 0}) {
+    const fs::path json_path = tmpDir() / ("one-request-" + std::to_string(gap_ms) + ".json");
+    const Interrupted run = interruptAfterFirstTrial(
+        {"--model", slowModel(), "--device", "cpu", "--memory-limit", "512MiB", "--json",
+         json_path.string()},
+        gap_ms > 0 ? std::vector<int>{SIGTERM, SIGTERM} : std::vector<int>{SIGINT, SIGTERM},
+        gap_ms);
+    ASSERT_TRUE(fs::exists(json_path)) << gap_ms << " ms\n" << run.err;
+    const auto doc = nlohmann::json::parse(readFile(json_path));
+    EXPECT_EQ(doc["status"], "interrupted");
+    EXPECT_EQ(doc["exit_code"], run.exit_code);
+    EXPECT_TRUE(run.exit_code == 128 + SIGINT || run.exit_code == 128 + SIGTERM) << run.err;
+    EXPECT_NE(run.out.find("max micro-batch"), std::string::npos) << run.out;
+  }
 }
 
 }  // namespace
@@ -1372,6 +1455,13 @@ TEST(CliTest, OutputPathsAreCheckedBeforeAnyTrial) {
                           "device"),
             std::string::npos)
       << full.err;
+  // Issue 68 row 5e. Catches env lines printed before the JSON failed: AUTOBATCH_STATUS=found on
+  // stdout beside exit 1.
+  const CliRun full_env = runCli(common + "--json /dev/full --env");
+  EXPECT_EQ(full_env.exit_code, 1) << full_env.err;
+  EXPECT_NE(full_env.out.find("AUTOBATCH_STATUS=runtime-error"), std::string::npos)
+      << full_env.out;
+  EXPECT_EQ(full_env.out.find("AUTOBATCH_STATUS=found"), std::string::npos) << full_env.out;
 
   // A write that fails halfway (here the file-size limit, as a full disk) leaves the old report
   // whole: it is written to a temporary file and renamed.

@@ -205,6 +205,27 @@ TEST(ResultCacheTest, AFolderInTheEntrysPlaceIsNamedAndTheStoreSaysWhyItFailed) 
   EXPECT_NE(under_file.find("Not a directory"), std::string::npos) << under_file;
 }
 
+// Issue 68 row 5 (a, b). Catches an entry whose removal failed reported as dropped (every later
+// run repeated its failing confirming trial) and a dangling symbolic link in the folder's place
+// reported as "File exists".
+TEST(ResultCacheTest, AnEntryThatCannotBeDroppedAndADanglingLinkAreNamed) {
+  const fs::path dir = freshDir("undroppable");
+  const std::string path = cacheEntryPath(dir.string(), testKey());
+  fs::create_directories(fs::path(path) / "inside");  // fs::remove fails: "Directory not empty"
+  const std::string why = dropCachedResult(dir.string(), testKey());
+  EXPECT_EQ(why.rfind("cannot remove " + path + ": ", 0), 0U) << why;
+  EXPECT_TRUE(dropCachedResult(dir.string(), CacheKey{}).empty());  // missing: nothing to do
+  const fs::path link = dir / "link";
+  fs::create_symlink(dir / "nowhere", link);
+  CachedResult r;
+  r.safe_micro_batch = r.max_micro_batch = 1;
+  const std::string dangling = storeCachedResult(link.string(), testKey(), r);
+  EXPECT_NE(dangling.find("it is a symbolic link to '" + (dir / "nowhere").string() +
+                          "', which does not exist"),
+            std::string::npos)
+      << dangling;
+}
+
 }  // namespace result_cache_test
 }  // namespace
 }  // namespace autobatch

@@ -13,6 +13,9 @@
 #include <array>
 #include <atomic>
 #include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <ctime>
 #include <cxxopts.hpp>
 #include <exception>
 #include <filesystem>
@@ -20,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "autobatch/autobatch.h"
 #include "autobatch/reports/report.h"
@@ -59,22 +63,44 @@ constexpr const char* kExitCodes = R"(Exit codes:
   4    ranks could not agree (a rank died, failed or timed out) or run different jobs
        (another model, a flag the plan depends on, other inputs or autobatch version)
   130  interrupted by SIGINT, 143 by SIGTERM: the trial stops (on the CPU at its next op, on
-       CUDA after the current step), the best verified result is printed and written; a
-       second signal exits at once without writing
+       CUDA after the current step), the best verified result is printed and written; more
+       signals within 2 s of the first are the same request; one after that exits at once
+       without writing
 )";
 
 // The first SIGINT/SIGTERM asks the run to stop (inside a CPU step, at its next allocation; on
-// CUDA after the step in progress); a second one
+// CUDA after the step in progress). Signals within kSignalGraceMs of it are the same request:
+// one request often arrives as two signals (coreutils `timeout` signals the child and then its
+// process group; Ctrl-C reaches both torchrun's agent, which forwards it, and the worker), and
+// taking the second for "exit at once" lost the report of a run that had a verified batch (two
+// SIGTERMs 50 ms apart always did; `timeout` 3 times in 30). A signal after the grace period
 // exits at once, removing a pt2 package's files extracted at that moment (async-signal-safe: an
-// atomic, unlink, rmdir and _exit). Constant-initialised, so it is valid before any constructor
-// runs.
+// atomic, clock_gettime, unlink, rmdir and _exit). Constant-initialised, so it is valid before
+// any constructor runs.
 std::atomic<int> g_signal{0};
+std::atomic<std::int64_t> g_first_signal_ns{0};
+constexpr std::int64_t kSignalGraceMs = 2000;
+// AUTOBATCH_SIGNAL_GRACE_MS overrides it (read before main: tests set 0 to check the exit at once).
+std::int64_t g_signal_grace_ns = kSignalGraceMs * 1'000'000;
+
+std::int64_t monotonicNs() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
 
 extern "C" void onSignal(int sig) {
-  if (g_signal.exchange(sig) != 0) {
-    autobatch::removeScratchFiles();
-    _exit(128 + sig);
+  const std::int64_t now = monotonicNs();
+  int none = 0;
+  if (g_signal.compare_exchange_strong(none, sig)) {
+    g_first_signal_ns.store(now);
+    return;
   }
+  // 0: the first signal's handler has not stored its time yet (another thread): the same request.
+  const std::int64_t first = g_first_signal_ns.load();
+  if (first == 0 || now - first < g_signal_grace_ns) return;
+  autobatch::removeScratchFiles();
+  _exit(128 + sig);
 }
 
 // The process's standard output as it was at start (a descriptor >= 3), where the report, the
@@ -108,7 +134,18 @@ void installSignalHandlers() {
 // initialisers of the shared libraries: LibTorch's take seconds before main, and a signal then
 // ended the process with no report (issue 27, row 5). Only the loader's own mapping and
 // relocation come before it (56-80 ms from execve on a loaded 2-core machine).
-extern "C" void autobatchPreinit(int /*argc*/, char** /*argv*/, char** /*envp*/) {
+extern "C" void autobatchPreinit(int /*argc*/, char** /*argv*/, char** envp) {
+  constexpr std::string_view kGrace = "AUTOBATCH_SIGNAL_GRACE_MS=";
+  for (char** e = envp; e != nullptr && *e != nullptr; ++e) {
+    const std::string_view var(*e);
+    if (var.starts_with(kGrace) && var.size() > kGrace.size()) {
+      char* end = nullptr;
+      const long long ms = std::strtoll(*e + kGrace.size(), &end, 10);
+      if (end != nullptr && *end == '\0' && ms >= 0 && ms <= 3'600'000) {
+        g_signal_grace_ns = static_cast<std::int64_t>(ms) * 1'000'000;
+      }
+    }
+  }
   installSignalHandlers();
 }
 __attribute__((section(".preinit_array"), used)) void (*g_preinit)(int, char**,
@@ -175,6 +212,16 @@ void reportLost(Cli& cli, const std::string& what, const std::string& why) {
 
 void writeOutputs(Cli& cli) {
   const bool machine_on_stdout = cli.env || cli.json_path == "-";
+  // A JSON file first: one that cannot be written (a full disk) turns exit 0 into 1, and the
+  // report and env lines printed after it say so (AUTOBATCH_STATUS=found beside exit 1 misled a
+  // launcher that reads the lines).
+  const bool json_file = !cli.json_path.empty() && cli.json_path != "-";
+  if (json_file) {
+    const std::string why =
+        autobatch::writeReportFile(cli.json_path, autobatch::toJson(cli.report));
+    if (!why.empty()) reportLost(cli, "the JSON report to '" + cli.json_path + "'", why);
+  }
+  const int written_code = cli.report.exit_code;
   const std::string human = autobatch::humanReport(cli.report);
   if (machine_on_stdout) {
     std::cerr << human;
@@ -186,11 +233,14 @@ void writeOutputs(Cli& cli) {
       reportLost(cli, "the env lines to standard output", why);
     }
   }
-  if (cli.json_path.empty()) return;
-  const std::string json = autobatch::toJson(cli.report);
-  const std::string why =
-      cli.json_path == "-" ? writeStdout(json) : autobatch::writeReportFile(cli.json_path, json);
-  if (!why.empty()) reportLost(cli, "the JSON report to '" + cli.json_path + "'", why);
+  if (json_file && cli.report.exit_code != written_code) {
+    // Standard output failed after the file was written: the file says so too.
+    (void)autobatch::writeReportFile(cli.json_path, autobatch::toJson(cli.report));
+  }
+  if (cli.json_path != "-") return;
+  if (const std::string why = writeStdout(autobatch::toJson(cli.report)); !why.empty()) {
+    reportLost(cli, "the JSON report to standard output", why);
+  }
 }
 
 // --cache: the folder, --cache-trust, and the model's fingerprint (hashed once, before the run).

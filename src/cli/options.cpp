@@ -336,6 +336,16 @@ void readFleet(const cxxopts::ParseResult& args, CliConfig& cli) {
   if (args.count("memory-limit") != 0U) {
     refuse("--memory-limit", "each size of the list is a limit: add the size to --fleet");
   }
+  // Each size is a limit less the reserve: one at or under it leaves the trials nothing, and the
+  // runner's words named --memory-limit, which was never given.
+  const std::int64_t reserve = cli.report.options.reserve_bytes;
+  for (const auto& size : cli.fleet) {
+    if (reserve > 0 && size.bytes <= reserve) {
+      throw Error("--fleet: expected sizes above --reserve (" + autobatch::formatBytes(reserve) +
+                  "), but size '" + size.name + "' is " + autobatch::formatBytes(size.bytes) +
+                  ", which leaves the trials nothing; drop that size or lower --reserve");
+    }
+  }
   if (cli.check_batch) refuse("--check-batch", "check one size with --memory-limit SIZE");
   if (!cli.lengths.empty()) refuse("--lengths", "sweep the lengths with --memory-limit SIZE");
   if (cli.cache) refuse("--cache", "leave --cache out (the sizes share their trials already)");
@@ -404,8 +414,8 @@ std::shared_ptr<cxxopts::Value> text() { return cxxopts::value<std::string>(); }
 void addModelOptions(cxxopts::Options& options) {
   // clang-format off
   options.add_options("Model")
-    ("m,model", "TorchScript archive (torch.jit.save) or pt2 package (--format pt2); see "
-                "scripts/autobatch_export.py and docs/formats.md", text(), "PATH")
+    ("m,model", "TorchScript archive (torch.jit.save) or pt2 package (written by "
+                "scripts/autobatch_export.py --format pt2); see docs/formats.md", text(), "PATH")
     ("i,input", "One sample of a forward argument, e.g. 3x224x224 or int64:256:<32000 (repeat or "
                 "comma-separate, one per argument; see docs/inputs.md). Default: the archive's",
      cxxopts::value<std::vector<std::string>>(), "SPEC")

@@ -247,6 +247,27 @@ void TorchScriptStep::checkForwardArity() const {
                 " input(s), but got " + std::to_string(inputs_.size()) +
                 " input spec(s); give one --input per forward argument (comma-separated)");
   }
+  // Every input is a tensor passed by position: an argument that is not a tensor, or that is
+  // keyword-only, cannot be fed (`forward(self, x, *, scale: float)` counted 2 inputs and failed
+  // at micro-batch 1 with "Expected a value of type 'float'", exit 1); one left to its default is
+  // not fed at all.
+  for (std::size_t i = 1; i < arguments.size(); ++i) {
+    const c10::Argument& a = arguments[i];
+    const bool fed = i <= inputs_.size();
+    if (!fed && a.default_value()) continue;
+    const auto& type = a.type();
+    const auto tensor = c10::TensorType::get();
+    const auto optional = type->cast<c10::OptionalType>();
+    const bool takes_tensor =
+        type->isSubtypeOf(*tensor) ||
+        (optional != nullptr && optional->getElementType()->isSubtypeOf(*tensor));
+    if (takes_tensor && !a.kwarg_only()) continue;
+    throw Error("model '" + spec_.model_path + "': forward argument '" + a.name() + "' is " +
+                (a.kwarg_only() ? "keyword-only, of type " : "of type ") + type->annotation_str() +
+                ", but autobatch passes forward tensors only, by position (one --input each); "
+                "give '" + a.name() + "' a default value in the model, or export a wrapper whose "
+                "forward takes tensors only and passes it");
+  }
 }
 
 at::Tensor TorchScriptStep::crossEntropy(const at::Tensor& out, at::Generator& gen) {

@@ -266,6 +266,13 @@ std::optional<CachedResult> loadCachedResult(const std::string& dir, const Cache
 std::string storeCachedResult(const std::string& dir, const CacheKey& key,
                               const CachedResult& result) {
   std::error_code ec;
+  // A dangling symbolic link in the folder's place: create_directories says only "File exists".
+  if (fs::is_symlink(fs::symlink_status(dir, ec)) && !fs::exists(dir, ec)) {
+    std::error_code read;
+    const fs::path target = fs::read_symlink(dir, read);
+    return "cannot create " + dir + ": it is a symbolic link to '" + target.string() +
+           "', which does not exist; create that folder or point the link elsewhere";
+  }
   fs::create_directories(dir, ec);
   if (ec) return "cannot create " + dir + ": " + ec.message();
   // Unique within the folder: the pid, and a random suffix for several stores in one process.
@@ -374,9 +381,11 @@ SearchResult searchResultFromCache(const CachedResult& entry, const SearchOption
   return r;
 }
 
-void dropCachedResult(const std::string& dir, const CacheKey& key) {
+std::string dropCachedResult(const std::string& dir, const CacheKey& key) {
   std::error_code ec;
-  fs::remove(cacheEntryPath(dir, key), ec);
+  const std::string path = cacheEntryPath(dir, key);
+  fs::remove(path, ec);
+  return ec ? "cannot remove " + path + ": " + ec.message() : "";
 }
 
 }  // namespace autobatch

@@ -99,6 +99,9 @@ class SearchDriver {
   /// Plans on the safe batch and, when the plan accumulates, verifies its largest micro-batch
   /// with 2 micro-batches per step, stepping down until it fits under the margin.
   void runPlan();
+  /// After a step-down: bisects the plan's bound between `verified` (its plan fit with 2
+  /// micro-batches) and `failed_x` (a largest micro-batch that did not), see search_plan.cpp.
+  void refinePlanBound(std::int64_t verified, std::int64_t failed_x, std::int64_t budget);
   /// Samples per second measured at each micro-batch in the search's own mode (fitting,
   /// not cancelled; the last measurement of a size counts).
   std::map<std::int64_t, double> measuredRates() const;

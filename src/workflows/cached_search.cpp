@@ -62,11 +62,18 @@ void refuteHit(const CachedResult& entry, const TrialResult& confirm, CacheRepor
     cache.outcome = "miss";
     return;
   }
-  dropCachedResult(cache.dir, cache.key);
+  const std::string kept = dropCachedResult(cache.dir, cache.key);
+  // A removal that failed (a read-only folder) is said: every later run would repeat the
+  // confirming trial that fails.
   warnings.push_back("result cache: the entry of " + entry.stored_at + " did not confirm (batch " +
                      std::to_string(confirm.request.micro_batch_size) + " x " +
                      std::to_string(confirm.request.micro_batches_per_step) + ": " +
-                     std::string(toString(confirm.outcome)) + "); dropped it and searched again");
+                     std::string(toString(confirm.outcome)) + "); " +
+                     (kept.empty() ? "dropped it"
+                                   : "it could not be dropped (" + kept +
+                                         "), so later runs will try it again; remove it or make "
+                                         "the folder writable") +
+                     " and searched again");
   cache.outcome = "confirm-failed";
 }
 

@@ -346,6 +346,19 @@ FleetResult sizeFleet(const std::vector<FleetSize>& sizes, const TrainingSpec& s
     return t;
   };
   FleetResult result = sizeFleet(sizes, options, make);
+  // GPU names measured on another device: the rows are those cards' memory sizes on this
+  // device's kernels, not the cards' answers (a CPU run printed an "l4" row as if for the card).
+  const bool gpu_names = std::any_of(sizes.begin(), sizes.end(),
+                                     [](const FleetSize& s) { return s.source != "given"; });
+  const bool on_cuda = spec.device.rfind("cuda", 0) == 0;
+  if (gpu_names && !on_cuda) {
+    note = "the GPU names' rows were measured on " + spec.device +
+           ", not on those cards: each row is the card's memory size under this device's "
+           "kernels and allocator (no cuDNN or cuBLAS workspaces, other attention kernels, no "
+           "caching allocator's rounding), so it sizes nothing for the card itself; run the "
+           "table on a GPU, whose rows then emulate the others" +
+           (note.empty() ? "" : "; " + note);
+  }
   result.fleet.note = note;
   return result;
 }

@@ -262,3 +262,35 @@ def test_fit_training_arguments_without_a_target_works_as_auto_find_batch_size(t
                                                       memory_limit="40MiB")
     assert large.per_device_train_batch_size == r.safe_micro_batch < 512
     assert large.gradient_accumulation_steps == 3
+
+
+class _CompilesPerSize(torch.nn.Module):
+    """A forward whose first call at each new batch size costs 1.2 s, as torch.compile's
+    compilation per shape does (without dynamic=True); later calls cost nothing more."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(256, 10)
+        self.compiled = set()
+
+    def forward(self, x):
+        if x.shape[0] not in self.compiled:
+            import time
+            time.sleep(1.2)
+            self.compiled.add(x.shape[0])
+        return self.net(x)
+
+
+# Catches a compiled model's compilation counted as step time: the mean of a trial's steps
+# predicted 21,208 s for a trial that runs in seconds, and the time budget stopped the search at
+# micro-batch 1 (eager: 1972). The step time is the steps' after the first; the first steps'
+# excess is said in the warnings.
+def test_compilation_at_a_new_size_is_not_step_time():
+    torch.manual_seed(0)
+    r = autobatch.find(_CompilesPerSize(), torch.randn(1, 256), memory_limit="16MiB", margin=0,
+                       time_limit=120, max_trials=8)
+    full = [t for t in r.trials if t.steps_completed >= 2 and not t.shortened]
+    assert full and all(t.step_ms < 500 for t in full), [(t.micro_batch_size, t.step_ms)
+                                                          for t in r.trials]
+    assert any("the first step at" in w and "compilation per shape" in w for w in r.warnings)
+    assert r.max_micro_batch > 100

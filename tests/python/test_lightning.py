@@ -321,3 +321,51 @@ def test_the_finder_skips_as_batch_size_finder_does(trainer_options, finder_opti
     assert set(model.seen) == {4}
     if "fast_dev_run" in trainer_options:
         assert any("Skipping batch size scaler" in str(w.message) for w in recwarn)
+
+
+# Lightning's own tests of BatchSizeFinder (tests/tests_pytorch/tuner/test_scale_batch_size.py),
+# ported from their meaning to the drop-in. Where the attribute lives: on the module, on the
+# datamodule, on both (lightning_setattr sets every place that has it), in the module's hparams.
+class _SizedNet(lm.Net):
+    def __init__(self, batch_size=None, hparams=False):
+        super().__init__()
+        if hparams:
+            self.save_hyperparameters({"batch_size": batch_size})
+        elif batch_size is not None:
+            self.batch_size = batch_size
+
+
+class _OwnData(_SizedNet):
+    """The module's own train_dataloader, reading its batch size where it was set."""
+
+    def train_dataloader(self):
+        size = self.hparams.batch_size if "batch_size" in self.hparams else self.batch_size
+        return torch.utils.data.DataLoader(lm.Samples(64), batch_size=size)
+
+
+@pytest.mark.parametrize("model_kind, data_size", [("attribute", None), ("attribute", 3),
+                                                   (None, 3), ("hparams", None)])
+def test_the_size_is_set_where_lightning_sets_it(model_kind, data_size):
+    model = (_OwnData(2, hparams=model_kind == "hparams") if model_kind and data_size is None
+             else _SizedNet(2) if model_kind else lm.Net())
+    data = lm.Data(batch_size=data_size) if data_size is not None else None
+    finder = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
+    trainer = lm.trainer(finder, limit_train_batches=1)
+    trainer.fit(model, datamodule=data) if data is not None else trainer.fit(model)
+    size = finder.micro_batch
+    assert size > 4
+    if model_kind == "hparams":
+        assert model.hparams.batch_size == size
+    elif model_kind:
+        assert model.batch_size == size
+    if data is not None:
+        assert data.batch_size == size
+    assert set(model.seen) == {size}
+
+
+def test_the_attribute_on_the_module_and_in_its_hparams_warns_as_lightning_does(recwarn):
+    model = _OwnData(2)
+    model.save_hyperparameters({"batch_size": 2})
+    finder = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
+    lm.trainer(finder, limit_train_batches=1).fit(model)
+    assert any("are mutually exclusive" in str(w.message) for w in recwarn)

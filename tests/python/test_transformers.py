@@ -95,7 +95,7 @@ def test_fsdp_from_accelerates_environment_is_refused(tmp_path, monkeypatch):
     (lambda args, m, x: abt.fit_training_arguments({"lr": 1}, m, x, 64), "TrainingArguments"),
     (lambda args, m, x: abt.fit_training_arguments(args, m, x, 64, optimizer="sgd"),
      "come from the TrainingArguments"),
-    (lambda args, m, x: abt.fit_training_arguments(args, m, x, None), "target_batch"),
+    (lambda args, m, x: abt.fit_training_arguments(args, m, x, 0), "target_batch"),  # None: no target
     (lambda args, m, x: abt.fit_training_arguments(args, m, x, 64, memory_limit="1MiB"), None),
     # FSDP: refused before any trial (each rank would hold the whole model), naming the way that
     # sizes it (issue 43)

@@ -89,7 +89,9 @@ std::string storeCachedResult(const std::string& dir, const CacheKey& key,
                               const CachedResult& result);
 
 /// Removes the entry of `key` (a hit whose confirming trial failed). Missing: nothing to do.
-void dropCachedResult(const std::string& dir, const CacheKey& key);
+/// Returns "" when it is gone, else why it could not be removed ("cannot remove PATH: Permission
+/// denied"). Never throws.
+std::string dropCachedResult(const std::string& dir, const CacheKey& key);
 
 /// The entry's path: `dir`/<hash>.json.
 std::string cacheEntryPath(const std::string& dir, const CacheKey& key);

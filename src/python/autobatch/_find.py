@@ -39,8 +39,10 @@ _FIND_DOC = """
       bytes. target_batch, world_size: the effective batch to plan for and the ranks that share it.
     time_limit: seconds for the whole search. steps_per_trial: optimizer steps per trial (2: the
       optimizer state exists from the first step on). min_batch, max_batch, dataset_size,
-      max_trials, strategy ("guided", "binsearch", "power"), plan ("auto", "uniform", "balanced",
-      "fastest"), reserve (bytes kept free for the rest of the job) as the command's flags.
+      max_trials, strategy ("guided", "binsearch", "power"), plan ("fastest", the default as the
+      command's: the plan whose measured step times train the most samples per second; "auto",
+      "uniform", "balanced"), reserve (bytes kept free for the rest of the job) as the command's
+      flags.
     step: `step(model, batch) -> loss`, the forward and loss of one micro-batch in place of
       model(batch) and loss_fn (a framework's own step: autobatch.lightning passes the module's
       training_step); backward, the optimizer step and zero_grad stay autobatch's.
@@ -65,7 +67,7 @@ class _Session:
     def __init__(self, model, example_batch, optimizer=None, loss_fn=None, precision=None,
                  device=None, memory_limit=None, margin=None, target_batch=None, world_size=1,
                  time_limit=None, steps_per_trial=2, min_batch=1, max_batch=None,
-                 dataset_size=None, max_trials=None, strategy="guided", plan="auto", reserve=None,
+                 dataset_size=None, max_trials=None, strategy="guided", plan="fastest", reserve=None,
                  step=None, ddp=False, zero_grad="none", keep_output=True, autocast_cache=True):
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
@@ -389,7 +391,7 @@ def _ranks_searching_alone():
 def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, device=None,
          memory_limit=None, margin=None, target_batch=None, world_size=1, time_limit=None,
          steps_per_trial=2, min_batch=1, max_batch=None, dataset_size=None, max_trials=None,
-         strategy="guided", plan="auto", reserve=None, progress=None, step=None, ddp=False,
+         strategy="guided", plan="fastest", reserve=None, progress=None, step=None, ddp=False,
          zero_grad="none", keep_output=True, eval=False, cache=None, cache_trust=False,
          autocast_cache=True):
     eval_state = eval_state_of(eval, target_batch)
@@ -561,7 +563,7 @@ def check_batch(model, example_batch, micro_batch, *, micro_batches_per_step=1, 
 # of 5 s did not stop 10^5 micro-batches).
 _SEARCH_ONLY = {"target_batch": None, "world_size": 1, "time_limit": None, "min_batch": 1,
                 "max_batch": None, "dataset_size": None, "max_trials": None,
-                "strategy": "guided", "plan": "auto"}
+                "strategy": "guided", "plan": "fastest"}
 
 
 def _refuse_search_options(options, who):

@@ -337,6 +337,9 @@ class EagerProbe(MeasuringTrials):
         self.survivors = None  # _survivors.Survivors: tensors that outlive their trial (find's)
         self.holding = False  # the evaluation's training state is held between trials
         self.survivor_note = None  # its line in the meter's notes
+        self.first_step_ms = None  # the running trial's first step, ms (_step_ms)
+        self.first_step_excess = []  # (size, ms) of first steps far above the next (compiles)
+        self.first_step_note = None
         self.gradients_seen = False  # a trainable parameter had a gradient after a backward
 
     def cancel(self):
@@ -490,6 +493,8 @@ class EagerProbe(MeasuringTrials):
             kept = None
             self.meter.synchronize()  # the step's queued kernels, once per step (CUDA)
             total_ms += (time.perf_counter() - t0) * 1000.0
+            if done == 0:
+                self.first_step_ms = total_ms
             if residue is not None:
                 if step == 0 and state_batch == 0:
                     residue.first(size, made, self.meter.current_bytes())
@@ -567,6 +572,7 @@ class EagerProbe(MeasuringTrials):
         record = {"memory_limit_bytes": self.meter.limit_bytes(), "steps_completed": 0}
         failure, error = None, None
         self.steps_done, self.steps_ms = 0, 0.0
+        self.first_step_ms = None
         self.meter.begin()
         try:
             _core.interrupt_active(True)  # CPU allocations of the steps ask the deadline (row 15)
@@ -575,7 +581,7 @@ class EagerProbe(MeasuringTrials):
             finally:
                 _core.interrupt_active(False)
             record["steps_completed"] = done
-            record["step_ms"] = total_ms / done if done else 0.0
+            record["step_ms"] = self._step_ms(done, total_ms, size)
         except KeyboardInterrupt:
             self.interrupted = True
             record["cancelled"] = True
@@ -638,6 +644,36 @@ class EagerProbe(MeasuringTrials):
             raise self._model_error(error, size) from error
         self._log(size, micro_batches, record, label)
         return record
+
+    def _step_ms(self, done, total_ms, size):
+        """The trial's step time for the search's time rules and plan speeds: with 2 or more
+        steps, the mean of the steps after the first. The first step at a new size also pays for
+        what is made once per shape (torch.compile's compilation, cuDNN's autotuning, lazily built
+        state): a compiled model's first step at 2129 took minutes, and its mean predicted
+        21,208 s for a trial that runs in seconds, so the time budget stopped the search at 1. The
+        excess over the later steps is counted apart and said in the warnings when it dominates."""
+        if done < 2 or self.first_step_ms is None:
+            return total_ms / done if done else 0.0
+        later = (total_ms - self.first_step_ms) / (done - 1)
+        excess = self.first_step_ms - later
+        if excess > max(3.0 * later, 1000.0):  # seconds of work once per size
+            self.first_step_excess.append((size, excess))
+            self._note_first_steps()
+        return later
+
+    def _note_first_steps(self):
+        """The warning on first steps that cost far more than the next (compilation per shape)."""
+        total = sum(ms for _, ms in self.first_step_excess)
+        note = (f"the first step at {len(self.first_step_excess)} new size(s) took "
+                f"{total / 1000.0:.1f} s more than the steps after it in total (compilation per "
+                f"shape, as torch.compile does without dynamic=True, or autotuning); the step "
+                f"times that the time limit and the plans use leave it out, and a training job "
+                f"pays it again at every new batch shape (a last partial batch, sequence lengths)")
+        if self.first_step_note in self.meter.notes:
+            self.meter.notes[self.meter.notes.index(self.first_step_note)] = note
+        else:
+            self.meter.notes.append(note)
+        self.first_step_note = note
 
     def _check_survivors(self):
         """Tensors the trial made that are still alive now that it let go of its own (a step
