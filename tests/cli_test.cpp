@@ -480,6 +480,18 @@ TEST(CliTest, MessagesNameTheFlagsThatWereGiven) {
             std::string::npos)
       << fleet.err;
   EXPECT_EQ(fleet.err.find("--memory-limit"), std::string::npos) << fleet.err;
+  // Issue 63 row 19. Catches a GPU name's row measured on the CPU shown as if for the card.
+  const fs::path json_path = tmpDir() / "fleet-gpu-names.json";
+  const CliRun names = runCli("--model " + model + " --device cpu --input 64 --fleet t4 " +
+                              "--max-batch 64 -q --json " + json_path.string());
+  EXPECT_EQ(names.exit_code, 0) << names.err;
+  const auto doc = nlohmann::json::parse(readFile(json_path));
+  EXPECT_NE(doc["fleet"]["note"].get<std::string>().find(
+                "the GPU names' rows were measured on cpu, not on those cards"),
+            std::string::npos)
+      << doc["fleet"].dump();
+  EXPECT_NE(names.out.find("note: the GPU names' rows were measured on cpu"), std::string::npos)
+      << names.out;
 }
 
 TEST(CliTest, AShapeTheModelRejectsIsTheModelsErrorNotOutOfMemory) {
@@ -1459,8 +1471,7 @@ TEST(CliTest, OutputPathsAreCheckedBeforeAnyTrial) {
   // stdout beside exit 1.
   const CliRun full_env = runCli(common + "--json /dev/full --env");
   EXPECT_EQ(full_env.exit_code, 1) << full_env.err;
-  EXPECT_NE(full_env.out.find("AUTOBATCH_STATUS=runtime-error"), std::string::npos)
-      << full_env.out;
+  EXPECT_NE(full_env.out.find("AUTOBATCH_STATUS=runtime-error"), std::string::npos) << full_env.out;
   EXPECT_EQ(full_env.out.find("AUTOBATCH_STATUS=found"), std::string::npos) << full_env.out;
 
   // A write that fails halfway (here the file-size limit, as a full disk) leaves the old report

@@ -192,8 +192,8 @@ TEST(RanksTest, AgreeRejectsFailedAndMissingRanks) {
               "see their logs");
   }
   EXPECT_THROW(agree({rep(0, "ok", "cpu", 10, 10, true, 0)}, 2), Error);
-  EXPECT_THROW(
-      agree({rep(0, "ok", "cpu", 1, 1, true, 0), rep(0, "ok", "cpu", 1, 1, true, 0)}, 2), Error);
+  EXPECT_THROW(agree({rep(0, "ok", "cpu", 1, 1, true, 0), rep(0, "ok", "cpu", 1, 1, true, 0)}, 2),
+               Error);
 }
 
 // Issue 27, rows 19 and 21: every launcher variable counts alone; the store host is checked.
@@ -302,11 +302,15 @@ TEST(RanksTest, JobRecordsThatDifferNameTheFieldTheRanksAndBothValues) {
             "and their collectives mismatch)");
   JobFields c = a;
   c[0].second = "def (10 bytes)";
-  EXPECT_NE(rankErrorOf([&] { compareJobRecords({record(a, "0.1.0"), record(c, "0.1.0")}); })
+  EXPECT_NE(rankErrorOf([&] {
+              compareJobRecords({record(a, "0.1.0"), record(c, "0.1.0")});
+            })
                 .find("ranks disagree on model: rank 0 has 'abc (10 bytes)', rank 1 has "
                       "'def (10 bytes)'"),
             std::string::npos);
-  EXPECT_EQ(rankErrorOf([&] { compareJobRecords({record(a, "0.1.0"), record(a, "0.2.0")}); }),
+  EXPECT_EQ(rankErrorOf([&] {
+              compareJobRecords({record(a, "0.1.0"), record(a, "0.2.0")});
+            }),
             "ranks disagree on the autobatch version: rank 0 runs autobatch 0.1.0, rank 1 runs "
             "autobatch 0.2.0; run the same autobatch on every rank");
 }
@@ -314,8 +318,8 @@ TEST(RanksTest, JobRecordsThatDifferNameTheFieldTheRanksAndBothValues) {
 // Catches a rank of another version read as a parse error (exit 1 naming nobody): a report of
 // protocol 1 (no protocol key) or of a later protocol is refused naming both versions.
 TEST(RanksTest, ReportsOfAnotherProtocolNameBothVersions) {
-  const RankReport old = decodeRankReport(
-      "rank=1;status=ok;device=cpu;safe=3;plan_max=3;verified=1;limit=100");
+  const RankReport old =
+      decodeRankReport("rank=1;status=ok;device=cpu;safe=3;plan_max=3;verified=1;limit=100");
   EXPECT_EQ(old.protocol, 1);
   RankReport mine = rep(0, "ok", "cpu", 4, 4, true, 100);
   mine.version = "0.1.0";
@@ -326,8 +330,7 @@ TEST(RanksTest, ReportsOfAnotherProtocolNameBothVersions) {
       << words;
   const RankReport later = decodeRankReport("protocol=9;version=9.0;rank=1;whatever=1");
   EXPECT_EQ(later.protocol, 9);
-  EXPECT_NE(rankErrorOf([&] { agree({mine, later}, 2); }).find("autobatch 9.0"),
-            std::string::npos);
+  EXPECT_NE(rankErrorOf([&] { agree({mine, later}, 2); }).find("autobatch 9.0"), std::string::npos);
 }
 
 // Catches ranks of other inputs (another model's archive) agreeing on the smaller rank's size.
@@ -336,7 +339,9 @@ TEST(RanksTest, ReportsOfOtherInputsDisagree) {
   RankReport b = rep(1, "ok", "cpu", 27, 27, true, 0);
   a.inputs = "f32:512";
   b.inputs = "int64:128";
-  EXPECT_EQ(rankErrorOf([&] { agree({a, b}, 2); }),
+  EXPECT_EQ(rankErrorOf([&] {
+              agree({a, b}, 2);
+            }),
             "ranks disagree on inputs: rank 0 has 'f32:512', rank 1 has 'int64:128'; every rank "
             "of one job must train the same model on the same inputs");
   b.inputs = a.inputs;

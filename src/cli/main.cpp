@@ -383,8 +383,8 @@ autobatch::JobFields jobFieldsOf(const Cli& cli) {
   for (const auto l : cli.lengths) lengths += (lengths.empty() ? "" : ",") + std::to_string(l);
   const auto yes = [](bool b) { return std::string(b ? "yes" : "no"); };
   return {
-      {"model", cli.report.model_sha1 + " (" + std::to_string(cli.report.model_file_bytes) +
-                    " bytes)"},
+      {"model",
+       cli.report.model_sha1 + " (" + std::to_string(cli.report.model_file_bytes) + " bytes)"},
       {"loss", spec.loss ? std::string(autobatch::toString(*spec.loss)) : "(the archive's)"},
       {"optimizer", std::string(autobatch::toString(spec.optimizer))},
       {"optimizer-impl", std::string(autobatch::toString(spec.optimizer_impl))},

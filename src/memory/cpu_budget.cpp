@@ -341,7 +341,7 @@ class BudgetAllocator final : public c10::Allocator {
     std::int64_t bytes;
   };
   std::vector<Watched> watched_;  // watchExternal
-  std::int64_t limit_ = 0;  // 0: no limit (not installed)
+  std::int64_t limit_ = 0;        // 0: no limit (not installed)
   std::string source_;
   TrialPoint point_;
   InjectedFault fault_;

@@ -265,7 +265,9 @@ void TorchScriptStep::checkForwardArity() const {
     throw Error("model '" + spec_.model_path + "': forward argument '" + a.name() + "' is " +
                 (a.kwarg_only() ? "keyword-only, of type " : "of type ") + type->annotation_str() +
                 ", but autobatch passes forward tensors only, by position (one --input each); "
-                "give '" + a.name() + "' a default value in the model, or export a wrapper whose "
+                "give '" +
+                a.name() +
+                "' a default value in the model, or export a wrapper whose "
                 "forward takes tensors only and passes it");
   }
 }

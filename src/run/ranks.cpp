@@ -89,7 +89,6 @@ std::string join(const std::vector<int>& ranks) {
   return out;
 }
 
-
 // Report values that may hold the separators (an input spec, a device, a version): '%' and ';'
 // written as %25 and %3B.
 std::string escapeValue(std::string_view value) {
@@ -259,15 +258,15 @@ RankReport decodeRankReport(std::string_view text) {
     const std::string_view item = rest.substr(0, end);
     rest.remove_prefix(std::min(end + 1, rest.size()));
     if (item.starts_with("protocol=")) {
-      r.protocol = static_cast<int>(parseInteger(item.substr(9), "rank report: protocol", 1,
-                                                 1 << 20));
+      r.protocol =
+          static_cast<int>(parseInteger(item.substr(9), "rank report: protocol", 1, 1 << 20));
     } else if (item.starts_with("version=")) {
       r.version = unescapeValue(item.substr(8));
     } else if (item.starts_with("rank=")) {
       r.rank = static_cast<int>(parseInteger(item.substr(5), "rank report: rank", 0, 1 << 20));
     }
-    for (const std::string_view k : {"rank=", "status=", "device=", "safe=", "plan_max=",
-                                     "verified=", "limit="}) {
+    for (const std::string_view k :
+         {"rank=", "status=", "device=", "safe=", "plan_max=", "verified=", "limit="}) {
       if (item.starts_with(k)) ++v1_keys;
     }
   }
@@ -319,8 +318,8 @@ RankReport decodeRankReport(std::string_view text) {
 }
 
 std::string encodeJobFields(const JobFields& fields, std::string_view version) {
-  std::string out = "protocol=" + std::to_string(kRankProtocol) + "\nversion=" +
-                    oneLine(std::string(version)) + "\n";
+  std::string out = "protocol=" + std::to_string(kRankProtocol) +
+                    "\nversion=" + oneLine(std::string(version)) + "\n";
   for (const auto& [name, value] : fields) out += name + "=" + oneLine(value) + "\n";
   return out;
 }
@@ -353,8 +352,8 @@ void compareJobRecords(const std::vector<JobRecord>& by_rank) {
   const JobRecord& first = by_rank.front();
   for (std::size_t r = 0; r < by_rank.size(); ++r) {
     if (by_rank[r].protocol != kRankProtocol) {
-      throw RankError(versionsDiffer(static_cast<int>(r), by_rank[r].protocol,
-                                     by_rank[r].version, first.version));
+      throw RankError(versionsDiffer(static_cast<int>(r), by_rank[r].protocol, by_rank[r].version,
+                                     first.version));
     }
     if (by_rank[r].version != first.version) {
       throw RankError("ranks disagree on the autobatch version: rank 0 runs autobatch " +
@@ -370,8 +369,8 @@ void compareJobRecords(const std::vector<JobRecord>& by_rank) {
                                    [&](const auto& f) { return f.first == name; });
       const std::string theirs = it == fields.end() ? "(none)" : it->second;
       if (theirs != value) {
-        others += (others.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " has '" +
-                                                  theirs + "'");
+        others +=
+            (others.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " has '" + theirs + "'");
       }
     }
     if (!others.empty()) {

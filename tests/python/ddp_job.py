@@ -13,7 +13,9 @@ to OUT/rank-<r>.json.
   asym:    rank 1 alone passes a misspelt DDP argument: rank 1 refuses it, rank 0 names rank 1's
            error at once (no wait for the store's timeout); then both call again, rightly, and
            agree (the agreements' rounds stayed in step);
-  view:    gradient_as_bucket_view=True: the answer holds in the user's own loop with it.
+  view:    gradient_as_bucket_view=True: the answer holds in the user's own loop with it;
+  differ:  rank 1 alone asks for another target_batch: a UsageError on every rank, before any
+           trial, naming target_batch and both values; then both call again, rightly, and agree.
 The ranks' weights differ (seeded by rank) and the user's gradients are set before the call: both
 must be bitwise as before after it.
 """
@@ -40,9 +42,11 @@ def own_loop(model, micro_batch, **ddp_kwargs):
     from autobatch import _core
     from autobatch._options import _bytes
     from torch.nn.parallel import DistributedDataParallel
+    from autobatch._state import live_storages
     backend = _core.Backend.cpu_budget(_bytes(LIMIT, "limit"), 0)
-    backend.finish_setup(sum(p.untyped_storage().nbytes() for p in model.parameters()) +
-                         sum(b.untyped_storage().nbytes() for b in model.buffers()))
+    # Every tensor this process holds counts, the model's and the rest (this script's copy of
+    # the weights), as find_ddp's baseline counts them.
+    backend.finish_setup(sum(n for _, n, _ in live_storages(torch.device("cpu"))))
     try:
         x, y = tiny_models.sharded_mlp_batch()  # the batch counted, as the job's loader's
         x, y = x.repeat(micro_batch, 1), y.repeat(micro_batch)
@@ -62,10 +66,10 @@ def own_loop(model, micro_batch, **ddp_kwargs):
         backend.remove()
 
 
-def find(model, **kwargs):
+def find(model, target_batch=1024, **kwargs):
     return autobatch.find_ddp(model, tiny_models.sharded_mlp_batch(),
                               step=tiny_models.sharded_mlp_step, optimizer=tiny_models.adamw,
-                              memory_limit=LIMIT, margin=0.15, target_batch=1024,
+                              memory_limit=LIMIT, margin=0.15, target_batch=target_batch,
                               verify_timeout=TIMEOUT_S, **kwargs)
 
 
@@ -89,9 +93,12 @@ def main(out, mode):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     t0 = time.monotonic()
     doc = {}
-    if mode == "asym":
+    if mode in ("asym", "differ"):
         try:
-            find(model, ddp_kwargs={"bucket_size_mb": 25} if rank == 1 else None)
+            if mode == "asym":
+                find(model, ddp_kwargs={"bucket_size_mb": 25} if rank == 1 else None)
+            else:
+                find(model, target_batch=2048 if rank == 1 else 1024)
             doc["first"] = "ok"
         except autobatch.AutobatchError as e:
             doc["first"] = f"{type(e).__name__}: {e}"

@@ -90,16 +90,19 @@ def test_bad_arguments_are_refused_before_anything_runs(kwargs, match):
 #     paired with the wrong round);
 # view: gradient_as_bucket_view=True searched without the bucket (the buckets exist from the
 #     wrapper's construction and hold the gradients: the answer ran out of memory in the real
-#     step).
+#     step);
+# differ: ranks with different targets that each planned their own (issue 68: one backward per
+#     step on one rank, two on the other), instead of refusing on every rank before any trial.
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ok", "fail", "wrapped", "asym", "view"])
+@pytest.mark.parametrize("mode", ["ok", "fail", "wrapped", "asym", "view", "differ"])
 def test_the_ranks_of_a_ddp_job_size_agree_and_verify_or_all_end(tmp_path, mode):
     import torchrun
-    offset = {"ok": 120, "fail": 140, "wrapped": 160, "asym": 180, "view": 100}[mode]
+    offset = {"ok": 120, "fail": 140, "wrapped": 160, "asym": 180, "view": 100,
+              "differ": 200}[mode]
     done, ranks = torchrun.run(tmp_path, "ddp_job.py", mode, port_offset=offset, timeout=300)
     assert done.returncode == 0 and len(ranks) == 2, done.stderr[-3000:]
     assert all(r["restored"] and r["grads_kept"] for r in ranks), ranks
-    if mode in ("ok", "asym", "view"):
+    if mode in ("ok", "asym", "view", "differ"):
         assert all(r["ok"] and r["job"]["verified"] for r in ranks), ranks
         agreed = {r["micro_batch"] for r in ranks}
         assert len(agreed) == 1 and agreed.pop() == min(r["own"] for r in ranks) > 0, ranks
@@ -113,6 +116,12 @@ def test_the_ranks_of_a_ddp_job_size_agree_and_verify_or_all_end(tmp_path, mode)
             assert by_rank[1]["first"].startswith("UsageError: ddp_kwargs: not "), by_rank
             assert "rank 1: UsageError: ddp_kwargs: not" in by_rank[0]["first"], by_rank
             assert by_rank[0]["first_seconds"] < 60, by_rank  # not the store's 120 s timeout
+        if mode == "differ":
+            for r in ranks:
+                assert r["first"].startswith("UsageError: find_ddp: the ranks disagree on "
+                                             "target_batch: rank 0 has '1024', rank 1 has "
+                                             "'2048'"), r
+                assert r["first_seconds"] < 60, r
         return
     for r in ranks:
         assert not r["ok"], ranks

@@ -369,3 +369,65 @@ def test_the_attribute_on_the_module_and_in_its_hparams_warns_as_lightning_does(
     finder = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
     lm.trainer(finder, limit_train_batches=1).fit(model)
     assert any("are mutually exclusive" in str(w.message) for w in recwarn)
+
+
+_VALIDATION_CALLS = []  # outside the module: find() puts the module's attributes back
+
+
+class _ValNet(lm.Net):
+    """Net with a validation loader sized by its own attribute and a validation step that
+    records its calls (in _VALIDATION_CALLS) and the loop's batch sizes."""
+
+    def __init__(self, batch_size=4):
+        super().__init__()
+        self.batch_size = batch_size
+        self.val_seen = []
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(lm.Samples(4096), batch_size=self.batch_size)
+
+    test_dataloader = predict_dataloader = val_dataloader
+
+    def validation_step(self, batch, batch_idx):
+        _VALIDATION_CALLS.append(len(batch[0]))
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.net(x), y)
+        self.log("val_loss", loss)
+        return loss
+
+    test_step = validation_step
+
+    def predict_step(self, batch, batch_idx):
+        return self.net(batch[0])
+
+    def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0):
+        self.val_seen.append(len(batch[0]))
+
+    on_test_batch_start = on_validation_batch_start
+
+
+# Issue 63 row 14. Catches trainer.validate / test / predict left unsized (BatchSizeFinder sizes
+# the loop that runs), and eval=True sizing training_step in eval mode where the validation loop
+# runs validation_step.
+@pytest.mark.parametrize("method", ["validate", "test", "predict"])
+def test_the_loop_that_runs_is_sized_with_its_own_step(method):
+    _VALIDATION_CALLS.clear()
+    model = _ValNet()
+    finder = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
+    trainer = lm.trainer(finder, limit_val_batches=1, limit_test_batches=1,
+                         limit_predict_batches=1)
+    getattr(trainer, method)(model)
+    e = finder.micro_batch
+    assert e == finder.result.eval_safe_batch == model.batch_size > 4
+    assert finder.result.eval["state"] == "parameters-only"
+    if method != "predict":  # the trials ran the loop's step, at sizes above the loop's
+        assert model.val_seen == [e] and max(_VALIDATION_CALLS) > e
+
+
+def test_eval_true_sizes_the_validation_step():
+    _VALIDATION_CALLS.clear()
+    model = _ValNet()
+    finder = abl.AutobatchFinder(memory_limit=LIMIT, margin=0, eval=True)
+    lm.trainer(finder, limit_train_batches=1, limit_val_batches=0).fit(model,
+                                                                       datamodule=lm.Data())
+    assert _VALIDATION_CALLS and finder.result.eval_safe_batch > 0

@@ -125,7 +125,14 @@ def find_ddp(model, example_batch, *, ddp_kwargs=None, verify_timeout=120, **opt
         # bucket would undercount (an answer the real step then ran out of memory at).
         return find(model, example_batch, ddp=True, world_size=n, device=checked["device"],
                     **checked["options"])
-    result, agreed = search_and_agree(search, n, None, "find_ddp")
+    def job():  # what the ranks compare before any trial (_ranks.compare_job)
+        from ._find import job_fields
+        from ._fingerprint import fingerprint
+        # A rank's bad argument is its own error (raised by its search), not a difference.
+        _checked(model, ddp_kwargs, verify_timeout, options)
+        return job_fields(fingerprint(model, example_batch), example_batch,
+                          {**options, "ddp_kwargs": sorted((ddp_kwargs or {}).items())})
+    result, agreed = search_and_agree(search, n, None, "find_ddp", job=job)
     options, device = checked["options"], checked["device"]
     _verify(model, example_batch, checked["kwargs"], options, device, agreed, verify_timeout)
     plan = plan_at(agreed, options, n)

@@ -98,6 +98,10 @@ class EvalProbe:
         flags = [(m, m.training) for m in model.modules()]
         t0 = time.perf_counter()
         output = loss = batch = None
+        # A framework's evaluation runs its own step (Lightning's validation_step), which its
+        # training step carries as `eval_step`: put in the probe's place for these batches.
+        training_step = p.step
+        p.step = getattr(training_step, "eval_step", None) or training_step
         try:
             model.eval()
             with torch.no_grad():
@@ -110,6 +114,7 @@ class EvalProbe:
             p._enter("idle", size)
             del output, loss, batch
         finally:
+            p.step = training_step
             for m, training in flags:
                 m.training = training
         if p.device.type == "cuda":

@@ -458,6 +458,28 @@ find.__doc__ = """Finds the largest micro-batch with which `model` trains, by ru
 """
 
 
+def job_fields(model_digest, example_batch, options):
+    """What one rank's plan depends on, for the ranks of a running job to compare before any
+    trial (_ranks.compare_job), as the command's ranks compare theirs: the model's digest as the
+    caller computes it, the example's inputs without the batch dimension, the step, loss and
+    optimizer by their code, and the options that change the trials or the plan. Never the
+    device, the memory limit, reserve or margin, or the search's bounds (ranks on other devices
+    are what the minimum over the ranks is for)."""
+    def code(fn):
+        if fn is None or isinstance(fn, str):
+            return repr(fn)
+        if isinstance(fn, torch.optim.Optimizer):
+            return f"{type(fn).__qualname__} {sorted((k, repr(v)) for k, v in fn.defaults.items())}"
+        return f"{_name(fn)} {_code_digest(fn)}"
+    plain = (("target_batch", None), ("plan", "fastest"), ("steps_per_trial", 2),
+             ("precision", None), ("zero_grad", "none"), ("keep_output", True),
+             ("autocast_cache", True), ("eval", False), ("ddp_kwargs", None))
+    return {"model": model_digest, "inputs": " ".join(_inputs(example_batch)),
+            "step": code(options.get("step")), "loss_fn": code(options.get("loss_fn")),
+            "optimizer": code(options.get("optimizer")),
+            **{k: repr(options.get(k, default)) for k, default in plain}}
+
+
 def _cache_dir(cache, trust, eval_state):
     """The results folder for find(cache=...): None (off), True (the default folder, as the
     command's --cache), or a folder path; UsageError for anything else, for cache_trust without a

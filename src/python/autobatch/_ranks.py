@@ -7,6 +7,7 @@ call works, not even `torch.tensor(..., device="cuda")`, so an NCCL all_reduce w
 failed rank and leave the others waiting until NCCL's timeout. The store needs no device."""
 import datetime
 import itertools
+import json
 
 import torch
 
@@ -18,12 +19,16 @@ _ROUNDS = itertools.count()
 _DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 
 
-def search_and_agree(search, world_size, device, who):
+def search_and_agree(search, world_size, device, who, job=None):
     """Runs `search()` (-> Result) on this rank and agrees with the others. Returns (result,
     agreed micro-batch). Every rank reaches the agreement, also when its own search failed (0:
     nothing fits; -1: any other error, an AutobatchError or not, its text given with it), so no
     rank waits for one that raised; then every rank raises: its own error, or one naming each
-    rank that failed and its error."""
+    rank that failed and its error. `job()`, when given, returns what this rank's plan depends on
+    ({name: text}); before any trial the ranks compare it (compare_job) and every rank raises
+    UsageError when one differs."""
+    if job is not None and world_size > 1:
+        compare_job(job, who)
     mine, error, result = 0, None, None
     try:
         result = search()
@@ -51,34 +56,67 @@ def _all_min(value, device=None):
     return min(v for v, _ in _gather(value, "", device))
 
 
+def compare_job(job, who):
+    """Every rank's job fields compared with rank 0's, as the command's ranks compare theirs
+    (docs/launchers.md, "What the ranks compare"): UsageError on every rank naming the first field
+    that differs, the ranks and both values (one rank's other model, target or step would make
+    the ranks' plans differ, and their collectives mismatch hours later). `job()` -> {name: text};
+    a rank whose `job()` raises sends its error instead, and no rank compares (its own search
+    raises that error where it would have)."""
+    try:
+        mine = {str(k): str(v) for k, v in job().items()}
+    except Exception as e:  # noqa: BLE001  the search raises it, in the agreement's order
+        mine = {"__error__": f"{type(e).__name__}: {e}"}
+    texts = _exchange(json.dumps(mine, sort_keys=True), "job")
+    records = [json.loads(t) for t in texts]
+    if any("__error__" in r for r in records):
+        return
+    first = records[0]
+    for name, value in first.items():
+        others = [(r, rec.get(name, "(none)")) for r, rec in enumerate(records)
+                  if r > 0 and rec.get(name, "(none)") != value]
+        if others:
+            theirs = ", ".join(f"rank {r} has {v!r}" for r, v in others)
+            raise UsageError(f"{who}: the ranks disagree on {name}: rank 0 has {value!r}, "
+                             f"{theirs}; every rank of one job must size the same model with the "
+                             f"same step and plan options (their plans would differ)")
+
+
 def _gather(value, note="", device=None):
     """[(value, note)] of every rank of the default process group, by rank, through its store
     (set, then wait for every rank's key within the store's timeout); `note`: this rank's error
     text, if any. `device` is unused (the agreement needs none); kept for the callers' symmetry.
     Raises UsageError naming the ranks that did not answer in time."""
     del device
+    out = []
+    for text in _exchange(f"{int(value)}|{note}", "agree", value):
+        v, _, n = text.partition("|")
+        out.append((int(v), n))
+    return out
+
+
+def _exchange(text, kind, value=None):
+    """Every rank's `text` of one round, by rank, through the default group's store."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         raise UsageError("the world size is above 1 but torch.distributed is not initialized: "
                          "launch the ranks with torchrun (or the framework's launcher)")
     store = dist.distributed_c10d._get_default_store()  # private, in torch since 1.x; 2.11 too
     rank, world = dist.get_rank(), dist.get_world_size()
-    prefix = f"autobatch/agree/{next(_ROUNDS)}/"
+    prefix = f"autobatch/{kind}/{next(_ROUNDS)}/"
     keys = [f"{prefix}{r}" for r in range(world)]
-    store.set(keys[rank], f"{int(value)}|{note}")
+    store.set(keys[rank], text)
     timeout = getattr(store, "timeout", None) or _DEFAULT_TIMEOUT
     try:
         store.wait(keys, timeout)
     except (RuntimeError, AutobatchError) as e:  # DistStoreError is a RuntimeError
         missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        raise UsageError(f"ranks {missing} did not give their micro-batch within {timeout} (the "
-                         f"process group's store timeout): a rank died or is still searching; "
-                         f"this rank's is {value} ({e})") from None
-    out = []
-    for k in keys:
-        v, _, n = store.get(k).decode(errors="replace").partition("|")
-        out.append((int(v), n))
-    return out
+        what = ("their micro-batch" if kind == "agree" else "what their plan depends on")
+        mine = f"; this rank's is {value}" if value is not None else ""
+        raise UsageError(f"ranks {missing} did not give {what} within {timeout} (the process "
+                         f"group's store timeout): a rank died or is still searching{mine} "
+                         f"({e})") from None
+    return [store.get(k).decode(errors="replace") for k in keys]
 
 
 def plan_at(micro_batch, options, world_size):

@@ -596,7 +596,11 @@ def _size_in_job(build, shard, init, device, example_batch, world_size, ranks, t
         params, padded = layout(model, n)
         padded_local[:] = [padded, sum(local_bytes(params, n, rank))]
         return model
-    result, agreed = size_on_job(build_on, example_batch, options, device, timeout)
+    def job():  # what the ranks compare before any trial (_ranks.compare_job)
+        from ._find import _code_digest, _name, job_fields
+        digest = " ".join(f"{_name(f)} {_code_digest(f)}" for f in (build, shard, init))
+        return job_fields(digest, example_batch, options)
+    result, agreed = size_on_job(build_on, example_batch, options, device, timeout, job)
     from ._ranks import plan_at
     plan = plan_at(agreed, options, n)
     out = ShardedResult(n, rank, [RankResult(rank, [rank], *padded_local, result)], [],

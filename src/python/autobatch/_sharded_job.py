@@ -48,9 +48,10 @@ def mesh_names(kind):
     return (f"autobatch_{kind}_{next(_MESHES)}",)
 
 
-def size_on_job(build_on, example_batch, options, device, verify_timeout):
+def size_on_job(build_on, example_batch, options, device, verify_timeout, job=None):
     """(this rank's Result, the agreed micro-batch), verified by one real step on every rank.
-    `build_on(mesh)` -> the model built, sharded on `mesh` and materialized on `device`."""
+    `build_on(mesh)` -> the model built, sharded on `mesh` and materialized on `device`; `job()`
+    what the ranks compare before any trial (_ranks.compare_job)."""
     dist = torch.distributed
     n = dist.get_world_size()
     try:  # registers the "fake" backend
@@ -61,7 +62,8 @@ def size_on_job(build_on, example_batch, options, device, verify_timeout):
                          f"{torch.__version__} does not import: {e}") from None
     fake = dist.new_group(backend="fake")  # every rank calls it: new_group is collective
     try:
-        result, agreed = _size_and_agree(build_on, fake, example_batch, options, device, n)
+        result, agreed = _size_and_agree(build_on, fake, example_batch, options, device, n,
+                                         job)
     finally:
         dist.destroy_process_group(fake)
         _fsdp.forget_meshes()  # else the verification's parameters would carry the fake mesh
@@ -90,7 +92,7 @@ def join_and_raise(error, who="find_sharded"):
     raise error  # not reached: the agreement fails with this rank's -1
 
 
-def _size_and_agree(build_on, fake, example_batch, options, device, n):
+def _size_and_agree(build_on, fake, example_batch, options, device, n, job=None):
     """This rank's search on its model sharded over the fake group, then the agreement."""
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -103,7 +105,7 @@ def _size_and_agree(build_on, fake, example_batch, options, device, n):
         finally:
             del model
             gc.collect()
-    return search_and_agree(search, n, device, "find_sharded")
+    return search_and_agree(search, n, device, "find_sharded", job=job)
 
 
 def verify(build_on, example_batch, options, device, micro_batch, timeout_s, who="find_sharded",

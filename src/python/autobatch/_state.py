@@ -229,6 +229,12 @@ class ModelState:
         saved = [t for t in self.copies] + [s[1] for *_, s in self.attributes
                                               if s is not None and s[0] == "tensor"]
         saved += [self.cpu_rng, *(self.cuda_rng or [])]
+        # The user's gradients, set aside for the trials (detach_grads) and put back after: the
+        # trials' steps make their own, as a job's first backward after zero_grad does (counted
+        # too, they were two sets where the job holds one: a DDP job's rank with its gradients
+        # set before find_ddp found nothing under the margin).
+        saved += [g for g in self.grads if g is not None]
+        saved += [g for _, g in self.example_grads if g is not None]
         return {p for p in map(_storage_ptr, saved) if p} | self.example_ptrs
 
     def untracked_bytes(self):

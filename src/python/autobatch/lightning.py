@@ -83,7 +83,10 @@ class AutobatchFinder(pl.Callback):
       every strategy).
 
     Skipped, as BatchSizeFinder skips, under fast_dev_run (with Lightning's warning); like it,
-    warns when the module and its hparams both hold the batch size attribute.
+    warns when the module and its hparams both hold the batch size attribute. Under
+    trainer.validate / test / predict it sizes that loop's batch with the loop's own step in eval
+    mode, the parameters alone resident (find(eval="only")), and sets the attribute to
+    result.eval_safe_batch; with eval=True in fit the evaluation trials run validation_step.
 
     After `fit`'s setup: `result` (this rank's autobatch.Result), `micro_batch` (the agreed size
     set on the attribute), `accumulation_steps` (set on the trainer), `plan` (the uniform Plan;
@@ -130,7 +133,7 @@ class AutobatchFinder(pl.Callback):
         _call_setup_hook), and a module that builds its dataset or layers there (Lightning's
         documented place) was sized without them (a review of stop 55: a raw AttributeError, or
         an answer for half a model)."""
-        if stage != "fit":
+        if stage not in _LOOPS:
             return
         if trainer.fast_dev_run:  # as Lightning's tuner skips (tuner/batch_size_scaling.py)
             rank_zero_warn("Skipping batch size scaler since `fast_dev_run` is enabled.")
@@ -140,6 +143,14 @@ class AutobatchFinder(pl.Callback):
                            "accumulate_grad_batches are left as they are")
             return
         _warn_mutually_exclusive(pl_module, self.batch_arg_name)
+        if stage != "fit":
+            # As BatchSizeFinder sizes the loop that runs (on_validation_start, on_test_start,
+            # on_predict_start): that loop's own step in eval mode, no grad, the parameters
+            # alone resident (find(eval="only")).
+            _precision(trainer)
+            _run_after_module_setup(pl_module, lambda: self._size_loop(trainer, pl_module,
+                                                                       stage))
+            return
         world = trainer.world_size
         if self.target_batch and self.target_batch % world:
             raise UsageError(f"AutobatchFinder: target_batch {self.target_batch} is not a multiple "
@@ -182,6 +193,42 @@ class AutobatchFinder(pl.Callback):
                 _reset_metrics(pl_module)
         mine = self.result.safe_micro_batch
         self._apply(trainer, pl_module, agreed, mine, world)
+
+    def _size_loop(self, trainer, pl_module, stage):
+        """The evaluation batch of trainer.validate / test / predict, set on the attribute."""
+        if trainer.world_size > 1:
+            raise UsageError(f"AutobatchFinder: sizing trainer.{_LOOPS[stage][1]} runs on one "
+                             "device; for several ranks size the evaluation batch with "
+                             "autobatch.find(..., eval='only') on one rank")
+        if self.target_batch:
+            raise UsageError(f"AutobatchFinder: target_batch plans training; "
+                             f"trainer.{_LOOPS[stage][1]} has no accumulation to plan: drop it")
+        loop_name, method = _LOOPS[stage]
+        loop = getattr(trainer, loop_name)
+        if type(pl_module).__dict__.get(method) is None and \
+                getattr(type(pl_module), method) is getattr(pl.LightningModule, method):
+            raise UsageError(f"AutobatchFinder: trainer.{stage} needs the module's {method}")
+        if not lightning_hasattr(pl_module, self.batch_arg_name):
+            raise UsageError(f"AutobatchFinder: no attribute {self.batch_arg_name!r} on the "
+                             f"module, its hparams or the datamodule for the {stage} loader")
+        device = trainer.strategy.root_device
+        pl_module.to(device)
+        example = trainer.strategy.batch_to_device(_first_batch_of(loop, stage), device)
+        options = {k: v for k, v in self.options.items() if k != "eval"}
+        if callable(options.get("memory_limit")):
+            options["memory_limit"] = options["memory_limit"](trainer.global_rank)
+        with _quiet_logging(pl_module):
+            self.result = _find.find(pl_module, example, precision=_precision(trainer),
+                                     device=device, eval="only",
+                                     step=_loop_step_of(pl_module, method),
+                                     autocast_cache=_autocast_cache(trainer), **options)
+            _reset_metrics(pl_module)
+        old = lightning_getattr(pl_module, self.batch_arg_name)
+        self.micro_batch = self.result.eval_safe_batch
+        lightning_setattr(pl_module, self.batch_arg_name, self.micro_batch)
+        loop._combined_loader = None  # built again at the new size when the loop runs
+        rank_zero_info(f"autobatch: {self.batch_arg_name} {old} -> {self.micro_batch} for "
+                       f"trainer.{stage} ({method} in eval mode, the parameters alone resident)")
 
     def _apply(self, trainer, pl_module, agreed, mine, world):
         """Sets the batch size and the accumulation from the agreed micro-batch."""
@@ -337,6 +384,42 @@ def _first_batch(trainer):
         torch.set_rng_state(rng)
 
 
+# The loops BatchSizeFinder sizes besides fit: (the trainer's loop attribute, the step it runs).
+_LOOPS = {"fit": ("fit_loop", "training_step"),
+          "validate": ("validate_loop", "validation_step"),
+          "test": ("test_loop", "test_step"),
+          "predict": ("predict_loop", "predict_step")}
+
+
+def _first_batch_of(loop, stage):
+    """The first batch of an evaluation loop's loader, built as its data source builds it."""
+    loaders = loop._data_source.dataloader()
+    if isinstance(loaders, (list, tuple, dict)):
+        raise UsageError(f"AutobatchFinder: the module returns several {stage} dataloaders; "
+                         "autobatch sizes one (as BatchSizeFinder does)")
+    rng = torch.get_rng_state()
+    try:
+        return next(iter(loaders))
+    except StopIteration:
+        raise UsageError(f"AutobatchFinder: the {stage} dataloader is empty") from None
+    finally:
+        torch.set_rng_state(rng)
+
+
+def _loop_step_of(pl_module, method):
+    """step(module, batch) for an evaluation trial: the loop's own step, `method(batch, 0)` (or
+    `method(batch)` where it takes no batch_idx), whatever it returns held while the next batch
+    runs (a prediction loop keeps its predictions)."""
+    fn = getattr(pl_module, method)
+    with_index = is_param_in_hook_signature(fn, "batch_idx", min_args=2)
+
+    def loop_step(module, batch):
+        step = getattr(module, method)
+        return step(batch, 0) if with_index else step(batch)
+    loop_step.__qualname__ = f"{type(pl_module).__qualname__}.{method}"
+    return loop_step
+
+
 def _training_step_of(pl_module):
     """The trial's step(module, batch): training_step(batch, 0), or training_step(batch) where it
     takes no batch_idx (Lightning passes it only then: loops/training_epoch_loop.py,
@@ -370,6 +453,10 @@ def _training_step_of(pl_module):
                              "'loss', for Lightning to train on it")
         return out
     training_step.__qualname__ = f"{type(pl_module).__qualname__}._training_step"
+    # find(eval=True)'s evaluation trials run the validation loop's step, not this one in eval
+    # mode (_eval.py reads eval_step): the step Lightning's validation runs.
+    if type(pl_module).validation_step is not pl.LightningModule.validation_step:
+        training_step.eval_step = _loop_step_of(pl_module, "validation_step")
     return training_step
 
 
