@@ -16,13 +16,8 @@ unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT SLURM_PROCID SLURM_NTAS
 fail() { echo "FAIL: $*" >&2; for f in "$work"/*.err; do echo "== $f"; tail -5 "$f"; done >&2; exit 1; }
 
 model="$work/mlp.pt"
-"$python" - "$model" <<'PY'
-import sys, torch
-torch.manual_seed(0)
-net = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
-torch.jit.save(torch.jit.script(net), sys.argv[1],
-               _extra_files={"autobatch/inputs.json": '{"version": 1, "inputs": ["512"], "loss": "cross-entropy"}'})
-PY
+archive="$(dirname "${BASH_SOURCE[0]}")/python/mlp_archive.py"
+"$python" "$archive" "$model" 512 1024
 port="$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 
 # start_rank RANK WORLD BUDGET [extra flags]: runs in the background, pid in pids[RANK].
@@ -101,13 +96,7 @@ case "$case_name" in
       words="ranks disagree on target-batch: rank 0 has '64', rank 1 has '40000'"
     else
       other="$work/other.pt"
-      "$python" - "$other" <<'PY'
-import sys, torch
-torch.manual_seed(1)
-net = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
-torch.jit.save(torch.jit.script(net), sys.argv[1],
-               _extra_files={"autobatch/inputs.json": '{"version": 1, "inputs": ["512"], "loss": "cross-entropy"}'})
-PY
+      "$python" "$archive" "$other" 512 256 1
       start_rank 0 2 40MiB --rank-timeout 60
       start_rank 1 2 40MiB --rank-timeout 60 --model "$other"
       words="ranks disagree on model: rank 0 has '"

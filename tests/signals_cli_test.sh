@@ -9,13 +9,7 @@ cli="$1" python="$2" work="$3/signals" runs="${4:-20}"
 rm -rf "$work" && mkdir -p "$work"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 model="$work/mlp.pt"
-"$python" - "$model" <<'PY'
-import sys, torch
-torch.manual_seed(0)
-net = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10))
-torch.jit.save(torch.jit.script(net), sys.argv[1],
-               _extra_files={"autobatch/inputs.json": '{"version": 1, "inputs": ["1024"], "loss": "cross-entropy"}'})
-PY
+"$python" "$(dirname "${BASH_SOURCE[0]}")/python/mlp_archive.py" "$model" 1024 4096
 lost=0 interrupted=0
 for i in $(seq "$runs"); do
   rc=0

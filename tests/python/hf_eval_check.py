@@ -21,7 +21,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from autobatch import _core  # noqa: E402
+from fresh_budget import print_outcome  # noqa: E402
 import tiny_models  # noqa: E402
 
 
@@ -42,10 +42,8 @@ def main():
         print(json.dumps({"eval_max": r.eval_max_batch, "max": r.max_micro_batch}))
         return
     e = int(sys.argv[4])
-    backend = _core.Backend.cpu_budget(limit, 0)
-    backend.finish_setup(0)  # from here every CPU tensor counts, the model's too
-    outcome = "fits"
-    try:
+
+    def job():
         model, example = tiny_models.llama()
         row = {"input_ids": example["input_ids"][0], "labels": example["labels"][0]}
         del example
@@ -55,12 +53,7 @@ def main():
         metrics = (lambda p: {}) if os.environ.get("METRICS") else None
         Trainer(model=model, args=args, train_dataset=[row], eval_dataset=[row] * (2 * e),
                 compute_metrics=metrics).train()
-    except torch.OutOfMemoryError:
-        outcome = "out-of-memory"
-    finally:
-        backend.remove()
-    print(json.dumps({"outcome": outcome}))
-
+    print_outcome(limit, job)
 
 if __name__ == "__main__":
     main()

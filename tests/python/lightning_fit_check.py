@@ -14,7 +14,7 @@ import torch
 import lightning.pytorch as L
 from torch.utils.data import DataLoader, TensorDataset
 
-from autobatch import _core
+from fresh_budget import print_outcome
 
 FEATURES, CLASSES, SAMPLES = 64, 1024, 8192  # 3 full batches at the sizes tried
 
@@ -62,17 +62,7 @@ def main():
         print(json.dumps({"max": finder.result.max_micro_batch}))
         return
     b = int(sys.argv[3])
-    backend = _core.Backend.cpu_budget(limit, 0)
-    backend.finish_setup(0)  # from here every CPU tensor counts
-    outcome = "fits"
-    try:
-        trainer(steps=2).fit(DictNet(), datamodule=Data(b))
-    except torch.OutOfMemoryError:
-        outcome = "out-of-memory"
-    finally:
-        backend.remove()
-    print(json.dumps({"outcome": outcome}))
-
+    print_outcome(limit, lambda: trainer(steps=2).fit(DictNet(), datamodule=Data(b)))
 
 if __name__ == "__main__":
     main()

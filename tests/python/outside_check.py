@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from autobatch import _core
+from fresh_budget import print_outcome
 
 
 def build():
@@ -47,10 +47,8 @@ def main():
                           "warnings": r.warnings}))
         return
     b = int(sys.argv[3])
-    backend = _core.Backend.cpu_budget(limit, 0)
-    backend.finish_setup(0)  # from here every CPU tensor counts, the teacher's too
-    outcome = "fits"
-    try:
+
+    def job():
         teacher, student, x = build()
         row = x.tolist()
         del x  # a job holds its loader's batches, not find()'s example
@@ -63,12 +61,7 @@ def main():
             del loss
             opt.step()
             opt.zero_grad(set_to_none=True)
-    except torch.OutOfMemoryError:
-        outcome = "out-of-memory"
-    finally:
-        backend.remove()
-    print(json.dumps({"outcome": outcome}))
-
+    print_outcome(limit, job)
 
 if __name__ == "__main__":
     main()

@@ -5,22 +5,20 @@ model is built, so the model counts as find()'s baseline does (the race harness'
 scripts/bench/race.py). The loop: AmpMlp (tiny_models.py), 2 steps of AdamW, torch.autocast
 around forward and loss as its outermost autocast (tiny_models.amp_mlp_step),
 zero_grad(set_to_none=True)."""
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from autobatch import _core  # noqa: E402
+from fresh_budget import print_outcome  # noqa: E402
 import tiny_models  # noqa: E402
 
 limit, precision, b = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 dtype = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}[precision]
-backend = _core.Backend.cpu_budget(limit, 0)
-backend.finish_setup(0)  # from here every CPU tensor counts, the model's too
-outcome = "fits"
-try:
+
+
+def job():
     model, (x, y) = tiny_models.amp_mlp()
     x, y = x.repeat(b, 1), y.repeat(b)
     opt = torch.optim.AdamW(model.parameters())
@@ -31,8 +29,6 @@ try:
         del loss
         opt.step()
         opt.zero_grad(set_to_none=True)
-except torch.OutOfMemoryError:
-    outcome = "out-of-memory"
-finally:
-    backend.remove()
-print(json.dumps({"outcome": outcome}))
+
+
+print_outcome(limit, job)
