@@ -37,6 +37,9 @@ def test_sets_micro_batch_and_accumulation_for_the_target():
     trial = finder.result.trials[-1]
     assert trial.outcome in ("fits", "out-of-memory")
     assert finder.result.raw["options"]["step"].endswith("_training_step")
+    # The trial's optimizer, set on the strategy for the step, is let go after each trial (its
+    # AdamW state stayed alive into the next: "tensors made by the trials stay alive")
+    assert not any("stay alive" in w for w in finder.result.warnings), finder.result.warnings
 
 
 def test_trial_is_the_modules_training_step():

@@ -120,7 +120,13 @@ def _optimizer_factory(optimizer, params):
                 f"{optimizer.__module__}.{optimizer.__qualname__}")
     if callable(optimizer):
         name = getattr(optimizer, "__qualname__", type(optimizer).__name__)
-        return _checked_build(lambda: optimizer(params), f"the factory {name}"), name
+        checked = _checked_build(lambda: optimizer(params), f"the factory {name}")
+        # A factory that hands the optimizer to someone else (a drop-in sets it on Lightning's
+        # strategy for the step) says how to take it back after each trial.
+        release = getattr(optimizer, "release_trial", None)
+        if release is not None:
+            checked.release_trial = release
+        return checked, name
     raise UsageError(f"optimizer: expected a torch.optim.Optimizer, a factory such as "
                      f"lambda params: torch.optim.AdamW(params), 'none' or None, but got "
                      f"{type(optimizer).__name__}")

@@ -440,6 +440,9 @@ class EagerProbe(MeasuringTrials):
         finally:
             if log is not None:
                 log.close()  # a step that failed inside its log
+            release = getattr(self.make_optimizer, "release_trial", None)
+            if release is not None:
+                release()  # the trial's optimizer (and its state) no longer held elsewhere
 
     def _run_steps(self, size, micro_batches, steps, optimizer, residue, state_batch, log):
         held = None  # the batch the loop holds (_steps); only here, so that the next one frees it

@@ -473,6 +473,12 @@ def _optimizer_factory(pl_module, strategy):
         strategy.optimizers, strategy.lr_scheduler_configs = [optimizer], _schedulers(conf)
         return optimizer
     build.__qualname__ = f"{type(pl_module).__qualname__}.configure_optimizers"
+
+    def release_trial():
+        """After each trial: the strategy lets the trial's optimizer (and its state) go, which
+        it held into the next trial (2 MiB of AdamW state seen alive after a trial)."""
+        strategy.optimizers, strategy.lr_scheduler_configs = [], []
+    build.release_trial = release_trial
     return build
 
 
