@@ -13,7 +13,7 @@ model="$work/mlp.pt"
 lost=0 interrupted=0
 for i in $(seq "$runs"); do
   rc=0
-  timeout -s TERM 3 "$cli" --model "$model" --device cpu --memory-limit 6GiB --target-batch 4096 \
+  timeout -s TERM 3 "$cli" --model "$model" --device cpu --memory-limit 512MiB --target-batch 4096 \
     --json "$work/run$i.json" --env >"$work/run$i.env" 2>"$work/run$i.err" </dev/null || rc=$?
   if [ ! -s "$work/run$i.json" ] || ! grep -q "^AUTOBATCH_STATUS=" "$work/run$i.env"; then
     lost=$((lost + 1)); echo "run $i: exit $rc, no JSON or env lines"; tail -3 "$work/run$i.err"
