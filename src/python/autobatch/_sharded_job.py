@@ -76,7 +76,8 @@ def size_on_job(build_on, example_batch, options, device, verify_timeout, job=No
 
 def join_and_raise(error, who="find_sharded"):
     """A rank that refused its own arguments still takes the steps every rank takes before the
-    verification (the fake group's creation, which is collective, and the agreement), so the
+    verification (the fake group's creation, which is collective, the job round and the
+    agreement), so the
     others are not left waiting in new_group or at the store; the agreement then fails on every
     rank: this one raises `error`, the others an error naming this rank and it."""
     dist = torch.distributed
@@ -85,8 +86,9 @@ def join_and_raise(error, who="find_sharded"):
 
     def search():
         raise error
+    # The job round too (its error sent: no rank compares), so that the rounds stay in step.
     try:
-        search_and_agree(search, dist.get_world_size(), None, who)
+        search_and_agree(search, dist.get_world_size(), None, who, job=search)
     finally:
         dist.destroy_process_group(fake)
     raise error  # not reached: the agreement fails with this rank's -1
