@@ -152,8 +152,10 @@ class SharedWeightNet(L.LightningModule):
         self.head = torch.nn.Linear(1024, CLASSES)
         self.batch_size = batch_size
         g = torch.Generator().manual_seed(0)
-        self.data = TensorDataset(torch.randn(64, 64, generator=g),
-                                  torch.randint(0, CLASSES, (64,), generator=g))
+        # More samples than the memory allows in one batch: the answer is memory's, not the
+        # dataset's length (the finder caps at it, as BatchSizeFinder does)
+        self.data = TensorDataset(torch.randn(4096, 64, generator=g),
+                                  torch.randint(0, CLASSES, (4096,), generator=g))
 
     def train_dataloader(self):
         return DataLoader(self.data, batch_size=self.batch_size)

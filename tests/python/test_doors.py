@@ -171,10 +171,10 @@ def test_a_tuple_batch_the_model_cannot_take_points_to_step():
     ({"micro_batches_per_step": "2"}, "micro_batches_per_step: expected an int >= 1"),
     ({"micro_batches_per_step": True}, "micro_batches_per_step: expected an int >= 1"),
     ({"micro_batches_per_step": None}, "micro_batches_per_step: expected an int >= 1"),
-    ({"time_limit": 5}, "time_limit bound or plan a search"),
+    ({"time_limit": 5}, "time_limit bounds or plans a search"),
     ({"max_batch": 8, "min_batch": 2}, "max_batch, min_batch bound or plan a search"),
-    ({"dataset_size": 100}, "dataset_size bound or plan a search"),
-    ({"target_batch": 64}, "target_batch bound or plan a search"),
+    ({"dataset_size": 100}, "dataset_size bounds or plans a search"),
+    ({"target_batch": 64}, "target_batch bounds or plans a search"),
 ])
 def test_check_batch_refuses_what_one_trial_cannot_apply(options, words):
     model, x = mlp()

@@ -434,3 +434,12 @@ def test_eval_true_sizes_the_validation_step():
     lm.trainer(finder, limit_train_batches=1, limit_val_batches=0).fit(model,
                                                                        datamodule=lm.Data())
     assert _VALIDATION_CALLS and finder.result.eval_safe_batch > 0
+
+
+# Catches a batch size set above the samples the train loader has (4705 for 4096 rows), where
+# BatchSizeFinder stops at the dataset's length.
+def test_the_size_is_capped_at_the_datasets_length():
+    finder = abl.AutobatchFinder(memory_limit="64MiB", margin=0)
+    trainer, model, data = fit(finder, data=lm.Data(samples=96), limit_train_batches=1)
+    assert finder.micro_batch == data.batch_size == 96
+    assert finder.result.capped_by != "memory"

@@ -595,8 +595,10 @@ def _refuse_search_options(options, who):
                    and not (type(options[k]) is type(default) and options[k] == default))
     if given:
         why = (" (one trial runs to its end; Ctrl-C stops it)" if "time_limit" in given else "")
-        raise UsageError(f"{who}: {', '.join(given)} bound or plan a search and have no meaning "
-                         f"for one trial at a given micro-batch{why}; drop them, or call "
+        verbs = "bounds or plans a search and has" if len(given) == 1 else \
+            "bound or plan a search and have"
+        raise UsageError(f"{who}: {', '.join(given)} {verbs} no meaning for one trial at a given "
+                         f"micro-batch{why}; drop {'it' if len(given) == 1 else 'them'}, or call "
                          "autobatch.find to search")
 
 

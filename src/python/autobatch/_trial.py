@@ -690,8 +690,9 @@ class EagerProbe(MeasuringTrials):
             self.meter.notes[self.meter.notes.index(self.survivor_note)] = note
         else:
             self.meter.notes.append(note)
+        if self.survivor_note is None:  # said once; the result's warning holds the last count
+            log.warning("autobatch: %s", note)
         self.survivor_note = note
-        log.warning("autobatch: %s", note)
 
     def _drain_autograd(self):
         """After a step that failed: autograd's engine keeps a failed backward's queued work (its

@@ -177,6 +177,7 @@ class AutobatchFinder(pl.Callback):
             options["memory_limit"] = options["memory_limit"](trainer.global_rank)
 
         options.setdefault("keep_output", False)  # training_step returns the loss only
+        options.setdefault("dataset_size", _rank_share(trainer, world))
         strategy = trainer.strategy
         before = (strategy.optimizers, strategy.lr_scheduler_configs)
 
@@ -228,7 +229,8 @@ class AutobatchFinder(pl.Callback):
         lightning_setattr(pl_module, self.batch_arg_name, self.micro_batch)
         loop._combined_loader = None  # built again at the new size when the loop runs
         rank_zero_info(f"autobatch: {self.batch_arg_name} {old} -> {self.micro_batch} for "
-                       f"trainer.{stage} ({method} in eval mode, the parameters alone resident)")
+                       f"trainer.{getattr(stage, 'value', stage)} ({method} in eval mode, the "
+                       "parameters alone resident)")
 
     def _apply(self, trainer, pl_module, agreed, mine, world):
         """Sets the batch size and the accumulation from the agreed micro-batch."""
@@ -365,6 +367,18 @@ def _autocast_cache(trainer):
     (a review of stop 55: with the cache on, 1774 where Lightning's own step fits 1637)."""
     from lightning.pytorch.plugins.precision import MixedPrecision
     return not isinstance(trainer.precision_plugin, MixedPrecision)
+
+
+def _rank_share(trainer, world):
+    """The samples one rank's train loader has, as BatchSizeFinder caps its batch at the
+    dataset's length (tuner/batch_size_scaling.py): ceil(len(dataset) / world size); None when
+    the dataset has no length (an IterableDataset)."""
+    try:
+        loader = trainer.fit_loop._data_source.dataloader()
+        n = len(loader.dataset)
+    except (TypeError, AttributeError, NotImplementedError):
+        return None
+    return -(-n // world) if n > 0 else None
 
 
 def _first_batch(trainer):
