@@ -365,8 +365,10 @@ void compareJobRecords(const std::vector<JobRecord>& by_rank) {
     std::string others;
     for (std::size_t r = 1; r < by_rank.size(); ++r) {
       const auto& fields = by_rank[r].fields;
+      // (no structured binding captured: clang 14 refuses it in a lambda)
+      const std::string& wanted = name;
       const auto it = std::find_if(fields.begin(), fields.end(),
-                                   [&](const auto& f) { return f.first == name; });
+                                   [&wanted](const auto& f) { return f.first == wanted; });
       const std::string theirs = it == fields.end() ? "(none)" : it->second;
       if (theirs != value) {
         others +=
