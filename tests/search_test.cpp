@@ -698,8 +698,8 @@ TEST(SearchTest, FastestPlanFollowsTheMeasuredStepTimes) {
 TEST(SearchTest, ThePlansStepDownRefinesItsBoundBetweenAFitAndAFailure) {
   const std::int64_t limit = 32 * testing::kMiB;
   const std::int64_t fixed = 4 * testing::kMiB;
-  const std::int64_t per_sample = 24 * 1024;
-  const std::int64_t extra_per_sample = 12 * 1024;  // the second micro-batch's, growing with B
+  const std::int64_t per_sample = std::int64_t{24} * 1024;
+  const std::int64_t extra_per_sample = std::int64_t{12} * 1024;  // the second micro-batch's
   const auto need = [&](const TrialRequest& q) {
     return fixed + per_sample * q.micro_batch_size +
            (q.micro_batches_per_step >= 2 ? extra_per_sample * q.micro_batch_size : 0);

@@ -123,7 +123,8 @@ struct RankGroup::Impl {
   // Every rank's `kind/<r>` record, waited for as long as its heartbeat advances (a slow rank is
   // waited for; one silent for timeout_s is dead). `other(r)`, when given, is asked about a rank
   // whose record is missing: it may throw (a rank that published something else instead).
-  std::map<int, std::string> collect(const char* kind, const std::function<void(int)>& other) {
+  std::map<int, std::string> collect(const char* kind,
+                                     const std::function<void(int)>& other) const {
     std::map<int, std::string> records;
     const int world = info.world_size;
     const auto start = Clock::now();
@@ -278,10 +279,10 @@ void RankGroup::compareJob(const JobFields& mine) {
   }
 }
 
-Agreement RankGroup::exchange(const RankReport& given) {
+Agreement RankGroup::exchange(const RankReport& report) {
   Impl& m = *impl_;
   const int world = m.info.world_size;
-  RankReport mine = given;
+  RankReport mine = report;
   mine.protocol = kRankProtocol;
   mine.version = m.options.version;
   try {

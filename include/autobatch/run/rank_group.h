@@ -53,11 +53,12 @@ class RankGroup {
   /// this round).
   void compareJob(const JobFields& mine);
 
-  /// Publishes `mine`, waits for every rank's report and returns their agreement (the minimum).
+  /// Publishes `report` (stamped with this autobatch's version and protocol), waits for every
+  /// rank's report and returns their agreement (the minimum).
   /// The rank hosting the store then waits (at most timeout_s) until every rank has read the
   /// reports, so that it does not take the store away from a rank still reading.
   /// Throws: RankError (dead, missing or failed ranks, lost store), with the ranks named.
-  Agreement exchange(const RankReport& mine);
+  Agreement exchange(const RankReport& report);
 
   /// Publishes a failure `status` for this rank so that the others stop waiting at once (they
   /// fail with RankError naming this rank). Best effort: never throws.
