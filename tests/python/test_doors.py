@@ -162,8 +162,8 @@ def test_a_tuple_batch_the_model_cannot_take_points_to_step():
 
 
 # Catches check_batch taking options it cannot apply: micro_batches_per_step unchecked, and the
-# search's bounds and time limit silently ignored (a time_limit of 5 s did not stop 10^5
-# micro-batches).
+# search's bounds and time limit silently ignored (no deadline is set for one trial, so a
+# time_limit would look applied and bound nothing).
 @pytest.mark.parametrize("options, words", [
     ({"micro_batches_per_step": 0}, "micro_batches_per_step: expected an int >= 1"),
     ({"micro_batches_per_step": -1}, "micro_batches_per_step: expected an int >= 1"),

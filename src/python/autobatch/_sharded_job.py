@@ -31,7 +31,8 @@ from ._errors import ModelError, UsageError
 from ._optimizers import _optimizer_factory
 from ._options import _autocast, _bytes
 from ._ranks import search_and_agree
-from ._trial import Meter, call_model, default_loss, leading_size, make_batch
+from ._step_output import default_loss
+from ._trial import Meter, call_model, leading_size, make_batch
 
 _ROUNDS = itertools.count()  # each verification has its own store keys
 # The meshes' dimension names. Two DeviceMeshes over the same ranks compare and hash equal

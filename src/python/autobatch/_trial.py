@@ -10,10 +10,8 @@ import contextlib
 import logging
 import time
 import traceback
-from collections.abc import Mapping
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _core
 from ._cuda_api import TorchCudaApi
@@ -21,90 +19,13 @@ from ._errors import ModelError, UsageError
 from ._step_errors import check_gradients, check_loss, hint, text_of
 from ._measuring import MeasuringTrials
 from ._residue import StepLog, storage_bytes, storage_ptrs
+from ._collectives import (CollectiveGuard, CollectiveInStep,  # noqa: F401 (re-exported)
+                           refuse_collective_modules)
+from ._step_output import (KeptOutput, _check_loss_fn_result,  # noqa: F401 (re-exported)
+                           default_loss, state_bytes)
 from ._batches import call_model, leading_size, make_batch  # noqa: F401 (re-exported)
-from ._state import local_tensor
 
 log = logging.getLogger("autobatch")
-
-
-# ---- the step's loss and state -----------------------------------------------------------
-
-def default_loss(output, rule=None):
-    """The loss when no loss_fn is given: the output's `.loss` (a transformers ModelOutput), its
-    ["loss"] (a dict), a scalar output itself, a tuple's first element; else the mean of the
-    output tensor (the `autobatch` command's default loss, "mean")."""
-    rule = rule if rule is not None else []
-    loss = getattr(output, "loss", None)
-    if loss is None and isinstance(output, Mapping):
-        loss = output.get("loss")
-    if loss is not None:
-        rule.append("model")  # the model computed it (the command's --loss model)
-        return loss
-    if isinstance(output, (list, tuple)) and output:
-        return default_loss(output[0], rule)
-    if isinstance(output, torch.Tensor):
-        rule.append("model" if output.dim() == 0 else "mean")
-        return output if output.dim() == 0 else output.float().mean()
-    if hasattr(output, "loss") or hasattr(output, "logits"):  # a transformers ModelOutput
-        raise TypeError(
-            f"the model returned {type(output).__name__} with no loss: a Hugging Face model "
-            "computes its loss only when the batch holds `labels` (issue 40 row 14); add them to "
-            "example_batch, e.g. {'input_ids': ids, 'attention_mask': mask, 'labels': ids} for a "
-            "causal LM, or pass loss_fn=lambda output, batch: ... to autobatch.find")
-    raise TypeError(
-        f"the model returned {type(output).__name__}, from which no loss can be taken: expected "
-        "a tensor, a tuple whose first element is one, or an output with .loss / ['loss']; pass "
-        "loss_fn=lambda output, batch: ... to autobatch.find")
-
-
-def state_bytes(optimizer):
-    """Bytes of the distinct storages of the optimizer's state tensors (exp_avg, momentum, ...)."""
-    seen, total = set(), 0
-    for per_param in optimizer.state.values():
-        for v in per_param.values():
-            if isinstance(v, torch.Tensor) and v.numel() > 0:
-                s = local_tensor(v).untyped_storage()
-                if s.data_ptr() not in seen:
-                    seen.add(s.data_ptr())
-                    total += s.nbytes()
-    return total
-
-
-def _check_loss_fn_result(loss):
-    """UsageError unless loss_fn returned the micro-batch's loss, a scalar tensor: a tuple of
-    (loss, metrics), a dict or a per-sample vector left find() as the model's error, the vector
-    only at micro-batch 2 (its shape is (1,) at 1)."""
-    if isinstance(loss, torch.Tensor) and loss.dim() == 0:
-        return
-    if isinstance(loss, torch.Tensor):
-        what, fix = (f"a tensor of shape {tuple(loss.shape)}",
-                     "reduce it, e.g. F.cross_entropy(..., reduction='mean') or .mean()")
-    elif isinstance(loss, (tuple, list)):
-        what, fix = (f"a {type(loss).__name__} of {len(loss)}",
-                     "return the loss alone, e.g. lambda output, batch: my_loss(output, batch)[0]")
-    elif isinstance(loss, Mapping):
-        what, fix = (f"a {type(loss).__name__} with keys {sorted(map(str, loss))[:5]}",
-                     "return the loss alone, e.g. lambda output, batch: my_loss(output, batch)"
-                     "['loss']")
-    else:
-        what, fix = type(loss).__name__, "return a scalar tensor that requires grad (not .item())"
-    raise UsageError(f"loss_fn: expected it to return the micro-batch's loss, a scalar tensor, "
-                     f"but it returned {what}; {fix}")
-
-
-class KeptOutput:
-    """What a framework's step (the drop-ins' step=) returns when the framework keeps more of it
-    than the loss: `loss`, the micro-batch's loss, and `kept`, the tensors the framework holds
-    alive with it. `through_step` True: held through backward and the optimizer step, and freed
-    before the next micro-batch's forward (Lightning keeps a training_step dict's other values in
-    its ClosureResult until the batch ends: loops/optimization/automatic.py); False: held through
-    backward, as keep_output=True holds the output. In an evaluation trial, `kept` is the output
-    alive while the next batch runs (a Trainer's prediction_step's logits)."""
-
-    __slots__ = ("loss", "kept", "through_step")
-
-    def __init__(self, loss, kept, through_step=False):
-        self.loss, self.kept, self.through_step = loss, kept, through_step
 
 
 class _TrialStopped(Exception):
@@ -219,77 +140,6 @@ def _body_key(body):
     the largest training fit, full or shortened."""
     name = getattr(body, "__name__", type(body).__name__)
     return "_train" if name == "_measure" else name
-
-
-class CollectiveInStep(RuntimeError):
-    """A collective (all_reduce, all_gather, barrier, ...) inside the step of a rank that searches
-    on its own: the ranks try different batches at different times, so a collective would wait for
-    ranks that never join it."""
-
-
-_COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
-
-
-class CollectiveGuard(TorchDispatchMode):
-    """Refuses, before it runs, any collective of torch.distributed dispatched inside the `with`
-    block (the ops of the c10d namespaces: `dist.all_reduce` reaches `c10d.allreduce_` through the
-    dispatcher since torch 2.1, DDP's reducer and SyncBatchNorm too), naming the module whose
-    forward (or whose backward, for hooks) was running. Module names come from global forward
-    hooks held only inside the block."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.names = {id(m): n or type(m).__name__ for n, m in model.named_modules()}
-        self.stack, self.last, self.hooks = [], None, []
-
-    def __enter__(self):
-        from torch.nn.modules import module as nn_module
-
-        def pre(m, args):
-            self.stack.append(self.names.get(id(m), type(m).__name__))
-
-        def post(m, args, output):
-            if self.stack:
-                self.last = self.stack.pop()
-        self.hooks = [nn_module.register_module_forward_pre_hook(pre),
-                      nn_module.register_module_forward_hook(post)]
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        for h in self.hooks:
-            h.remove()
-        self.hooks = []
-        return super().__exit__(*exc)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace in _COLLECTIVE_NAMESPACES:
-            where = (f"in the forward of module '{self.stack[-1]}'" if self.stack else
-                     f"after the forward (in backward or the optimizer step; the last module "
-                     f"run was '{self.last}')" if self.last else "in the step")
-            raise CollectiveInStep(
-                f"the training step runs a collective ({func.name()}) {where}, and this rank "
-                "sizes its batch on its own: the ranks try different batches at different times, "
-                "so the collective would wait for ranks that never join it (a hang until the "
-                "process group's timeout). Size the model without its collectives (the plain "
-                "module, not one wrapped in DistributedDataParallel; BatchNorm in place of "
-                "SyncBatchNorm, which has the same memory on one rank) and keep world_size= for "
-                "the plan")
-        return func(*args, **(kwargs or {}))
-
-
-def refuse_collective_modules(model):
-    """UsageError naming a module that always runs a collective in training (SyncBatchNorm, a
-    DistributedDataParallel wrapper): refused before any trial, as CollectiveGuard would refuse
-    its first step."""
-    for name, m in model.named_modules():
-        kind = type(m).__name__
-        if isinstance(m, torch.nn.SyncBatchNorm) or kind == "DistributedDataParallel":
-            raise UsageError(
-                f"model: module '{name or kind}' ({kind}) runs collectives in every training step, "
-                "and under a world size above 1 each rank sizes its batch on its own, so the "
-                "ranks' collectives would not match (a hang until the process group's timeout); "
-                "pass the model without it (BatchNorm for SyncBatchNorm: the same memory on one "
-                "rank; the module inside DistributedDataParallel, with ddp=True for its buckets)")
 
 
 # ---- the trial ------------------------------------------------------------------------------

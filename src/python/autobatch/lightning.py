@@ -45,7 +45,7 @@ import torch
 from . import _find
 from ._errors import UsageError
 from ._ranks import search_and_agree
-from ._trial import KeptOutput
+from ._step_output import KeptOutput
 
 try:
     import lightning.pytorch as pl
@@ -383,19 +383,7 @@ def _rank_share(trainer, world):
 
 def _first_batch(trainer):
     """The first batch of the train loader, as the data source builds it (at the old size)."""
-    loaders = trainer.fit_loop._data_source.dataloader()
-    if isinstance(loaders, (list, tuple, dict)):
-        raise UsageError("AutobatchFinder: the module returns several train dataloaders; "
-                         "autobatch sizes one")
-    # A DataLoader's iterator draws its base seed from torch's generator, shuffled or not: the
-    # fit's RNG stream is kept as it was (a review of stop 55: it moved by the finder's batch).
-    rng = torch.get_rng_state()
-    try:
-        return next(iter(loaders))
-    except StopIteration:
-        raise UsageError("AutobatchFinder: the train dataloader is empty") from None
-    finally:
-        torch.set_rng_state(rng)
+    return _first_batch_of(trainer.fit_loop, "train")
 
 
 # The loops BatchSizeFinder sizes besides fit: (the trainer's loop attribute, the step it runs).
@@ -406,7 +394,9 @@ _LOOPS = {"fit": ("fit_loop", "training_step"),
 
 
 def _first_batch_of(loop, stage):
-    """The first batch of an evaluation loop's loader, built as its data source builds it."""
+    """The first batch of a loop's loader, built as its data source builds it. A DataLoader's
+    iterator draws its base seed from torch's generator, shuffled or not: the run's RNG stream
+    is kept as it was (the fit's moved by the finder's batch otherwise)."""
     loaders = loop._data_source.dataloader()
     if isinstance(loaders, (list, tuple, dict)):
         raise UsageError(f"AutobatchFinder: the module returns several {stage} dataloaders; "

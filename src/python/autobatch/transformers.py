@@ -38,7 +38,7 @@ import torch
 from . import _find
 from ._errors import UsageError
 from ._ranks import _all_min, search_and_agree
-from ._trial import KeptOutput
+from ._step_output import KeptOutput
 
 try:
     from transformers import Trainer, TrainingArguments
