@@ -13,6 +13,36 @@ macro(autobatch_require name debian)
   endif()
 endmacro()
 
+# nlohmann-json (header-only): its CMake config where installed (Debian's nlohmann-json3-dev), else
+# the headers of the PyPI package nlohmann_json in the Python that builds (pyproject.toml's build
+# requirements; that package ships no CMake config, so the target is made here from the folder its
+# get_include() reports). Defines the target nlohmann_json::nlohmann_json.
+macro(autobatch_require_json)
+  find_package(nlohmann_json 3 QUIET)
+  if(NOT nlohmann_json_FOUND AND Python_EXECUTABLE)
+    execute_process(COMMAND "${Python_EXECUTABLE}" -c
+      "import nlohmann_json; print(nlohmann_json.get_include())"
+      OUTPUT_VARIABLE _autobatch_json_include OUTPUT_STRIP_TRAILING_WHITESPACE
+      RESULT_VARIABLE _autobatch_json_rc ERROR_QUIET)
+    if(_autobatch_json_rc EQUAL 0 AND EXISTS "${_autobatch_json_include}/nlohmann/json.hpp")
+      add_library(nlohmann_json::nlohmann_json INTERFACE IMPORTED)
+      set_target_properties(nlohmann_json::nlohmann_json PROPERTIES
+        INTERFACE_INCLUDE_DIRECTORIES "${_autobatch_json_include}")
+      set(nlohmann_json_FOUND TRUE)
+      message(STATUS "autobatch: nlohmann-json from the Python package nlohmann_json "
+        "(${_autobatch_json_include})")
+    endif()
+  endif()
+  if(NOT nlohmann_json_FOUND)
+    message(FATAL_ERROR "autobatch needs nlohmann-json (C++ headers) and did not find it. pip "
+      "install . brings it from PyPI (the build requirement nlohmann_json); with "
+      "--no-build-isolation install it into the building Python first (python -m pip install "
+      "nlohmann_json); for the command's CMake build: sudo apt-get install nlohmann-json3-dev "
+      "(scripts/bootstrap.sh installs every package that build needs), or put its prefix on "
+      "CMAKE_PREFIX_PATH.")
+  endif()
+endmacro()
+
 # LibTorch from the torch of `python` (torch.utils.cmake_prefix_path), unless Torch_DIR is set.
 function(autobatch_torch_from_python python)
   if(DEFINED Torch_DIR OR DEFINED ENV{Torch_DIR})

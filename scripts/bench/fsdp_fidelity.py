@@ -131,7 +131,7 @@ def peak(case, world, size):
     other_threads_allocated} in this process's current group (fake or real)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from autobatch import _core, _sharded
+    from autobatch import _budget, _core, _sharded
     from autobatch._trial import Meter
     model_name, options = CASES[case]
     torch.manual_seed(0)
@@ -146,17 +146,17 @@ def peak(case, world, size):
         meter.finish_setup(0)
         data = batch(model_name, size)
         optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
-        foreign = _core.foreign_allocations()[1]
+        foreign = _budget.foreign_allocations()[1]
         meter.begin()
         with collectives_apart():
             for _ in range(2):
                 loss(model_name, model, data).backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-        own_peak, _ = _core.own_peak()
+        own_peak, _ = _budget.own_peak()
         peaks = meter.end()
         return {"peak": int(peaks["peak_allocated_bytes"]), "own_peak": own_peak,
-                "other_threads_allocated": _core.foreign_allocations()[1] - foreign}
+                "other_threads_allocated": _budget.foreign_allocations()[1] - foreign}
     finally:
         meter.remove()
 

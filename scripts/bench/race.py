@@ -1,9 +1,9 @@
 """The fair race (issue 44): every batch finder under the same exact memory budget, one run.
 
 Each finder runs in its own process whose CPU tensors all go through autobatch's budget allocator
-(`_core.Backend.cpu_budget(limit)`, installed before the model is built, so the model, its
+(`_budget.backend(limit)`, installed before the model is built, so the model, its
 gradients, the optimizer state, the batches and every activation count), and whose refusal the
-peers take for out of memory: `_core.set_refusal_suffix` appends " (DefaultCPUAllocator: can't
+peers take for out of memory: `_budget.set_refusal_suffix` appends " (DefaultCPUAllocator: can't
 allocate memory: ...)" to it, the text both Lightning's `is_oom_error` and accelerate's
 `should_reduce_batch_size` match (tests/python/test_race.py calls both on a real refusal).
 `autobatch.find` installs the same allocator itself with `memory_limit=` the same bytes (the
@@ -140,7 +140,7 @@ def child(argv) -> int:
     import torch._dynamo  # noqa: F401
     sys.path.insert(0, HERE)
     import peers
-    from autobatch import _core
+    from autobatch import _budget, _core
 
     ctor, shape, int_high, budget = models_on(a.device)[a.model]
     budget = a.budget_mib * MIB or budget
@@ -156,11 +156,11 @@ def child(argv) -> int:
     backend = None
     code = 0
     try:
-        _core.set_refusal_suffix(SUFFIX)
+        _budget.set_refusal_suffix(SUFFIX)
         # autobatch.find installs the same allocator itself; the command is a process of its own;
         # a GPU needs no harness.
         if a.device == "cpu" and a.finder not in ("autobatch", "cli"):
-            backend = _core.Backend.cpu_budget(budget, 0)
+            backend = _budget.backend(budget, 0)
             backend.finish_setup(0)  # from here every CPU tensor counts: the model's too
         if a.finder == "cli":
             out.update(run_cli(a.model, budget, a.device))

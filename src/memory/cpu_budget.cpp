@@ -25,39 +25,17 @@
 
 #include "autobatch/vocabulary/error.h"
 #include "autobatch/vocabulary/units.h"
+#include "memory/budget_host.h"
 #include "memory/memory_backend.h"
 #include "memory/process_memory.h"
 
 namespace autobatch::detail {
 namespace {
 
-thread_local int t_untracked_depth = 0;
-// Inside a collective's call on this thread (setBudgetBackendScope): allocations set apart.
-thread_local bool t_backend_scope = false;
-// CpuInterruptScope: the hook armed on this thread, whether it fired, and whether it is running
-// (an allocation from inside the hook is not checked again).
-thread_local const std::function<bool()>* t_interrupt = nullptr;
-thread_local bool t_interrupt_fired = false;
-thread_local bool t_in_interrupt_hook = false;
-thread_local bool t_interrupt_active = false;
-
-// Throws when the hook armed on this thread (CpuInterruptScope) answers true.
+// Throws when the hook armed on this thread (CpuInterruptScope, trial_scopes.cpp) asks to stop.
+// Not inside an at::parallel_for region: the trial's intra-op workers never throw for it.
 void checkInterrupt(std::int64_t bytes) {
-  if (t_interrupt == nullptr || !t_interrupt_active || t_in_interrupt_hook ||
-      at::in_parallel_region()) {
-    return;
-  }
-  bool stop = false;
-  t_in_interrupt_hook = true;
-  try {
-    stop = (*t_interrupt)();
-  } catch (...) {
-    t_in_interrupt_hook = false;
-    throw;
-  }
-  t_in_interrupt_hook = false;
-  if (!stop) return;
-  t_interrupt_fired = true;
+  if (at::in_parallel_region() || !budgetInterruptDue()) return;
   TORCH_CHECK(false,
               "autobatch: trial interrupted inside a step (cancelled, or the time budget ran "
               "out) at an allocation of ",
@@ -75,7 +53,7 @@ class BudgetAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t n) override {
     const auto bytes = static_cast<std::int64_t>(n);
-    if (t_untracked_depth > 0 || n == 0) {
+    if (n == 0 || budgetUntracked()) {
       // Not counted (the model being loaded, the weights' snapshot), but real to the kernel: a
       // cgroup kills a process loading a model larger than its room as surely as a trial.
       if (bytes >= ProcessMemoryGuard::kCheckFromBytes) {
@@ -126,7 +104,7 @@ class BudgetAllocator final : public c10::Allocator {
         foreign_bytes_ += bytes;
         ++foreign_allocations_;
       }
-      apart = other_thread || t_backend_scope;
+      apart = other_thread || budgetBackendScope();
     }
     void* data = nullptr;
     try {
@@ -615,25 +593,6 @@ std::unique_ptr<MemoryBackend> makeCpuBudgetBackend(std::int64_t memory_limit_by
   return std::make_unique<CpuBudgetBackend>(memory_limit_bytes, reserve_bytes);
 }
 
-UntrackedCpuScope::UntrackedCpuScope() { ++t_untracked_depth; }
-UntrackedCpuScope::~UntrackedCpuScope() { --t_untracked_depth; }
-
-CpuInterruptScope::CpuInterruptScope(const std::function<bool()>& hook, bool active) {
-  t_interrupt = hook ? &hook : nullptr;
-  t_interrupt_fired = false;
-  t_interrupt_active = active;
-}
-CpuInterruptScope::~CpuInterruptScope() {
-  t_interrupt = nullptr;
-  t_interrupt_active = false;
-  t_interrupt_fired = false;  // outside a scope no error is an interruption (a later warm-up's)
-}
-void setInterruptActive(bool active) { t_interrupt_active = active; }
-
-bool interruptRequested() { return t_interrupt != nullptr && (*t_interrupt)(); }
-// False outside a scope: the scope's end clears it.
-bool interruptFired() { return t_interrupt_fired; }
-
 bool isBudgetTracked(const void* data) { return BudgetAllocator::instance().tracked(data); }
 
 void watchBudgetExternal(std::uintptr_t weak_storage, std::int64_t bytes) {
@@ -654,8 +613,6 @@ std::pair<std::int64_t, std::int64_t> budgetForeignAllocations() {
 std::pair<std::int64_t, std::int64_t> budgetOwnPeak() {
   return BudgetAllocator::instance().ownPeak();
 }
-
-void setBudgetBackendScope(bool inside) { t_backend_scope = inside; }
 
 void setBudgetRefusalSuffix(std::string suffix) {
   BudgetAllocator::instance().setRefusalSuffix(std::move(suffix));

@@ -1,10 +1,11 @@
-// autobatch._core: the library's search, planner, report, failure classification and memory
-// backends (the CPU budget allocator, the CUDA caching allocator's over a Python CudaApi), for the
-// Python package (src/python/autobatch, docs/python.md).
+// autobatch._core: the library's search, planner, report, failure classification, the CUDA
+// caching allocator's backend over a Python CudaApi, and the per-thread trial scopes, for the
+// Python package (src/python/autobatch, docs/python.md). It includes no torch header and links no
+// torch library, so one build serves every torch; the CPU budget allocator, which needs torch's
+// C++ ABI, is a module of its own compiled on first use (budget_module.cpp, autobatch/_budget.py).
 //
 // Only plain data crosses the boundary: integers, floats, strings, lists, dicts and JSON text. No
-// tensor and no torch object does, so the extension links the library, c10 and torch_cpu but not
-// libtorch_python (pybind11's own headers, not torch's copy, are used). The user's training step
+// tensor and no torch object does. The user's training step
 // is a Python callable (the probe) that the C++ search calls once per trial with the GIL held; it
 // returns a plain dict (see trialFromDict) and must never let an out-of-memory error cross into
 // C++: the Python side turns it into a record and clears its frames first (a failed step's tensors
@@ -36,7 +37,9 @@
 #include "autobatch/vocabulary/version.h"
 #include "autobatch/workflows/cached_search.h"
 #include "memory/cuda_api.h"
+#include "memory/budget_host.h"
 #include "memory/memory_backend.h"
+#include "python/backend_binding.h"
 #include "reports/report_internal.h"
 
 namespace py = pybind11;
@@ -437,17 +440,6 @@ py::dict classify(const std::string& type, const std::string& message, bool proc
   return out;
 }
 
-TrialPhase phaseNamed(const std::string& name) {
-  for (const auto phase : {TrialPhase::kIdle, TrialPhase::kInputs, TrialPhase::kForward,
-                           TrialPhase::kLoss, TrialPhase::kBackward, TrialPhase::kOptimizerStep}) {
-    if (name == autobatch::phaseKey(phase)) return phase;
-  }
-  throw autobatch::Error(
-      "phase: expected idle, inputs, forward, loss, backward or optimizer-step, "
-      "but got \"" +
-      name + "\"");
-}
-
 // detail::CudaApi (src/memory/cuda_api.h) over a Python object with the same calls in snake_case
 // (autobatch/_cuda_api.py: TorchCudaApi over torch.cuda, or a fake in tests): the C++ CUDA backend
 // then measures the package's trials as it measures the command's, with no CUDA header or toolkit
@@ -502,95 +494,6 @@ class PyCudaApi final : public autobatch::detail::CudaApi {
   py::object api_;
 };
 
-py::dict peaksDict(const autobatch::detail::MemoryPeaks& peaks) {
-  py::dict out;
-  out["peak_allocated_bytes"] = peaks.peak_allocated_bytes;
-  out["peak_reserved_bytes"] = peaks.peak_reserved_bytes;
-  out["peak_bytes"] = peaks.peak_bytes;
-  out["allocator_retries"] = peaks.allocator_retries;
-  out["outside_growth_bytes"] = peaks.outside_growth_bytes;
-  py::list phases;
-  for (const auto& p : peaks.phase_peaks) {
-    py::dict d;
-    d["phase"] = autobatch::phaseKey(p.phase);
-    d["micro_batch_index"] = p.micro_batch_index;
-    d["peak_allocated_bytes"] = p.peak_bytes;
-    phases.append(d);
-  }
-  out["phase_peaks"] = phases;
-  return out;
-}
-
-py::dict allocatorDict(const autobatch::AllocatorInfo& a) {
-  py::dict out;
-  out["config"] = a.config;
-  out["config_env"] = a.config_env;
-  out["pytorch_alloc_conf"] = a.pytorch_alloc_conf;
-  out["pytorch_cuda_alloc_conf"] = a.pytorch_cuda_alloc_conf;
-  out["expandable_segments"] = a.expandable_segments;
-  out["fraction"] = a.fraction;
-  return out;
-}
-
-// One memory backend (memory_backend.h) for one search: the CPU budget allocator installed in
-// this process, or the CUDA caching allocator's backend over a Python CudaApi. The trial runner's
-// calls, under their Python names; remove() restores what the backend changed (the CPU allocator,
-// the memory fraction), as its destructor does in the command.
-class Backend {
- public:
-  explicit Backend(std::unique_ptr<autobatch::detail::MemoryBackend> backend)
-      : backend_(std::move(backend)) {}
-  static Backend cpuBudget(std::int64_t limit_bytes, std::int64_t reserve_bytes) {
-    return Backend(autobatch::detail::makeCpuBudgetBackend(limit_bytes, reserve_bytes));
-  }
-  static Backend cuda(const py::object& api, int index, std::int64_t limit_bytes,
-                      std::int64_t reserve_bytes) {
-    return Backend(autobatch::detail::makeCudaBackendWith(std::make_unique<PyCudaApi>(api), index,
-                                                          limit_bytes, reserve_bytes));
-  }
-  std::string name() const { return alive().name(); }
-  std::int64_t limitBytes() const { return alive().limitBytes(); }
-  std::string limitSource() const { return alive().limitSource(); }
-  std::int64_t currentBytes() const { return alive().currentBytes(); }
-  bool needsWarmUp() const { return alive().needsWarmUp(); }
-  void finishSetup(std::int64_t untracked_bytes) { alive().finishSetup(untracked_bytes); }
-  void beginTrial() { alive().beginTrial(); }
-  // Where the trial is, as the runner's enter(): the process-wide point (the budget allocator's
-  // phase peaks and fault injection) and the backend's phase (CUDA: the allocator's peak read and
-  // reset at the boundary, host-side statistics, no synchronize).
-  void setPoint(const std::string& phase, std::int64_t micro_batch_size, int micro_batch_index,
-                int step) {
-    auto& backend = alive();
-    autobatch::detail::TrialPoint point;
-    point.phase = phaseNamed(phase);
-    point.micro_batch_size = micro_batch_size;
-    point.micro_batch_index = micro_batch_index;
-    point.step = step;
-    autobatch::detail::setTrialPoint(point);
-    if (!backend.poisoned()) backend.enterPhase(point.phase, micro_batch_index);
-  }
-  py::dict endTrial() { return peaksDict(alive().endTrial()); }
-  void releaseCaches() { alive().releaseCaches(); }
-  void synchronize() { alive().synchronize(); }
-  bool processLimitNear(std::int64_t peak_bytes, std::int64_t failed_request_bytes) const {
-    return alive().processLimitNear(peak_bytes, failed_request_bytes);
-  }
-  std::vector<std::string> limitWarnings() const { return alive().limitWarnings(); }
-  py::dict allocatorInfo() const { return allocatorDict(alive().allocatorInfo()); }
-  std::int64_t outsideBytes() const { return alive().outsideBytes(); }
-  void markPoisoned() { alive().markPoisoned(); }
-  bool poisoned() const { return alive().poisoned(); }
-  void remove() { backend_.reset(); }
-  bool installed() const { return backend_ != nullptr; }
-
- private:
-  autobatch::detail::MemoryBackend& alive() const {
-    if (!backend_) throw autobatch::Error("memory backend: already removed");
-    return *backend_;
-  }
-  std::unique_ptr<autobatch::detail::MemoryBackend> backend_;
-};
-
 // A `with` scope in which this thread's CPU allocations are not counted (host snapshots).
 class Untracked {
  public:
@@ -623,90 +526,10 @@ void defineTrialHooks(py::module_& m) {
         "passed or the search was cancelled; the error the step raised is that, not the model's.");
 }
 
-// What the CPU budget allocator knows of the process's allocations, for the package and the
-// benchmarks (scripts/bench/fsdp_fidelity.py).
-void defineBudgetQueries(py::module_& m) {
-  // A storage's data_ptr() from Python is an address as an integer: the one cast of the module.
-  m.def("is_tracked", [](std::uintptr_t data) {
-    // NOLINTNEXTLINE(performance-no-int-to-ptr): the address is only compared, never read
-    return autobatch::detail::isBudgetTracked(reinterpret_cast<const void*>(data));
-  });
-  m.def("watch_external", &autobatch::detail::watchBudgetExternal, py::arg("weak_storage"),
-        py::arg("bytes"),
-        "Watches a storage counted in the CPU budget's baseline (finish_setup): its bytes leave "
-        "the count once it is freed. weak_storage: torch.UntypedStorage._weak_ref(), owned by "
-        "the allocator from then on (released when the storage dies or the backend is removed).");
-  m.def("refusals", [] { return autobatch::detail::budgetRefusals().first; });
-  m.def(
-      "foreign_allocations", [] { return autobatch::detail::budgetForeignAllocations(); },
-      "(count, bytes) other threads allocated during trials since the process started.");
-  m.def(
-      "own_peak", [] { return autobatch::detail::budgetOwnPeak(); },
-      "(the trial's peak without the bytes set apart, the bytes set apart held now) since the "
-      "trial began; set apart: other threads' allocations and those inside backend_scope(True).");
-  m.def("backend_scope", &autobatch::detail::setBudgetBackendScope, py::arg("inside"),
-        "Marks this thread as inside (True) or outside (False) a collective's call: what it "
-        "allocates meanwhile is set apart from own_peak (issue 43).");
-  m.def("start_allocation_log", &autobatch::detail::startAllocationLog,
-        "Starts recording the budget allocator's allocations and releases (process-wide, one "
-        "recording at a time); returns the bytes it counts as held now.");
-  m.def(
-      "stop_allocation_log",
-      [] {
-        const std::vector<autobatch::detail::AllocationEvent> events =
-            autobatch::detail::stopAllocationLog();
-        std::int64_t held = 0;
-        std::int64_t rise = 0;
-        std::int64_t allocated = 0;
-        std::int64_t allocations = 0;
-        for (const auto& e : events) {
-          held += e.bytes;
-          rise = std::max(rise, held);
-          if (e.bytes > 0) {
-            allocated += e.bytes;
-            ++allocations;
-          }
-        }
-        return py::make_tuple(rise, allocated, allocations);
-      },
-      "Stops the recording: (rise, allocated, allocations), the most bytes held above the start "
-      "at any point, the bytes allocated and the count of allocations since start_allocation_log.");
-  m.def(
-      "stop_allocation_log_events",
-      [] {
-        const std::vector<autobatch::detail::AllocationEvent> events =
-            autobatch::detail::stopAllocationLog();
-        std::vector<std::int64_t> bytes;
-        std::vector<std::int64_t> freed;
-        bytes.reserve(events.size());
-        freed.reserve(events.size());
-        std::unordered_map<const void*, std::int64_t> live;  // pointer -> its allocation's index
-        for (const auto& e : events) {
-          const auto index = static_cast<std::int64_t>(bytes.size());
-          bytes.push_back(e.bytes);
-          if (e.bytes > 0) {
-            live[e.data] = index;
-            freed.push_back(-1);
-          } else {
-            const auto it = live.find(e.data);
-            freed.push_back(it == live.end() ? -1 : it->second);
-            if (it != live.end()) live.erase(it);
-          }
-        }
-        return py::make_tuple(bytes, freed);
-      },
-      "Stops the recording: (bytes, freed), one entry a tracked event in order: bytes > 0 an "
-      "allocation, < 0 a release; freed[i], for a release, the index of the allocation it "
-      "releases (-1: one made before start_allocation_log, and for every allocation).");
-  m.def("set_refusal_suffix", &autobatch::detail::setBudgetRefusalSuffix, py::arg("suffix"),
-        "Text appended to every refusal's message from now on ('' for none): the fair race's "
-        "harness words the budget's refusal as the peers' matchers expect (issue 44).");
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "autobatch's C++ search, planner, report and CPU budget allocator (plain data only)";
+  m.doc() = "autobatch's C++ search, planner, report and memory accounting (plain data only)";
   py::register_exception<autobatch::Error>(m, "Error", PyExc_ValueError);
   m.def("search", &search, py::arg("probe"), py::arg("options"), py::arg("facts"),
         py::arg("cancel") = py::none(), py::arg("eval") = py::none(), py::arg("eval_state") = "",
@@ -736,35 +559,32 @@ PYBIND11_MODULE(_core, m) {
       py::arg("text"), py::arg("what") = "size");
   m.def("format_bytes", &autobatch::formatBytes);
   m.def("version", [] { return autobatch::versionText(pythonBuildInfo()); });
-  defineBudgetQueries(m);
-  py::class_<Backend>(m, "Backend")
-      .def_static("cpu_budget", &Backend::cpuBudget, py::arg("limit_bytes"),
-                  py::arg("reserve_bytes") = 0,
-                  "The CPU budget allocator, installed in this process until remove().")
-      .def_static("cuda", &Backend::cuda, py::arg("api"), py::arg("index"),
-                  py::arg("limit_bytes") = 0, py::arg("reserve_bytes") = 0,
-                  "The CUDA caching allocator's backend (the command's) over a CudaApi written in "
-                  "Python (autobatch._cuda_api.TorchCudaApi).")
-      .def("name", &Backend::name)
-      .def("limit_bytes", &Backend::limitBytes)
-      .def("limit_source", &Backend::limitSource)
-      .def("current_bytes", &Backend::currentBytes)
-      .def("needs_warm_up", &Backend::needsWarmUp)
-      .def("finish_setup", &Backend::finishSetup)
-      .def("begin_trial", &Backend::beginTrial)
-      .def("set_point", &Backend::setPoint, py::arg("phase"), py::arg("micro_batch_size") = 0,
-           py::arg("micro_batch_index") = 0, py::arg("step") = 0)
-      .def("end_trial", &Backend::endTrial)
-      .def("release_caches", &Backend::releaseCaches)
-      .def("synchronize", &Backend::synchronize)
-      .def("process_limit_near", &Backend::processLimitNear)
-      .def("limit_warnings", &Backend::limitWarnings)
-      .def("allocator_info", &Backend::allocatorInfo)
-      .def("outside_bytes", &Backend::outsideBytes)
-      .def("mark_poisoned", &Backend::markPoisoned)
-      .def("poisoned", &Backend::poisoned)
-      .def("remove", &Backend::remove)
-      .def("installed", &Backend::installed);
+  m.def("backend_scope", &autobatch::detail::setBudgetBackendScope, py::arg("inside"),
+        "Marks this thread as inside (True) or outside (False) a collective's call: what it "
+        "allocates meanwhile is set apart from the budget's own_peak (issue 43).");
+  m.def(
+      "budget_host",
+      [] {
+        // The table is static and immutable: the capsule has no destructor.
+        return py::capsule(static_cast<const void*>(autobatch::detail::budgetHost()),
+                           "autobatch._core.budget_host");
+      },
+      "The per-thread trial scopes as a C table (memory/budget_host.h), for the CPU budget "
+      "module built on first use (autobatch._budget).");
+  py::class_<autobatch::python::Backend> backend(m, "Backend");
+  backend.def_static(
+      "cuda",
+      [](const py::object& api, int index, std::int64_t limit_bytes, std::int64_t reserve_bytes) {
+        return autobatch::python::Backend(
+            autobatch::detail::makeCudaBackendWith(std::make_unique<PyCudaApi>(api), index,
+                                                   limit_bytes, reserve_bytes),
+            nullptr);
+      },
+      py::arg("api"), py::arg("index"), py::arg("limit_bytes") = 0, py::arg("reserve_bytes") = 0,
+      "The CUDA caching allocator's backend (the command's) over a CudaApi written in Python "
+      "(autobatch._cuda_api.TorchCudaApi). The CPU budget allocator's backend is the budget "
+      "module's (autobatch._budget).");
+  autobatch::python::defineBackend(backend);
   m.def(
       "is_fatal", [](const std::string& message) { return autobatch::isFatalDeviceError(message); },
       py::arg("message"),

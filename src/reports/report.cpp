@@ -3,8 +3,6 @@
 // env lines in report_env.cpp, the report files in report_file.cpp.
 #include "autobatch/reports/report.h"
 
-#include <fmt/format.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -12,6 +10,7 @@
 
 #include "autobatch/vocabulary/trial.h"
 #include "reports/report_internal.h"
+#include "reports/text_format.h"
 
 namespace autobatch {
 
@@ -104,9 +103,9 @@ CacheKey cacheKeyFields(const ReportData& d) {
   add("memory_limit_bytes", std::to_string(c.memory_limit_bytes));
   add("reserve_bytes", std::to_string(o.reserve_bytes));
   add("margin", o.margin_bytes >= 0 ? std::to_string(o.margin_bytes) + " bytes"
-                                    : fmt::format("{} of the limit", o.margin_fraction));
+                                    : detail::cat(o.margin_fraction, " of the limit"));
   add("strategy", std::string(toString(o.strategy)));
-  add("relative_tolerance", fmt::format("{}", o.relative_tolerance));
+  add("relative_tolerance", detail::shortest(o.relative_tolerance));
   add("min_batch", std::to_string(o.min_batch));
   add("max_batch", std::to_string(o.max_batch));
   add("dataset_size", std::to_string(o.dataset_size));

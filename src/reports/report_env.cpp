@@ -1,8 +1,5 @@
 // The env lines a launcher can `eval` (autobatch/reports/report.h, envLines): every value one shell
 // word.
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -10,10 +7,14 @@
 #include <string_view>
 
 #include "autobatch/reports/report.h"
+#include "reports/text_format.h"
 
 namespace autobatch {
 
 namespace {
+
+using detail::cat;
+using detail::join;
 
 // `value` as one shell word that `eval` reads back as itself: bare when every character is one
 // the shell never interprets, else single-quoted with each ' written as '\''. Env lines carry no
@@ -81,7 +82,7 @@ void appendSweepEvalLine(const SweepReport& sweep, const Line& line) {
   for (const auto& r : sweep.rows) {
     eval = eval || !r.eval_status.empty();
     if (r.eval_safe_batch <= 0) continue;
-    buckets += fmt::format("{}{}:{}", buckets.empty() ? "" : " ", r.length, r.eval_safe_batch);
+    buckets += cat(buckets.empty() ? "" : " ", r.length, ":", r.eval_safe_batch);
   }
   if (eval) line("AUTOBATCH_EVAL_BUCKETS", shellWord(buckets, true));
 }
@@ -105,17 +106,16 @@ std::string envLines(const ReportData& d) {
   std::string sizes;
   std::string groups;
   if (plan) {
-    if (plan->listsMicroBatches())
-      sizes = fmt::format("{}", fmt::join(plan->microBatchSizes(), " "));
+    if (plan->listsMicroBatches()) sizes = join(plan->microBatchSizes(), " ");
     for (const auto& g : plan->groups) {
-      groups += fmt::format("{}{}:{}", groups.empty() ? "" : " ", g.micro_batch_size, g.count);
+      groups += cat(groups.empty() ? "" : " ", g.micro_batch_size, ":", g.count);
     }
   }
   // What bounds the answer; "" for --check-batch (no search) and before any result.
   const std::string capped_by = d.result ? d.result->search.capped_by : "";
   std::string out;
   const auto line = [&out](const char* name, const std::string& word) {
-    out += fmt::format("{}={}\n", name, word);
+    out += cat(name, "=", word, "\n");
   };
   line("AUTOBATCH_STATUS", shellWord(d.status));
   line("AUTOBATCH_MICRO_BATCH", std::to_string(plan ? plan->largestMicroBatch() : 0));
@@ -132,7 +132,7 @@ std::string envLines(const ReportData& d) {
     std::string buckets;
     for (const auto& r : d.sweep->rows) {
       if (r.safe_micro_batch <= 0) continue;
-      buckets += fmt::format("{}{}:{}", buckets.empty() ? "" : " ", r.length, r.safe_micro_batch);
+      buckets += cat(buckets.empty() ? "" : " ", r.length, ":", r.safe_micro_batch);
     }
     line("AUTOBATCH_LENGTH", std::to_string(d.sweep->longest_trainable_length));
     line("AUTOBATCH_BUCKETS", shellWord(buckets, true));

@@ -1,9 +1,6 @@
 // The human report (autobatch/reports/report.h, humanReport): one function per section, in the
 // order they are printed: header, trials, result, plans, memory, ranks, warnings, sweep, check,
 // error.
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <ostream>
@@ -14,14 +11,21 @@
 #include "autobatch/reports/report.h"
 #include "autobatch/vocabulary/units.h"
 #include "reports/report_internal.h"
+#include "reports/text_format.h"
 
 namespace autobatch {
 namespace {
 
+using detail::cat;
 using detail::contextOf;
 using detail::failedPhase;
+using detail::fixed;
+using detail::join;
+using detail::left;
 using detail::memoryOf;
 using detail::modelNeedsBytes;
+using detail::right;
+using detail::signedFixed;
 
 std::string inputsText(const std::vector<InputSpec>& inputs) {
   std::string text;
@@ -40,21 +44,19 @@ void headerSection(std::ostream& out, const ReportData& d, const RunContext& ctx
   const bool pt2 = m != nullptr && m->model_format == "pt2";
   std::string optimizer_impl;
   if (m != nullptr && !m->optimizer_impl.empty()) optimizer_impl = " (" + m->optimizer_impl + ")";
-  out << fmt::format("device {} ({}), limit {} ({})\n", ctx.device, ctx.backend,
-                     formatBytes(ctx.memory_limit_bytes), ctx.memory_limit_source);
+  out << cat("device ", ctx.device, " (", ctx.backend, "), limit ",
+             formatBytes(ctx.memory_limit_bytes), " (", ctx.memory_limit_source, ")\n");
   if (!d.step_description.empty()) {  // a step the library did not build (the Python package's)
-    out << fmt::format("model {}: {}, {} steps per trial, {} micro-batch(es) per step\n",
-                       d.spec.model_path, d.step_description, d.spec.steps_per_trial,
-                       ctx.micro_batches_per_trial);
+    out << cat("model ", d.spec.model_path, ": ", d.step_description, ", ", d.spec.steps_per_trial,
+               " steps per trial, ", ctx.micro_batches_per_trial, " micro-batch(es) per step\n");
     return;
   }
-  out << fmt::format(
-      "model {}{}: inputs {}, loss {}, optimizer {}{}, zero_grad {}, output {}, {}, {} steps "
-      "per trial, {} micro-batch(es) per step\n",
-      d.spec.model_path, pt2 ? " (pt2 package)" : "", inputsText(ctx.inputs), toString(ctx.loss),
-      toString(d.spec.optimizer), optimizer_impl, toString(d.spec.zero_grad),
-      d.spec.keep_output ? "kept through the step" : "dropped", toString(d.spec.precision),
-      d.spec.steps_per_trial, ctx.micro_batches_per_trial);
+  out << cat("model ", d.spec.model_path, pt2 ? " (pt2 package)" : "", ": inputs ",
+             inputsText(ctx.inputs), ", loss ", toString(ctx.loss), ", optimizer ",
+             toString(d.spec.optimizer), optimizer_impl, ", zero_grad ", toString(d.spec.zero_grad),
+             ", output ", d.spec.keep_output ? "kept through the step" : "dropped", ", ",
+             toString(d.spec.precision), ", ", d.spec.steps_per_trial, " steps per trial, ",
+             ctx.micro_batches_per_trial, " micro-batch(es) per step\n");
 }
 
 // ---- trials -------------------------------------------------------------------------------
@@ -103,16 +105,18 @@ void trialsTable(std::ostream& out, const ReportData& d, const std::string& titl
                  const std::vector<TrialResult>& trials) {
   if (trials.empty()) return;
   out << "\n" << title << "\n";
-  out << fmt::format("  {:>3} {:>7} {:>5}  {:<13} {:>12} {:>12} {:>12} {:>9} {:>10}\n", "#",
-                     "batch", "micro", "outcome", "peak alloc", "peak reserv", "peak vs lim",
-                     "step ms", "samples/s");
+  out << cat("  ", right("#", 3), " ", right("batch", 7), " ", right("micro", 5), "  ",
+             left("outcome", 13), " ", right("peak alloc", 12), " ", right("peak reserv", 12), " ",
+             right("peak vs lim", 12), " ", right("step ms", 9), " ", right("samples/s", 10), "\n");
   int n = 0;
   for (const auto& t : trials) {
-    out << fmt::format("  {:>3} {:>7} {:>5}  {:<13} {:>12} {:>12} {:>12} {:>9.1f} {:>10.1f}{}\n",
-                       ++n, t.request.micro_batch_size, t.request.micro_batches_per_step,
-                       outcomeText(t, d.options), formatBytes(t.peak_allocated_bytes),
-                       formatBytes(t.peak_reserved_bytes), formatBytes(t.peak_bytes), t.step_ms,
-                       samplesPerSecond(t), trialNotes(t));
+    out << cat("  ", right(++n, 3), " ", right(t.request.micro_batch_size, 7), " ",
+               right(t.request.micro_batches_per_step, 5), "  ",
+               left(outcomeText(t, d.options), 13), " ",
+               right(formatBytes(t.peak_allocated_bytes), 12), " ",
+               right(formatBytes(t.peak_reserved_bytes), 12), " ",
+               right(formatBytes(t.peak_bytes), 12), " ", right(fixed(t.step_ms, 1), 9), " ",
+               right(fixed(samplesPerSecond(t), 1), 10), trialNotes(t), "\n");
   }
 }
 
@@ -132,8 +136,8 @@ void cacheLine(std::ostream& out, const CacheReport& c) {
   if (c.outcome == "hit") {
     const char* how =
         c.trusted ? "trusted without a trial (--cache-trust)" : "confirmed by the trial above";
-    out << fmt::format("  cached            from {} ({} trials, {:.1f} s then; {}; key {})\n",
-                       c.stored_at, c.cached_trials, c.cached_search_s, how, key);
+    out << cat("  cached            from ", c.stored_at, " (", c.cached_trials, " trials, ",
+               fixed(c.cached_search_s, 1), " s then; ", how, "; key ", key, ")\n");
     return;
   }
   const char* what = c.outcome == "miss" ? "miss, searched and stored"
@@ -141,7 +145,7 @@ void cacheLine(std::ostream& out, const CacheReport& c) {
                                            "searched and stored again";
   std::string not_stored;
   if (!c.store_error.empty()) not_stored = " (not stored: " + c.store_error + ")";
-  out << fmt::format("  cache             {}{}; key {}\n", what, not_stored, key);
+  out << cat("  cache             ", what, not_stored, "; key ", key, "\n");
 }
 
 // What a bound other than memory means for the answer ("" for memory).
@@ -164,50 +168,48 @@ void modelOverLimitLine(std::ostream& out, const ReportData& d, const SearchResu
   const char* fix = d.options.memory_limit_bytes > 0
                         ? "a larger --memory-limit (if the device has it)"
                         : "a device or a job with more memory";
-  out << fmt::format(
-      "  the model itself needs {} ({} bytes: parameters {} + gradients {} + optimizer state "
-      "{}), more than the limit of {} ({} bytes): no batch can fit; use {}, sgd instead "
-      "of adam/adamw, fp16/bf16, or a smaller model\n",
-      formatBytes(own), own, formatBytes(m.parameter_bytes), formatBytes(m.gradient_bytes),
-      formatBytes(m.optimizer_state_bytes), formatBytes(s.memory_limit_bytes), s.memory_limit_bytes,
-      fix);
+  out << cat("  the model itself needs ", formatBytes(own), " (", own, " bytes: parameters ",
+             formatBytes(m.parameter_bytes), " + gradients ", formatBytes(m.gradient_bytes),
+             " + optimizer state ", formatBytes(m.optimizer_state_bytes),
+             "), more than the limit of ", formatBytes(s.memory_limit_bytes), " (",
+             s.memory_limit_bytes, " bytes): no batch can fit; use ", fix,
+             ", sgd instead of adam/adamw, fp16/bf16, or a smaller model\n");
 }
 
 // Why nothing fits: the minimum batch fits only over the margin, or not at all.
 void nothingFitsLines(std::ostream& out, const ReportData& d, const SearchResult& s) {
   const std::string headroom = formatBytes(s.memory_limit_bytes - s.margin_bytes);
   if (s.max_micro_batch > 0) {
-    out << fmt::format(
-        "  nothing fits under the margin: the minimum batch {} fits (raw maximum {}), but its "
-        "peak {} is above the limit less the margin {}; lower --margin or give more memory\n",
-        d.options.min_batch, s.max_micro_batch, formatBytes(s.min_batch_needs_at_least_bytes),
-        headroom);
+    out << cat("  nothing fits under the margin: the minimum batch ", d.options.min_batch,
+               " fits (raw maximum ", s.max_micro_batch, "), but its peak ",
+               formatBytes(s.min_batch_needs_at_least_bytes),
+               " is above the limit less the margin ", headroom,
+               "; lower --margin or give more memory\n");
     return;
   }
-  out << fmt::format(
-      "  nothing fits at the minimum batch {}: it needs at least {} (limit less the margin "
-      "{})\n",
-      d.options.min_batch, formatBytes(s.min_batch_needs_at_least_bytes), headroom);
+  out << cat("  nothing fits at the minimum batch ", d.options.min_batch, ": it needs at least ",
+             formatBytes(s.min_batch_needs_at_least_bytes), " (limit less the margin ", headroom,
+             ")\n");
   modelOverLimitLine(out, d, s);
 }
 
 // The search's answer: the raw maximum, what capped it, the safe batch under the margin.
 void resultSection(std::ostream& out, const ReportData& d) {
   const SearchResult& s = d.result->search;
-  out << fmt::format("\nresult ({}, {} trials, {:.1f} s)\n", toString(s.status), s.trials.size(),
-                     s.elapsed_s);
+  out << cat("\nresult (", toString(s.status), ", ", s.trials.size(), " trials, ",
+             fixed(s.elapsed_s, 1), " s)\n");
   if (d.cache) cacheLine(out, *d.cache);
-  out << fmt::format("  max micro-batch   {}\n", s.max_micro_batch);
+  out << cat("  max micro-batch   ", s.max_micro_batch, "\n");
   if (s.max_micro_batch > 0) {
-    out << fmt::format("  capped by         {}{}\n", s.capped_by, cappedByNote(s.capped_by));
+    out << cat("  capped by         ", s.capped_by, cappedByNote(s.capped_by), "\n");
   }
-  out << fmt::format("  safe micro-batch  {}  (peak under limit - margin = {} - {} = {})\n",
-                     s.safe_micro_batch, formatBytes(s.memory_limit_bytes),
-                     formatBytes(s.margin_bytes),
-                     formatBytes(s.memory_limit_bytes - s.margin_bytes));
+  out << cat("  safe micro-batch  ", s.safe_micro_batch,
+             "  (peak under limit - margin = ", formatBytes(s.memory_limit_bytes), " - ",
+             formatBytes(s.margin_bytes), " = ", formatBytes(s.memory_limit_bytes - s.margin_bytes),
+             ")\n");
   if (s.status == SearchStatus::kNothingFits) nothingFitsLines(out, d, s);
   if (s.size_limit_batch > 0) {
-    out << fmt::format("  size limit at {}: {}\n", s.size_limit_batch, s.size_limit_reason);
+    out << cat("  size limit at ", s.size_limit_batch, ": ", s.size_limit_reason, "\n");
   }
 }
 
@@ -224,17 +226,17 @@ std::string plansVerifiedNote(const AccumulationPlans& p, bool verified) {
 std::string planLine(const AccumulationPlan& plan, PlanKind primary_kind) {
   std::string sizes;
   for (const auto& g : plan.groups) {
-    sizes += fmt::format("{}{} x {}", sizes.empty() ? "" : " + ", g.count, g.micro_batch_size);
+    sizes += cat(sizes.empty() ? "" : " + ", g.count, " x ", g.micro_batch_size);
   }
   std::string speed = "  (no speed prediction: no trial near its micro-batch)";
   if (plan.predicted_samples_per_second > 0.0) {
     speed =
-        fmt::format("  (predicted {:.1f} samples/s per rank)", plan.predicted_samples_per_second);
+        cat("  (predicted ", fixed(plan.predicted_samples_per_second, 1), " samples/s per rank)");
   }
-  return fmt::format("  {} {:<9} {:>3} accumulation steps: {} = {} per rank, x {} rank(s) = {}{}\n",
-                     plan.kind == primary_kind ? "*" : " ", toString(plan.kind),
-                     plan.accumulation_steps, sizes, plan.per_rank_batch, plan.world_size,
-                     plan.effective_batch, speed);
+  return cat("  ", plan.kind == primary_kind ? "*" : " ", " ", left(toString(plan.kind), 9), " ",
+             right(plan.accumulation_steps, 3), " accumulation steps: ", sizes, " = ",
+             plan.per_rank_batch, " per rank, x ", plan.world_size,
+             " rank(s) = ", plan.effective_batch, speed, "\n");
 }
 
 // Both plans for the target batch (--target-batch), the primary one starred.
@@ -242,11 +244,9 @@ void plansSection(std::ostream& out, const ReportData& d) {
   const SearchResult& s = d.result->search;
   if (!s.plan) return;
   const AccumulationPlans& p = *s.plan;
-  out << fmt::format(
-      "\nplans for target batch {} (world size {}, max micro-batch {}{}; steps x "
-      "micro-batch, * primary by rule {})\n",
-      p.target_batch, p.uniform.world_size, p.max_micro_batch,
-      plansVerifiedNote(p, s.plan_verified), toString(d.options.plan));
+  out << cat("\nplans for target batch ", p.target_batch, " (world size ", p.uniform.world_size,
+             ", max micro-batch ", p.max_micro_batch, plansVerifiedNote(p, s.plan_verified),
+             "; steps x micro-batch, * primary by rule ", toString(d.options.plan), ")\n");
   for (const AccumulationPlan* plan : {&p.uniform, &p.balanced}) {
     out << planLine(*plan, p.primary_kind);
   }
@@ -257,34 +257,33 @@ void plansSection(std::ostream& out, const ReportData& d) {
 // The affine fit of the peaks, and its prediction against the measure at the maximum.
 void fitLines(std::ostream& out, const SearchResult& s) {
   if (s.fit.points < 2) return;
-  out << fmt::format("  affine fit       fixed {} + {} per sample ({} points)\n",
-                     formatBytes(static_cast<std::int64_t>(s.fit.fixed_bytes)),
-                     formatBytes(static_cast<std::int64_t>(s.fit.per_sample_bytes)), s.fit.points);
+  out << cat("  affine fit       fixed ", formatBytes(static_cast<std::int64_t>(s.fit.fixed_bytes)),
+             " + ", formatBytes(static_cast<std::int64_t>(s.fit.per_sample_bytes)), " per sample (",
+             s.fit.points, " points)\n");
   if (s.measured_peak_bytes <= 0) return;
   const double err = 100.0 * (s.predicted_peak_bytes - static_cast<double>(s.measured_peak_bytes)) /
                      static_cast<double>(s.measured_peak_bytes);
-  out << fmt::format("  at batch {}:  predicted {}, measured {} ({:+.1f}%)\n", s.max_micro_batch,
-                     formatBytes(static_cast<std::int64_t>(s.predicted_peak_bytes)),
-                     formatBytes(s.measured_peak_bytes), err);
+  out << cat("  at batch ", s.max_micro_batch, ":  predicted ",
+             formatBytes(static_cast<std::int64_t>(s.predicted_peak_bytes)), ", measured ",
+             formatBytes(s.measured_peak_bytes), " (", signedFixed(err, 1), "%)\n");
 }
 
 // What the model holds whatever the batch, memory outside the allocator, DDP's buckets, the fit.
 void memorySection(std::ostream& out, const ReportData& d) {
   const MemoryBreakdown& m = d.result->memory;
   out << "\nmemory\n";
-  out << fmt::format("  parameters       {:.2f}M, {}\n",
-                     static_cast<double>(m.parameter_count) / 1e6, formatBytes(m.parameter_bytes));
-  out << fmt::format("  gradients        {}\n", formatBytes(m.gradient_bytes));
-  out << fmt::format("  optimizer state  {}\n", formatBytes(m.optimizer_state_bytes));
+  out << cat("  parameters       ", fixed(static_cast<double>(m.parameter_count) / 1e6, 2), "M, ",
+             formatBytes(m.parameter_bytes), "\n");
+  out << cat("  gradients        ", formatBytes(m.gradient_bytes), "\n");
+  out << cat("  optimizer state  ", formatBytes(m.optimizer_state_bytes), "\n");
   if (m.outside_growth_bytes > 0) {
-    out << fmt::format(
-        "  outside allocator {} (grew by {} after setup: lazily loaded kernels, handles)\n",
-        formatBytes(m.outside_bytes), formatBytes(m.outside_growth_bytes));
+    out << cat("  outside allocator ", formatBytes(m.outside_bytes), " (grew by ",
+               formatBytes(m.outside_growth_bytes),
+               " after setup: lazily loaded kernels, handles)\n");
   }
   if (m.ddp_bucket_bytes > 0) {
-    out << fmt::format(
-        "  DDP buckets      {} (--ddp: one gradient-sized copy, held by every trial)\n",
-        formatBytes(m.ddp_bucket_bytes));
+    out << cat("  DDP buckets      ", formatBytes(m.ddp_bucket_bytes),
+               " (--ddp: one gradient-sized copy, held by every trial)\n");
   }
   fitLines(out, d.result->search);
 }
@@ -294,12 +293,13 @@ void memorySection(std::ostream& out, const ReportData& d) {
 // What each rank found and which ranks set the agreed minimum (multi-rank preflight).
 void ranksSection(std::ostream& out, const ReportData& d) {
   if (!d.agreement) return;
-  out << fmt::format("\nranks ({} ranks agreed on the minimum; limited by rank(s) {})\n",
-                     d.agreement->reports.size(), fmt::join(d.agreement->limiting_ranks, ", "));
+  out << cat("\nranks (", d.agreement->reports.size(),
+             " ranks agreed on the minimum; limited by rank(s) ",
+             join(d.agreement->limiting_ranks, ", "), ")\n");
   for (const auto& rep : d.agreement->reports) {
-    out << fmt::format("  rank {:>3}  {:<8} safe micro-batch {:>6}  limit {}{}\n", rep.rank,
-                       rep.device, rep.safe_micro_batch, formatBytes(rep.memory_limit_bytes),
-                       rep.rank == d.rank->rank ? "  (this rank)" : "");
+    out << cat("  rank ", right(rep.rank, 3), "  ", left(rep.device, 8), " safe micro-batch ",
+               right(rep.safe_micro_batch, 6), "  limit ", formatBytes(rep.memory_limit_bytes),
+               rep.rank == d.rank->rank ? "  (this rank)" : "", "\n");
   }
 }
 
@@ -322,23 +322,23 @@ std::string unverifiedRowText(const std::string& status) {
 std::string sweepRowPlan(const SweepRow& r, const SweepReport& sw, std::int64_t min_batch) {
   if (r.status == "error") return "error: " + r.error;
   if (r.status == "fails-mixed") {
-    return fmt::format("left out: batch {} (found alone) never passed mixed", r.lowered_from);
+    return cat("left out: batch ", r.lowered_from, " (found alone) never passed mixed");
   }
   if (r.safe_micro_batch <= 0) {
     // The search's first trial is at --min-batch: the bound is for that batch, not for 1.
     if (r.min_batch_needs_at_least_bytes <= 0) return unverifiedRowText(r.status);
-    return fmt::format("nothing fits: batch {} needs at least {}", min_batch,
-                       formatBytes(r.min_batch_needs_at_least_bytes));
+    return cat("nothing fits: batch ", min_batch, " needs at least ",
+               formatBytes(r.min_batch_needs_at_least_bytes));
   }
   if (r.plan) {
     const AccumulationPlan& p = r.plan->primary();
-    return fmt::format("{} steps x {} = {} sequences ({})", p.accumulation_steps,
-                       p.largestMicroBatch(), p.effective_batch, toString(p.kind));
+    return cat(p.accumulation_steps, " steps x ", p.largestMicroBatch(), " = ", p.effective_batch,
+               " sequences (", toString(p.kind), ")");
   }
   if (sw.target_tokens > 0 && r.target_batch == 0) return "target below one sequence per rank";
   if (r.target_batch > 0) {
-    return fmt::format("no plan for {} sequences: none fits with 2 micro-batches per step",
-                       r.target_batch);
+    return cat("no plan for ", r.target_batch,
+               " sequences: none fits with 2 micro-batches per step");
   }
   return "";
 }
@@ -347,31 +347,33 @@ std::string sweepRowPlan(const SweepRow& r, const SweepReport& sw, std::int64_t 
 void mixedLine(std::ostream& out, const MixVerification& v) {
   std::string what;
   for (const auto& l : v.lowered) {
-    what += l.to > 0 ? fmt::format("; length {} lowered {} -> {}", l.length, l.from, l.to)
-                     : fmt::format("; length {} left out (from {})", l.length, l.from);
+    what += l.to > 0 ? cat("; length ", l.length, " lowered ", l.from, " -> ", l.to)
+                     : cat("; length ", l.length, " left out (from ", l.from, ")");
   }
   std::string last_peak;
   if (!v.trials.empty() && v.trials.back().result.memory_limit_bytes > 0) {
     const MixedTrial& last = v.trials.back();
     const std::int64_t limit = last.result.memory_limit_bytes;
-    last_peak = fmt::format(", last peak {} of {} (limit less the margin {}{})",
-                            formatBytes(last.result.peak_bytes), formatBytes(limit),
-                            formatBytes(limit - v.margin_bytes),
-                            last.over_margin ? ": over the margin" : "");
+    last_peak = cat(", last peak ", formatBytes(last.result.peak_bytes), " of ", formatBytes(limit),
+                    " (limit less the margin ", formatBytes(limit - v.margin_bytes),
+                    last.over_margin ? ": over the margin" : "", ")");
   }
-  out << fmt::format(
+  out << cat(
       "  mixed verification (the buckets in one trial, the longest after each other one, "
-      "the allocator's cache kept): {} in {} trial{}{}{}\n",
-      v.status, v.trials.size(), v.trials.size() == 1 ? "" : "s", last_peak, what);
+      "the allocator's cache kept): ",
+      v.status, " in ", v.trials.size(), " trial", v.trials.size() == 1 ? "" : "s", last_peak, what,
+      "\n");
 }
 
 // A sweep row's evaluation columns (--eval): max, safe, trials; "-" where none ran.
 std::string sweepRowEval(const SweepRow& r) {
-  if (r.eval_status.empty()) return fmt::format("{:>9} {:>9} {:>6}  ", "-", "-", "-");
+  if (r.eval_status.empty())
+    return cat(right("-", 9), " ", right("-", 9), " ", right("-", 6), "  ");
   if (r.eval_status == "state-does-not-fit") {
-    return fmt::format("{:>19} {:>6}  ", "state does not fit", 0);
+    return cat(right("state does not fit", 19), " ", right(0, 6), "  ");
   }
-  return fmt::format("{:>9} {:>9} {:>6}  ", r.eval_max_batch, r.eval_safe_batch, r.eval_trials);
+  return cat(right(r.eval_max_batch, 9), " ", right(r.eval_safe_batch, 9), " ",
+             right(r.eval_trials, 6), "  ");
 }
 
 // One row per length (--lengths), the longest that trains, and the mixed verification.
@@ -379,27 +381,29 @@ void sweepSection(std::ostream& out, const ReportData& d) {
   const SweepReport& sw = *d.sweep;
   std::string target;
   if (sw.target_tokens > 0) {
-    target = fmt::format(", target {} tokens per optimizer step", sw.target_tokens);
+    target = cat(", target ", sw.target_tokens, " tokens per optimizer step");
   }
-  out << fmt::format("\nlength sweep ({} lengths{})\n", sw.rows.size(), target);
+  out << cat("\nlength sweep (", sw.rows.size(), " lengths", target, ")\n");
   // --eval: the evaluation batch beside the training answer (docs/sweeps.md).
   const bool eval = std::any_of(sw.rows.begin(), sw.rows.end(),
                                 [](const SweepRow& r) { return !r.eval_status.empty(); });
-  out << fmt::format(
-      "  {:>7} {:>9} {:>9} {:>12}  {:<16} {:>6} {:>8}  {}{}\n", "length", "max", "safe",
-      "tokens/micro", "peak phase", "trials", "time",
-      eval ? fmt::format("{:>9} {:>9} {:>6}  ", "eval max", "eval safe", "trials") : std::string(),
-      "plan");
+  out << cat(
+      "  ", right("length", 7), " ", right("max", 9), " ", right("safe", 9), " ",
+      right("tokens/micro", 12), "  ", left("peak phase", 16), " ", right("trials", 6), " ",
+      right("time", 8), "  ",
+      eval ? cat(right("eval max", 9), " ", right("eval safe", 9), " ", right("trials", 6), "  ")
+           : std::string(),
+      "plan\n");
   for (const auto& r : sw.rows) {
-    out << fmt::format("  {:>7} {:>9} {:>9} {:>12}  {:<16} {:>6} {:>7.1f}s  {}{}\n", r.length,
-                       r.max_micro_batch, r.safe_micro_batch, r.tokens_per_micro_batch,
-                       r.binding_phase.empty() ? "-" : r.binding_phase, r.trials, r.elapsed_s,
-                       eval ? sweepRowEval(r) : std::string(),
-                       sweepRowPlan(r, sw, d.options.min_batch));
+    out << cat("  ", right(r.length, 7), " ", right(r.max_micro_batch, 9), " ",
+               right(r.safe_micro_batch, 9), " ", right(r.tokens_per_micro_batch, 12), "  ",
+               left(r.binding_phase.empty() ? "-" : r.binding_phase, 16), " ", right(r.trials, 6),
+               " ", right(fixed(r.elapsed_s, 1), 7), "s  ", eval ? sweepRowEval(r) : std::string(),
+               sweepRowPlan(r, sw, d.options.min_batch), "\n");
   }
   if (sw.longest_trainable_length > 0) {
-    out << fmt::format("  longest trainable length: {} (the result above is for it)\n",
-                       sw.longest_trainable_length);
+    out << cat("  longest trainable length: ", sw.longest_trainable_length,
+               " (the result above is for it)\n");
   } else {
     out << "  no length fits\n";
   }
@@ -414,16 +418,16 @@ std::string fleetRowPlan(const FleetRow& r, const SearchOptions& o) {
   if (r.safe_micro_batch <= 0) {
     if (!r.note.empty()) return r.note;
     if (r.min_batch_needs_at_least_bytes <= 0) return unverifiedRowText(r.status);
-    return fmt::format("nothing fits: batch {} needs at least {}", o.min_batch,
-                       formatBytes(r.min_batch_needs_at_least_bytes));
+    return cat("nothing fits: batch ", o.min_batch, " needs at least ",
+               formatBytes(r.min_batch_needs_at_least_bytes));
   }
   std::string text;
   if (r.plan) {
     const AccumulationPlan& p = r.plan->primary();
-    text = fmt::format("{} x {} steps x {} ranks = {} ({})", p.largestMicroBatch(),
-                       p.accumulation_steps, p.world_size, p.effective_batch, toString(p.kind));
+    text = cat(p.largestMicroBatch(), " x ", p.accumulation_steps, " steps x ", p.world_size,
+               " ranks = ", p.effective_batch, " (", toString(p.kind), ")");
   } else if (o.target_batch > 0) {
-    text = fmt::format("no plan for {}: none fits with 2 micro-batches per step", o.target_batch);
+    text = cat("no plan for ", o.target_batch, ": none fits with 2 micro-batches per step");
   }
   if (!r.note.empty()) text += (text.empty() ? "" : "; ") + r.note;
   return text;
@@ -432,25 +436,27 @@ std::string fleetRowPlan(const FleetRow& r, const SearchOptions& o) {
 // One row per memory size (--fleet), largest first, with the trials it ran and reused.
 void fleetSection(std::ostream& out, const ReportData& d) {
   const FleetReport& f = *d.fleet;
-  out << fmt::format("\nfleet ({} sizes, {} trials run in all{})\n", f.rows.size(), f.trials_run,
-                     d.options.target_batch > 0
-                         ? fmt::format(", target {} per optimizer step", d.options.target_batch)
-                         : "");
-  out << fmt::format("  {:<12} {:>11} {:>9} {:>9}  {:<16} {:>12}  {}\n", "size", "memory", "max",
-                     "safe", "peak phase", "trials (run)", "plan");
+  out << cat("\nfleet (", f.rows.size(), " sizes, ", f.trials_run, " trials run in all",
+             d.options.target_batch > 0
+                 ? cat(", target ", d.options.target_batch, " per optimizer step")
+                 : std::string(),
+             ")\n");
+  out << cat("  ", left("size", 12), " ", right("memory", 11), " ", right("max", 9), " ",
+             right("safe", 9), "  ", left("peak phase", 16), " ", right("trials (run)", 12),
+             "  plan\n");
   for (const auto& r : f.rows) {
     const bool measured = r.status != "not-measurable";
-    out << fmt::format(
-        "  {:<12} {:>11} {:>9} {:>9}  {:<16} {:>12}  {}\n", r.name, formatBytes(r.bytes),
-        measured ? std::to_string(r.max_micro_batch) : "-",
-        measured ? std::to_string(r.safe_micro_batch) : "-",
-        r.binding_phase.empty() ? "-" : r.binding_phase,
-        measured ? fmt::format("{} ({})", r.trials_run + r.trials_reused, r.trials_run) : "-",
-        fleetRowPlan(r, d.options));
+    out << cat(
+        "  ", left(r.name, 12), " ", right(formatBytes(r.bytes), 11), " ",
+        right(measured ? std::to_string(r.max_micro_batch) : "-", 9), " ",
+        right(measured ? std::to_string(r.safe_micro_batch) : "-", 9), "  ",
+        left(r.binding_phase.empty() ? "-" : r.binding_phase, 16), " ",
+        right(measured ? cat(r.trials_run + r.trials_reused, " (", r.trials_run, ")") : "-", 12),
+        "  ", fleetRowPlan(r, d.options), "\n");
   }
   if (f.largest_measurable_bytes > 0) {
-    out << fmt::format("  the result above is for the largest measurable size ({})\n",
-                       formatBytes(f.largest_measurable_bytes));
+    out << cat("  the result above is for the largest measurable size (",
+               formatBytes(f.largest_measurable_bytes), ")\n");
   }
   if (!f.note.empty()) out << "  note: " << f.note << "\n";
 }
@@ -459,27 +465,28 @@ void fleetSection(std::ostream& out, const ReportData& d) {
 
 // --check-batch: whether the one trial fit, raw and with the margin.
 void checkSection(std::ostream& out, const CheckResult& c) {
-  out << fmt::format("\ncheck micro-batch {}: {} raw, {} with the margin ({})\n",
-                     c.trial.request.micro_batch_size, c.fits ? "fits" : "does not fit",
-                     c.fits_with_margin ? "fits" : "does not fit", formatBytes(c.margin_bytes));
+  out << cat("\ncheck micro-batch ", c.trial.request.micro_batch_size, ": ",
+             c.fits ? "fits" : "does not fit", " raw, ",
+             c.fits_with_margin ? "fits" : "does not fit", " with the margin (",
+             formatBytes(c.margin_bytes), ")\n");
 }
 
 // ---- evaluation ---------------------------------------------------------------------------
 
 std::string evalStateText(const EvalResult& e) {
   if (e.state == EvalState::kParametersOnly) return "parameters only (an evaluation job alone)";
-  return fmt::format(
+  return cat(
       "training state resident: parameters, optimizer state and gradients as left by one "
-      "training step at micro-batch {}, {} held",
-      e.training_batch, formatBytes(e.resident_bytes));
+      "training step at micro-batch ",
+      e.training_batch, ", ", formatBytes(e.resident_bytes), " held");
 }
 
 // The training state that did not fit: no evaluation result.
 void stateDoesNotFit(std::ostream& out, const ReportData& d, const EvalResult& e) {
-  out << fmt::format(
-      "\nevaluation: the training state does not fit: the training step at micro-batch {} that "
-      "creates the optimizer state ended {} ({}); no evaluation batch was tried\n",
-      e.training_batch, outcomeText(e.training_step, d.options), e.training_step.reason);
+  out << cat("\nevaluation: the training state does not fit: the training step at micro-batch ",
+             e.training_batch, " that creates the optimizer state ended ",
+             outcomeText(e.training_step, d.options), " (", e.training_step.reason,
+             "); no evaluation batch was tried\n");
 }
 
 // --eval / --eval-only: the evaluation trials and the evaluation batch.
@@ -490,8 +497,8 @@ void evalSection(std::ostream& out, const ReportData& d, const EvalResult& e) {
                 e.search.trials);
   }
   const SearchResult& s = e.search;
-  out << fmt::format("\nevaluation batch: max {}, safe {} (capped by {}; {})\n", s.max_micro_batch,
-                     s.safe_micro_batch, s.capped_by, evalStateText(e));
+  out << cat("\nevaluation batch: max ", s.max_micro_batch, ", safe ", s.safe_micro_batch,
+             " (capped by ", s.capped_by, "; ", evalStateText(e), ")\n");
   warningsSection(out, s.warnings);
 }
 
@@ -500,10 +507,10 @@ void evalCheckSection(std::ostream& out, const ReportData& d, const CheckResult&
   const EvalResult& e = *c.eval;
   if (!e.state_fits) return stateDoesNotFit(out, d, e);
   trialsTable(out, d, "evaluation trial (2 batches, the previous output alive)", {c.trial});
-  out << fmt::format("\ncheck evaluation batch {}: {} raw, {} with the margin ({}; {})\n",
-                     c.trial.request.micro_batch_size, c.fits ? "fits" : "does not fit",
-                     c.fits_with_margin ? "fits" : "does not fit", formatBytes(c.margin_bytes),
-                     evalStateText(e));
+  out << cat("\ncheck evaluation batch ", c.trial.request.micro_batch_size, ": ",
+             c.fits ? "fits" : "does not fit", " raw, ",
+             c.fits_with_margin ? "fits" : "does not fit", " with the margin (",
+             formatBytes(c.margin_bytes), "; ", evalStateText(e), ")\n");
 }
 
 }  // namespace

@@ -39,11 +39,11 @@ LIMIT = "48MiB"
 def own_loop(model, micro_batch, **ddp_kwargs):
     """The user's DDP loop at `micro_batch`, two steps, under the same budget (True: it fit):
     the module wrapped over the job's group, forward, cross-entropy, backward, AdamW step."""
-    from autobatch import _core
+    from autobatch import _budget
     from autobatch._options import _bytes
     from torch.nn.parallel import DistributedDataParallel
     from autobatch._state import live_storages
-    backend = _core.Backend.cpu_budget(_bytes(LIMIT, "limit"), 0)
+    backend = _budget.backend(_bytes(LIMIT, "limit"), 0)
     # Every tensor this process holds counts, the model's and the rest (this script's copy of
     # the weights), as find_ddp's baseline counts them.
     backend.finish_setup(sum(n for _, n, _ in live_storages(torch.device("cpu"))))

@@ -6,13 +6,13 @@ import json
 
 import torch
 
-from autobatch import _core
+from autobatch import _budget
 
 
 def print_outcome(limit_bytes, job):
     """Runs `job()` under a budget of `limit_bytes` installed first; prints
     {"outcome": "fits" | "out-of-memory"} (any other error propagates)."""
-    backend = _core.Backend.cpu_budget(limit_bytes, 0)
+    backend = _budget.backend(limit_bytes, 0)
     backend.finish_setup(0)  # from here every CPU tensor counts, the model's too
     outcome = "fits"
     try:

@@ -14,13 +14,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from autobatch import _core  # noqa: E402
+from autobatch import _budget  # noqa: E402
 from autobatch._options import _bytes  # noqa: E402
 import tiny_models  # noqa: E402
 
 world, rank, limit = int(sys.argv[1]), int(sys.argv[2]), _bytes(sys.argv[3], "limit")
 dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
-backend = _core.Backend.cpu_budget(limit, 0)  # every CPU tensor from here on is counted
+backend = _budget.backend(limit, 0)  # every CPU tensor from here on is counted
 backend.finish_setup(0)
 out = {}
 for b in map(int, sys.argv[4:]):

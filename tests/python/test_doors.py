@@ -197,10 +197,9 @@ def test_a_size_with_a_space_before_its_unit_is_read_as_the_command_reads_it():
 # it against this torch").
 def test_a_missing_library_is_named():
     from autobatch import _load_failure
-    text = _load_failure("libfmt.so.9: cannot open shared object file: No such file or directory",
-                         "rebuild it")
-    assert "needs the shared library libfmt.so.9" in text and "rebuild" not in text
-    assert "rebuild it" in _load_failure("undefined symbol: _ZN3c10", "rebuild it")
+    text = _load_failure("libfmt.so.9: cannot open shared object file: No such file or directory")
+    assert "needs the shared library libfmt.so.9" in text and "reinstall" not in text
+    assert "reinstall autobatch" in _load_failure("undefined symbol: _ZN3c10")
 
 
 # Catches tensors that outlive their trial going unnamed: a forward hook that appends

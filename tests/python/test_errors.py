@@ -161,26 +161,29 @@ def test_usage_errors_for_devices_autobatch_cannot_measure():
         autobatch.find(mlp().to("meta"), torch.randn(1, 32))
 
 
-# Issue 41 item 4. Catches: a _core built against another torch imported silently (its CPU
-# budget allocator uses torch's C++ ABI: an undefined symbol at best), instead of an ImportError
-# that names both versions and the rebuild; and a _core linked against libautobatch.so again
+# Catches a _core that links torch again (c10, torch_cpu: one build per torch, an undefined
+# symbol after every torch upgrade) or anything beyond the C and C++ runtime (Debian's libfmt or
+# zlib: an import that fails on a machine without them), and a _core linked against libautobatch.so
 # (which needs LibTorch's CMake config, and with torch's CUDA wheel the CUDA toolkit, to build).
-def test_the_extension_is_checked_against_the_torch_it_runs_with():
+def test_the_extension_needs_only_the_c_and_cxx_runtime():
+    import shutil
     import subprocess
     import sys
-    code = ("import sys, types\n"
-            "m = types.ModuleType('autobatch._built'); m.TORCH_VERSION = '1.0.0+other'\n"
-            "sys.modules['autobatch._built'] = m\n"
-            "import autobatch\n")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert run.returncode != 0
-    assert "built against torch 1.0.0+other" in run.stderr, run.stderr
-    assert f"this environment has torch {torch.__version__}" in run.stderr, run.stderr
-    assert "pip install --no-build-isolation --force-reinstall" in run.stderr, run.stderr
+    from autobatch import _core
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf (binutils) is not installed")
+    dynamic = subprocess.run([readelf, "-d", _core.__file__], capture_output=True, text=True,
+                             check=True).stdout
+    needed = sorted(line.split("[", 1)[1].split("]", 1)[0]
+                    for line in dynamic.splitlines() if "(NEEDED)" in line)
+    runtime = ("libstdc++.so", "libgcc_s.so", "libc.so", "libm.so", "ld-linux", "libpthread.so")
+    assert needed and all(n.startswith(runtime) for n in needed), needed
+    assert "RUNPATH" not in dynamic and "RPATH" not in dynamic, dynamic
 
     code = ("import autobatch\n"
             "maps = open('/proc/self/maps').read()\n"
             "print('libautobatch' in maps, 'libc10' in maps)\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["False", "True"], run.stdout
+    assert run.stdout.split()[0] == "False", run.stdout

@@ -1,12 +1,12 @@
 """The fair race of finders (issue 44): every finder under the same exact memory budget. Its first
 piece: the budget allocator's refusal, worded so that Lightning's and accelerate's finders take it
-for out of memory (_core.set_refusal_suffix). Each test names the wrong implementation it
+for out of memory (_budget.set_refusal_suffix). Each test names the wrong implementation it
 catches."""
 import pytest
 import torch
 
 import autobatch
-from autobatch import _core
+from autobatch import _budget
 from autobatch._trial import Meter
 
 PEER_TEXT = " (DefaultCPUAllocator: can't allocate memory: refused by autobatch's CPU budget)"
@@ -15,7 +15,7 @@ PEER_TEXT = " (DefaultCPUAllocator: can't allocate memory: refused by autobatch'
 def refusal(suffix):
     """The exception a real refusal of the budget raises with `suffix` set."""
     meter = Meter.cpu(8 << 20, 0)
-    _core.set_refusal_suffix(suffix)
+    _budget.set_refusal_suffix(suffix)
     try:
         meter.finish_setup(0)
         meter.begin()
@@ -27,7 +27,7 @@ def refusal(suffix):
             meter.end()
         raise AssertionError("64 MiB under an 8 MiB budget was not refused")
     finally:
-        _core.set_refusal_suffix("")
+        _budget.set_refusal_suffix("")
         meter.remove()
 
 
@@ -45,7 +45,7 @@ def test_the_worded_refusal_is_out_of_memory_to_lightning_and_accelerate():
     assert isinstance(worded, torch.OutOfMemoryError) and len(worded.args) == 1
     assert "CPU budget allocator: out of memory" in worded.args[0]
     assert memory.is_oom_error(worded) and accelerate.should_reduce_batch_size(worded)
-    assert _core.refusals() >= 2
+    assert _budget.refusals() >= 2
 
 
 # Catches: autobatch's own search reading the worded refusal as something else (the real
@@ -56,11 +56,11 @@ def test_autobatch_still_finds_the_boundary_with_the_worded_refusal():
                                 torch.nn.Linear(1024, 10))
     example = torch.randn(1, 256)
     plain = autobatch.find(model, example, memory_limit="40MiB")
-    _core.set_refusal_suffix(PEER_TEXT)
+    _budget.set_refusal_suffix(PEER_TEXT)
     try:
         worded = autobatch.find(model, example, memory_limit="40MiB")
     finally:
-        _core.set_refusal_suffix("")
+        _budget.set_refusal_suffix("")
     assert worded.max_micro_batch == plain.max_micro_batch > 0
     assert any(t.outcome == "out-of-memory" for t in worded.trials)
 

@@ -254,7 +254,7 @@ class FailsAt(torch.nn.Module):
 # a measuring trial whose first step's or whole step's forward raised, nothing is recorded.
 @pytest.mark.parametrize("failing", [2, 6])
 def test_a_step_that_fails_inside_its_log_stops_the_recording(failing):
-    from autobatch import _core
+    from autobatch import _budget
     torch.manual_seed(0)
     model = FailsAt()
     probe, meter, state = _probe(model, _example(Wide))
@@ -264,7 +264,7 @@ def test_a_step_that_fails_inside_its_log_stops_the_recording(failing):
         with pytest.raises(Exception, match="a model error in forward"):
             probe.measure(6, 1)
         kept = torch.ones(4096)  # 16 KiB through the budget allocator, after the trial
-        assert _core.stop_allocation_log_events() == ([], [])
+        assert _budget.stop_allocation_log_events() == ([], [])
         del kept
     finally:
         meter.remove()

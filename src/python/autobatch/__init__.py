@@ -9,44 +9,34 @@ The trial is the user's own eager step (forward, loss, backward, optimizer step)
 the search, the planner and the report are the C++ library's (autobatch._core), the same as the
 `autobatch` command's. docs/python.md describes every option, the result and the errors.
 """
-# torch first: its libraries (c10, torch_cpu, and the CUDA runtime of a CUDA build) must be the
-# ones the extension binds to. Importing the extension first maps a second libcudart when the
-# CUDA toolkit is on its RUNPATH (issue 29, measured).
+# torch first: a CUDA build's libraries (the CUDA runtime) must be the ones loaded when the budget
+# module or anything else binds to them; _core itself links no torch library.
 import torch  # noqa: F401  (imported for its side effect: LibTorch loaded first)
 
 
 def _load_core():
-    """autobatch._core, or an ImportError that says which torch it was built for and how to
-    rebuild: its CPU budget allocator is compiled against torch's C++ ABI (issue 41), so a _core
-    built for another torch fails with an undefined symbol, or worse, loads."""
-    try:
-        from . import _built
-        built = _built.TORCH_VERSION
-    except ImportError:  # a source tree without a build: _core's own error says more
-        built = None
-    fix = ("rebuild it against this torch: pip install --no-build-isolation --force-reinstall "
-           "--no-deps <the autobatch source folder> (docs/python.md, 'After a torch upgrade')")
-    if built is not None and built != torch.__version__:
-        raise ImportError(f"autobatch._core was built against torch {built}, and this environment "
-                          f"has torch {torch.__version__}; {fix}")
+    """autobatch._core, or an ImportError that says what is missing. _core includes no torch
+    header, so it loads with any torch; what can fail is the platform (a shared library the
+    system lacks, a wheel built for another Python or C library)."""
     try:
         from . import _core as core
     except ImportError as e:
-        raise ImportError(_load_failure(str(e), fix)) from e
+        raise ImportError(_load_failure(str(e))) from e
     return core
 
 
-def _load_failure(text, fix):
+def _load_failure(text):
     """The words for an extension that does not load: a shared library the system lacks is named
     as such (the dynamic loader's "libX.so.N: cannot open shared object file"), not blamed on
-    torch; anything else (an undefined symbol: another torch's ABI) says to rebuild."""
+    torch; anything else says to reinstall."""
     import re
     missing = re.search(r"([\w.+-]+\.so[\w.]*): cannot open shared object file", text)
     if missing:
         return (f"autobatch._core needs the shared library {missing.group(1)}, which this system "
                 f"does not have ({text}); install the system package that provides it, or "
-                "install autobatch from a wheel that carries it")
-    return f"autobatch._core does not load with torch {torch.__version__} ({text}); {fix}"
+                "install autobatch from a wheel that carries it (README, Install)")
+    return (f"autobatch._core does not load ({text}); reinstall autobatch for this Python: "
+            "pip install --force-reinstall --no-deps <the wheel or the source folder>")
 
 
 _core = _load_core()

@@ -1,6 +1,6 @@
 """The replayed peak of a measuring trial (docs/search.md, "The replayed peak"): its first step's
 forward and backward on `state_batch` samples and its whole step's on the size's batch, logged by
-the budget allocator event by event (_core.stop_allocation_log_events). Where both ran the same
+the budget allocator event by event (_budget.stop_allocation_log_events). Where both ran the same
 allocations and releases in the same order (up to what aligned_logs lines up: a stretch in
 another order, a transient one log makes and the other not), each allocation's bytes is read as
 affine in the micro-batch (the two sizes give its bytes per sample), and the bytes held at each
@@ -17,7 +17,7 @@ otherwise.
 """
 import torch
 
-from . import _core
+from . import _budget
 
 
 class EventLog:
@@ -28,11 +28,11 @@ class EventLog:
         self.into, self.about = into, about
 
     def __enter__(self):
-        _core.start_allocation_log()
+        _budget.start_allocation_log()
         return self
 
     def __exit__(self, *exc):
-        events = _core.stop_allocation_log_events()
+        events = _budget.stop_allocation_log_events()
         if exc[0] is None:
             self.into.append((events, *self.about))
         return False
@@ -43,7 +43,7 @@ def peak_lines(first, first_size, second, second_size, start_bytes, batch_bytes,
     the bytes held at each event of the step's forward and backward at micro-batch B, absolute:
     `start_bytes` held when the second log started at `second_size`, of which `batch_bytes` the
     batch's own (scaling with B). `first`, `second`: (bytes, freed) of the two logs
-    (_core.stop_allocation_log_events). [] when aligned_logs cannot line the two logs up (other
+    (_budget.stop_allocation_log_events). [] when aligned_logs cannot line the two logs up (other
     work, not only other sizes), or the sizes are equal."""
     if first_size == second_size:
         return []

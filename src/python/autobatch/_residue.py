@@ -44,7 +44,7 @@ from collections.abc import Mapping
 
 import torch
 
-from . import _core
+from . import _budget
 
 
 def _storages(batch):
@@ -150,7 +150,7 @@ class StepResidue:
     def at_new_size(self, first, second):
         """A full trial at a size the model had not seen ran its first and second steps' forward
         and backward; `first`, `second`: (rise, allocated, allocations) of each, from the start of
-        its forward (the batch made) to its optimizer's step (_core.stop_allocation_log)."""
+        its forward (the batch made) to its optimizer's step (_budget.stop_allocation_log)."""
         rise_1, allocated_1, count_1 = first
         rise_2, allocated_2, count_2 = second
         if allocated_1 == allocated_2 and count_1 == count_2 and rise_1 <= rise_2:
@@ -170,17 +170,17 @@ class StepResidue:
 
 class StepLog:
     """The budget allocator's log of full trials' first two steps' forward and backward, for
-    StepResidue.at_new_size: (rise, allocated, allocations) of each (_core.stop_allocation_log)."""
+    StepResidue.at_new_size: (rise, allocated, allocations) of each (_budget.stop_allocation_log)."""
 
     def __init__(self):
         self.steps, self.running = [], False
 
     def start(self):
-        _core.start_allocation_log()
+        _budget.start_allocation_log()
         self.running = True
 
     def stop(self):
-        self.steps.append(_core.stop_allocation_log())
+        self.steps.append(_budget.stop_allocation_log())
         self.running = False
 
     def close(self):

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-from . import _core, _fsdp
+from . import _budget, _core, _fsdp
 
 
 def local_tensor(t):
@@ -257,7 +257,7 @@ class ModelState:
         meter.finish_setup(total)
         if meter.name == "cpu-budget":
             for _, n, t in rows:
-                _core.watch_external(local_tensor(t).untyped_storage()._weak_ref(), n)
+                _budget.watch_external(local_tensor(t).untyped_storage()._weak_ref(), n)
         return total
 
     def outside_model(self, device):
@@ -286,7 +286,7 @@ class ModelState:
         seen = {p for p, _, _ in rows}
         rows += [(p, n, t) for p, n, t in live_storages(torch.device("cpu"), self.own_ptrs())
                  if p not in seen]
-        return [(p, n, t) for p, n, t in rows if not _core.is_tracked(p)]
+        return [(p, n, t) for p, n, t in rows if not _budget.is_tracked(p)]
 
 
 def _storage_ptr(t):

@@ -13,7 +13,7 @@ import traceback
 
 import torch
 
-from . import _core
+from . import _budget, _core
 from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
 from ._step_errors import check_gradients, check_loss, hint, text_of
@@ -55,7 +55,7 @@ class Meter:
 
     @classmethod
     def cpu(cls, limit_bytes, reserve_bytes):
-        return cls(_core.Backend.cpu_budget(limit_bytes, reserve_bytes), reserve_bytes)
+        return cls(_budget.backend(limit_bytes, reserve_bytes), reserve_bytes)
 
     @classmethod
     def cuda(cls, index, limit_bytes, reserve_bytes, api=None):

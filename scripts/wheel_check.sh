@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# One wheel for every torch, checked as a user meets it (issue: pip install wherever torch is).
+# scripts/wheel.sh builds and repairs the wheel once; then, for each torch the package supports at
+# its ends and where the project is pinned, a fresh virtual environment gets that same wheel file
+# with `pip install` (timed; ninja, its one dependency besides torch, from PyPI) and runs
+# tests/python/wheel_check.py there: a CPU `find` under a memory_limit, the budget module
+# compiled on first use into a fresh extension cache, and fresh-process check_batch of the answer
+# (fits) and of one more (out of memory). With --tests, the package's pytest file
+# tests/python/test_find.py runs in each environment too.
+#
+# Each fresh environment takes torch from an environment that has it, through a .pth file naming
+# that environment's site-packages (the torch wheels with their CUDA libraries are 3-5 GB each; a
+# copy per run would be the download, not the check):
+#   torch 2.11.0  the project's environment (requirements.txt)
+#   newest        requirements-newest.txt's (scripts/test_newest.sh makes it; skipped if absent)
+#   2.6.0         the lowest claimed (README): $AUTOBATCH_ENV_ROOT/venv-torch-2.6.0, made here
+#                 from PyPI the first time (about 3 GB)
+# Usage: scripts/wheel_check.sh [--tests] [wheel (default: build one with scripts/wheel.sh)]
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=scripts/env.sh
+. "$here/env.sh"
+tests=0
+if [ "${1:-}" = "--tests" ]; then tests=1; shift; fi
+wheel="${1:-}"
+if [ -z "$wheel" ]; then
+  bash "$here/wheel.sh"
+  wheel="$(cat "$AUTOBATCH_ROOT/dist/WHEEL")"
+fi
+lowest=2.6.0
+work="$(mktemp -d /tmp/autobatch-wheel-check.XXXXXX)"
+echo "wheel_check: $(basename "$wheel"), work folder $work"
+
+lowest_env() {  # the lowest claimed torch's environment, made once
+  local venv="$AUTOBATCH_ENV_ROOT/venv-torch-$lowest"
+  if [ ! -f "$venv/.autobatch-complete" ]; then
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --progress-bar off "torch==$lowest" numpy pytest
+    touch "$venv/.autobatch-complete"
+  fi
+  echo "$venv/bin/python"
+}
+
+envs=("2.11.0:$AUTOBATCH_PYTHON")
+newest="$(ls -d "$AUTOBATCH_ENV_ROOT"/venv-newest-*/ 2>/dev/null | head -1 || true)"
+if [ -n "$newest" ] && [ -f "$newest/.autobatch-complete" ]; then
+  envs+=("newest:${newest}bin/python")
+else
+  echo "wheel_check: no newest-torch environment (scripts/test_newest.sh makes it): skipped"
+fi
+envs+=("$lowest:$(lowest_env)")
+
+failed=0
+for entry in "${envs[@]}"; do
+  label="${entry%%:*}" source_py="${entry#*:}"
+  venv="$work/venv-$label"
+  python3 -m venv "$venv"
+  site="$("$source_py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  fresh_site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  echo "$site" >"$fresh_site/torch-from-elsewhere.pth"
+  # The wheel's own files first: a package of the same name in the shared folder comes later on
+  # sys.path, and pip leaves it alone (outside this environment).
+  t0=$(date +%s.%N)
+  "$venv/bin/python" -m pip install -q --progress-bar off "$wheel" >"$work/$label-install.log" 2>&1 ||
+    { cat "$work/$label-install.log"; exit 1; }
+  printf '[time] pip install of the wheel (torch %s): %.1f s\n' "$label" \
+    "$(echo "$(date +%s.%N) - $t0" | bc)"
+  rc=0
+  (cd "$work" && AUTOBATCH_EXTENSIONS_DIR="$work/extensions-$label" OMP_NUM_THREADS=1 \
+    "$venv/bin/python" "$AUTOBATCH_ROOT/tests/python/wheel_check.py") || rc=$?
+  [ "$rc" -eq 0 ] || failed=1
+  if [ "$tests" = 1 ]; then
+    (cd "$work" && AUTOBATCH_EXTENSIONS_DIR="$work/extensions-$label" \
+      "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
+      "$AUTOBATCH_ROOT/tests/python/test_find.py" 2>&1 | tail -3) || failed=1
+  fi
+done
+[ "$failed" = 0 ] && echo "wheel_check: ok" || { echo "wheel_check: FAILED"; exit 1; }
