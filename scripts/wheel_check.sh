@@ -36,7 +36,9 @@ lowest_env() {  # the lowest claimed torch's environment, made once
   if [ ! -f "$venv/.autobatch-complete" ]; then
     rm -rf "$venv"
     python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --progress-bar off "torch==$lowest" numpy pytest
+    # transformers as requirements.txt pins it: test_find.py sizes tiny Hugging Face models.
+    "$venv/bin/python" -m pip install -q --progress-bar off "torch==$lowest" numpy pytest \
+      "$(grep -E '^transformers==' "$AUTOBATCH_ROOT/requirements.txt")"
     touch "$venv/.autobatch-complete"
   fi
   echo "$venv/bin/python"
@@ -58,14 +60,22 @@ for entry in "${envs[@]}"; do
   python3 -m venv "$venv"
   site="$("$source_py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   fresh_site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  echo "$site" >"$fresh_site/torch-from-elsewhere.pth"
-  # The wheel's own files first: a package of the same name in the shared folder comes later on
-  # sys.path, and pip leaves it alone (outside this environment).
+  # Every package of that environment but autobatch (an installed copy there would satisfy the
+  # requirement, and pip would install nothing), by links in a folder of its own.
+  shared="$work/shared-$label"
+  mkdir -p "$shared"
+  for entry in "$site"/*; do
+    case "$(basename "$entry")" in autobatch | autobatch-*) continue ;; esac
+    ln -s "$entry" "$shared/"
+  done
+  echo "$shared" >"$fresh_site/torch-from-elsewhere.pth"
   t0=$(date +%s.%N)
   "$venv/bin/python" -m pip install -q --progress-bar off "$wheel" >"$work/$label-install.log" 2>&1 ||
     { cat "$work/$label-install.log"; exit 1; }
   printf '[time] pip install of the wheel (torch %s): %.1f s\n' "$label" \
     "$(echo "$(date +%s.%N) - $t0" | bc)"
+  where="$(cd "$work" && "$venv/bin/python" -c 'import autobatch, os; print(os.path.dirname(autobatch.__file__))')"
+  case "$where" in "$venv"/*) ;; *) echo "wheel_check: autobatch imported from $where"; exit 1 ;; esac
   rc=0
   (cd "$work" && AUTOBATCH_EXTENSIONS_DIR="$work/extensions-$label" OMP_NUM_THREADS=1 \
     "$venv/bin/python" "$AUTOBATCH_ROOT/tests/python/wheel_check.py") || rc=$?

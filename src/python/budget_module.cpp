@@ -137,7 +137,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // autobatch::Error raised here is the package's one error type, autobatch._core.Error.
   // A reference kept for the process's life (released, never decremented at exit).
   static PyObject* const error_type = core.attr("Error").cast<py::object>().release().ptr();
-  py::register_exception_translator([](std::exception_ptr p) {
+  py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const autobatch::Error& e) {
@@ -145,7 +145,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
   });
   defineBudgetQueries(m);
-  py::class_<autobatch::python::Backend> backend(m, "Backend");
+  py::class_<autobatch::python::Backend> backend(m, "Backend", py::module_local());
   backend.def_static(
       "cpu_budget",
       [](std::int64_t limit_bytes, std::int64_t reserve_bytes) {

@@ -571,7 +571,7 @@ PYBIND11_MODULE(_core, m) {
       },
       "The per-thread trial scopes as a C table (memory/budget_host.h), for the CPU budget "
       "module built on first use (autobatch._budget).");
-  py::class_<autobatch::python::Backend> backend(m, "Backend");
+  py::class_<autobatch::python::Backend> backend(m, "Backend", py::module_local());
   backend.def_static(
       "cuda",
       [](const py::object& api, int index, std::int64_t limit_bytes, std::int64_t reserve_bytes) {
