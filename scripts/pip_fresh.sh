@@ -57,11 +57,14 @@ py="$work/venv/bin/python"
 # What the namespace hides, then the command given, inside it.
 cat >"$work/hidden.sh" <<'EOF2'
 set -euo pipefail
-hide() {  # an empty folder over a folder, /dev/null over a file
+hide() {  # an empty folder over a folder, /dev/null over a file (a link: over what it names)
   local p
   for p in "$@"; do
-    if [ -d "$p" ] && [ ! -L "$p" ]; then mount -t tmpfs tmpfs "$p"
-    elif [ -e "$p" ]; then mount --bind /dev/null "$p"; fi
+    if [ -d "$p" ]; then
+      [ -L "$p" ] || mount -t tmpfs tmpfs "$p"  # a link to a folder: the folder is in the list
+    elif [ -e "$p" ]; then
+      mount --bind /dev/null "$p"
+    fi
   done
 }
 lib=/usr/lib/x86_64-linux-gnu
@@ -87,10 +90,10 @@ if [ -n "$visible" ]; then echo "pip_fresh: still visible:$visible"; exit 1; fi
 echo "pip_fresh: hidden: the CUDA toolkit, Debian's fmt, spdlog, cxxopts, nlohmann-json, zlib headers"
 "$@"
 EOF2
-hidden() { unshare -m --propagation private bash "$work/hidden.sh" "$@"; }
+hidden=(unshare -m --propagation private bash "$work/hidden.sh")
 
 cd "$work/autobatch"
-step "pip install ." hidden "$py" -m pip install -v .
+step "pip install ." "${hidden[@]}" "$py" -m pip install -v .
 echo "pip_fresh: the configure, as pip ran it (CMake's lines):"
 grep -E "^ *(-- |CMake Error)" "$work/pip install ..log" | head -20
 core="$("$py" -c 'import autobatch._core as c; print(c.__file__)')"
@@ -100,7 +103,7 @@ if readelf -d "$core" | grep -E "NEEDED" | grep -vqE "\[(libstdc\+\+|libgcc_s|li
   echo "pip_fresh: _core needs a library beyond the C and C++ runtime"; exit 1
 fi
 cd "$work"
-step "find and check_batch" hidden env AUTOBATCH_EXTENSIONS_DIR="$work/extensions" \
+step "find and check_batch" "${hidden[@]}" env AUTOBATCH_EXTENSIONS_DIR="$work/extensions" \
   OMP_NUM_THREADS=1 "$py" "$work/autobatch/tests/python/wheel_check.py"
 cat "$work/find and check_batch.log"
 
@@ -108,6 +111,6 @@ cat "$work/find and check_batch.log"
 step "build requirements" "$py" -m pip install -q scikit-build-core pybind11 nlohmann_json \
   cmake ninja
 cd "$work/autobatch"
-step "pip install --no-build-isolation ." hidden "$py" -m pip install --no-build-isolation \
+step "pip install --no-build-isolation ." "${hidden[@]}" "$py" -m pip install --no-build-isolation \
   --force-reinstall --no-deps .
 echo "pip_fresh: done ($work)"

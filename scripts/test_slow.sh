@@ -14,4 +14,8 @@ autobatch_timed "pt2 packages" bash -c '"$0" "$1" @tests >/dev/null' \
   "$AUTOBATCH_PYTHON" "$here/pt2_packages.py"
 autobatch_ctest_tier "ctest (slow tier)" -L slow --no-tests=error "$@"
 bash "$here/test_newest.sh"
+# One wheel for every torch (after test_newest.sh, whose environment it reuses), and the source
+# install with the Debian development packages hidden (README, Install).
+autobatch_timed "wheel check" bash "$here/wheel_check.sh" --tests
+autobatch_timed "pip fresh" bash "$here/pip_fresh.sh"
 echo "[time] test_slow.sh total: $((SECONDS - t0)) s"

@@ -56,8 +56,9 @@ bool budgetInterruptDue() {
   try {
     stop = (*t_interrupt)();
   } catch (...) {
-    // The hook could not answer (a Python error in the caller's cancellation): stop, as asked
-    // questions that cannot be answered should not let a step run on past its deadline.
+    // A hook that cannot answer (the caller's cancellation raised a Python error) stops the
+    // step: running on past a deadline nobody can check is the worse outcome, and the C table of
+    // budget_host.h lets no exception through.
     stop = true;
   }
   t_in_interrupt_hook = false;

@@ -137,13 +137,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // autobatch::Error raised here is the package's one error type, autobatch._core.Error.
   // A reference kept for the process's life (released, never decremented at exit).
   static PyObject* const error_type = core.attr("Error").cast<py::object>().release().ptr();
-  py::register_local_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const autobatch::Error& e) {
-      PyErr_SetString(error_type, e.what());
-    }
-  });
+  py::register_local_exception_translator(
+      [](std::exception_ptr p) {  // NOLINT(performance-unnecessary-value-param): pybind11's type
+        try {
+          if (p) std::rethrow_exception(p);
+        } catch (const autobatch::Error& e) {
+          PyErr_SetString(error_type, e.what());
+        }
+      });
   defineBudgetQueries(m);
   py::class_<autobatch::python::Backend> backend(m, "Backend", py::module_local());
   backend.def_static(

@@ -74,6 +74,8 @@ def fsdp_modules(model):
 
 def reset(modules):
     """Every FSDP2 state of `modules` back as after a finished backward (see the module's doc)."""
+    if not modules:  # no FSDP2: nothing to import (torch 2.5 keeps FSDP2 elsewhere)
+        return
     from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
     for m in modules:
         state = m._get_fsdp_state()
