@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs clang-format (check only) and clang-tidy on our sources, never on LibTorch; fails on findings.
-# Also prints the longest functions in src/ and fails on one over 80 lines (outside named tables).
+# Also prints the longest functions in src/ and fails on one over 80 lines (outside named tables),
+# and fails on development history in comments and docs and on references to missing doc pages.
 # Needs a configured build tree with compile_commands.json (scripts/test.sh makes one).
 # Usage: scripts/lint.sh [files...]   (default: every tracked .cpp/.h under src, include, tests)
 set -euo pipefail
@@ -46,6 +47,11 @@ done <<<"$lengths"
 
 # The layers' dependency direction (docs/architecture.md): no file includes a higher layer's header.
 "$AUTOBATCH_PYTHON" "$here/check_layers.py"
+# Comments and docs give a rule's reason and source, not the session or review it came from
+# (CONTRIBUTING.md, "Review habits"): that history belongs in commit messages.
+"$AUTOBATCH_PYTHON" "$here/check_history.py"
+# Every docs/<page>.md the code and the docs name exists: a moved page leaves no dead pointer.
+"$AUTOBATCH_PYTHON" "$here/check_doc_refs.py"
 
 if [ $# -gt 0 ]; then files=("$@"); else
   mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.h' 'include/*.h' 'tests/*.cpp' 'tests/*.h' \

@@ -131,10 +131,9 @@ TEST(FailureTest, LibraryAllocationFailuresAreOutOfMemory) {
   }
 }
 
-// Catches: "out of memory" matched anywhere in any error's text (a review of stop 54: a step's
-// own "my token cache: out of memory slots" was taken for out of memory, and find() answered 7
-// where 5495 fits). The phrase counts on a line naming what ran out; an OutOfMemoryError counts
-// whatever it says.
+// Catches: "out of memory" matched anywhere in any error's text (a step's own "my token cache:
+// out of memory slots" taken for out of memory makes find() answer 7 where 5495 fits). The
+// phrase counts on a line naming what ran out; an OutOfMemoryError counts whatever it says.
 TEST(FailureTest, OutOfMemoryWordsCountOnlyWhereTheyNameWhatRanOut) {
   for (const char* text : {"my token cache: out of memory slots, call cache.reset()",
                            "RuntimeError: out of memory", "queue is out of memory budget"}) {

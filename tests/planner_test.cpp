@@ -164,11 +164,11 @@ TEST(PlannerTest, TargetsNearTheInt64MaximumPlanWithoutOverflow) {
 
 // Catches a report that lists every micro-batch of a huge plan (2^39 sizes: std::bad_alloc):
 // listsMicroBatches() bounds what the reports may list.
-// Targets far beyond the exhaustive table, on both sides of sqrt(target) (a review of stop 54:
-// every divisor pair up to sqrt(2^62) took 11 s; the shorter side now). Catches a count-down
-// that misses the co-divisors above sqrt(target), a co-divisor scan that starts below
-// ceil(target / max) (a micro-batch over the maximum), and one that falls back to 1 where a
-// divisor below sqrt(target) exists.
+// Targets far beyond the exhaustive table, on both sides of sqrt(target) (every divisor pair up
+// to sqrt(2^62) takes 11 s: the search walks the shorter side). Catches a count-down that misses
+// the co-divisors above sqrt(target), a co-divisor scan that starts below ceil(target / max) (a
+// micro-batch over the maximum), and one that falls back to 1 where a divisor below sqrt(target)
+// exists.
 TEST(PlannerTest, LargeTargetsTakeTheLargestDivisorAtMostTheMaximum) {
   constexpr std::int64_t kTwo62 = std::int64_t{1} << 62;
   EXPECT_EQ(planAccumulation(5208, kTwo62).uniform.largestMicroBatch(), 4096);

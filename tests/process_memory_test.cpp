@@ -212,8 +212,8 @@ TEST_F(ProcessMemoryTest, MountPointWithAnEscapedSpace) {
   EXPECT_EQ(levels[0].dir, "/mnt/my mem/job");
 }
 
-// Found in review: a hierarchy mounted at "/" made the walk up from the process's cgroup loop
-// forever (the parent of "/" is "/"), adding a level each time when "/" held a limit.
+// Catches a walk up from the process's cgroup that loops forever on a hierarchy mounted at "/"
+// (the parent of "/" is "/"), adding a level each time when "/" holds a limit.
 TEST_F(ProcessMemoryTest, HierarchyMountedAtTheRootEndsItsWalk) {
   writeV2("", "1073741824", "100");
   writeV2("/job", "max", "50");
@@ -224,8 +224,8 @@ TEST_F(ProcessMemoryTest, HierarchyMountedAtTheRootEndsItsWalk) {
   EXPECT_EQ(levels[0].limit_bytes, 1073741824);
 }
 
-// Found in review: a mount of another part of the hierarchy (a bind mount of /other, or of
-// /docker/ab while the process is in /docker/abcd) does not hold this process's limits.
+// Catches a mount of another part of the hierarchy taken for this process's: a bind mount of
+// /other, or of /docker/ab while the process is in /docker/abcd, does not hold its limits.
 TEST_F(ProcessMemoryTest, MountOfAnotherSubtreeIsNotThisProcesssLimit) {
   writeV1("/sys/fs/cgroup/memory/job", "2147483648", "1");
   writeV1("/mnt/other", "104857600", "1");
@@ -344,11 +344,11 @@ TEST_F(ProcessMemoryTest, GuardRefusesPastLimitLessMarginAndAsksTheKernelAgain) 
   EXPECT_FALSE(guard->admits(700 * kMiB));  // 300 + 700 > 960
 }
 
-// Found by a user test: the cgroup limit lowered from 1.5 GiB to 900 MiB while the search ran, and
-// the guard, which had read it once, let the process be killed; and three searches in one cgroup,
-// each following only its own memory between reads of memory.stat, got two of them killed. The
-// limit is read at every check, and between reads of memory.stat the cgroup's own usage is
-// followed (it sees the other processes).
+// Catches a guard that reads the cgroup limit once (lowered from 1.5 GiB to 900 MiB while the
+// search ran, the process was killed), or follows only its own memory between reads of
+// memory.stat (three searches in one cgroup got two of them killed). The limit is read at every
+// check, and between reads of memory.stat the cgroup's own usage is followed (it sees the other
+// processes).
 TEST_F(ProcessMemoryTest, GuardSeesALoweredLimitAndOtherProcessesAtOnce) {
   const std::string job = root() + "/sys/fs/cgroup/memory/job";
   writeV1("/sys/fs/cgroup/memory/job", std::to_string(1536 * kMiB), std::to_string(500 * kMiB));
@@ -386,10 +386,10 @@ TEST_F(ProcessMemoryTest, GuardSeesALoweredLimitAndOtherProcessesAtOnce) {
       << guard->limitChanges()[0];
 }
 
-// Found by a user test: a model file read cold leaves page cache in the cgroup; at the limit the
-// kernel reclaims it as the process grows, so raw usage stays put while the need grows. Following
-// raw usage alone, the guard saw no growth and the process was killed (5 of 9 runs of ResNet-50 in
-// a 650 MiB cgroup). Raw usage near the limit now sends the guard to memory.stat.
+// A model file read cold leaves page cache in the cgroup; at the limit the kernel reclaims it as
+// the process grows, so raw usage stays put while the need grows. Catches a guard that follows raw
+// usage alone: it sees no growth and the process is killed (5 of 9 runs of ResNet-50 in a 650 MiB
+// cgroup). Raw usage near the limit sends the guard to memory.stat.
 TEST_F(ProcessMemoryTest, GuardSeesGrowthThatReclaimedPageCacheHides) {
   const std::string job = root() + "/sys/fs/cgroup/memory/job";
   writeV1("/sys/fs/cgroup/memory/job", std::to_string(1024 * kMiB), std::to_string(900 * kMiB));

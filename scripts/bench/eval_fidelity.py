@@ -13,7 +13,7 @@ For each case (model, evaluation batch, optimizer, zero_grad mode) it measures, 
   evaluation trial).peak_allocated_bytes;
 and prints the difference in %. Target: every row within 1% (fidelity.py's tolerance).
 
-  eval_fidelity.py --md docs/evaluation-fidelity.md
+  eval_fidelity.py --md table.md   # the table of docs/evaluation.md ("Measured: ...")
 
 The eager models are the nn.Modules of scripts/export_models.py; the archives are read from
 --models (scripts/bootstrap.sh exports them).

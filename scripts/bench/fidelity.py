@@ -15,7 +15,7 @@ never below the eager peak by more than 0.5% (an under-count is an OOM in the jo
   fidelity.py --set test  --check          # the ctest subset (tests/CMakeLists.txt), about a minute
   fidelity.py --set full  --md docs/fidelity.md   # the table of docs/fidelity.md
   fidelity.py --set pt2   --md docs/fidelity-pt2.md  # packages (docs/formats.md) against eager
-  fidelity.py --set wide  --md docs/fidelity-pt2-wide.md  # the wider set of issue 26, the same way
+  fidelity.py --set wide  --md FILE  # the wider set of issue 26, the same way (docs/formats.md)
 
 With --set pt2 (and wide) the autobatch column runs the model's torch.export + AOTInductor package
 (scripts/pt2_packages.py builds it, cached) and a second column the TorchScript archive, both

@@ -19,7 +19,7 @@
 #            returned, a trial's peak against the eager loop within 1%, a preset fraction, a
 #            refused allocator setting, a device-side assert, evaluation sizing (fails when any
 #            test is skipped while nvidia-smi shows a GPU)
-# Exit 0 only when every line is PASS. Never run on a GPU yet (written in stop 37).
+# Exit 0 only when every line is PASS. Not yet run on a GPU.
 # Variables: AUTOBATCH_DEVICE_PYTHON (/opt/torch/.venv/bin/python), AUTOBATCH_DEVICE_SECONDS (280;
 # gpu.sh passes what its budget leaves),
 # AUTOBATCH_DEVICE_BUILD_DIR (build-device), AUTOBATCH_DEVICE_BUILD_TYPE (RelWithDebInfo),
@@ -62,7 +62,7 @@ defs=(-DCMAKE_BUILD_TYPE="$build_type"
       "-DCMAKE_CXX_FLAGS=-isystem $debs/usr/include" -DAUTOBATCH_PYTHON="$python"
       -DAUTOBATCH_PYTHON_MODULE=ON -DAUTOBATCH_WITH_TORCH=ON -DPython_EXECUTABLE="$python"
       # pyproject.toml's OFF would land in build-device's cache, and a rerun of check.sh on the
-      # warm machine would find no test labelled gpu (a review of stop 55)
+      # warm machine would find no test labelled gpu
       -DAUTOBATCH_BUILD_TESTS=ON)
 config=()
 for d in "${defs[@]}"; do config+=(-C "cmake.define.${d#-D}"); done

@@ -259,9 +259,9 @@ bool ProcessMemoryGuard::admits(std::int64_t request_bytes) {
     const auto now = followed(w, anon);
     // Growth since the exact read: the followed figure's, or this process's own anonymous
     // growth when larger. A cgroup at its limit reclaims page cache as the process grows, and
-    // its raw usage stays where it is (found by a user test: a model file read cold left ~100 MiB
-    // of cache in a 650 MiB cgroup; following raw usage alone, the guard saw no growth and the
-    // process was killed in 5 of 9 runs).
+    // its raw usage stays where it is (a model file read cold left ~100 MiB of cache in a
+    // 650 MiB cgroup; following raw usage alone, the guard saw no growth and the process was
+    // killed in 5 of 9 runs: ProcessMemoryTest.GuardSeesGrowthThatReclaimedPageCacheHides).
     const std::int64_t grown =
         std::max(now ? *now - w.follow_ref_bytes : 0, anon - w.anon_ref_bytes);
     std::int64_t need = w.need_ref_bytes + grown;

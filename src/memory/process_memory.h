@@ -42,7 +42,7 @@ namespace autobatch::detail {
 /// processes of the cgroup too), or for the system this process's anonymous resident bytes
 /// (/proc/self/statm); memory.stat is read again every 64 checks and whenever that estimate comes
 /// within the margin. The limit itself is read at every check (it can be lowered while the search
-/// runs; found by a user test: lowered from 1.5 GiB to 900 MiB mid-search, the process was killed).
+/// runs: lowered from 1.5 GiB to 900 MiB mid-search, a limit read once let the process be killed).
 /// It does not give glibc's free chunks back (malloc_trim) to make room: a user's training process
 /// keeps them too and the kernel counts them, so a trial that would only fit with trimming does not
 /// fit. No heap allocation on the path that admits (the budget allocator calls it from inside

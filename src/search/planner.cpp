@@ -12,8 +12,8 @@ namespace {
 /// The largest divisor of n (>= 1) that is <= limit (>= 1), in min(limit, sqrt(n)) steps or so:
 /// counting down from limit when limit <= sqrt(n); else the co-divisors n / i for i from
 /// ceil(n / limit) up to sqrt(n), then the divisors below sqrt(n). Every divisor pair up to
-/// sqrt(n), as before, took 2^31 steps for a target of 2^62 (11 s; a review of stop 54), where
-/// the limit, a micro-batch that fit, is small.
+/// sqrt(n) would take 2^31 steps for a target of 2^62 (11 s), where the limit, a micro-batch that
+/// fit, is small (PlannerTest.LargeTargetsTakeTheLargestDivisorAtMostTheMaximum).
 std::int64_t largestDivisorAtMost(std::int64_t n, std::int64_t limit) {
   if (n <= limit) return n;
   if (limit <= n / limit) {  // limit <= sqrt(n); limit * limit could overflow near INT64_MAX

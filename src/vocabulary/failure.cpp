@@ -244,12 +244,13 @@ constexpr std::array<Needle, 6> kFatal{{
 // ATen's "Storage size calculation overflowed with sizes=[...]" (computeStorageNbytes): a tensor
 // whose bytes pass 2^63 - 1 does not fit in any memory, so it is out of memory at that batch, not
 // a model error (issue 27, row 13: --check-batch 1099511627776 at 3x1024x1024 was exit 1).
-// The phrase "out of memory" counts only on a line that names what ran out (a review of stop 54:
-// a step's own RuntimeError "my token cache: out of memory slots" was taken for out of memory,
-// and the search answered 7 where 5495 fits): CUDA ("CUDA out of memory", C10_CUDA_CHECK's
-// "CUDA error: out of memory", NCCL's "Cuda failure 'out of memory'", Triton's "[CUDA]"), ROCm's
-// HIP, MPS, XPU, or an allocator (the CPU budget allocator's "CPU budget allocator: out of
-// memory", c10's caching allocators). An OutOfMemoryError counts whatever its text.
+// The phrase "out of memory" counts only on a line that names what ran out: a step's own
+// RuntimeError "my token cache: out of memory slots" taken for out of memory made a search answer
+// 7 where 5495 fits (FailureTest.OutOfMemoryWordsCountOnlyWhereTheyNameWhatRanOut). What ran out:
+// CUDA ("CUDA out of memory", C10_CUDA_CHECK's "CUDA error: out of memory", NCCL's "Cuda failure
+// 'out of memory'", Triton's "[CUDA]"), ROCm's HIP, MPS, XPU, or an allocator (the CPU budget
+// allocator's "CPU budget allocator: out of memory", c10's caching allocators). An
+// OutOfMemoryError counts whatever its text.
 constexpr std::array<std::string_view, 7> kOutOfMemoryProducers{
     {"CUDA", "Cuda", "cuda", "HIP", "MPS", "XPU", "NCCL"}};
 

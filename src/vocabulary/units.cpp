@@ -94,7 +94,7 @@ std::int64_t parseBytes(std::string_view text, std::string_view what) {
          "unknown unit '" + unit + "': valid units are B, KB, MB, GB, TB, KiB, MiB, GiB, TiB");
   }
   // "0.5B" is a fraction of a byte: almost always a forgotten unit, never a size to round
-  // silently (found by a user test: "--memory-limit 1.5" became 1 byte).
+  // silently ("--memory-limit 1.5" would become 1 byte; UnitsTest.MalformedSizesSayWhatIsWrong).
   if (multiplier == 1 && fraction != 0) {
     fail(what, text, "a fraction of a byte: add the unit, such as " + std::string(number) + "GiB");
   }

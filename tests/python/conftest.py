@@ -13,7 +13,7 @@ def _no_garbage_of_earlier_tests():
     """Each test starts with no garbage of the tests before it. The budget allocator counts every
     live tensor it allocated, process-wide, so a cycle left by an earlier test (an exception's
     traceback holding a 4-byte scalar) that Python's collector frees in the middle of a later
-    test's trials moves that test's phase peaks by its bytes: under torch 2.15 in CI (stop 55),
+    test's trials moves that test's phase peaks by its bytes: under torch 2.15 in CI,
     test_a_shortened_trial_sees_every_phase_peak_of_the_full_trial saw its first full trial peak
     4 bytes above the same trial repeated. The modules imported by then (torch's among them) are
     frozen out of the collections (gc.freeze), so that each costs milliseconds, not the 0.15 s a

@@ -204,12 +204,12 @@ def _hooked(model):
     return model
 
 
-# A review of stop 55 (F1, F2). Catches a cache key blind to what changes a step's memory, which
-# served another setup's answer as a hit (with cache_trust one that did not fit): a step's
-# closure, a functools.partial's argument, a loss module's forward, an optimizer's param-group
-# option, a forward hook, a setting in a dict, a plain value in the example, a tensor held as an
-# attribute, a forward patched on the instance, autocast_cache. Each pair's keys differ; the same
-# setup built twice keys the same (a hit across processes stays a hit).
+# Catches a cache key blind to what changes a step's memory, which served another setup's answer as
+# a hit (with cache_trust one that did not fit): a step's closure, a functools.partial's argument, a
+# loss module's forward, an optimizer's param-group option, a forward hook, a setting in a dict, a
+# plain value in the example, a tensor held as an attribute, a forward patched on the instance,
+# autocast_cache. Each pair's keys differ; the same setup built twice keys the same (a hit across
+# processes stays a hit).
 @pytest.mark.parametrize("what, first, second", [
     ("step closure", dict(step=_steps(1)), dict(step=_steps(8))),
     ("partial", dict(loss_fn=functools.partial(_views_loss, k=1)),
@@ -235,8 +235,8 @@ def test_the_key_sees_what_a_step_closes_over(tmp_path, what, first, second):
     assert key(first) != key(second), what
 
 
-# A review of stop 55 (F2). Catches an optimizer field of the key that holds the defaults only:
-# a param group's own option (SGD's momentum, which makes its buffers) is in it too.
+# Catches an optimizer field of the key that holds the defaults only: a param group's own option
+# (SGD's momentum, which makes its buffers) is in it too.
 def test_the_optimizer_field_holds_param_groups_own_options(tmp_path):
     fields = autobatch.find(_Views(), torch.randn(1, 256), cache=tmp_path, cache_trust=True,
                             max_batch=16, memory_limit=LIMIT,

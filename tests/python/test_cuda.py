@@ -78,7 +78,7 @@ def test_answer_is_exact_in_a_fresh_process_and_memory_is_returned(name):
     b = r["max_micro_batch"]
     assert b in r["fits"] and (b + 1) in r["oom"], r
     assert r["after"] == r["before"], r
-    assert r["driver"] >= 10000, r  # cuDriverGetVersion (stop 56: the report said 0 before)
+    assert r["driver"] >= 10000, r  # cuDriverGetVersion, never torch's always-0 call
     assert run("fresh_check.py", name, LIMIT, b, b + 1) == {str(b): "fits",
                                                             str(b + 1): "out-of-memory"}
 
@@ -160,9 +160,9 @@ def test_evaluation_sizing_on_cuda():
     assert r["eval_safe_batch"] > 0 and r["fits"], r
 
 
-# A review of stop 55. Catches a search that counts a deleted object's CUDA tensors held by a
-# reference cycle (the collector not run before the baseline: the answer below the clean one's),
-# or frees them without saying so (test_hostile.py has the CPU's case).
+# Catches a search that counts a deleted object's CUDA tensors held by a reference cycle (the
+# collector not run before the baseline: the answer below the clean one's), or frees them without
+# saying so (test_hostile.py has the CPU's case).
 def test_garbage_is_collected_before_the_baseline_and_said():
     r = check("garbage")
     assert r["answer"] == r["clean"], r

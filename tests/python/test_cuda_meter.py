@@ -227,13 +227,13 @@ def test_fatal_device_error_ends_in_model_error_with_no_device_call_after_it():
     assert touches == []
 
 
-# A review of stop 55 (the CUDA path's static review, fault 2). Catches a trial whose end takes
-# the backend's own refusal for a fatal device error: memory outside the caching allocator grown
-# past the limit by a kernel first run at a larger size (1100 MiB of modules under 1.5 GiB) made
-# the backend refuse to set the fraction after the trial (cuda_backend.cpp, applyFraction); the
-# probe marked the device poisoned, so the weights stayed as the trial left them, the process
-# kept the search's small fraction, and the words said "fatal error, start a new process". Now a
-# UsageError in the backend's words, the weights restored, the fraction back to the process's.
+# Catches a trial whose end takes the backend's own refusal for a fatal device error: memory outside
+# the caching allocator grown past the limit by a kernel first run at a larger size (1100 MiB of
+# modules under 1.5 GiB) made the backend refuse to set the fraction after the trial
+# (cuda_backend.cpp, applyFraction); the probe marked the device poisoned, so the weights stayed as
+# the trial left them, the process kept the search's small fraction, and the words said "fatal
+# error, start a new process". Now a UsageError in the backend's words, the weights restored, the
+# fraction back to the process's.
 def test_a_refusal_after_a_trial_is_a_usage_error_and_puts_everything_back():
     fake = fake_cuda.FakeCuda()
     fake.init(0)
@@ -260,10 +260,10 @@ def test_a_refusal_after_a_trial_is_a_usage_error_and_puts_everything_back():
     assert fake.fraction == 1.0
 
 
-# A review of stop 55 (the CUDA path's static review, fault 3). Catches an evaluation probe
-# whose release after a fatal device error (a device-side assert in the evaluation forward)
-# copies the weights back: on a GPU the copy raises the sticky error again, and that raw error
-# replaced the ModelError that says to start a new process. No device call after the error.
+# Catches an evaluation probe whose release after a fatal device error (a device-side assert in the
+# evaluation forward) copies the weights back: on a GPU the copy raises the sticky error again, and
+# that raw error replaced the ModelError that says to start a new process. No device call after the
+# error.
 def test_a_fatal_error_in_evaluation_leaves_the_device_untouched_by_the_release():
     from autobatch._eval import EvalProbe
     fake = fake_cuda.FakeCuda()
@@ -366,11 +366,11 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 
 
-# A review of stop 55 (the CUDA path's static review, fault 4). Catches find_ddp / find_sharded's
-# real lock-step check run on the whole card without memory_limit: on CUDA it has no meter of
-# ours, so the device's use at the steps' peak (outside the caching allocator + its peak
-# reserved) is held to the limit less the reserve after the steps; above it, the answer does not
-# hold (out of memory, which verify() reports as memory). torch.cuda's figures are the fake's.
+# Catches find_ddp / find_sharded's real lock-step check run on the whole card without memory_limit:
+# on CUDA it has no meter of ours, so the device's use at the steps' peak (outside the caching
+# allocator + its peak reserved) is held to the limit less the reserve after the steps; above it,
+# the answer does not hold (out of memory, which verify() reports as memory). torch.cuda's figures
+# are the fake's.
 def test_the_real_steps_device_use_is_held_to_the_memory_limit(monkeypatch):
     from autobatch import _sharded_job
     gib = 1 << 30
@@ -386,9 +386,9 @@ def test_the_real_steps_device_use_is_held_to_the_memory_limit(monkeypatch):
         _sharded_job._check_cuda_use(device, {"memory_limit": "48GiB", "reserve": "4GiB"})
 
 
-# A review of stop 55 (the CUDA path's static review, fault 8). Catches a report whose driver
-# version is read from a call torch does not have (torch._C._cuda_getDriverVersion: always 0):
-# cuDriverGetVersion from libcuda.so.1, 0 where the library or the call is missing or fails.
+# Catches a report whose driver version is read from a call torch does not have
+# (torch._C._cuda_getDriverVersion: always 0): cuDriverGetVersion from libcuda.so.1, 0 where the
+# library or the call is missing or fails.
 def test_the_driver_version_comes_from_the_driver_library():
     import ctypes
     from autobatch._cuda_api import driver_version

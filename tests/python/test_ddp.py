@@ -61,8 +61,8 @@ def test_a_module_already_wrapped_is_refused_naming_its_module():
     ({"ddp_kwargs": {"bucket_cap_mb": "25"}}, r"bucket_cap_mb expects megabytes > 0"),
     ({"ddp_kwargs": {"gradient_as_bucket_view": "no"}}, r"gradient_as_bucket_view expects True"),
     ({"ddp_kwargs": {"device_ids": [0]}}, r"device_ids is for a module on one CUDA device"),
-    # a review of stop 55: both passed this check and failed only in the verification, after the
-    # whole search, as a ModelError without a result
+    # unchecked, these two would fail only in the verification, after the whole search, as a
+    # ModelError without a result
     ({"ddp_kwargs": {"bucket_cap_mb": float("inf")}}, r"bucket_cap_mb expects megabytes > 0"),
     ({"ddp_kwargs": {"output_device": "cpu"}}, r"output_device is for a module on one CUDA"),
     ({"ddp_kwargs": {"param_to_hook_all_reduce": torch.nn.Parameter(torch.ones(1))}},

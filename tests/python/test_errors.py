@@ -138,7 +138,7 @@ def test_a_budget_that_verifies_nothing_does_not_fit():
     assert e.value.result.status == "time-budget" and e.value.result.safe_micro_batch == 0
 
 
-# Catches (found by a new user's run): torch's own errors for a device autobatch cannot measure
+# Catches torch's own errors for a device autobatch cannot measure
 # (an unknown type, CUDA without a GPU, a meta model) instead of a UsageError, and target_batch=0
 # silently taken as "no plan".
 @pytest.mark.parametrize("kwargs,words", [

@@ -220,9 +220,9 @@ class _RaisesInEval(torch.nn.Module):
         return self.lin(x)
 
 
-# A review of stop 55 (F3). Catches an evaluation trial's ModelError that leaves the search raw:
-# it had no .result (the training search's verified answer lost) and did not say it came from
-# evaluation. Now the error names the evaluation trial and carries the training answer.
+# Catches an evaluation trial's ModelError that leaves the search raw: it had no .result (the
+# training search's verified answer lost) and did not say it came from evaluation. Now the error
+# names the evaluation trial and carries the training answer.
 def test_a_model_error_in_evaluation_keeps_the_training_answer():
     torch.manual_seed(0)
     with pytest.raises(autobatch.ModelError, match="in an evaluation trial") as info:

@@ -146,10 +146,10 @@ class _TiedNet(torch.nn.Module):
         return self.head(h)
 
 
-# A review of stop 55 (F1, F2). Catches exports that change the user's module: export() left a
-# model in eval mode in train mode with BatchNorm's statistics moved by its probe and trace
-# forwards; export_pt2() left tied weights untied for good (a later step trains two copies) and
-# the model in train mode, whether it succeeded or failed (here it fails: a data-dependent branch).
+# Catches exports that change the user's module: export() left a model in eval mode in train mode
+# with BatchNorm's statistics moved by its probe and trace forwards; export_pt2() left tied weights
+# untied for good (a later step trains two copies) and the model in train mode, whether it succeeded
+# or failed (here it fails: a data-dependent branch).
 def test_exports_leave_the_users_module_as_it_was(tmp_path):
     ids = torch.randint(0, 32, (4,))
     for export in (lambda m: autobatch.export(m, str(tmp_path / "net.pt"), (ids,),
@@ -167,10 +167,10 @@ def test_exports_leave_the_users_module_as_it_was(tmp_path):
         assert all(torch.equal(stats[k], v) for k, v in model.state_dict().items())
 
 
-# A review of stop 55 (F3). Catches export arguments read wrongly or failing raw: a bare tensor
-# taken as one input per row, an empty tuple or a float input failing inside the model, an
-# int_high the command refuses, a model that is no module (AttributeError), a pathlib path for
-# export_pt2 (AttributeError). Each is a ValueError naming the argument, before anything is written.
+# Catches export arguments read wrongly or failing raw: a bare tensor taken as one input per row, an
+# empty tuple or a float input failing inside the model, an int_high the command refuses, a model
+# that is no module (AttributeError), a pathlib path for export_pt2 (AttributeError). Each is a
+# ValueError naming the argument, before anything is written.
 @pytest.mark.parametrize("call, words", [
     (lambda p: autobatch.export(torch.nn.Linear(8, 2), p / "a.pt", torch.randn(4, 8)),
      "for one tensor x, pass \\(x,\\)"),

@@ -222,13 +222,12 @@ def test_ddp_buckets_and_a_step_function():
     assert twice.phase_peaks["backward"] > plain.phase_peaks["backward"]
 
 
-# A review of stop 55 (the CUDA path's static review, fault 1; on the CPU too). Catches trials
-# that keep autocast's casts of the weights alive past the forward: find() runs the trials inside
-# its own autocast(enabled=False), and torch empties the cast cache only when the outermost
-# autocast exits, so every amp trial held the casts through backward, the optimizer's step and the
-# next batch (an answer below the user's, whose autocast is the outermost), whether the autocast
-# was precision='amp-bf16' or the step's own. B fits and B+1 does not in the user's plain loop, in
-# fresh processes under the same budget.
+# Catches trials that keep autocast's casts of the weights alive past the forward: find() runs the
+# trials inside its own autocast(enabled=False), and torch empties the cast cache only when the
+# outermost autocast exits, so every amp trial held the casts through backward, the optimizer's step
+# and the next batch (an answer below the user's, whose autocast is the outermost), whether the
+# autocast was precision='amp-bf16' or the step's own. B fits and B+1 does not in the user's plain
+# loop, in fresh processes under the same budget.
 def _own_autocast_step(model, batch):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         return tiny_models.amp_mlp_step(model, batch)

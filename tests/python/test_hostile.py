@@ -281,7 +281,7 @@ def test_a_transformers_model_without_labels_names_them():
 # word (a background thread allocating 5 MiB made the answer 746 instead of 2322, status found):
 # the result says other work ran. The other thread allocates inside every forward (the forward
 # waits for it), so it runs while a trial does whatever the scheduler does: a free-running thread
-# was not always given the GIL during the short trials (one CI run with no warning, stop 48).
+# was not always given the GIL during the short trials (a CI run then gave no warning).
 def test_other_threads_allocations_are_said():
     request, done, stop = threading.Event(), threading.Event(), threading.Event()
 
@@ -316,10 +316,9 @@ def test_other_threads_allocations_are_said():
     assert not any("other threads" in w for w in alone.warnings), alone.warnings
 
 
-# A new user's round on the rows above (helper, stop 45). Catches state put back by rebinding
-# alone: a buffer that forward replaces (an EMA), lists and dicts filled in place, a counter, a
-# tensor attribute changed in place, a generator kept in a list; the cache key then changed at
-# every call (a counter in the fingerprint) and never hit.
+# Catches state put back by rebinding alone: a buffer that forward replaces (an EMA), lists and
+# dicts filled in place, a counter, a tensor attribute changed in place, a generator kept in a list;
+# the cache key then changed at every call (a counter in the fingerprint) and never hit.
 def test_state_changed_in_place_or_rebound_is_put_back(tmp_path):
     class Busy(torch.nn.Module):
         def __init__(self):
@@ -434,11 +433,11 @@ def test_the_time_limit_stops_a_step_in_progress():
     assert not autobatch._core.trial_interrupted()
 
 
-# A new user's round, left from stop 45: a loss_fn or step of the wrong arity failed at the first
-# trial as the model's TypeError ("<lambda>() takes 1 positional argument but 2 were given"), and
-# BatchNorm1d at the default min_batch=1 as the model's ValueError, neither saying the fix.
-# Catches: no check of the signature before the trials (the forward would run), and a BatchNorm
-# error without min_batch=2 in it.
+# Unchecked, a loss_fn or step of the wrong arity fails at the first trial as the model's
+# TypeError ("<lambda>() takes 1 positional argument but 2 were given"), and BatchNorm1d at the
+# default min_batch=1 as the model's ValueError, neither saying the fix. Catches: no check of the
+# signature before the trials (the forward would run), and a BatchNorm error without min_batch=2
+# in it.
 def test_wrong_arity_and_batchnorm_at_one_say_the_fix():
     model = Counting()
     with pytest.raises(autobatch.UsageError, match=r"loss_fn\(output, batch\)"):
@@ -462,7 +461,7 @@ def test_wrong_arity_and_batchnorm_at_one_say_the_fix():
         .max_micro_batch == 16
 
 
-# ---- A review of stop 54 (a new user's hostile round): each test fails on the code before it.
+# ---- Hostile calls a new user makes: each test names what it catches.
 
 # Catches the autograd drain after a failed step allocating its scalar inside the budget: under a
 # limit the model's own bytes already fill, its refusal left find() as a raw OutOfMemoryError.
@@ -607,7 +606,6 @@ def test_a_loss_that_gives_the_model_no_gradient_is_the_models_error():
                        progress=False)
 
 
-# A review of stop 55: find() did not run the cyclic garbage collector before its baseline.
 # Catches a search that counts unreachable objects holding tensors (here a cycle a step of an
 # earlier call left, 4 MiB the budget allocator made): with Python's collector not run before
 # the search (disabled here, as it is between its automatic runs) the answer was smaller by the
@@ -635,20 +633,19 @@ def test_garbage_holding_tensors_is_collected_before_the_search():
     assert again.max_micro_batch == clean.max_micro_batch
 
 
-# A review of stop 55 (F9). Catches a factory's optimizer that the trial cannot step as the
-# user's loop does: LBFGS from a factory (or Lightning's configure_optimizers) failed in its step
-# with a TypeError reported as the model's error, where the same class as an instance is refused
-# by name before any trial.
+# Catches a factory's optimizer that the trial cannot step as the user's loop does: LBFGS from a
+# factory (or Lightning's configure_optimizers) failed in its step with a TypeError reported as the
+# model's error, where the same class as an instance is refused by name before any trial.
 def test_an_optimizer_class_refused_as_an_instance_is_refused_from_a_factory():
     with pytest.raises(autobatch.UsageError, match="LBFGS steps with a closure"):
         autobatch.find(mlp(), x(), optimizer=lambda p: torch.optim.LBFGS(p), memory_limit=LIMIT)
 
 
-# A review of stop 55 (F6). Catches batches whose per-sample plain values (a collated batch's
-# texts, which a Lightning or Trainer step tokenizes) stay as long as the example while the
-# tensors' rows grow to the trial's size: a step tokenizing them failed with a size mismatch, or
-# was sized without the texts' share. They are repeated in order as the rows are, in the full
-# steps and in a measuring trial's first step (its first samples).
+# Catches batches whose per-sample plain values (a collated batch's texts, which a Lightning or
+# Trainer step tokenizes) stay as long as the example while the tensors' rows grow to the trial's
+# size: a step tokenizing them failed with a size mismatch, or was sized without the texts' share.
+# They are repeated in order as the rows are, in the full steps and in a measuring trial's first
+# step (its first samples).
 def test_per_sample_texts_are_repeated_with_the_rows():
     seen = []
 
@@ -665,11 +662,11 @@ def test_per_sample_texts_are_repeated_with_the_rows():
     assert all(n == len(texts) for n, texts in seen), [(n, len(t)) for n, t in seen]
 
 
-# A review of stop 55 (F4, F5, F6). Catches arguments that reached pybind11's casts (strategy=3,
-# plan=1, plan()'s kind=None or world_size=2**31: "Unable to cast" / "incompatible function
-# arguments"), one trial's calls taking find()'s search options as _Session's TypeError, progress
-# taken by identity (progress="no" or 0 drew the bar), and a balanced plan printed as "84+2 x 83 x
-# 3 accumulation steps", arithmetic that does not make its target.
+# Catches arguments that reached pybind11's casts (strategy=3, plan=1, plan()'s kind=None or
+# world_size=2**31: "Unable to cast" / "incompatible function arguments"), one trial's calls taking
+# find()'s search options as _Session's TypeError, progress taken by identity (progress="no" or 0
+# drew the bar), and a balanced plan printed as "84+2 x 83 x 3 accumulation steps", arithmetic that
+# does not make its target.
 @pytest.mark.parametrize("call, words", [
     (lambda: autobatch.find(mlp(), x(), memory_limit=LIMIT, strategy=3), "strategy: expected"),
     (lambda: autobatch.find(mlp(), x(), memory_limit=LIMIT, plan=1), "plan: expected"),

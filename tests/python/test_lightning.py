@@ -178,10 +178,10 @@ def test_unsupported_strategy():
     assert "autobatch.find_sharded" in str(e.value)  # the way that does size it
 
 
-# A review of stop 55 (F2, F3). Catches a finder that sizes before the module's own setup, which
-# Lightning calls after the callbacks' (trainer/call.py): a module building its data there failed
-# with a raw AttributeError, one building layers there was sized without them. Sized after it,
-# the answer is Net's with Data (the same network and samples).
+# Catches a finder that sizes before the module's own setup, which Lightning calls after the
+# callbacks' (trainer/call.py): a module building its data there failed with a raw AttributeError,
+# one building layers there was sized without them. Sized after it, the answer is Net's with Data
+# (the same network and samples).
 def test_a_module_that_builds_in_its_setup_is_sized_whole():
     reference = _reference_size()
     finder = abl.AutobatchFinder(memory_limit=LIMIT, margin=0)
@@ -202,11 +202,11 @@ def _reference_size():
     return reference.micro_batch
 
 
-# A review of stop 55 (F1, F4). Catches trials that call training_step(batch, 0) whatever its
-# signature (a step without batch_idx, which Lightning trains, failed as the model's TypeError),
-# and trials whose step reads self.optimizers() / self.lr_schedulers() from the strategy's empty
-# lists (AttributeError). Both are sized as Net is; after the search the strategy holds the fit's
-# own optimizer and scheduler (the epoch trains).
+# Catches trials that call training_step(batch, 0) whatever its signature (a step without batch_idx,
+# which Lightning trains, failed as the model's TypeError), and trials whose step reads
+# self.optimizers() / self.lr_schedulers() from the strategy's empty lists (AttributeError). Both
+# are sized as Net is; after the search the strategy holds the fit's own optimizer and scheduler
+# (the epoch trains).
 @pytest.mark.parametrize("model_class", [lm.NoIndexNet, lm.LrLoggingNet])
 def test_training_step_forms_lightning_trains(model_class):
     reference = _reference_size()
@@ -216,10 +216,10 @@ def test_training_step_forms_lightning_trains(model_class):
     assert trainer.global_step == 2 and len(trainer.optimizers) == 1
 
 
-# A review of stop 55 (F7). Catches trials under autocast with its cache on where Lightning's
-# mixed precision turns it off (plugins/precision/amp.py: cache_enabled=False): a weight used 8
-# times is cast 8 times in Lightning's step and once in such a trial, whose answer then did not
-# fit. B fits and B+1 does not in the module's step under Lightning's own autocast.
+# Catches trials under autocast with its cache on where Lightning's mixed precision turns it off
+# (plugins/precision/amp.py: cache_enabled=False): a weight used 8 times is cast 8 times in
+# Lightning's step and once in such a trial, whose answer then did not fit. B fits and B+1 does not
+# in the module's step under Lightning's own autocast.
 def test_mixed_precision_is_sized_with_lightnings_autocast():
     limit = "64MiB"  # its 1.1 M parameters, their gradients and AdamW's state take 17 MiB
     finder = abl.AutobatchFinder(memory_limit=limit, margin=0)
@@ -248,9 +248,9 @@ class _FitStartRng(lm.L.Callback):
         self.rng = torch.get_rng_state()
 
 
-# A review of stop 55 (F13). Catches a finder that draws from torch's generator outside find()'s
-# snapshot: the train loader's iterator, made for the example batch, draws its base seed, so a
-# seeded fit's stream differed from the same fit without the finder.
+# Catches a finder that draws from torch's generator outside find()'s snapshot: the train loader's
+# iterator, made for the example batch, draws its base seed, so a seeded fit's stream differed from
+# the same fit without the finder.
 def test_the_fit_starts_with_the_random_state_it_had():
     states = []
     for finder in (None, abl.AutobatchFinder(memory_limit=LIMIT, margin=0)):
@@ -277,12 +277,12 @@ class _LbfgsNet(lm.Net):
         return torch.optim.LBFGS(self.parameters())
 
 
-# A review of stop 55 (F5, F9 to F12). Catches, each before or instead of a misleading error or a
-# wrong size: eval='only' setting the training batch from an evaluation search; an unknown
-# option or a batch_arg_name that is no str reaching Lightning or find() raw; a dict without
-# "loss" called a skipped batch; a float loss naming our internal step; LBFGS from
-# configure_optimizers failing as the model's TypeError; a target with a
-# GradientAccumulationScheduler refused by Lightning only after the search (no trial runs now).
+# Catches, each before or instead of a misleading error or a wrong size: eval='only' setting the
+# training batch from an evaluation search; an unknown option or a batch_arg_name that is no str
+# reaching Lightning or find() raw; a dict without "loss" called a skipped batch; a float loss
+# naming our internal step; LBFGS from configure_optimizers failing as the model's TypeError; a
+# target with a GradientAccumulationScheduler refused by Lightning only after the search (here,
+# before any trial).
 @pytest.mark.parametrize("case, message", [
     ("eval-only", "eval='only'"),
     ("unknown", "no option 'foo'"),
@@ -292,7 +292,7 @@ class _LbfgsNet(lm.Net):
     ("lbfgs", "LBFGS"),
     ("accumulation", "GradientAccumulationScheduler"),
 ])
-def test_refusals_of_a_review(case, message):
+def test_misuses_are_refused_in_words_before_any_size(case, message):
     from lightning.pytorch.callbacks import GradientAccumulationScheduler
     options = {"eval-only": {"eval": "only"}, "unknown": {"foo": 1},
                "arg-name": {"batch_arg_name": 5}}.get(case, {})

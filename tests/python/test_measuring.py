@@ -196,10 +196,10 @@ def _popping_step(model, batch):
     return torch.nn.functional.cross_entropy(model(**batch), labels[:, 0])
 
 
-# A review of stop 52 (F1). Catches a state-making step whose batch is a copy of the held one
-# (the user's step popped the labels from the copy; the held batch kept them, 2 MB over the full
-# trial's 6.2 MB at batch 500, and find answered 559 where the plain loop fits 680): the phases
-# of a shortened trial equal the full trial's with a step that pops from its batch.
+# Catches a state-making step whose batch is a copy of the held one (the user's step popped the
+# labels from the copy; the held batch kept them, 2 MB over the full trial's 6.2 MB at batch 500,
+# and find answered 559 where the plain loop fits 680): the phases of a shortened trial equal the
+# full trial's with a step that pops from its batch.
 def test_a_step_that_pops_from_its_batch_pops_from_the_held_batch_too():
     example = {"input_ids": torch.randint(0, 100, (4, 512)),
                "labels": torch.randint(0, 100, (4, 512))}
@@ -230,10 +230,10 @@ class Experts(torch.nn.Module):
         return self.out(o)
 
 
-# A review of stop 52 (F4; older than measuring trials). Catches a trial that leaves autograd's
-# engine holding a failed backward's queued gradient buffers (3.9 MB here) until the next
-# backward: counted into the next trials, they failed sizes that fit (answers 2188 and 5348 for
-# B* 2540 and 5468). After an out of memory in backward the bytes held are back to the baseline.
+# Catches a trial that leaves autograd's engine holding a failed backward's queued gradient buffers
+# (3.9 MB here) until the next backward: counted into the next trials, they failed sizes that fit
+# (answers 2188 and 5348 for B* 2540 and 5468). After an out of memory in backward the bytes held
+# are back to the baseline.
 def test_an_out_of_memory_in_backward_leaves_nothing_in_autograds_engine():
     probe, meter, state = _probe(OPTIMIZERS["adamw"], model=Experts(),
                                  example=(torch.randn(4, 64), torch.arange(4)), limit=8 << 20)
@@ -304,9 +304,9 @@ def _answers(found):
 
 class BatchBuffer(torch.nn.Module):
     """A model keeping a tensor of the batch's size between calls, rebuilt beside the old one when
-    the size changes (a review of stop 52, F2: a per-batch mask or positions): a shortened trial's
-    first step leaves it min_batch long, and its whole step builds the size's while that one is
-    alive, so it can hold more than the full trial."""
+    the size changes (a per-batch mask or positions): a shortened trial's first step leaves it
+    min_batch long, and its whole step builds the size's while that one is alive, so it can hold
+    more than the full trial."""
 
     def __init__(self):
         super().__init__()
@@ -321,12 +321,12 @@ class BatchBuffer(torch.nn.Module):
         return out + self.buf[:, :10]
 
 
-# Catches a probe that reads no residue (marks a shortened failure without the evidence), or
-# reads it and still shortens: the buffer leaves other bytes after a step at 16 samples than
-# after one at 8, so the evidence breaks and the measuring trials run in full; and find's answers
-# equal the full trials' search (binsearch) over a range of budgets (the review's repro: 23 where
-# the plain loop fits 30 at 8 MiB with min_batch 8). With every shortened failure marked and no
-# check, find answered under binsearch on 3 of the 9 budgets (15 for 22, 23 for 30, 31 for 38).
+# Catches a probe that reads no residue (marks a shortened failure without the evidence), or reads
+# it and still shortens: the buffer leaves other bytes after a step at 16 samples than after one at
+# 8, so the evidence breaks and the measuring trials run in full; and find's answers equal the full
+# trials' search (binsearch) over a range of budgets (without the residue check: 23 where the plain
+# loop fits 30 at 8 MiB with min_batch 8). With every shortened failure marked and no check, find
+# answered under binsearch on 3 of the 9 budgets (15 for 22, 23 for 30, 31 for 38).
 def test_a_model_keeping_a_buffer_of_the_batchs_size_gets_full_trials_and_exact_answers():
     probe, meter, state = _adamw_probe(model=BatchBuffer(), state_batch=8)
     try:
@@ -344,10 +344,10 @@ def test_a_model_keeping_a_buffer_of_the_batchs_size_gets_full_trials_and_exact_
     assert all(g.max_micro_batch == b.max_micro_batch for _, g, b in found), _answers(found)
 
 
-# A review of stop 52 (F3). Catches a probe that trusts shortened trials on a model whose first
-# step on a few samples makes the optimizer's state for some of its parameters only (sample i goes
-# to expert i % 4: 2 samples reach 2 experts): the full trials' residues differ with the size,
-# so the evidence breaks and the measuring trials run in full.
+# Catches a probe that trusts shortened trials on a model whose first step on a few samples makes
+# the optimizer's state for some of its parameters only (sample i goes to expert i % 4: 2 samples
+# reach 2 experts): the full trials' residues differ with the size, so the evidence breaks and the
+# measuring trials run in full.
 def test_state_made_by_some_samples_only_breaks_the_evidence():
     probe, meter, state = _adamw_probe(model=Experts(),
                                        example=(torch.randn(4, 64), torch.arange(4)))
@@ -365,7 +365,7 @@ def test_state_made_by_some_samples_only_breaks_the_evidence():
 class KeepSmall(torch.nn.Module):
     """Keeps its input when it is small (n <= 2) until the next forward; its activations padded to
     a multiple of 64 rows (plateaus in the peak, so that the guided model can put the boundary at
-    its anchor where low + 1 fits). A review of the residue evidence: in a shortened trial the kept
+    its anchor where low + 1 fits). Against the residue evidence: in a shortened trial the kept
     input is a view of the first step's whole batch, pinned through the whole step's forward."""
 
     def __init__(self):
@@ -382,11 +382,11 @@ class KeepSmall(torch.nn.Module):
         return out
 
 
-# Catches residues read only at the steps' ends (the review's finding: the batch a kept view pins
-# is let go by the step's end, so the residues were equal, and find answered 330 for 352 at
-# 7600 KiB, 443 for 448 at 8200 KiB, 510 for 512 at 8800 KiB, its failures marked as standing for
-# the full trials'): a later step must hold, once it let the previous batch go, what the step
-# before left; the min_batch trial's second step already shows the kept batch.
+# Catches residues read only at the steps' ends (the batch a kept view pins is let go by the step's
+# end, so such residues are equal, and find answered 330 for 352 at 7600 KiB, 443 for 448 at 8200
+# KiB, 510 for 512 at 8800 KiB, its failures marked as standing for the full trials'): a later step
+# must hold, once it let the previous batch go, what the step before left; the min_batch trial's
+# second step already shows the kept batch.
 def test_a_model_keeping_its_small_input_breaks_the_evidence_and_gets_exact_answers():
     probe, meter, state = _adamw_probe(model=KeepSmall(),
                                        example=(torch.randn(4, 1024), torch.randint(0, 10, (4,))))
@@ -404,10 +404,10 @@ def test_a_model_keeping_its_small_input_breaks_the_evidence_and_gets_exact_answ
 
 class RebuildOnNewSize(torch.nn.Module):
     """Rebuilds a cache of fixed size (2 MiB, beside the old one) whenever the batch's size
-    changes, at the activations' peak (padded to 64 rows): a cache keyed on the shape (a review of
-    the residue evidence). Its residues are equal at every size; a shortened trial's whole step,
-    after a first step on 2 samples, rebuilds it with the optimizer's state alive, where the full
-    trial rebuilds it in its first step, before the state exists."""
+    changes, at the activations' peak (padded to 64 rows): a cache keyed on the shape. Its
+    residues are equal at every size; a shortened trial's whole step, after a first step on 2
+    samples, rebuilds it with the optimizer's state alive, where the full trial rebuilds it in its
+    first step, before the state exists."""
 
     def __init__(self):
         super().__init__()
@@ -443,7 +443,7 @@ def test_a_cache_rebuilt_on_a_new_size_gets_exact_answers():
 
 
 class RebuildInGradMode(RebuildOnNewSize):
-    """RebuildOnNewSize's cache rebuilt only in grad mode (a review of stop 54, F1)."""
+    """RebuildOnNewSize's cache rebuilt only in grad mode."""
 
     def forward(self, x, y=None):
         h, n = self.hidden(x)
@@ -466,12 +466,12 @@ class RebuildInBackward(RebuildOnNewSize):
             self.cache, self.n = torch.zeros(512 * 1024), n
 
 
-# A review of stop 54 (F1). Catches a probe that takes a shortened failure for the full trial's
-# although a new size makes the model do more where no forward under no_grad shows it: only in
-# grad mode (find answered 444 for 448, 564 for 569 at 10250 and 11500 KiB, 8 of 21 budgets
-# wrong) or inside backward (445 for 448, 565 for 569; 6 of 21), the failures one above marked
-# as standing. A full trial's first step at a new size allocates the cache its second does not:
-# no shortened failure stands for this model, and the answers are binsearch's.
+# Catches a probe that takes a shortened failure for the full trial's although a new size makes the
+# model do more where no forward under no_grad shows it: only in grad mode (find answered 444 for
+# 448, 564 for 569 at 10250 and 11500 KiB, 8 of 21 budgets wrong) or inside backward (445 for 448,
+# 565 for 569; 6 of 21), the failures one above marked as standing. A full trial's first step at a
+# new size allocates the cache its second does not: no shortened failure stands for this model, and
+# the answers are binsearch's.
 @pytest.mark.parametrize("model_class", [RebuildInGradMode, RebuildInBackward])
 def test_a_cache_rebuilt_only_in_grad_mode_or_backward_gets_exact_answers(model_class):
     found = _guided_and_binsearch(model_class, 1024, ["10250KiB", "11500KiB"], max_batch=4096)
@@ -495,10 +495,10 @@ class KeepNoGrad(RebuildOnNewSize):
         return out
 
 
-# A review of stop 54 (F2). Catches a shortened trial that runs a forward the user's loop does not
-# run: a forward of the whole batch under no_grad before the whole step (the _show_size of stop
-# 53) left this model's kept activations alive through the whole step's forward (find answered
-# 503 for 508, 635 for 640 at 9750 and 11500 KiB, 8 of 21 budgets wrong, failures marked).
+# Catches a shortened trial that runs a forward the user's loop does not run: a forward of the
+# whole batch under no_grad before the whole step leaves this model's kept activations alive
+# through the whole step's forward (find answered 503 for 508, 635 for 640 at 9750 and 11500 KiB,
+# 8 of 21 budgets wrong, failures marked).
 def test_a_model_keeping_what_a_no_grad_forward_made_gets_exact_answers():
     found = _guided_and_binsearch(KeepNoGrad, 1024, ["9750KiB", "11500KiB"], max_batch=4096)
     assert all(g.max_micro_batch == b.max_micro_batch for _, g, b in found), _answers(found)
@@ -523,9 +523,9 @@ def _gradient_penalty_step(model, batch):
     return loss + 0.1 * g.pow(2).sum(1).mean()
 
 
-# A review of stop 54 (F3). Catches a shortened trial that calls the user's step under no_grad
-# (stop 53's _show_size): find raised ModelError "element 0 of tensors does not require grad" at
-# 753 and 1005 (7 and 9 MiB), the trial one above its answer. The answers are binsearch's (the
+# Catches a shortened trial that calls the user's step under no_grad: find raised ModelError
+# "element 0 of tensors does not require grad" at 753 and 1005 (7 and 9 MiB), the trial one above
+# its answer. The answers are binsearch's (the
 # plain loop's B*: 752 and 1004 fit, 753 and 1005 do not, in check_batch).
 def test_a_step_that_needs_grad_mode_gets_exact_answers_without_an_error():
     example = (torch.randn(4, 256), torch.randint(0, 10, (4,)))
@@ -565,13 +565,12 @@ class SmallBatchPath(RebuildOnNewSize):
         return self.b(h)[:n] + self.plan.get(n <= 16)[:1]
 
 
-# A review of stop 54 (G1). Catches a shortened trial whose whole step runs right after its first
-# step's forward on min_batch samples: that forward switched this model to its small batches'
-# plan and the whole step back, with the optimizer's state alive, where the full trial's second
-# step, after a step at the size, switches nothing (find answered 387 for 388, 446 for 448 at
-# 10000 and 10250 KiB, 8 of 21 budgets wrong, failures marked; full trials at new sizes after
-# large trials switch nothing either). The forward under no_grad at the size before the whole step
-# makes the switch there.
+# Catches a shortened trial whose whole step runs right after its first step's forward on min_batch
+# samples: that forward switched this model to its small batches' plan and the whole step back, with
+# the optimizer's state alive, where the full trial's second step, after a step at the size,
+# switches nothing (find answered 387 for 388, 446 for 448 at 10000 and 10250 KiB, 8 of 21 budgets
+# wrong, failures marked; full trials at new sizes after large trials switch nothing either). The
+# forward under no_grad at the size before the whole step makes the switch there.
 def test_a_plan_switched_by_the_first_steps_small_forward_gets_exact_answers():
     found = _guided_and_binsearch(SmallBatchPath, 1024, ["10000KiB", "10250KiB"], max_batch=4096)
     assert all(g.max_micro_batch == b.max_micro_batch for _, g, b in found), _answers(found)
@@ -579,7 +578,7 @@ def test_a_plan_switched_by_the_first_steps_small_forward_gets_exact_answers():
 
 class NoGradFlag(RebuildOnNewSize):
     """A no_grad call marks the module; the next call in grad mode makes a 2 MiB temporary at the
-    activations' peak and clears the mark (a fifth review, H2)."""
+    activations' peak and clears the mark."""
 
     def forward(self, x, y=None):
         h, n = self.hidden(x)
@@ -593,18 +592,18 @@ class NoGradFlag(RebuildOnNewSize):
 
 
 class GradModePlan(SmallBatchPath):
-    """A plan kept outside the module, keyed on grad mode (H3)."""
+    """A plan kept outside the module, keyed on grad mode."""
 
     def forward(self, x, y=None):
         h, n = self.hidden(x)
         return self.b(h)[:n] + self.plan.get(torch.is_grad_enabled())[:1]
 
 
-# A review of stop 54 (H2, H3). Catches a size shown to the model under no_grad before the whole
-# step: a call the user's loop never makes, which set a flag the whole step paid for with the
-# optimizer's state alive (592 for 594 at 10000 KiB, 890 for 892 at 13000 KiB, failures marked)
-# or switched a plan keyed on grad mode that the next full trial switched back (the same answers,
-# the full trial at 593 out of memory in its first step). Shown in grad mode, both are exact.
+# Catches a size shown to the model under no_grad before the whole step: a call the user's loop
+# never makes, which sets a flag the whole step pays for with the optimizer's state alive (592 for
+# 594 at 10000 KiB, 890 for 892 at 13000 KiB, failures marked) or switches a plan keyed on grad
+# mode that the next full trial switches back (the same answers, the full trial at 593 out of
+# memory in its first step). Shown in grad mode, both are exact.
 @pytest.mark.parametrize("model_class", [NoGradFlag, GradModePlan])
 def test_what_only_a_no_grad_call_sets_never_reaches_a_trial(model_class):
     found = _guided_and_binsearch(model_class, 1024, ["10000KiB", "13000KiB"], max_batch=4096)
@@ -613,7 +612,7 @@ def test_what_only_a_no_grad_call_sets_never_reaches_a_trial(model_class):
 
 class PlanInBackward(SmallBatchPath):
     """SmallBatchPath's plan switched only in backward, by a hook its forward puts on the
-    activations (a review of stop 54, left open until stop 56)."""
+    activations."""
 
     def forward(self, x, y=None):
         h, n = self.hidden(x)
@@ -646,14 +645,13 @@ class PlanInParameterHook(PlanInModuleHook):
         self.a.weight.register_hook(lambda g: (self.plan.get(self.seen <= 16), g)[1])
 
 
-# A review of stop 54 (left open until stop 56). Catches a shortened failure taken for the full
-# trial's although the model runs code in backward that the forward before the whole step cannot
-# show: a plan kept outside the module, switched to the small batches' by the first step's
-# backward on min_batch samples and back by the whole step's, with the optimizer's state alive,
-# where the full trial's second step switches nothing. Without the hooks seen, find answered 568
-# for 569 at 11500 KiB (the forward's tensor hook; the module's hook too), 313 for 315 at 9500
-# KiB (the parameter's hook). A forward that registers a tensor hook, or a module, global or
-# parameter hook of the model's, keeps the failure from standing.
+# Catches a shortened failure taken for the full trial's although the model runs code in backward
+# that the forward before the whole step cannot show: a plan kept outside the module, switched to
+# the small batches' by the first step's backward on min_batch samples and back by the whole step's,
+# with the optimizer's state alive, where the full trial's second step switches nothing. Without the
+# hooks seen, find answered 568 for 569 at 11500 KiB (the forward's tensor hook; the module's hook
+# too), 313 for 315 at 9500 KiB (the parameter's hook). A forward that registers a tensor hook, or a
+# module, global or parameter hook of the model's, keeps the failure from standing.
 @pytest.mark.parametrize("model_class", [PlanInBackward, PlanInModuleHook, PlanInParameterHook])
 def test_a_plan_switched_only_in_backward_gets_exact_answers(model_class):
     found = _guided_and_binsearch(model_class, 1024, ["9500KiB", "10000KiB", "11500KiB",

@@ -127,7 +127,7 @@ def test_shard_rows_and_classes_follow_torch_chunk():
     ({"world_size": [2, 8], "target_batch": 1004}, "not a multiple of the world size 8"),
     ({"world_size": 4, "cache": True}, "cache: find_sharded does not use the result cache"),
     ({"world_size": 4, "verify_timeout": 0}, "verify_timeout: expected seconds > 0"),
-    # a review of stop 55: 2^31 - 1 exhausted memory in torch's fake group, 2^31 its cast
+    # unchecked, 2^31 - 1 exhausts memory in torch's fake group and 2^31 fails its cast
     ({"world_size": 2**31 - 1}, "world_size: expected an int >= 1 and <= 1048576"),
     # and a misspelt option, build and init of the wrong arity (raw TypeErrors, some late)
     ({"world_size": 4, "memry_limit": "8MiB"}, "find_sharded: no option 'memry_limit'"),
@@ -311,11 +311,11 @@ def test_the_ranks_of_a_job_size_agree_and_verify_or_all_end(tmp_path, mode):
         assert r["seconds"] < 120, r  # well before the job's own group timeout
 
 
-# A review of stop 55 (F4, F5, F8). Catches a call that leaves the process changed: torch's
-# init_process_group wraps sys.excepthook ("[rank3]: ..." before every later traceback) and
-# destroy_process_group does not unwrap it; the default init (reset_parameters) draws from
-# torch's generator outside find()'s snapshot, so a seeded job that sized first built other
-# weights. And a failing rank of a table says which world size and rank it was.
+# Catches a call that leaves the process changed: torch's init_process_group wraps sys.excepthook
+# ("[rank3]: ..." before every later traceback) and destroy_process_group does not unwrap it; the
+# default init (reset_parameters) draws from torch's generator outside find()'s snapshot, so a
+# seeded job that sized first built other weights. And a failing rank of a table says which world
+# size and rank it was.
 def test_the_process_is_left_as_it_was_and_a_failing_row_is_named():
     hook = sys.excepthook
     torch.manual_seed(0)

@@ -101,8 +101,8 @@ def test_fsdp_from_accelerates_environment_is_refused(tmp_path, monkeypatch):
     # sizes it (issue 43)
     (lambda args, m, x: abt.fit_training_arguments(_with(args, fsdp=True), m, x, 64),
      "FSDP is not supported yet.*autobatch.find_sharded"),
-    # a review of stop 55: a model that is no module (a hub id, None) and an option find() does
-    # not take left raw AttributeError and TypeError
+    # a model that is no module (a hub id, None) and an option find() does not take: refused in
+    # words, not as a raw AttributeError or TypeError
     (lambda args, m, x: abt.fit_training_arguments(args, "gpt2", x, 64), "model: expected"),
     (lambda args, m, x: abt.fit_training_arguments(args, m, x, 64, foo=1), "no option 'foo'"),
 ])
@@ -159,9 +159,9 @@ def test_eval_sets_the_evaluation_batch_and_the_trainer_evaluates_with_it(tmp_pa
         abt.fit_training_arguments(args, model, example, 64, eval="only")
 
 
-# A review of stop 55. Catches trials of the model's own loss where the Trainer computes a
-# label-smoothed one (label_smoothing_factor > 0: the labels popped, LabelSmoother on the logits,
-# -log_softmax of the whole logits and shifted copies): the answer was 40 with or without it,
+# Catches trials of the model's own loss where the Trainer computes a label-smoothed one
+# (label_smoothing_factor > 0: the labels popped, LabelSmoother on the logits, -log_softmax of the
+# whole logits and shifted copies): the answer was 40 with or without it,
 # where the Trainer's step runs out of memory at 36. B fits and B+1 does not in the Trainer's own
 # compute_loss (a Trainer built from the same arguments), run as the trial's step.
 def test_label_smoothing_is_sized_as_the_trainers_compute_loss(tmp_path):
