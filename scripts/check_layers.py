@@ -95,7 +95,7 @@ def self_test() -> None:
         "src/brand_new.cpp": '#include "autobatch/vocabulary/units.h"\n',
         "src/memory/scratch_files.cpp": '#include "autobatch/autobatch.h"\n'
                                         '#include "memory/gone.h"\n',
-        "src/cli/main.cpp": '#include "autobatch/workflows/cached_search.h"\n',
+        "src/cli/cli_main.cpp": '#include "autobatch/workflows/cached_search.h"\n',
         "include/autobatch/autobatch.h": "", "include/autobatch/reports/report.h": "",
         "include/autobatch/vocabulary/units.h": "",
         "include/autobatch/workflows/cached_search.h": "",

@@ -16,6 +16,8 @@
 #   newest        requirements-newest.txt's (scripts/test_newest.sh makes it; skipped if absent)
 #   2.6.0         the lowest claimed (README): $AUTOBATCH_ENV_ROOT/venv-torch-2.6.0, made here
 #                 from PyPI the first time (about 3 GB)
+# Last, the command's CMake build is configured against the lowest torch and must refuse it
+# (cmake/AutobatchTorch.cmake fences the C++ build to the LibTorch versions CI builds).
 # Usage: scripts/wheel_check.sh [--tests] [wheel (default: build one with scripts/wheel.sh)]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -88,4 +90,18 @@ for entry in "${envs[@]}"; do
       "$AUTOBATCH_ROOT/tests/python/test_find.py" 2>&1 | tail -3) || failed=1
   fi
 done
+# The command's C++ build, unlike the package, is fenced to the LibTorch versions CI builds
+# (cmake/AutobatchTorch.cmake): against the lowest torch the package supports it must stop at
+# configure with its message, before anything compiles.
+fence="$work/fence"
+lowest_prefix="$("$(lowest_env)" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
+if cmake -S "$AUTOBATCH_ROOT" -B "$fence" -G Ninja -DCMAKE_PREFIX_PATH="$lowest_prefix" \
+     -DAUTOBATCH_BUILD_TESTS=OFF >"$fence.log" 2>&1; then
+  echo "wheel_check: the command's build accepted torch $lowest"; failed=1
+elif ! grep -q "the versions CI builds" "$fence.log"; then
+  echo "wheel_check: the command's build failed against torch $lowest without the fence's message"
+  tail -20 "$fence.log"; failed=1
+else
+  echo "wheel_check: the command's build refuses torch $lowest at configure, as it should"
+fi
 [ "$failed" = 0 ] && echo "wheel_check: ok" || { echo "wheel_check: FAILED"; exit 1; }

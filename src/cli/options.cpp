@@ -1,5 +1,5 @@
 // The command line's options: the flag table and readOptions (src/cli/options.h).
-#include "options.h"
+#include "cli/options.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>

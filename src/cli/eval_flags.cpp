@@ -5,7 +5,7 @@
 #include "autobatch/probes/model_format.h"
 #include "autobatch/vocabulary/error.h"
 #include "autobatch/vocabulary/units.h"
-#include "options.h"
+#include "cli/options.h"
 
 namespace autobatch::cli {
 

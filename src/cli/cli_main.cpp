@@ -39,7 +39,7 @@
 #include "autobatch/workflows/cached_search.h"
 #include "autobatch/workflows/fleet.h"
 #include "autobatch/workflows/length_sweep.h"
-#include "options.h"
+#include "cli/options.h"
 
 namespace {
 
