@@ -52,6 +52,9 @@ done <<<"$lengths"
 "$AUTOBATCH_PYTHON" "$here/check_history.py"
 # Every docs/<page>.md the code and the docs name exists: a moved page leaves no dead pointer.
 "$AUTOBATCH_PYTHON" "$here/check_doc_refs.py"
+# The Python package's public names documented (ruff D1) and the examples type-checked against
+# its annotations (mypy), in the tools environment (scripts/lint_python.sh).
+bash "$here/lint_python.sh"
 
 if [ $# -gt 0 ]; then files=("$@"); else
   mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.h' 'include/*.h' 'tests/*.cpp' 'tests/*.h' \

@@ -1,7 +1,7 @@
 """A Hugging Face Trainer script with `auto_find_batch_size=True` replaced by autobatch's
 `fit_training_arguments`: per_device_train_batch_size and gradient_accumulation_steps for an exact
 effective batch, measured with the optimizer, precision and activation checkpointing the
-arguments ask for (docs/python.md, "Hugging Face Trainer"). A tiny Llama built from a config:
+arguments ask for (docs/drop-ins.md, "Hugging Face Trainer"). A tiny Llama built from a config:
 nothing is downloaded.
 
     python examples/python/hf_trainer_autobatch.py --target-batch 256 --memory-limit 80MiB

@@ -1,6 +1,6 @@
 """A Lightning script with `BatchSizeFinder()` replaced by autobatch's `AutobatchFinder`: the
 micro-batch and `accumulate_grad_batches` for an exact effective batch, measured with this
-module's own training_step and configure_optimizers (docs/python.md, "Lightning").
+module's own training_step and configure_optimizers (docs/drop-ins.md, "Lightning").
 
     python examples/python/lightning_autobatch.py --target-batch 2048 --memory-limit 28MiB
 
@@ -77,6 +77,7 @@ def main():
     except autobatch.DoesNotFit as e:
         print(f"does not fit: {e}", file=sys.stderr)
         return 3
+    assert finder.micro_batch is not None and finder.result is not None  # set by the fit's setup
     print(f"micro-batch {finder.micro_batch} x {trainer.accumulate_grad_batches} accumulation "
           f"steps = {finder.micro_batch * trainer.accumulate_grad_batches} (target "
           f"{a.target_batch}); largest safe micro-batch {finder.result.safe_micro_batch}; "

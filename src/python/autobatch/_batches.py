@@ -24,9 +24,9 @@ def make_batch(example, size, n0, device):
     """A batch of `size` samples made from `example` along dimension 0: its samples repeated in
     order (so integer tensors keep their values: token ids, labels, masks), on `device`. A list
     or tuple of plain values (str, numbers, None) as long as the example's batch is per sample (a
-    collated batch's texts or ids: a review of stop 55 found a Lightning batch's 4 texts beside
-    B rows) and is repeated the same way. Tensors whose leading dimension is not the example's
-    batch size, and other values, pass unchanged."""
+    collated batch's texts or ids: left as they are, a Lightning batch's 4 texts would stand
+    beside B rows) and is repeated the same way. Tensors whose leading dimension is not the
+    example's batch size, and other values, pass unchanged."""
     if isinstance(example, torch.Tensor):
         if example.dim() == 0 or example.shape[0] != n0:
             return example.to(device)
@@ -79,8 +79,8 @@ def leading(example, batch, k, n0):
 def mirror_removals(small, held):
     """What the user's step took out of the state-making step's batch (`labels =
     batch.pop("labels")`, a Hugging Face compute_loss habit), taken out of the held batch too: in
-    a full trial the step pops from the batch that is held (a review of stop 52: the held batch
-    kept the labels, 2 MB of a 6 MB peak, and answered 559 where the plain loop fits 680). Mappings
+    a full trial the step pops from the batch that is held (else the held batch keeps the
+    labels: 2 MB of a 6 MB peak, and an answer of 559 where the plain loop fits 680). Mappings
     and lists, nested; a value the step replaced stays the held one (smaller or equal: a shortened
     trial must never hold more than the full one)."""
     if isinstance(small, Mapping) and isinstance(held, MutableMapping):

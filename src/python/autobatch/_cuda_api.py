@@ -124,7 +124,7 @@ def driver_version(load=ctypes.CDLL):
     """The CUDA driver's version as cuDriverGetVersion gives it (e.g. 13000 for 13.0), read from
     the driver library libcuda.so.1 (the CUDA driver API; it needs no cuInit); 0 where there is
     none. torch 2.11 has no Python call for it (torch._C._cuda_getDriverVersion, which the report
-    read before, does not exist: a review of stop 55 found the report's figure always 0).
+    read before, does not exist, so the report's figure was always 0).
     `load`: the library loader (a test's fake)."""
     try:
         library = load("libcuda.so.1")

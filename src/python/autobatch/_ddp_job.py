@@ -26,7 +26,7 @@ import gc
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -43,10 +43,25 @@ _OURS = ("process_group", "device_mesh")  # the verification's group, set here
 
 @dataclass
 class JobResult:
-    """What find_ddp answered on this rank. `micro_batch` is the one every rank agreed on and
-    verified by one real DDP step (the smallest of the ranks' safe micro-batches); `plan` the
-    plan for target_batch at it over the job's ranks; `result` this rank's own search (its
-    trials, report and memory: it may allow more than the agreed micro-batch)."""
+    """What find_ddp answered on this rank.
+
+    Attributes:
+        rank (int): this process's rank in the job.
+        world_size (int): the job's ranks.
+        micro_batch (int): the micro-batch every rank agreed on (the smallest of the ranks'
+            safe micro-batches, samples) and verified by one real DDP step.
+        plan (Plan | None): the plan for target_batch at micro_batch over the job's ranks (None
+            without a target).
+        result (Result): this rank's own search (its trials, report and memory: it may allow
+            more than the agreed micro-batch); its JSON report has a "job" section.
+        verified (bool): the agreed micro-batch was verified by the real DDP step (always True
+            on a returned JobResult: a failed verification raises).
+
+    Examples:
+        >>> r = autobatch.find_ddp(model, example_batch, target_batch=1024)
+        >>> r.micro_batch, r.plan.accumulation_steps
+        >>> print(r)
+    """
 
     rank: int
     world_size: int
@@ -57,16 +72,23 @@ class JobResult:
 
     @property
     def safe_micro_batch(self) -> int:
+        """The same as micro_batch: the agreed, verified micro-batch (samples)."""
         return self.micro_batch
 
-    def to_dict(self):
-        """The JSON section "job" of this rank's report (docs/report.md): plain data."""
+    def to_dict(self) -> dict:
+        """The JSON section "job" of this rank's report (docs/report.md): plain data.
+
+        Returns:
+            dict: kind ("ddp"), rank, world_size, agreed_micro_batch, verified,
+            own_safe_micro_batch and own_max_micro_batch (this rank's own search).
+        """
         return {"kind": "ddp", "rank": self.rank, "world_size": self.world_size,
                 "agreed_micro_batch": self.micro_batch, "verified": self.verified,
                 "own_safe_micro_batch": self.result.safe_micro_batch,
                 "own_max_micro_batch": self.result.max_micro_batch}
 
-    def __str__(self):
+    def __str__(self) -> str:
+        """A text summary: the agreed micro-batch, this rank's own answer, the plan."""
         lines = [f"DDP job: world size {self.world_size}, agreed micro-batch {self.micro_batch}, "
                  f"verified by one real DDP step on every rank; this rank ({self.rank}) alone: "
                  f"safe {self.result.safe_micro_batch}, max {self.result.max_micro_batch}"]
@@ -75,35 +97,72 @@ class JobResult:
         return "\n".join(lines)
 
 
-def find_ddp(model, example_batch, *, ddp_kwargs=None, verify_timeout=120, **options):
-    """Sizes the micro-batch of a DistributedDataParallel job from inside it: every rank of
-    torchrun calls it after init_process_group, with its module before it is wrapped (see the
-    module's docstring). Returns a JobResult.
+def find_ddp(model: torch.nn.Module, example_batch: Any, *,
+             ddp_kwargs: Optional[dict] = None, verify_timeout: float = 120,
+             **options: Any) -> JobResult:
+    """Sizes the micro-batch of a DistributedDataParallel job from inside it.
 
-    model: the torch.nn.Module the job wraps in DistributedDataParallel, on this rank's device,
-      not yet wrapped (find_ddp wraps it itself for the verification, then unwraps).
-    example_batch: as for find().
-    ddp_kwargs: the job's DistributedDataParallel arguments (bucket_cap_mb,
-      gradient_as_bucket_view, static_graph, find_unused_parameters, ...), checked by name, type
-      and value before the search; not process_group or device_mesh (the verification's own),
-      nor delay_all_reduce_named_params, param_to_hook_all_reduce or mixed_precision (their hooks
-      outlive the wrapper). The search holds DDP's bucket with or without gradient_as_bucket_view.
-    verify_timeout: seconds the verification's collectives wait for a rank, finite, at most 1e6
-      (default 120); every rank ends within 3 x that at most when a rank fails the step (on gloo;
-      NCCL's watchdog may abort a rank first).
-    The user's `step(model, batch)` receives the DistributedDataParallel wrapper in the
-    verification, as in the job.
-    options: find()'s (optimizer, step or loss_fn, precision, memory_limit, margin, target_batch:
-      the global batch over all ranks, ...), not world_size (the job's), ddp or eval.
+    Every rank of torchrun calls it after init_process_group, with its module before it is
+    wrapped. 0. The ranks compare what their plans depend on (the model's fingerprint, the
+    example's inputs, the step, loss and optimizer by their code, the plan options, ddp_kwargs);
+    a difference is a UsageError on every rank. 1. Each rank sizes itself with find(model,
+    example_batch, ddp=True): every trial holds DDP's gradient buckets, and no collective runs
+    in a trial. 2. The ranks agree on the smallest safe micro-batch through the job's store (no
+    collective). 3. One real lock-step step at it verifies it: the module wrapped in
+    DistributedDataParallel over a new group of the job's backend, `steps_per_trial` steps under
+    the same memory limit. Then the wrapper and its group are gone and the module is put back
+    as find() leaves it (see the module's docstring; docs/sharded.md, "DDP jobs").
 
-    Raises UsageError for bad arguments and outside a running job (before the job, size one rank
-    with find(model, example_batch, ddp=True, world_size=N): a DDP rank's memory does not depend
-    on N); what find() raises for this rank, or, on the other ranks, an error naming each rank
-    that failed to size and its error (the arguments are checked inside the search, so a rank
-    that refuses its own still answers the agreement); ModelError
-    on every rank when the verification step fails on any (its message names the rank and its
-    error). Side effects: find()'s; the module is restored after the verification step, and the
-    group it made is destroyed.
+    Side effects: find()'s; the module is restored after the verification step (weights bitwise:
+    DDP's broadcast from rank 0 and the steps' updates undone), and the group made for the
+    verification is destroyed.
+
+    Args:
+        model (torch.nn.Module): the module the job wraps in DistributedDataParallel, on this
+            rank's device, not yet wrapped (find_ddp wraps it itself for the verification, then
+            unwraps).
+        example_batch (Any): one batch whose samples are repeated, as for find().
+        ddp_kwargs (dict | None): the job's DistributedDataParallel arguments (bucket_cap_mb,
+            gradient_as_bucket_view, static_graph, find_unused_parameters, ...), checked by
+            name, type and value before the search; not module, process_group or device_mesh
+            (the verification's own), nor delay_all_reduce_named_params,
+            param_to_hook_all_reduce or mixed_precision (their hooks outlive the wrapper); no
+            device_ids or output_device for a CPU module. The search holds DDP's bucket with or
+            without gradient_as_bucket_view. Default None: {}.
+        verify_timeout (float): seconds the verification's collectives wait for a rank, > 0
+            and at most 1e6 (default 120); every rank ends within 3 x that at most when a rank
+            fails the step (on gloo; NCCL's watchdog may abort a rank first). The user's
+            `step(model, batch)` receives the DistributedDataParallel wrapper in the
+            verification, as in the job.
+        **options (Any): find()'s options (optimizer, step or loss_fn, precision,
+            memory_limit, margin, target_batch: the global batch over all ranks, a multiple of
+            the world size, ...); not world_size (the job's), ddp (always True here) or eval
+            (the verification trains).
+
+    Returns:
+        JobResult: the agreed, verified micro-batch (`micro_batch`), the plan over the job's
+        ranks (`plan`), and this rank's own search (`result`).
+
+    Raises:
+        UsageError: bad arguments; outside a running job (before the job, size one rank with
+            find(model, example_batch, ddp=True, world_size=N): a DDP rank's memory does not
+            depend on N); a module already wrapped in DistributedDataParallel; ranks that
+            disagree on a compared field (naming it, the ranks and both values).
+        AutobatchError: what find() raises for this rank (DoesNotFit, ModelError, ...); on the
+            other ranks an error naming each rank that failed to size and its error ("another
+            rank did not size (rank 1: UsageError: ...)": the arguments are checked inside the
+            search, so a rank that refuses its own still answers the agreement).
+        ModelError: on every rank when the verification step fails on any (its message names
+            the rank and its error).
+
+    Examples:
+        >>> dist.init_process_group("nccl")  # torchrun's rank and world size
+        >>> model = MyModel().to(device)
+        >>> r = autobatch.find_ddp(model, example_batch, target_batch=1024,
+        ...                        optimizer=lambda p: torch.optim.AdamW(p),
+        ...                        ddp_kwargs={"bucket_cap_mb": 25})
+        >>> model = DDP(model, bucket_cap_mb=25)  # then the job as it was
+        >>> micro_batch, steps = r.plan.micro_batch_size, r.plan.accumulation_steps
     """
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() == "fake":
@@ -154,7 +213,7 @@ def _checked(model, ddp_kwargs, verify_timeout, options):
     kwargs = _ddp_kwargs(ddp_kwargs, model)
     options = dict(options)
     device = _device_of(model, options.pop("device", None))
-    for key in ("device_ids", "output_device"):  # output_device: a review of stop 55
+    for key in ("device_ids", "output_device"):  # DDP takes neither for a CPU module
         if device.type != "cuda" and kwargs.get(key) is not None:
             raise UsageError(f"ddp_kwargs: {key} is for a module on one CUDA device, and this "
                              f"one is on {device}; drop {key} (DDP takes none for a CPU module)")
@@ -209,7 +268,7 @@ def _check_value(key, value):
         raise UsageError(f"ddp_kwargs: {key} expects True or False, but got {value!r}")
     if key == "bucket_cap_mb" and value is not None and (
             isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or
-            not math.isfinite(value)):  # inf failed only in the verification (stop 55's review)
+            not math.isfinite(value)):  # inf would fail only in the verification, after the search
         raise UsageError(f"ddp_kwargs: bucket_cap_mb expects megabytes > 0 (DDP's default is "
                          f"25), but got {value!r}")
     if key == "bucket_cap_mb_list" and value is not None and (

@@ -65,7 +65,7 @@ class EvalProbe:
         """The training state dropped: optimizer, buckets, gradients; the weights put back and
         the caches emptied unless the device had a fatal error (then nothing touches it, as
         after a trial: the copy would raise the sticky error again and replace the ModelError
-        that says so, a review of stop 55)."""
+        that says so)."""
         self.resident = None
         self.probe.largest_oom = self.training_oom
         self.probe.kept_grads = False
@@ -81,7 +81,8 @@ class EvalProbe:
         """One evaluation trial. A ModelError ends the evaluation search as a cancellation
         would, kept in the probe's `stopped_by` (naming the evaluation), for find() to raise with
         the result known so far: the training search's answer and what the evaluation verified
-        (a review of stop 55: it left _core.search, and the ModelError had no result)."""
+        (raised from here it would leave _core.search, and the ModelError would have no
+        result)."""
         try:
             return self.probe.trial(size, batches, self._evaluate)
         except ModelError as e:

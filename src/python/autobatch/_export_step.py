@@ -95,9 +95,9 @@ def model_kept(model):
     """The user's module as it was, after an export whatever happens: each module's training
     flag, its parameter and buffer slots (tied weights the pt2 export untied are tied again) and
     its buffers' values (BatchNorm's running statistics, which the export's forwards in training
-    mode move). A review of stop 55 found export() leaving a model in train mode with its
-    statistics moved, and export_pt2() leaving a tied model untied for good. Raises ValueError for
-    a model that is no torch.nn.Module."""
+    mode move). Without it export() would leave a model in train mode with its statistics moved,
+    and export_pt2() a tied model untied for good. Raises ValueError for a model that is no
+    torch.nn.Module."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
     flags = [(m, m.training) for m in model.modules()]
@@ -123,8 +123,8 @@ def model_kept(model):
 def check_example_inputs(example_inputs, int_high=None):
     """ValueError, before anything is traced or written, unless ``example_inputs`` is a non-empty
     tuple or list of tensors or a non-empty dict of tensors, and ``int_high`` maps input indices
-    to exclusive upper bounds >= 1 (a review of stop 55: a bare tensor was read as one input per
-    row, a float in the dict failed as AttributeError, int_high={0: 0} wrote a range the command
+    to exclusive upper bounds >= 1 (unchecked, a bare tensor was read as one input per row, a
+    float in the dict failed as AttributeError, int_high={0: 0} wrote a range the command
     refuses)."""
     if isinstance(example_inputs, dict):
         values = list(example_inputs.values())

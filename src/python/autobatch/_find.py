@@ -1,4 +1,6 @@
 """autobatch.find: the C++ search, planner and report, with the user's own eager step as the trial."""
+from __future__ import annotations
+
 import contextlib
 import gc
 import inspect
@@ -6,7 +8,8 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Callable
 
 import torch
 
@@ -25,41 +28,6 @@ from ._option_checks import _check_one_step, _outside_note, _refuse_search_optio
 from ._trial import EagerProbe, Meter, leading_size
 
 log = logging.getLogger("autobatch")
-
-_FIND_DOC = """
-    model: a torch.nn.Module on `device` (never moved; restored bitwise afterwards).
-    example_batch: a tensor, a tuple/list or a dict (as Hugging Face models take it) whose tensors
-      share the leading (batch) dimension; batches of size B repeat its samples along dimension 0.
-    optimizer: a factory `lambda params: torch.optim.X(params, ...)`, an optimizer instance (a
-      fresh one of its class and options is built per trial; the instance is not touched), None
-      (AdamW with PyTorch's defaults, the `autobatch` command's default) or "none".
-    loss_fn: `loss_fn(output, batch) -> scalar`; default: output.loss / output["loss"] / a scalar
-      output / the output's mean.
-    precision: None/"fp32", "amp-bf16" or "amp-fp16" (autocast around forward and loss).
-    device: default the model's. memory_limit: bytes (int) or "8GiB"; default the device's (CPU:
-      the room this process has). margin: headroom, a fraction (0.05, the default) or "5%", or
-      bytes. target_batch, world_size: the effective batch to plan for and the ranks that share it.
-    time_limit: seconds for the whole search. steps_per_trial: optimizer steps per trial (2: the
-      optimizer state exists from the first step on). min_batch, max_batch, dataset_size,
-      max_trials, strategy ("guided", "binsearch", "power"), plan ("fastest", the default as the
-      command's: the plan whose measured step times train the most samples per second; "auto",
-      "uniform", "balanced"), reserve (bytes kept free for the rest of the job) as the command's
-      flags.
-    step: `step(model, batch) -> loss`, the forward and loss of one micro-batch in place of
-      model(batch) and loss_fn (a framework's own step: autobatch.lightning passes the module's
-      training_step); backward, the optimizer step and zero_grad stay autobatch's.
-    ddp: True when the job wraps the model in DistributedDataParallel: every trial holds one
-      buffer of the trained parameters' gradient bytes (DDP's gradient buckets, unless
-      gradient_as_bucket_view=True) from its start to its end, as `autobatch --ddp` does.
-    zero_grad: "none" (zero_grad(set_to_none=True), PyTorch's default) or "zeros" (the gradients
-      kept allocated between steps). keep_output: True (the default, the command's
-      --keep-output yes) keeps the model's output alive through backward, as
-      `out = model(**batch); out.loss.backward()` does; False drops it before backward, as a
-      Lightning training_step or the Hugging Face Trainer does (the drop-ins pass False).
-    autocast_cache: with an amp precision, torch.autocast's cache_enabled: True (PyTorch's
-      default: a weight's cast made once per forward and kept until the autocast block ends) or
-      False (a cast per use, as Lightning's mixed precision runs; its drop-in passes False).
-"""
 
 
 class _Session:
@@ -136,7 +104,7 @@ class _Session:
             "max_trials": _count(max_trials, "max_trials", maximum=_INT32_MAX)}
         for name, value, allowed in (("strategy", strategy, ("guided", "binsearch", "power")),
                                      ("plan", plan, ("auto", "uniform", "balanced", "fastest"))):
-            if not isinstance(value, str):  # (a review of stop 55: pybind11's cast error)
+            if not isinstance(value, str):  # else pybind11's cast error, naming no option
                 raise UsageError(f"{name}: expected one of {', '.join(map(repr, allowed))}, but "
                                  f"got {value!r}")
         if self.options["max_batch"] and self.options["min_batch"] > self.options["max_batch"]:
@@ -277,8 +245,8 @@ def _collect_garbage(device):
     trial (garbage_collection_cuda) and accelerate's release_memory does. Unreachable objects
     that hold tensors (a deleted model whose hooks refer to it, an exception's traceback kept in
     a cycle) are freed only by the cyclic collector, which can run in the middle of a search:
-    their bytes would be counted by the trials before it and not by those after (a review of
-    stop 55: the budget allocator counts every live tensor it allocated, process-wide). Returns
+    their bytes would be counted by the trials before it and not by those after (the budget
+    allocator counts every live tensor it allocated, process-wide). Returns
     the bytes it freed where the device's allocator counts them (CUDA's allocated bytes; on the
     CPU the budget allocator's count only while it is installed, so 0 here), for the note."""
     before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
@@ -323,7 +291,7 @@ _COLLECTIVES_NEVER_WAIT = threading.Event()  # set inside collectives_never_wait
 
 
 @contextlib.contextmanager
-def collectives_never_wait():
+def collectives_never_wait() -> Iterator[None]:
     """Inside: the model's collectives go to a fake process group (find_sharded in a running
     job shards the rank's model over one made beside the real group), so the search is not a
     rank's search alone: no CollectiveGuard, no refusal of collective modules."""
@@ -346,12 +314,159 @@ def _ranks_searching_alone():
     return dist.get_world_size()
 
 
-def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, device=None,
-         memory_limit=None, margin=None, target_batch=None, world_size=1, time_limit=None,
-         steps_per_trial=2, min_batch=1, max_batch=None, dataset_size=None, max_trials=None,
-         strategy="guided", plan="fastest", reserve=None, progress=None, step=None, ddp=False,
-         zero_grad="none", keep_output=True, eval=False, cache=None, cache_trust=False,
-         autocast_cache=True):
+def find(model: torch.nn.Module, example_batch: Any, *,
+         optimizer: torch.optim.Optimizer | Callable[..., Any] | str | None = None,
+         loss_fn: Callable[..., Any] | None = None, precision: str | torch.dtype | None = None,
+         device: str | torch.device | None = None, memory_limit: int | str | None = None,
+         margin: float | int | str | None = None, target_batch: int | None = None,
+         world_size: int = 1, time_limit: float | None = None, steps_per_trial: int = 2,
+         min_batch: int = 1, max_batch: int | None = None, dataset_size: int | None = None,
+         max_trials: int | None = None, strategy: str = "guided", plan: str = "fastest",
+         reserve: int | str | None = None, progress: bool | None = None,
+         step: Callable[..., Any] | None = None, ddp: bool = False, zero_grad: str = "none",
+         keep_output: bool = True, eval: bool | str = False,
+         cache: bool | str | os.PathLike[str] | None = None, cache_trust: bool = False,
+         autocast_cache: bool = True) -> Result:
+    """Finds the largest micro-batch with which `model` trains, by running real training steps.
+
+    Each trial is the user's own eager step at a micro-batch the search picks (inputs, forward,
+    loss, backward, optimizer step, zero_grad; `steps_per_trial` optimizer steps) under the
+    memory limit; the search, the accumulation planner and the report are the C++ library's,
+    the same as the `autobatch` command's. docs/python.md says what a trial runs and how memory
+    is measured. Batch sizes are counts of samples; memory is in bytes.
+
+    Side effects: runs real steps on `model` (its parameters, buffers, gradients, training
+    flags, plain attributes and the RNG states are put back bitwise afterwards, also after an
+    error); on the CPU the budget allocator is installed in this process for the search and
+    removed after; on CUDA the memory fraction is set and put back as the process had it (a
+    fraction the process had set also caps the limit), and the cuBLAS workspaces and the
+    allocator's cache are freed after each trial; gc.collect() runs before the search. One
+    search at a time per process. Trial progress goes to the "autobatch" logger (INFO).
+
+    Args:
+        model (torch.nn.Module): the model to size, on the device it is sized on (never
+            moved). At least one parameter must require grad; a TorchScript module, inference
+            tensors, lazy (uninitialized) or meta parameters are UsageErrors. A model in eval()
+            is trained in train mode and put back in eval mode.
+        example_batch (Any): one batch of any size (one sample is enough): a tensor, a
+            tuple/list, or a mapping (a dict, a tokenizer's BatchEncoding) of dense tensors
+            sharing the leading (batch) dimension, e.g. torch.randn(1, 3, 224, 224) or
+            {"input_ids": ids, "labels": ids} with ids of shape [1, T]. A batch of B samples
+            repeats its samples in order along dimension 0; the model is called as
+            model(**batch) for a mapping, model(*batch) for a tuple/list, model(batch) for a
+            tensor.
+        optimizer (torch.optim.Optimizer | Callable[..., Any] | str | None): a factory
+            `lambda params: torch.optim.AdamW(params, lr=1e-3)`, called with the trainable
+            parameters and returning a new optimizer each call; an optimizer instance (a fresh
+            one of its class, param groups and options is built per trial; the instance is
+            never stepped); a torch.optim.Optimizer subclass (built with its defaults); "none"
+            (no optimizer step); or None (default: AdamW with PyTorch's defaults, as the
+            command). LBFGS, a factory that returns an existing optimizer, and a factory that
+            fails when called are UsageErrors.
+        loss_fn (Callable[..., Any] | None): `loss_fn(output, batch) -> scalar tensor`. Default
+            None: the output's `.loss`, its ["loss"], a scalar output itself, a tuple's first
+            element, else the output's mean. Not with `step`.
+        precision (str | torch.dtype | None): None or "fp32" (default: no autocast),
+            "amp-bf16" or "amp-fp16" (torch.autocast around forward and loss); "bf16", "fp16",
+            torch.float32, torch.bfloat16 and torch.float16 are read as those. An enclosing
+            torch.autocast is not the trials' (the result's warnings say so).
+        device (str | torch.device | None): "cpu", "cuda" or "cuda:N". Default None: the
+            model's device (a model on several devices, or on another one than `device`, is a
+            UsageError).
+        memory_limit (int | str | None): bytes (an int > 0) or a size ("8GiB", "512MB",
+            "1.5 GB": a space may stand between number and unit). Default None: the device's
+            memory (CPU: the room this process has: cgroup, MemAvailable, RLIMIT_DATA /
+            RLIMIT_AS). 0 is a UsageError, not "no limit"; above a GPU's memory it is clipped
+            to it, with a warning.
+        margin (float | int | str | None): headroom under the limit for the safe answer: a
+            fraction in [0, 1) (0.05) or a percentage in [0, 100) ("5%"), or bytes (an int or
+            "256MiB", less than the limit). Default None: 0.05.
+        target_batch (int | None): the effective batch to plan gradient accumulation for:
+            samples per optimizer step over all ranks, an int >= 1 and a multiple of
+            `world_size`. Default None: no plan.
+        world_size (int): the data-parallel ranks that share `target_batch`, 1 to 2^31 - 1
+            (default 1). The trials run on this process alone; the plan is per rank.
+        time_limit (float | None): seconds > 0 for the whole search, checked before each trial,
+            each step and, on the CPU, each allocation inside a step. Default None: no limit.
+        steps_per_trial (int): optimizer steps per trial, 1 to 2^31 - 1 (default 2: the
+            optimizer's state exists from the first step on). 1 only with optimizer="none" or
+            torch.optim.SGD without momentum, and zero_grad="none" (else UsageError).
+        min_batch (int): the smallest micro-batch tried, samples, >= 1 (default 1).
+        max_batch (int | None): the largest micro-batch it may answer, samples, >= min_batch.
+            Default None: no bound.
+        dataset_size (int | None): samples in the dataset: no micro-batch above it is tried.
+            Default None: no bound.
+        max_trials (int | None): the most trials for the whole search, 1 to 2^31 - 1. Default
+            None: no limit.
+        strategy (str): "guided" (default), "binsearch" or "power" (docs/search.md).
+        plan (str): the primary plan: "fastest" (default, as the command's --plan: of the exact
+            plans, the one whose measured step times train the most samples per second),
+            "auto", "uniform" or "balanced" (docs/search.md, "Headroom, plan").
+        reserve (int | str | None): bytes (an int or "1GiB") the rest of the job needs beside
+            the step, taken off the limit; less than the limit. Default None: 0.
+        progress (bool | None): True: a tqdm bar of trials (UsageError without tqdm); False:
+            none; None (default): a bar when tqdm is installed and stderr is a terminal.
+        step (Callable[..., Any] | None): `step(model, batch) -> loss`, the forward and loss of
+            one micro-batch in place of model(batch) and loss_fn (a framework's own step:
+            autobatch.lightning passes training_step); it must return a scalar tensor that
+            requires grad (else ModelError). Backward, the optimizer step and zero_grad stay
+            autobatch's. Not with `loss_fn`.
+        ddp (bool): True when the job wraps the model in DistributedDataParallel: every trial
+            holds one buffer of the trained parameters' gradient bytes (DDP's gradient
+            buckets, which a job with gradient_as_bucket_view=True does not hold beside the
+            gradients) from its start to its end, as `autobatch --ddp` does. Default False.
+        zero_grad (str): "none" (default: zero_grad(set_to_none=True), PyTorch's default, the
+            gradients freed after each step) or "zeros" (set_to_none=False: kept allocated).
+        keep_output (bool): True (default, the command's --keep-output yes): the model's output
+            stays alive through backward, as `out = model(**batch); out.loss.backward()`;
+            False: dropped before backward, as a Lightning training_step or the Hugging Face
+            Trainer (the drop-ins pass False).
+        eval (bool | str): False (default: training only); True: also the largest evaluation
+            batch with the training state resident (the command's --eval; Result.eval_safe_batch);
+            "only": an evaluation job alone, the parameters resident (--eval-only; not with
+            target_batch). docs/evaluation.md, "From Python".
+        cache (bool | str | os.PathLike[str] | None): the command's result cache (--cache,
+            docs/cache.md): None or False (default: off), True (the default folder:
+            $AUTOBATCH_CACHE_DIR, else $XDG_CACHE_HOME/autobatch/results, else
+            ~/.cache/autobatch/results) or a folder path. A search keyed as an earlier one (the
+            model's fingerprint, the step, the limit as resolved, margin, bounds, device and
+            versions; not the target, world size or plan) is answered from the entry after one
+            confirming trial; a miss searches and stores. Result.cache says which. Not with eval=.
+        cache_trust (bool): answer a cache hit without the confirming trial (--cache-trust).
+            Needs `cache`. Default False.
+        autocast_cache (bool): with an amp precision, torch.autocast's cache_enabled: True
+            (default, PyTorch's: a weight's cast made once per forward) or False (a cast per
+            use, as Lightning's mixed precision runs; its drop-in passes False). Either way the
+            casts are freed when the forward and loss end.
+
+    Returns:
+        Result: the largest micro-batch seen to fit (`max_micro_batch`), the largest under the
+        limit less the margin (`safe_micro_batch`, > 0), the plan for `target_batch` (None
+        without one), every trial, the model's memory and the report (`raw`, `text`, `env`);
+        with eval=, the evaluation batches too (with eval="only", `max_micro_batch` and
+        `safe_micro_batch` are the evaluation batch's).
+
+    Raises:
+        UsageError: a bad argument (the message says what was expected and what was given),
+            before any trial; also a call inside torch.inference_mode(), a second search while
+            one runs in the process, a margin or reserve that leaves nothing of the limit.
+        DoesNotFit: nothing fits at min_batch, or only above the limit less the margin, or a
+            trial or time budget ran out before any size was verified; with eval=, the training
+            state does not fit beside evaluation, or no evaluation batch fits under the margin.
+            `.result` holds the trials.
+        ModelError: the step (model, loss or optimizer) raised an error that is not out of
+            memory; `__cause__` is the original, `.micro_batch` the size, `.result` the sizes
+            verified before it.
+        Cancelled: Ctrl-C; the trial in progress is abandoned, the model restored, and
+            `.result` holds the best verified size.
+
+    Examples:
+        >>> result = autobatch.find(torchvision.models.resnet18(), torch.randn(1, 3, 64, 64),
+        ...                         optimizer=lambda params: torch.optim.AdamW(params),
+        ...                         device="cpu", memory_limit="512MiB", target_batch=256)
+        >>> result.safe_micro_batch, str(result.plan)  # on one 2-core CPU machine
+        (184, 'uniform plan: micro-batch 128 x 2 accumulation steps x 1 rank(s) = 256')
+    """
     eval_state = eval_state_of(eval, target_batch)
     cache_dir = _cache_dir(cache, cache_trust, eval_state)
     session = _Session(model, example_batch, optimizer, loss_fn, precision, device, memory_limit,
@@ -394,29 +509,8 @@ def find(model, example_batch, *, optimizer=None, loss_fn=None, precision=None, 
     return result
 
 
-find.__doc__ = """Finds the largest micro-batch with which `model` trains, by running the user's
-    own training step at the sizes the search picks, and plans gradient accumulation for
-    `target_batch`.
-""" + _FIND_DOC + """
-    cache: None (off, the default), True (the folder of the command's --cache:
-      $AUTOBATCH_CACHE_DIR, else $XDG_CACHE_HOME/autobatch/results, else
-      ~/.cache/autobatch/results) or a folder path. A search keyed as an earlier one (the model's
-      fingerprint, the step, the limit as resolved, margin, bounds, device and versions; not the
-      target or world size) is answered from the entry after one confirming trial, as
-      `autobatch --cache`; a miss searches and stores. Result.cache says which (docs/python.md).
-      Not with eval=. cache_trust: answer a hit without the confirming trial (--cache-trust).
-    Returns a Result. Raises DoesNotFit (nothing fits at min_batch), UsageError (bad arguments),
-    ModelError (the step raised an error that is not out of memory), Cancelled (Ctrl-C; the model
-    is restored and .result holds the best verified size). Side effects: on the CPU the budget
-    allocator is installed in this process for the search and removed after; on CUDA the memory
-    fraction is set and put back as the process had it (a fraction the process had set is also a
-    cap on the limit), and the cuBLAS workspaces and the allocator's cache are freed after each
-    trial. Trial progress goes to the "autobatch" logger (INFO) and,
-    with progress=True (default: when tqdm is installed and stderr is a terminal), a tqdm bar.
-"""
-
-
-def job_fields(model_digest, example_batch, options):
+def job_fields(model_digest: str, example_batch: Any,
+               options: Mapping[str, Any]) -> dict[str, str]:
     """What one rank's plan depends on, for the ranks of a running job to compare before any
     trial (_ranks.compare_job), as the command's ranks compare theirs: the model's digest as the
     caller computes it, the example's inputs without the batch dimension, the step, loss and
@@ -517,10 +611,45 @@ def _progress_bar(progress):
     return tqdm(desc="autobatch", unit="trial")
 
 
-def check_batch(model, example_batch, micro_batch, *, micro_batches_per_step=1, **options):
-    """Runs one trial of the user's step at `micro_batch` (the `autobatch --check-batch` of the
-    Python package) with the options of find(), and returns it as a Trial (outcome "fits",
-    "out-of-memory" or "size-limit"; peaks in bytes). Raises as find() does, but never DoesNotFit.
+def check_batch(model: torch.nn.Module, example_batch: Any, micro_batch: int, *,
+                micro_batches_per_step: int = 1, **options: Any) -> Trial:
+    """Runs one trial of the user's step at `micro_batch` (`autobatch --check-batch`).
+
+    The same trial as find()'s (`steps_per_trial` optimizer steps, each of
+    `micro_batches_per_step` micro-batches), measured the same way, with the model restored
+    afterwards; no search and no plan.
+
+    Args:
+        model (torch.nn.Module): the model, as for find().
+        example_batch (Any): one batch whose samples are repeated, as for find().
+        micro_batch (int): the micro-batch to run, samples, >= 1.
+        micro_batches_per_step (int): micro-batches accumulated before each optimizer step, 1
+            to 2^31 - 1 (default 1; 2 holds the first micro-batch's gradients through the
+            second, as a plan with accumulation does).
+        **options (Any): find()'s options for the step and the memory: optimizer, loss_fn,
+            step, precision, device, memory_limit, margin, reserve, steps_per_trial, ddp,
+            zero_grad, keep_output, autocast_cache, with find()'s types and defaults. The
+            options that bound or plan a search (target_batch, world_size, time_limit,
+            min_batch, max_batch, dataset_size, max_trials, strategy, plan) are UsageErrors
+            unless left at their defaults, as are progress, cache, cache_trust and eval.
+
+    Returns:
+        Trial: `outcome` "fits", "out-of-memory" or "size-limit" (out of memory is an outcome
+        here, never DoesNotFit), the peaks in bytes (per phase too), the failed phase, the step
+        time.
+
+    Raises:
+        UsageError: a bad argument (micro_batch or micro_batches_per_step not an int >= 1, a
+            search option, an unknown option), or as find() raises it.
+        ModelError: the step raised an error that is not out of memory (`.result` is None).
+        Cancelled: Ctrl-C during the trial (the model is restored; `.result` is None).
+
+    Examples:
+        >>> trial = autobatch.check_batch(model, torch.randn(1, 256), 1024,
+        ...                               memory_limit="64MiB")
+        >>> trial.outcome in ("fits", "out-of-memory", "size-limit")
+        True
+        >>> trial.peak_bytes, trial.phase_peaks, trial.failed_phase  # bytes; "" when it fits
     """
     if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
         raise UsageError(f"micro_batch: expected an int >= 1, but got {micro_batch!r}")
@@ -538,10 +667,12 @@ def check_batch(model, example_batch, micro_batch, *, micro_batches_per_step=1, 
     return Trial.from_json(record)
 
 
-def check_option_names(options, fn, who, leave_out=(), shown_out=(), where=""):
+def check_option_names(options: Mapping[str, Any], fn: Callable[..., Any], who: str,
+                       leave_out: Sequence[str] = (), shown_out: Sequence[str] = (),
+                       where: str = "") -> None:
     """UsageError, before any work, for an option `fn` does not take: the callers pass find()'s
     options on (the drop-ins, find_sharded) or take fewer (one trial's calls), and an unknown name
-    left as `fn`'s TypeError late, naming another function (reviews of stop 55). `leave_out`: its
+    would otherwise leave as `fn`'s TypeError late, naming another function. `leave_out`: its
     parameters that are not options (the model, the example); `shown_out`: those the caller sets
     itself (left out of the names the message lists); `where`: where those come from."""
     takes = set(inspect.signature(fn).parameters) - {"self", "model", "example_batch",
@@ -561,7 +692,7 @@ def _session_of(model, example_batch, options, who):
 
 
 def _check_trainable_module(model):
-    """What find() cannot train, said before any trial (a review of stop 54: each left find() as
+    """What find() cannot train, said before any trial (each would otherwise leave find() as
     torch's own error from inside the first trial)."""
     if isinstance(model, (torch.jit.ScriptModule, torch.jit.RecursiveScriptModule)):
         raise UsageError("model: a TorchScript module (torch.jit.script or torch.jit.trace); "
@@ -578,7 +709,7 @@ def _check_trainable_module(model):
 
 def _check_dense(example):
     """Batches are made by repeating the example's rows (_batches.make_batch), which needs dense
-    (strided) tensors: a sparse one left find() as NotImplementedError (a review of stop 54)."""
+    (strided) tensors: a sparse one would otherwise leave find() as NotImplementedError."""
     for path, t in example_tensors(example):
         if t.layout != torch.strided:
             raise UsageError(f"{path}: expected dense tensors, but got a {t.layout} tensor; "
@@ -596,8 +727,7 @@ def _nothing_fits_message(result):
         return (f"nothing fits under the margin: micro-batch {result.max_micro_batch} fits, but "
                 f"its peak is above the limit of {result.memory_limit_bytes} bytes less the margin "
                 f"of {result.margin_bytes} bytes")
-    # The smallest micro-batch tried is min_batch (a review of stop 54: the words said 1 with
-    # min_batch 6000, where 1 fits).
+    # The smallest micro-batch tried is min_batch, not 1 (with min_batch 6000, 1 may well fit).
     smallest = min((t.micro_batch_size for t in result.trials), default=1)
     return (f"nothing fits: micro-batch {smallest} does not fit under {result.memory_limit_bytes} "
             f"bytes; it needs at least {r.get('min_batch_needs_at_least_bytes', 0)} bytes (a "
@@ -626,7 +756,7 @@ def _facts(session, state, meter):
                  else "none")
     impl = _impl(first, device)
     # The defaults, and each param group's own options where they differ (a group's momentum
-    # makes SGD's buffers: a review of stop 55 found it outside the cache's key)
+    # makes SGD's buffers, so the cache's key must see it)
     options = (repr(sorted((k, repr(v)) for k, v in first.defaults.items())) +
                repr([sorted((k, repr(v)) for k, v in g.items()
                             if k != "params" and first.defaults.get(k, object()) != v)

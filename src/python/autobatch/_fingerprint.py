@@ -1,11 +1,15 @@
 """The fingerprint of a model and its step: what the memory of a training step depends on,
 hashed (the result cache's key, docs/python.md)."""
+from __future__ import annotations
+
 import functools
 import hashlib
 import types
 from collections.abc import Mapping
+from typing import Any
 
 import torch
+
 
 def _code_digest(fn, seen=None):
     """SHA-1 (hex) of a callable's code and of what it reads that is not an argument: its
@@ -14,10 +18,9 @@ def _code_digest(fn, seen=None):
     by their own digest, modules by their fingerprint, other objects by type), a
     functools.partial's function and bound arguments, a callable object's __call__ (a module's
     forward: its fingerprint) and plain attributes; or None for a callable without Python code (a
-    builtin, a C function). A changed body or a changed value it closes over changes it (a review
-    of stop 55: a step closing over k = 8 or k = 1, a partial's k, a loss module's edited forward
-    had one digest, and the cache served each other's answers); a changed address or weight
-    value does not."""
+    builtin, a C function). A changed body or a changed value it closes over changes it (a step
+    closing over k = 8 or k = 1, a partial's k, a loss module's edited forward: with one digest
+    the cache would serve each other's answers); a changed address or weight value does not."""
     if fn is None:
         return None
     h = hashlib.sha1()
@@ -156,8 +159,9 @@ def _settings(obj, configs, seen):
     holds them), an instance's own callables (a `forward` patched on the instance) and its forward
     and backward hooks (by their code), and those of a configuration object it holds (an
     attribute with to_dict(), such as a transformers PretrainedConfig: attention implementation,
-    use_cache, ...), each configuration once (`configs`: ids already hashed). A review of stop 55
-    found a hook, a dict setting, a held tensor and a patched forward outside the key."""
+    use_cache, ...), each configuration once (`configs`: ids already hashed). Each of these
+    changes the step's memory (a hook, a dict setting, a held tensor, a patched forward), so each
+    is in the key."""
     out = []
     for k, v in sorted(vars(obj).items()):
         if k in ("training", "_parameters", "_buffers", "_modules"):
@@ -186,14 +190,36 @@ def _settings(obj, configs, seen):
     return tuple(out)
 
 
-def fingerprint(model, example_batch=None, **options):
-    """SHA-1 (hex) of what the memory of the model's training step depends on: its structure
-    (module types and names; parameter and buffer names, shapes, dtypes, requires_grad), each
-    module's plain settings (Dropout's p, gradient checkpointing flags, a transformers config's
-    values such as the attention implementation), the code of each module class's methods
-    (forward, training_step, ...; not torch's own classes), the example batch's shapes and dtypes, torch's version and the options: two models with equal
-    fingerprints train with the same memory under the same options (the result cache's key holds
-    it, docs/python.md). Values of weights are not hashed."""
+def fingerprint(model: torch.nn.Module, example_batch: Any = None, **options: Any) -> str:
+    """SHA-1 (hex) of what the memory of the model's training step depends on.
+
+    Hashed: the model's structure (module types and names; parameter and buffer names, shapes,
+    dtypes, requires_grad), each module's plain settings (Dropout's p, gradient checkpointing
+    flags, dicts of plain values, a transformers config's values such as the attention
+    implementation), tensors it holds outside its parameters and buffers (shapes and dtypes),
+    its hooks and an instance-level forward (their code), the code of each module class's
+    methods (forward, training_step, ...; not torch's own classes), the example batch's shapes,
+    dtypes and plain values, torch's version and the options (by their repr). Two models with
+    equal fingerprints train with the same memory under the same options; find()'s
+    Result.fingerprint and the result cache's key hold it (docs/python.md). The values of the
+    weights are not hashed, so loading a checkpoint keeps the fingerprint.
+
+    Args:
+        model (torch.nn.Module): the model (not run, not changed).
+        example_batch (Any): the example batch as find() takes it, or None (default).
+        **options (Any): any further values to hash, by name (find() passes its resolved
+            options).
+
+    Returns:
+        str: 40 hexadecimal digits.
+
+    Examples:
+        >>> a = autobatch.fingerprint(torch.nn.Linear(4, 2), torch.randn(1, 4))
+        >>> a == autobatch.fingerprint(torch.nn.Linear(4, 2), torch.randn(8, 4))
+        False
+        >>> a == autobatch.fingerprint(torch.nn.Linear(4, 2), torch.randn(1, 4))
+        True
+    """
     return _fingerprint(model, example_batch, options, set())
 
 
@@ -227,7 +253,7 @@ def _fingerprint(model, example_batch, options, seen):
             return tuple((k, shapes(v)) for k, v in sorted(x.items(), key=lambda i: repr(i[0])))
         if isinstance(x, (list, tuple)):
             return tuple(shapes(v) for v in x)
-        # a plain value by value (a count of views the forward takes: a review of stop 55)
+        # a plain value by value (a count of views the forward takes changes its memory)
         return ("value", x) if isinstance(x, _PLAIN) else repr(type(x))
     put("example", shapes(example_batch))
     put("options", sorted((k, repr(v)) for k, v in options.items()))

@@ -65,8 +65,8 @@ class MeasuringTrials:
         """A shortened trial's first step (_make_state), then, where its failure could stand for
         the full trial's, the size shown to the model (_show_size). Returns the held batch. A
         failure in its whole step may stand only one above the largest full fit (the search's
-        low + 1: a review found failures far above the answer marked, of a model that rebuilds a
-        cache on a new size), on the CPU budget allocator, once full trials showed that a new
+        low + 1: failures far above the answer, of a model that rebuilds a cache on a new size,
+        were marked otherwise), on the CPU budget allocator, once full trials showed that a new
         size makes the model do nothing more (_residue.py, new_size_is_plain), and after the
         size was shown."""
         held = self._make_state(optimizer, size, micro_batches, state_batch, residue)
@@ -82,17 +82,18 @@ class MeasuringTrials:
         """Between a shortened trial's first step and its whole step: a forward of the whole batch
         in grad mode (its graph freed unused), so that what the model does when the size changes
         from the first step's `state_batch` samples (a plan for small batches switched back, kept
-        where the weights' restore does not reach: a fourth review, answers 1 or 2 under B* at 8
-        of 21 budgets without it) happens here, not in the whole step with the optimizer's state
+        where the weights' restore does not reach: without this forward, answers 1 or 2 under B*
+        at 8 of 21 budgets) happens here, not in the whole step with the optimizer's state
         alive, where the full trial's second step, after a step at the size, does not meet it.
         What it cannot show (work in backward only) the full trials at new sizes show when it is
         the module's (new_size_is_plain). The whole step's failure then stands only if this
         forward left the bytes as they were (a model keeping what the forward made would hold it
         through the whole step); its out of memory is the trial's, which does not stand then (the
-        full trial's first step meets the size without the optimizer's state). Under no_grad (stop 53 to the fifth review) it kept what a
-        model keeps from a no_grad forward, raised from a step that needs grad mode, and left
-        state that only a no_grad call sets (a flag, a workspace keyed on grad mode) for the
-        whole step and the next full trials: answers 1 or 2 under B*."""
+        full trial's first step meets the size without the optimizer's state). It runs in grad
+        mode: a forward under no_grad kept what a model keeps from a no_grad forward, raised
+        from a step that needs grad mode, and left state that only a no_grad call sets (a flag,
+        a workspace keyed on grad mode) for the whole step and the next full trials: answers 1
+        or 2 under B*."""
         comparable, residue.comparable = residue.comparable, False
         before = self.meter.current_bytes()
         with torch.enable_grad(), _HookCount() as hooks:
@@ -100,8 +101,8 @@ class MeasuringTrials:
         del output, loss
         # Code that runs in backward only (a hook) is not shown by a forward: a plan it switches
         # back from the first step's small batch would be switched in the whole step, with the
-        # optimizer's state alive, where the full trial's second step switches nothing (a review
-        # of stop 54: answers 1 or 2 under B*). Such a failure does not stand.
+        # optimizer's state alive, where the full trial's second step switches nothing (answers 1
+        # or 2 under B*). Such a failure does not stand.
         if (self.meter.current_bytes() == before and not hooks.registered and
                 not backward_hooks_of(self.model)):
             residue.comparable = comparable

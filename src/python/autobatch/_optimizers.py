@@ -68,17 +68,17 @@ def _checked_build(build, what):
         except Exception as e:  # a factory that takes no parameters, a bad lr, its own error
             if _core.trial_interrupted():  # the deadline or Ctrl-C refused its allocation
                 raise
-            # Any type (a review of stop 54: RuntimeError, KeyError and AttributeError left
-            # find() raw, where TypeError and ValueError were these words).
+            # Any type: RuntimeError, KeyError and AttributeError as much as TypeError and
+            # ValueError (else they leave find() raw).
             raise UsageError(f"optimizer: {what} failed when called with the model's trainable "
                              f"parameters: {type(e).__name__}: {e}; expected a factory such as "
                              "lambda params: torch.optim.AdamW(params, lr=1e-3)") from e
         if not isinstance(opt, torch.optim.Optimizer):
             raise UsageError(f"optimizer: the factory returned {type(opt).__name__}; expected "
                              "a torch.optim.Optimizer, e.g. lambda p: torch.optim.AdamW(p)")
-        # What the factory builds is refused as an instance of its class is (a review of stop
-        # 55: LBFGS from a factory, or Lightning's configure_optimizers, failed in its step
-        # with TypeError as the model's error).
+        # What the factory builds is refused as an instance of its class is (else LBFGS from a
+        # factory, or Lightning's configure_optimizers, fails in its step with TypeError as the
+        # model's error).
         _refuse_step_kind(type(opt), [p for g in opt.param_groups for p in g["params"]])
         previous = last[0]() if last[0] is not None else None
         if _stepped(opt) or previous is opt:

@@ -40,7 +40,7 @@ def _bytes(value, what, hint=""):
 def _limit(value):
     """memory_limit: None (the device's, or the room this process has) or bytes > 0; 0 is refused
     rather than read as "no limit" (a budget computed to 0 is a mistake: issue 40 row 6)."""
-    # A negative int gets the words of 0 (">= 0" named a value also refused: a review of stop 54).
+    # A negative int gets the words of 0 (">= 0" would name a value also refused).
     negative = isinstance(value, int) and not isinstance(value, bool) and value < 0
     n = 0 if negative else _bytes(value, "memory_limit")
     if value is not None and n == 0:
@@ -53,8 +53,8 @@ def _count(value, what, minimum=1, none_is=0, maximum=_INT64_MAX):
     """An option that counts (samples, ranks, trials): an int in [`minimum`, `maximum`], or None
     (`none_is`). Floats, strings and bools are refused rather than truncated (issue 40 row 13).
     `maximum`: _INT32_MAX for what the library holds in a C++ int (world_size, max_trials,
-    steps_per_trial: autobatch/vocabulary/search_options.h, training_spec.h; a review of stop 54
-    found 2^40 passed here and failed in pybind11's cast, "to C++ type '?'")."""
+    steps_per_trial: autobatch/vocabulary/search_options.h, training_spec.h; 2^40 would pass here
+    and fail in pybind11's cast, "to C++ type '?'")."""
     if value is None:
         return none_is
     if isinstance(value, bool) or not isinstance(value, int):

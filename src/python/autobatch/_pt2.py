@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -19,6 +19,9 @@ from ._export_step import (PT2_ACCUMULATE_MODEL, PT2_BATCH_RANGE, PT2_GRAD_PREFI
 from ._pt2_joint import (accumulating_program, eager_batch1_error, eager_kernels, export_joint,
                          joint_gradient_check, package_gradient_check, stored_tensors)
 from ._pt2_memory import MEMORY_OVER_PCT, memory_check
+
+if TYPE_CHECKING:
+    import os
 
 
 # Inductor settings applied last to the package's compile: empty here. tests/python/
@@ -117,32 +120,63 @@ _C10_DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float
                     torch.bool: "Bool"}
 
 
-def export_pt2(model: torch.nn.Module, path: str, example_inputs: Sequence[torch.Tensor],
+def export_pt2(model: torch.nn.Module, path: Union[str, os.PathLike],
+               example_inputs: Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor]],
                loss: str = "mean", int_high: Optional[Dict[int, int]] = None,
                check_memory: bool = True, cli: Optional[str] = None) -> str:
-    """Exports ``model`` with its loss as an AOTInductor package of one training step.
+    """Exports ``model`` with its loss as an AOTInductor package of one training step (pt2).
 
     The package's call takes the inputs then the loss's targets, with one batch dimension
     ``Dim("B", min=1)`` shared by all, and returns the loss then the gradients (metadata
     "gradients" names them in order). The weights are not compiled in
     (``package_constants_in_so=False``): they are stored in the archive at ``PT2_WEIGHTS``
-    and the runner supplies them. CPU and fp32 only here. Returns the metadata JSON.
+    and the runner supplies them. CPU and fp32 only here. docs/formats.md describes the format;
+    the ``autobatch`` command sizes it as ``autobatch --model net.pt2``.
 
     Before the package is written at ``path`` (it is compiled under a temporary name beside it),
     its peaks are checked against the eager step's (memory_check: at the example batch and at
-    four times it, through the autobatch executable ``cli`` or the one find_cli finds; a copy of
-    the model, with its weights, is held for that). ``check_memory=False`` skips the check: the
-    package then says it was not run, and every run on it warns. Writes ``path`` only on success.
-    Raises ValueError when the model does not export (with the reason), when the package is under
-    the eager step's peak (memory_check), when this torch's internals differ from those the
-    export's patches were checked on (_inductor_patches.require_internals: nothing compiled), or
-    on bad arguments.
+    four times it, at least 8, through the autobatch executable ``cli`` or the one find_cli
+    finds; a copy of the model, with its weights, is held for that). The user's module is left
+    as it was (training flags, BatchNorm's statistics, tied weights). Writes ``path`` only on
+    success; a compiled range narrower than batches [2, any) is a warning.
+
+    Args:
+        model (torch.nn.Module): the model to export.
+        path (str | os.PathLike): the package to write; must end in ``.pt2``.
+        example_inputs (Sequence[torch.Tensor] | Mapping[str, torch.Tensor]): a tuple or list of
+            tensors or a dict of tensors, batch first, as for export().
+        loss (str): "mean" (default), "cross-entropy", "mse" or "model", as for export().
+        int_high (dict[int, int] | None): exclusive upper bounds of integer inputs by input
+            index, as for export().
+        check_memory (bool): True (default) checks the package's peaks against the eager
+            step's; False skips it: the package then says it was not run, and every run on it
+            warns. Without an autobatch executable the check is not run either (a warning).
+        cli (str | None): the autobatch executable for the check. Default None: $AUTOBATCH_CLI,
+            else this checkout's build/bin/autobatch or the executable installed beside this
+            Python, else ``autobatch`` on PATH.
+
+    Returns:
+        str: the metadata JSON stored in the package (inputs, loss, targets, gradients,
+        parameters, buffers, tied weights, torch version, gradient check, ...).
+
+    Raises:
+        ValueError: bad arguments (as for export(); a path not ending in .pt2; a ``cli`` or
+            $AUTOBATCH_CLI that is no executable file), a model that does not export with
+            torch.export (with the reason), a package that runs one batch size only, a package
+            under the eager step's peak (memory_check), a package whose constants or gradients
+            do not check out, or a torch whose internals differ from those the export's patches
+            were checked on (_inductor_patches.require_internals: nothing compiled).
+
+    Examples:
+        >>> from autobatch import export_pt2
+        >>> meta = export_pt2(MyNet(), "mynet.pt2", (torch.randn(4, 3, 64, 64),),
+        ...                   loss="cross-entropy", cli="build/bin/autobatch")
     """
     import copy
     import os
 
     check_example_inputs(example_inputs, int_high)
-    path = os.fspath(path)  # a pathlib.Path too (a review of stop 55: AttributeError)
+    path = os.fspath(path)  # a pathlib.Path too (its str methods below)
     if not path.endswith(".pt2"):
         raise ValueError(f"a package's path must end in .pt2 (AOTInductor's rule), got {path}")
     # The user's module as it was afterwards, whatever happens: untie_parameters gives tied

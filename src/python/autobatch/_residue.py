@@ -32,13 +32,14 @@ same allocations as its second (bytes and count) and rise no higher above the st
 (`at_new_size`, read from the budget allocator's allocation log); one that does otherwise ends
 it for the search. And the shortened trial shows the size to the model by a forward of the whole
 batch in grad mode before its whole step (_measuring.py, _show_size), which must leave the bytes
-as they were (its out of memory is the trial's, not standing). Each alone was found wrong by a review: a forward under no_grad
-missed a cache rebuilt only in grad mode or in backward (answers 444 for 448), kept what a model
+as they were (its out of memory is the trial's, not standing). Each alone was measured wrong: a
+forward under no_grad missed a cache rebuilt only in grad mode or in backward (answers 444 for
+448), kept what a model
 keeps from a no_grad forward (503 for 508), raised from a step that needs grad mode and left
 state only a no_grad call sets; the full trials' evidence missed a plan switched by the first
 step's small forward and kept where the weights' restore does not reach (1 or 2 under B* at 8 of
-21 budgets). Not seen by either: such a plan switched only in backward (a fifth review: 1 or 2
-under B* at 3 of 9 budgets).
+21 budgets). Not seen by either: such a plan switched only in backward (1 or 2 under B* at 3 of
+9 budgets).
 """
 from collections.abc import Mapping
 
@@ -118,8 +119,8 @@ class StepResidue:
 
     def replaced(self, freed, own):
         """A later step made its (first micro-batch's) batch and let the previous one go, which
-        freed `freed` bytes; `own`: the bytes of that batch's own storages (storage_bytes). A
-        review of this evidence: a model that kept its input when it was small (`self.kept =
+        freed `freed` bytes; `own`: the bytes of that batch's own storages (storage_bytes). Why
+        this evidence: a model that kept its input when it was small (`self.kept =
         x.detach()`) kept, in a shortened trial, a view of the first step's whole batch through
         the next forward (one batch more than the full trial there; answers up to 22 under the
         full trials' at 8 of 20 budgets), where the residues at the steps' ends were equal."""

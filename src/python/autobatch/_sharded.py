@@ -1,5 +1,5 @@
 """autobatch.find_sharded: one rank of an FSDP2 job of any world size, sized from one process
-(issue 43, docs/python.md "Sharded jobs").
+(issue 43, docs/sharded.md "Sharded jobs").
 
 torch's fake process group (`dist.init_process_group("fake", rank=r, world_size=N)`) runs no
 collective, yet FSDP2 (`fully_shard`) allocates what rank r of a world of N allocates: its padded
@@ -34,7 +34,7 @@ import math
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union, overload
 
 import torch
 
@@ -54,9 +54,21 @@ BACKEND_NOT_MEASURED = (
 
 @dataclass
 class RankResult:
-    """One sized rank: `result` is find()'s Result for it (its trials, plan and memory);
-    `parameter_bytes` the padded shard FSDP2 allocates (every rank: ceil(d0/N) rows per
-    parameter), `local_parameter_bytes` the rows this rank owns (less on the last ranks)."""
+    """One sized rank of a ShardedResult.
+
+    Attributes:
+        rank (int): the rank sized, 0 to world size - 1.
+        ranks_alike (list[int]): the ranks whose shards are alike (the class it stands for).
+        parameter_bytes (int): the padded parameter shard FSDP2 allocates, bytes (every rank:
+            ceil(d0/N) rows per parameter).
+        local_parameter_bytes (int): the bytes of the rows this rank owns (less on the last
+            ranks).
+        result (Result): find()'s Result for the rank (its trials, plan and memory).
+
+    Examples:
+        >>> r = autobatch.find_sharded(build, shard, example, world_size=64)
+        >>> [(x.rank, x.parameter_bytes, x.result.safe_micro_batch) for x in r.ranks]
+    """
 
     rank: int
     ranks_alike: List[int]
@@ -67,11 +79,33 @@ class RankResult:
 
 @dataclass
 class ShardedResult:
-    """What find_sharded measured for one world size. `micro_batch`, `max_micro_batch`,
-    `safe_micro_batch` and `plan` are the binding rank's (the sized rank with the smallest safe
-    micro-batch): every rank of the job can train with them. `ranks` holds every rank sized;
-    `layout` the classes of ranks whose shards are alike ({"ranks": [first, last], "count",
-    "local_parameter_bytes"}), largest first; `backend` what is not measured."""
+    """What find_sharded measured for one world size.
+
+    `micro_batch`, `max_micro_batch`, `safe_micro_batch` and `plan` are the binding rank's (the
+    sized rank with the smallest safe micro-batch): every rank of the job can train with them;
+    inside a running job, the micro-batch the ranks agreed on and verified. `str(r)` is a text
+    report; `to_dict()` the JSON section "sharded".
+
+    Attributes:
+        world_size (int): the job's ranks.
+        binding_rank (int): the sized rank with the smallest safe micro-batch (in a job: this
+            rank).
+        ranks (list[RankResult]): every rank sized.
+        layout (list[dict]): the classes of ranks whose shards are alike, largest first:
+            {"ranks": [first, last], "count", "local_parameter_bytes"} ([] in a job).
+        backend (str): what is not measured (the collective backend's own buffers).
+        agreed_micro_batch (int): inside a running job, the micro-batch the ranks agreed on and
+            verified by a real step; 0 otherwise.
+        agreed_plan (Plan | None): inside a job, the plan for target_batch at it.
+        eval (str): find()'s eval= as given: "" (training only), "training-resident" (eval=True)
+            or "parameters-only" (eval="only": micro_batch and max_micro_batch are then the
+            evaluation batch's, as find()'s Result gives them).
+
+    Examples:
+        >>> r = autobatch.find_sharded(build, shard, example, world_size=64, target_batch=1024)
+        >>> r.micro_batch, str(r.plan)
+        >>> print(r)  # per sized rank: its shard, optimizer state, max and safe micro-batch
+    """
 
     world_size: int
     binding_rank: int
@@ -105,6 +139,7 @@ class ShardedResult:
 
     @property
     def result(self) -> Result:
+        """find()'s Result for the binding rank (its trials, plan and report)."""
         return next(r.result for r in self.ranks if r.rank == self.binding_rank)
 
     @property
@@ -115,18 +150,30 @@ class ShardedResult:
 
     @property
     def safe_micro_batch(self) -> int:
+        """The same as micro_batch: the agreed micro-batch in a job, else the binding rank's safe
+        one (samples)."""
         return self.agreed_micro_batch or self.result.safe_micro_batch
 
     @property
     def max_micro_batch(self) -> int:
+        """The binding rank's largest micro-batch seen to fit (raw, no headroom), samples."""
         return self.result.max_micro_batch
 
     @property
-    def plan(self):
+    def plan(self) -> Optional[Plan]:
+        """The plan for target_batch at micro_batch over the world size (None without a
+        target)."""
         return self.agreed_plan if self.agreed_micro_batch else self.result.plan
 
-    def to_dict(self):
-        """The JSON section "sharded" (docs/report.md): plain data."""
+    def to_dict(self) -> dict:
+        """The JSON section "sharded" (docs/report.md): plain data.
+
+        Returns:
+            dict: world_size, binding_rank, ranks (each: rank, ranks_alike, parameter_bytes,
+            local_parameter_bytes, gradient_bytes, optimizer_state_bytes, max_micro_batch,
+            safe_micro_batch, trials), layout, backend_buffers; agreed_micro_batch and verified
+            in a job; eval with eval=.
+        """
         return {"world_size": self.world_size, "binding_rank": self.binding_rank,
                 "ranks": [{"rank": r.rank, "ranks_alike": _span(r.ranks_alike),
                            "parameter_bytes": r.parameter_bytes,
@@ -147,7 +194,8 @@ class ShardedResult:
                                         "safe_batch": r.result.eval_safe_batch}
                                        for r in self.ranks]}} if self.eval else {})}
 
-    def __str__(self):
+    def __str__(self) -> str:
+        """The text report: the world size, the answer, one line per sized rank, the plan."""
         if self.eval == "parameters-only":
             return self._eval_only_text()
         lines = [f"sharded (FSDP2, fake process group): world size {self.world_size}, "
@@ -189,26 +237,47 @@ class ShardedResult:
 
 @dataclass
 class ShardedTable:
-    """find_sharded over several world sizes: one ShardedResult per world size (`rows`), each
-    measured (its own fake group and searches), none extrapolated. `str()` is the table;
-    `to_dict()` the JSON ({"world_sizes": [...], "rows": [each row's to_dict() and plan]})."""
+    """find_sharded over several world sizes: one ShardedResult per world size.
+
+    Each row is measured (its own fake group and searches), none extrapolated. `str()` is the
+    table; `to_dict()` the JSON, which `scripts/plot_report.py table.json table.png` draws.
+
+    Attributes:
+        rows (list[ShardedResult]): one per world size, in the order asked.
+
+    Examples:
+        >>> table = autobatch.find_sharded(build, shard, example, world_size=[2, 8, 64],
+        ...                                optimizer=lambda p: torch.optim.AdamW(p),
+        ...                                target_batch=4096)
+        >>> print(table)
+        >>> table[64].micro_batch
+    """
 
     rows: List[ShardedResult]
 
-    def __getitem__(self, world_size) -> ShardedResult:
+    def __getitem__(self, world_size: int) -> ShardedResult:
+        """The row of `world_size`.
+
+        Raises:
+            KeyError: the table has no row for that world size.
+        """
         for r in self.rows:
             if r.world_size == world_size:
                 return r
         raise KeyError(f"world size {world_size!r}: the table has "
                        f"{[r.world_size for r in self.rows]}")
 
-    def to_dict(self):
+    def to_dict(self) -> dict:
+        """The table as JSON data: {"world_sizes": [...], "rows": [each row's to_dict() with
+        max_micro_batch, safe_micro_batch and the JSON report's plans]}."""
         return {"world_sizes": [r.world_size for r in self.rows],
                 "rows": [{**r.to_dict(), "max_micro_batch": r.max_micro_batch,
                           "safe_micro_batch": r.safe_micro_batch,
                           "plan": r.result.raw.get("plans")} for r in self.rows]}
 
-    def __str__(self):
+    def __str__(self) -> str:
+        """The table: per world size, the binding rank, its shard and optimizer state, max and
+        safe micro-batch, and the plan."""
         head = (f"{'world size':>10} {'rank':>5} {'parameter shard':>16} "
                 f"{'optimizer state':>16} {'max':>7} {'safe':>7}  plan")
         lines = ["sharded (FSDP2, fake process group), per rank:", head]
@@ -236,7 +305,7 @@ def _text_span(ranks):
 # ---- the fake process group ---------------------------------------------------------------
 
 @contextlib.contextmanager
-def fake_group(rank, world_size):
+def fake_group(rank: int, world_size: int) -> Iterator[None]:
     """torch's fake process group as rank `rank` of `world_size`, destroyed on leaving."""
     dist = torch.distributed
     if not dist.is_available():
@@ -254,8 +323,8 @@ def fake_group(rank, world_size):
                          f"(torch.testing._internal.distributed.fake_pg), which torch "
                          f"{torch.__version__} does not import: {e}") from None
     # torch's init_process_group wraps sys.excepthook with a "[rankN]:" prefix that
-    # destroy_process_group never removes (a review of stop 55: a later error printed
-    # "[rank3]: [rank0]: Traceback"); put back with the group. The group is torn down even when
+    # destroy_process_group never removes (a later error would print "[rank3]: [rank0]:
+    # Traceback"); put back with the group. The group is torn down even when
     # init_process_group itself fails (torch sets the default group before some of its errors).
     hook = sys.excepthook
     try:
@@ -405,47 +474,114 @@ def ranks_to_size(classes, limit=3):
 
 # ---- find_sharded -------------------------------------------------------------------------
 
-def find_sharded(build, shard, example_batch, *, world_size=None, ranks=None, init=None,
-                 device=None, verify_timeout=120, **options):
-    """Sizes rank r of an FSDP2 job of `world_size` ranks from this one process (see the
-    module's docstring), and returns a ShardedResult.
+@overload
+def find_sharded(build: Callable[[], torch.nn.Module], shard: Callable[..., Any],
+                 example_batch: Any, *, world_size: Union[List[int], Tuple[int, ...]],
+                 ranks: Optional[Sequence[int]] = None,
+                 init: Optional[Callable[..., Any]] = None,
+                 device: Union[str, torch.device, None] = None, verify_timeout: float = 120,
+                 **options: Any) -> ShardedTable: ...
 
-    build: `build() -> torch.nn.Module`, called on the meta device (no memory); the model's
-      constructor as the training job calls it.
-    shard: `shard(model, mesh)`: the job's own fully_shard calls on the 1-D DeviceMesh of
-      `world_size` ranks it is given (units, MixedPrecisionPolicy, reshard_after_forward,
-      OffloadPolicy), e.g. `for b in model.layers: fully_shard(b, mesh=mesh)`, then
-      `fully_shard(model, mesh=mesh)`.
-    example_batch: one sample (or a few) on `device`, as for find().
-    world_size: the job's ranks, any int >= 1 (far beyond this machine: only one rank's shard is
-      allocated), or a list of them ([8, 64, 512]): then a ShardedTable, one measured row per
-      world size. Inside a running job (every rank of torchrun calls it after
-      init_process_group): None, the job's; each rank sizes itself beside the real group, the
-      ranks agree on the smallest safe micro-batch, and one real step at it verifies it on every
-      rank; a rank that fails that step ends every rank within 3 x `verify_timeout` seconds at
-      most, with a ModelError naming it (_sharded_job.py).
-    ranks: which ranks to size (default: derived from the shard layout, at most three; the
-      answer is the smallest safe micro-batch among them); given, the answer covers the ranks
-      named only. Not inside a job (each rank sizes itself).
-    init: `init(model)` after `to_empty` (under no_grad); default: each module's
-      reset_parameters(). device: where the rank runs (default: CUDA's current device when CUDA
-      is available, else the CPU). verify_timeout: inside a job, the seconds the verification
-      step's collectives wait for a rank (default 120).
-    options: find()'s (optimizer, step or loss_fn, precision, memory_limit, margin,
-      target_batch: the global batch over all ranks, time_limit, eval, ...), not world_size.
-      eval=True also sizes each rank's evaluation batch beside its training state, eval="only"
-      the evaluation batch alone (the parameters resident, no training batch): the result's
-      eval_safe_batch / eval_max_batch are the smallest over the ranks sized, and with "only"
-      its text and micro_batch speak of the evaluation batch.
-      time_limit and max_trials bound each rank's search (each world size's and each rank's in
-      turn), not the whole call.
 
-    Runs in the main thread only (UsageError elsewhere: after a run in another thread, torch's
-    fake tensors crash the next call). Raises UsageError for bad arguments or when this process
-    is already in a fake process group
-    (the fake group is set up and torn down here; the process is left without one), what find()
-    raises for the sized rank, and the errors of build, shard and init unchanged (the group torn
-    down first). Side effects: find()'s, for each rank sized.
+@overload
+def find_sharded(build: Callable[[], torch.nn.Module], shard: Callable[..., Any],
+                 example_batch: Any, *, world_size: Optional[int] = None,
+                 ranks: Optional[Sequence[int]] = None,
+                 init: Optional[Callable[..., Any]] = None,
+                 device: Union[str, torch.device, None] = None, verify_timeout: float = 120,
+                 **options: Any) -> ShardedResult: ...
+
+
+def find_sharded(build: Callable[[], torch.nn.Module], shard: Callable[..., Any],
+                 example_batch: Any, *,
+                 world_size: Union[int, List[int], Tuple[int, ...], None] = None,
+                 ranks: Optional[Sequence[int]] = None,
+                 init: Optional[Callable[..., Any]] = None,
+                 device: Union[str, torch.device, None] = None, verify_timeout: float = 120,
+                 **options: Any) -> Union[ShardedResult, ShardedTable]:
+    """Sizes the ranks of an FSDP2 job of `world_size` ranks from this one process.
+
+    torch's fake process group (`init_process_group("fake", rank=r, world_size=N)`) runs no
+    collective, yet FSDP2 allocates what rank r of N allocates: its padded parameter shard, the
+    all-gather outputs, the reduce-scatter inputs, the sharded gradients and the optimizer state
+    built from the shard. The model is built on the meta device, sharded by `shard`,
+    materialized with `to_empty` (only rank r's shard is allocated) and initialized by `init`;
+    then find() searches with the user's real step on the real device. The ranks sized are the
+    shard classes no other covers (at most three; rank 0 alone with dim-0 sharding), and the
+    answer is the smallest of their safe micro-batches. See the module's docstring and
+    docs/sharded.md, "Sharded jobs". Not measured: the collective backend's own buffers (give
+    `margin=` room for them).
+
+    Inside a running job (every rank of torchrun calls it after init_process_group, with
+    world_size=None): each rank sizes itself with its model sharded over a fake group made
+    beside the real one, the ranks agree on the smallest safe micro-batch through the job's
+    store, and one real lock-step step at it verifies it on every rank (_sharded_job.py).
+
+    Side effects: find()'s, for each rank sized; the fake group is set up and torn down here
+    (the process is left without one), with sys.excepthook and torch's random state as they
+    were. The errors of build, shard and init propagate unchanged (the group torn down first).
+
+    Args:
+        build (Callable[[], torch.nn.Module]): `build() -> torch.nn.Module`, called under
+            torch.device("meta") (nothing allocated): the model's constructor as the training
+            job calls it (e.g. `LlamaForCausalLM(config)`, not from_pretrained).
+        shard (Callable[..., Any]): `shard(model, mesh)`: the job's own fully_shard calls on
+            the 1-D DeviceMesh of `world_size` ranks it is given (units, MixedPrecisionPolicy,
+            reshard_after_forward, OffloadPolicy), e.g. `for b in model.layers:
+            fully_shard(b, mesh=mesh)`, then `fully_shard(model, mesh=mesh)`.
+        example_batch (Any): one sample (or a few) on `device`, as for find().
+        world_size (int | list[int] | tuple[int, ...] | None): the job's ranks, an int from 1
+            to 2^20 (far beyond this machine: only one rank's shard is allocated), or a list of
+            them ([8, 64, 512]): then a ShardedTable, one measured row per world size. None
+            (default): the running job's; outside a job that is a UsageError.
+        ranks (Sequence[int] | None): which ranks to size, each below every world size; the
+            answer then covers the ranks named only. Default None: derived from the shard
+            layout. Not inside a job (each rank sizes itself).
+        init (Callable[..., Any] | None): `init(model)` after `to_empty`, under no_grad.
+            Default None: each module's reset_parameters() (buffers built in a constructor,
+            such as position ids, keep what to_empty left: fill them here when the step indexes
+            with them).
+        device (str | torch.device | None): where the rank runs. Default None: CUDA's current
+            device when CUDA is available, else the CPU.
+        verify_timeout (float): inside a job, the seconds the verification step's collectives
+            wait for a rank, > 0 and at most 1e6 (default 120); a rank that fails that step
+            ends every rank within 3 x verify_timeout at most, with a ModelError naming it.
+        **options (Any): find()'s options (optimizer, step or loss_fn, precision,
+            memory_limit, margin, target_batch: the global batch over all ranks, a multiple of
+            every world size; time_limit, max_trials, eval, ...), not world_size, ddp or cache.
+            time_limit and max_trials bound each rank's search in turn, not the whole call.
+            eval=True also sizes each rank's evaluation batch beside its training state,
+            eval="only" the evaluation batch alone (the parameters resident); the result's
+            eval_safe_batch / eval_max_batch are the smallest over the ranks sized.
+
+    Returns:
+        ShardedResult | ShardedTable: for one world size a ShardedResult (`micro_batch`,
+        `plan`, every rank sized, the layout; in a job the agreed, verified micro-batch), for a
+        list a ShardedTable with one ShardedResult per world size.
+
+    Raises:
+        UsageError: bad arguments (a build that allocates outside the meta device, a shard
+            that shards nothing or on another mesh, a target not a multiple of a world size,
+            ...), a call outside the main thread (after FSDP2 has sharded on fake tensors in
+            another thread, torch crashes the next call), a process already in a fake process
+            group, or outside a job without world_size; inside a job, also another rank's bad
+            arguments, named.
+        DoesNotFit: nothing fits for a rank (the message names the world size and the rank).
+        ModelError: the step raised an error that is not out of memory (naming the world size
+            and rank); inside a job, on every rank when the verification step fails on any.
+        Cancelled: Ctrl-C, as for find().
+
+    Examples:
+        >>> def build():
+        ...     return LlamaForCausalLM(config)
+        >>> def shard(model, mesh):
+        ...     for layer in model.model.layers:
+        ...         fully_shard(layer, mesh=mesh)
+        ...     fully_shard(model, mesh=mesh)
+        >>> r = autobatch.find_sharded(build, shard, {"input_ids": ids, "labels": ids},
+        ...                            world_size=64, target_batch=1024,
+        ...                            optimizer=lambda p: torch.optim.AdamW(p))
+        >>> r.micro_batch, r.plan
     """
     in_job = _in_job()
     if not in_job:
@@ -463,8 +599,8 @@ def find_sharded(build, shard, example_batch, *, world_size=None, ranks=None, in
         return _size_in_job(build, shard, init, device, example_batch, world_size, ranks,
                             verify_timeout, options)
     # The caller's random state as it was: init (reset_parameters by default) draws from it
-    # outside find()'s own snapshot (a review of stop 55: a seeded job that sized first built
-    # other weights)
+    # outside find()'s own snapshot (else a seeded job that sized first would build other
+    # weights)
     with _random_state_kept():
         if isinstance(world_size, (list, tuple)):
             return ShardedTable([_size_world(w, build, shard, init, device, example_batch, ranks,
@@ -542,8 +678,8 @@ def _checked(build, shard, world_size, ranks, init, device, verify_timeout, opti
                          "is in no process group")
     sizes = world_size if isinstance(world_size, (list, tuple)) else [world_size]
     # each once, in order; at most 2^20 ranks: torch's fake group keeps a table over every rank
-    # (a review of stop 55: 2^31 - 1 exhausted this machine's memory in init_process_group, and
-    # 2^31 reached its constructor's cast)
+    # (2^31 - 1 exhausts a machine's memory in init_process_group, and 2^31 reaches its
+    # constructor's cast)
     sizes = list(dict.fromkeys(_count(w, "world_size", maximum=_MAX_WORLD) for w in sizes))
     if not sizes:
         raise UsageError("world_size: expected an int >= 1 or a non-empty list of them, but got []")
@@ -625,8 +761,8 @@ def _size_world(n, build, shard, init, device, example_batch, ranks, options):
                 try:
                     result = find(model, example_batch, world_size=n, device=device, **options)
                 except (DoesNotFit, ModelError) as e:
-                    # which rank of which world size (a review of stop 55: a table's failing row
-                    # said neither); the same class, its result and cause kept
+                    # which rank of which world size (a table's failing row says neither
+                    # otherwise); the same class, its result and cause kept
                     e.args = (f"world size {n}, rank {rank}: {e.args[0]}",) + e.args[1:]
                     raise
                 alike = next(rs for _, rs in classes if rank in rs)

@@ -117,8 +117,7 @@ class ModelState:
         self.attribute_names = [(m, set(vars(m))) for m in model.modules()]
         # The modules' own slots: a buffer or parameter that forward rebinds (self.ema = 0.9 *
         # self.ema + ...) is put back as the same tensor object; a submodule a step replaces
-        # (model[2] = nn.Linear(...): a review of stop 54 found it left so after find()), as the
-        # same module.
+        # (model[2] = nn.Linear(...), else left so after find()), as the same module.
         self.slots = [(m, table, k, v) for m in model.modules()
                       for table in (m._parameters, m._buffers, m._modules) for k, v in table.items()]
         self.module_names = [(m, set(m._modules)) for m in model.modules()]
@@ -188,7 +187,7 @@ class ModelState:
         else:
             self._restore_attributes(device_usable=False)
         for m, names in self.attribute_names:
-            # Any other attribute the trials left (a counter a forward made: a review of stop 54);
+            # Any other attribute the trials left (a counter a forward made);
             # between trials only the tensors go (_restore_attributes).
             for k in [k for k in vars(m) if k not in names]:
                 delattr(m, k)

@@ -14,7 +14,7 @@ def check_loss(loss, step):
 
 def text_of(error):
     """str(error), or what stands for it when its __str__ raises: the step's own error must leave
-    as a ModelError with its cause, never as the formatting's (a review of stop 54)."""
+    as a ModelError with its cause, never as the formatting's."""
     try:
         return str(error)
     except Exception as e:  # noqa: BLE001  any error of the user's __str__
@@ -29,8 +29,8 @@ def hint(error, size):
         return ("; BatchNorm in training needs at least 2 samples per batch: pass min_batch=2 "
                 "(a run that trains at micro-batch 1 fails the same way)")
     if isinstance(error, MemoryError):
-        # The command's rule for std::bad_alloc (docs/errors.md): a review of stop 54 read
-        # "(not out of memory): MemoryError:" as a contradiction.
+        # The command's rule for std::bad_alloc (docs/errors.md); without these words
+        # "(not out of memory): MemoryError:" reads as a contradiction.
         return ("; a MemoryError is taken for out of memory only near the process's memory "
                 "limit or after a larger batch ran out of memory; here the process was far from "
                 "its limit, so a request this large is the step's own (a size computed wrongly?)")
@@ -40,8 +40,8 @@ def hint(error, size):
 def check_gradients(params):
     """After the search's first backward: some trainable parameter must have a gradient, else
     the loss does not depend on the model and every trial would measure a step that trains
-    nothing (a review of stop 54: a step returning (b.sum() * w).sum() for an outside w was
-    answered max 47741 where the model's own step fits 5495)."""
+    nothing (a step returning (b.sum() * w).sum() for an outside w was answered max 47741 where
+    the model's own step fits 5495)."""
     trained = [p for p in params if p.requires_grad]
     if trained and all(p.grad is None for p in trained):
         raise ValueError(f"no trainable parameter of the model received a gradient from the "

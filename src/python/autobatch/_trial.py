@@ -250,8 +250,8 @@ class EagerProbe(MeasuringTrials):
             # freed here, as the user's loop frees them when its outermost autocast exits: torch
             # empties the cache only then (torch/amp/autocast_mode.py, __exit__), and the trials
             # run inside find()'s own autocast(enabled=False), which kept every cast alive through
-            # backward, the optimizer's step and the next batch (a review of stop 55: 16 MiB more
-            # in each phase of two Linear(2048, 2048) under amp-bf16, the casts' bytes).
+            # backward, the optimizer's step and the next batch (16 MiB more in each phase of two
+            # Linear(2048, 2048) under amp-bf16, the casts' bytes).
             torch.clear_autocast_cache()
 
     def _check_step_loss(self, loss):
@@ -548,10 +548,10 @@ class EagerProbe(MeasuringTrials):
         """After a step that failed: autograd's engine keeps a failed backward's queued work (its
         gradient buffers) until the next backward on that thread, so 3.9 MB of a branching
         model's out of memory in backward stayed counted into the next trials and failed them
-        (a review of stop 52: answers 2188 and 5348 for B* 2540 and 5468). A backward of one
+        (answers 2188 and 5348 for B* 2540 and 5468). A backward of one
         scalar on the CPU and on the model's device runs the engine's queues dry. The scalar is
         ours, outside the budget: under a limit the model's own bytes already fill, its refusal
-        left find() as a raw OutOfMemoryError, not DoesNotFit (a review of stop 54)."""
+        would leave find() as a raw OutOfMemoryError, not DoesNotFit."""
         with _core.Untracked():
             for device in {torch.device("cpu"), self.device}:
                 leaf = torch.zeros((), device=device, requires_grad=True)
@@ -568,7 +568,7 @@ class EagerProbe(MeasuringTrials):
             # Only a fatal error poisons: the backend's own refusal after a trial (the memory
             # outside the allocator grown past the limit: cuda_backend.cpp, applyFraction) left
             # the weights unrestored and the process under the search's fraction, with words
-            # about a fatal device error (a review of stop 55). It leaves as a UsageError.
+            # about a fatal device error. It leaves as a UsageError.
             if _core.is_fatal(text_of(e)):
                 self.meter.mark_poisoned()
             elif isinstance(e, _core.Error):

@@ -8,12 +8,12 @@ effective batch, with the module's own `training_step` and `configure_optimizers
 When it runs, and why there (measured on Lightning 2.6.6, issue 30): right after the module's own
 `setup(stage="fit")` returns (the callback's `setup`, which Lightning calls before the module's,
 checks what it can and wraps the module's `setup` once: a module that builds its layers or its
-dataset there is sized whole, a review of stop 55), so after the datamodule's and the module's
-`setup` and before `configure_model`, the strategy moving the model, `configure_optimizers` and
-the fit loop building the train loader. So a `configure_optimizers` that
-reads `trainer.estimated_stepping_batches` (OneCycleLR and the like) is called by Lightning after
-the new batch size and accumulation are set, and its schedule follows them; the loader that the
-trials' own calls may have built at the old size is dropped (the fit loop builds it again).
+dataset there, Lightning's documented place, is sized whole), so after the datamodule's and the
+module's `setup` and before `configure_model`, the strategy moving the model,
+`configure_optimizers` and the fit loop building the train loader. So a `configure_optimizers`
+that reads `trainer.estimated_stepping_batches` (OneCycleLR and the like) is called by Lightning
+after the new batch size and accumulation are set, and its schedule follows them; the loader that
+the trials' own calls may have built at the old size is dropped (the fit loop builds it again).
 `BatchSizeFinder` runs in `on_fit_start`, after both, and runs its trials through the fit loop; here
 the trial calls `training_step` directly with `self.log` / `self.log_dict` made no-ops for the
 search (calling it outside the loop raises in Lightning).
@@ -38,7 +38,10 @@ precisions other than the three above, a module whose layers are built later (`c
 `training_step(dataloader_iter)`, a `target_batch` beside a `GradientAccumulationScheduler` (both
 set `accumulate_grad_batches`), `eval="only"`, an option `autobatch.find` does not take.
 """
+from __future__ import annotations
+
 import logging
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -57,6 +60,9 @@ except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError("autobatch.lightning needs Lightning (pip install lightning): "
                       f"{e}") from None
 
+if TYPE_CHECKING:
+    from ._result import Plan, Result
+
 log = logging.getLogger("autobatch")
 
 _PRECISIONS = {"32-true": None, "32": None, "16-mixed": "amp-fp16", "bf16-mixed": "amp-bf16"}
@@ -67,35 +73,81 @@ _DERIVED = ("optimizer", "loss_fn", "precision", "device", "world_size", "step",
 class AutobatchFinder(pl.Callback):
     """Sizes the micro-batch (and the accumulation for `target_batch`) before `fit` trains.
 
-    target_batch: samples per optimizer step over all ranks (the effective batch); None sets only
-      the largest safe micro-batch and leaves `accumulate_grad_batches` as it is.
-    batch_arg_name: the attribute that holds the batch size, found as Lightning finds it (the
-      module, its hparams, the datamodule); default "batch_size".
-    options: as `autobatch.find` takes them (memory_limit, margin, time_limit, steps_per_trial,
-      max_batch, strategy, ...); `memory_limit` may also be a function of the trainer's global rank
-      (ranks with different memory, e.g. in a test). optimizer, loss_fn, precision, device,
-      world_size, step and ddp come from the trainer and the module. eval=True also sizes the
-      evaluation batch beside the training state (result.eval_safe_batch; nothing is set from
-      it); eval="only" is refused (it sizes no training batch). max_trials=0 leaves the batch size
-      as it is, as BatchSizeFinder's does. BatchSizeFinder's mode, init_val and max_val are
-      refused with the option that stands for each (strategy, min_batch, max_batch);
-      steps_per_trial, max_trials and margin are taken as find() takes them (the margin in
-      every strategy).
+    A Lightning Callback that stands where Lightning's BatchSizeFinder stands: it sets the
+    batch size attribute to the uniform plan's micro-batch and `trainer.accumulate_grad_batches`
+    to its steps, so that micro-batch x accumulation x world size is `target_batch` exactly
+    (without a target: the largest safe micro-batch, the accumulation untouched). The trial is
+    the module's own step: batches of B samples repeated from the first batch of the train
+    loader, `training_step(batch, 0)`, backward, a step of the optimizer a fresh
+    `configure_optimizers()` returns, zero_grad, in the trainer's precision ("32-true",
+    "16-mixed", "bf16-mixed"). It runs right after the module's own setup(stage="fit"), before
+    configure_model, configure_optimizers and the fit loop's train loader (module docstring;
+    docs/drop-ins.md, "Lightning"). Under DDP every rank searches under its own memory with DDP's
+    buckets held, and the ranks agree on the smallest safe micro-batch through the job's store.
 
     Skipped, as BatchSizeFinder skips, under fast_dev_run (with Lightning's warning); like it,
-    warns when the module and its hparams both hold the batch size attribute. Under
-    trainer.validate / test / predict it sizes that loop's batch with the loop's own step in eval
-    mode, the parameters alone resident (find(eval="only")), and sets the attribute to
-    result.eval_safe_batch; with eval=True in fit the evaluation trials run validation_step.
+    warns when the module and its hparams both hold the batch size attribute; max_trials=0
+    leaves the batch size as it is. Under trainer.validate / test / predict it sizes that loop's
+    batch with the loop's own step in eval mode, the parameters alone resident
+    (find(eval="only")), and sets the attribute to result.eval_safe_batch; with eval=True in fit
+    the evaluation trials run validation_step.
 
-    After `fit`'s setup: `result` (this rank's autobatch.Result), `micro_batch` (the agreed size
-    set on the attribute), `accumulation_steps` (set on the trainer), `plan` (the uniform Plan;
-    None without a target). Side effects: the attribute and `trainer.accumulate_grad_batches` are
-    set; the model's parameters, buffers, gradients, training flags and RNG states are restored
-    after the trials; torchmetrics states of the module are reset.
+    Side effects: the batch size attribute and `trainer.accumulate_grad_batches` are set, and
+    the sizes logged through Lightning's rank_zero_info (the whole report to the "autobatch"
+    logger, DEBUG); the module is moved to the strategy's root device; its parameters, buffers,
+    gradients, training flags and RNG states are restored after the trials, its torchmetrics
+    states reset, and self.log / self.log_dict are no-ops during them.
+
+    Args:
+        target_batch (int | None): samples per optimizer step over all ranks (the effective
+            batch), >= 1 and a multiple of the world size. Default None: only the largest safe
+            micro-batch is set and `accumulate_grad_batches` is left as it is.
+        batch_arg_name (str): the attribute that holds the batch size, found as Lightning finds
+            it (the module, its hparams, the datamodule). Default "batch_size".
+        **options (Any): autobatch.find's options (memory_limit, margin, time_limit,
+            steps_per_trial, max_trials, min_batch, max_batch, dataset_size (default: the train
+            loader's samples per rank), strategy, eval, ...), with find()'s types and defaults;
+            `memory_limit` may also be a function of the trainer's global rank (ranks with
+            different memory). optimizer, loss_fn, precision, device, world_size, step, ddp and
+            autocast_cache come from the trainer and the module (UsageError).
+            eval=True also sizes the evaluation batch beside the training state
+            (result.eval_safe_batch; nothing is set from it); eval="only" is refused.
+            BatchSizeFinder's mode, init_val and max_val are refused with the option that
+            stands for each (strategy, min_batch, max_batch); steps_per_trial, max_trials and
+            margin are taken as find() takes them (the margin in every strategy).
+
+    Attributes:
+        result (Result | None): this rank's autobatch.Result, after fit's setup (None before).
+        micro_batch (int | None): the agreed micro-batch set on the attribute (in a
+            validate / test / predict loop: the evaluation batch), samples.
+        accumulation_steps (int | None): the accumulation set on the trainer.
+        plan (Plan | None): the uniform Plan (None without a target).
+
+    Raises:
+        UsageError: at construction, for options that come from the trainer, BatchSizeFinder's
+            names, eval="only", a bad batch_arg_name or target_batch, an option find() does
+            not take. From trainer.fit, before any trial: manual optimization; strategies other
+            than single-device and DDP (FSDP, DeepSpeed, model parallel); a dataloader passed to
+            fit directly; no batch size attribute; another precision; a target that is not a
+            multiple of the world size; a module without parameters after its setup;
+            training_step(dataloader_iter); a target_batch beside a
+            GradientAccumulationScheduler; an optimizer class the trial cannot step (LBFGS). At
+            the first trial: a training_step that returns no loss tensor (None, a float, a
+            dict without "loss").
+        DoesNotFit: from trainer.fit, when nothing fits (on every rank under DDP).
+        ModelError: from trainer.fit, when the step raised an error that is not out of memory.
+
+    Examples:
+        >>> from autobatch.lightning import AutobatchFinder
+        >>> finder = AutobatchFinder(target_batch=2048, memory_limit="28MiB")
+        >>> trainer = L.Trainer(callbacks=[finder])  # was callbacks=[BatchSizeFinder()]
+        >>> trainer.fit(model, datamodule=dm)
+        >>> finder.micro_batch, trainer.accumulate_grad_batches, finder.result.safe_micro_batch
     """
 
-    def __init__(self, target_batch=None, batch_arg_name="batch_size", **options):
+    def __init__(self, target_batch: Optional[int] = None, batch_arg_name: str = "batch_size",
+                 **options: Any) -> None:
+        """Checks the options (UsageError for a bad one) and keeps them for fit's setup."""
         super().__init__()
         _refuse_lightning_names(options)
         given = sorted(set(options) & set(_DERIVED))
@@ -122,17 +174,30 @@ class AutobatchFinder(pl.Callback):
         if self.skip:
             options.pop("max_trials")
         self.options = options
-        self.result = None
-        self.micro_batch = None
-        self.accumulation_steps = None
-        self.plan = None
+        self.result: Optional[Result] = None
+        self.micro_batch: Optional[int] = None
+        self.accumulation_steps: Optional[int] = None
+        self.plan: Optional[Plan] = None
 
-    def setup(self, trainer, pl_module, stage=None):
-        """Checks what can be checked now, then sizes right after the module's own setup:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+              stage: Optional[str] = None) -> None:
+        """Checks what can be checked now, then sizes right after the module's own setup.
+
         Lightning calls the callbacks' setup before the module's (trainer/call.py,
         _call_setup_hook), and a module that builds its dataset or layers there (Lightning's
-        documented place) was sized without them (a review of stop 55: a raw AttributeError, or
-        an answer for half a model)."""
+        documented place) would be sized without them (a raw AttributeError, or an answer for
+        half a model): so the module's setup is wrapped, once, and the sizing runs when it
+        returns. Lightning calls this hook; user code does not.
+
+        Args:
+            trainer (pl.Trainer): the trainer.
+            pl_module (pl.LightningModule): the module being fitted (or validated, tested,
+                predicted).
+            stage (str | None): "fit", "validate", "test" or "predict"; others are ignored.
+
+        Raises:
+            UsageError: what the class docstring lists, before any trial.
+        """
         if stage not in _LOOPS:
             return
         if trainer.fast_dev_run:  # as Lightning's tuner skips (tuner/batch_size_scaling.py)
@@ -299,9 +364,9 @@ def _check_can_size(trainer, pl_module, batch_arg_name, target_batch):
     if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):
         sharded = ("; for FSDP (FSDPStrategy, ModelParallelStrategy with fully_shard), size "
                    "the job before it starts with autobatch.find_sharded(build, shard, "
-                   "example_batch, world_size=N) from one process (docs/python.md, 'Sharded "
-                   "jobs')" if type(strategy).__name__ in ("FSDPStrategy",
-                                                           "ModelParallelStrategy") else "")
+                   "example_batch, world_size=N) from one process (docs/sharded.md)"
+                   if type(strategy).__name__ in ("FSDPStrategy", "ModelParallelStrategy")
+                   else "")
         raise UsageError(f"AutobatchFinder: the {type(strategy).__name__} strategy is not supported "
                          "yet: autobatch sizes single-device and DDP training here, while FSDP, "
                          "DeepSpeed and model-parallel strategies shard parameters and optimizer "
@@ -364,7 +429,7 @@ def _autocast_cache(trainer):
     """Lightning's mixed precision runs the step under torch.autocast(..., cache_enabled=False)
     (lightning/pytorch/plugins/precision/amp.py, MixedPrecision.autocast_context_manager): a
     weight used twice in one forward is cast twice, which the trials then hold as its step does
-    (a review of stop 55: with the cache on, 1774 where Lightning's own step fits 1637)."""
+    (with the cache on, a model was sized 1774 where Lightning's own step fits 1637)."""
     from lightning.pytorch.plugins.precision import MixedPrecision
     return not isinstance(trainer.precision_plugin, MixedPrecision)
 
@@ -467,8 +532,8 @@ def _training_step_of(pl_module):
 def _optimizer_factory(pl_module, strategy):
     """A factory for find(): the first optimizer of a fresh configure_optimizers() call, set as
     the strategy's optimizer with its schedulers for the trial, so a training_step that reads
-    self.optimizers() or self.lr_schedulers() (the learning rate it logs) reads the trial's (a
-    review of stop 55: an AttributeError on the strategy's empty lists, taken for the model's).
+    self.optimizers() or self.lr_schedulers() (the learning rate it logs) reads the trial's
+    (else an AttributeError on the strategy's empty lists, taken for the model's).
     The strategy's lists are put back after the search."""
     def build(params):
         del params  # configure_optimizers chooses its own (and its param groups)

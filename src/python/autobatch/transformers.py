@@ -28,10 +28,13 @@ before the first callback event (`on_init_end`), `train()` builds the loader fro
 callback receives the arguments, not the trainer, so a callback cannot set the size before the
 dataloader exists (transformers 5.24's trainer.py).
 """
+from __future__ import annotations
+
 import contextlib
 import dataclasses
 import logging
 import os
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 import torch
 
@@ -46,43 +49,110 @@ except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(f"autobatch.transformers needs transformers (pip install transformers): {e}"
                       ) from None
 
+if TYPE_CHECKING:
+    from ._result import Result
+
 log = logging.getLogger("autobatch")
 
 _DERIVED = ("optimizer", "precision", "device", "world_size", "target_batch", "ddp", "step")
 
 
-def fit_training_arguments(args, model, example_batch, target_batch=None, *, eval=False,
-                           **options):
-    """Returns a copy of `args` sized for `target_batch` samples per optimizer step over all
-    ranks (per_device_train_batch_size x gradient_accumulation_steps x world size = target_batch).
+def fit_training_arguments(args: TrainingArguments, model: torch.nn.Module, example_batch: Any,
+                           target_batch: Optional[int] = None, *, eval: bool = False,
+                           **options: Any) -> TrainingArguments:
+    """Returns a copy of `args` sized by autobatch for `target_batch` samples per optimizer step.
 
-    args: transformers.TrainingArguments (not changed). model: the model the Trainer will train,
-      on any device (moved to args.device for the trials, as the Trainer moves it; its weights,
-      buffers, gradients, training flags and RNG states are restored afterwards).
-    example_batch: a dict as the Trainer's collator makes it ({"input_ids": ..., "labels": ...});
-      batches of B samples repeat its rows. target_batch: int >= 1, or None (as
-      auto_find_batch_size: per_device_train_batch_size is the cap, the largest safe micro-batch
-      at most it is set, gradient_accumulation_steps is left as it is; max_batch= raises the
-      cap).
-    options: as autobatch.find takes them (memory_limit, margin, time_limit, loss_fn, ...);
-      optimizer, precision, device, world_size and ddp come from `args`.
-    eval: True: also per_device_eval_batch_size, the safe evaluation batch with the training
-      state resident (the Trainer's evaluation loop: model.eval(), no_grad, the loss and logits of
-      each batch, one batch's logits alive while the next runs, as with
-      eval_accumulation_steps=1; its default of keeping every batch's logits on the device until
-      the end of evaluation grows with the number of batches, not the batch: a warning says so
-      when eval_accumulation_steps is unset).
-    For the search's Result too, call fit_training_arguments_with_result.
-    Raises UsageError, DoesNotFit (the minimum micro-batch, the training state beside an
-    evaluation batch, or evaluation batch 1 does not fit), ModelError.
+    In place of `auto_find_batch_size=True`: the copy has `per_device_train_batch_size` and
+    `gradient_accumulation_steps` from the uniform plan (the Trainer needs equal
+    micro-batches), so that per_device_train_batch_size x gradient_accumulation_steps x world
+    size = target_batch, and `auto_find_batch_size=False`. The trials train the way the Trainer
+    will: the device (args.device), the optimizer (Trainer.get_optimizer_cls_and_kwargs(args)),
+    autocast for bf16 / fp16, activation checkpointing and torch_compile as the arguments say,
+    `model.config.use_cache` as args.use_cache, the model's own loss (give the example its
+    "labels"), or the Trainer's LabelSmoother with label_smoothing_factor > 0. Under torchrun
+    every rank sizes under its own memory with DDP's buckets held, and the ranks agree on the
+    smallest (see the module's docstring; docs/drop-ins.md, "Hugging Face Trainer").
+
+    Side effects: the model is moved to args.device (as the Trainer moves it); its weights,
+    buffers, gradients, training flags, activation checkpointing, use_cache and RNG states are
+    put back after the trials. `args` is not changed. The sizes are logged to the "autobatch"
+    logger (INFO).
+
+    Args:
+        args (TrainingArguments): the Trainer's arguments (not changed).
+        model (torch.nn.Module): the model the Trainer will train (not a hub id), on any device.
+        example_batch (Any): a dict as the Trainer's collator makes it ({"input_ids": ...,
+            "labels": ...}); batches of B samples repeat its rows.
+        target_batch (int | None): samples per optimizer step over all ranks, >= 1 and a
+            multiple of the world size. Default None: as auto_find_batch_size,
+            per_device_train_batch_size is the cap (the largest safe micro-batch at most it is
+            set; max_batch= raises the cap) and gradient_accumulation_steps is left as it is.
+        eval (bool): True: also set per_device_eval_batch_size to the safe evaluation batch with
+            the training state resident (find(eval=True), the smallest of the ranks'), sized
+            for the Trainer's evaluation loop (model.eval(), no_grad, the loss and logits of
+            each batch, one batch's logits alive while the next runs: eval_accumulation_steps=1;
+            with it unset the Trainer keeps every batch's logits, and a warning says so).
+            Default False: per_device_eval_batch_size is left as it is.
+        **options (Any): autobatch.find's options (memory_limit, margin, time_limit, loss_fn,
+            max_batch, ...), with find()'s types and defaults; optimizer, precision, device,
+            world_size, target_batch, ddp and step come from `args` (UsageError).
+
+    Returns:
+        TrainingArguments: a copy (dataclasses.replace) with per_device_train_batch_size,
+        gradient_accumulation_steps, per_device_eval_batch_size and auto_find_batch_size=False.
+        For the search's Result too, call fit_training_arguments_with_result.
+
+    Raises:
+        UsageError: DeepSpeed or FSDP (args.deepspeed, args.fsdp, ACCELERATE_USE_FSDP), several
+            GPUs in one process (n_gpu > 1), a target that is not a multiple of the world size,
+            options that come from the arguments, options find() does not take, a model that is
+            not a torch.nn.Module, args that are not TrainingArguments, eval other than
+            True / False, activation checkpointing on a model without it.
+        DoesNotFit: the minimum micro-batch, the training state beside an evaluation batch, or
+            evaluation batch 1 does not fit.
+        ModelError: the step raised an error that is not out of memory.
+        Cancelled: Ctrl-C, as for find().
+
+    Examples:
+        >>> from autobatch.transformers import fit_training_arguments
+        >>> args = TrainingArguments(output_dir="out", bf16=True, per_device_train_batch_size=8)
+        >>> args = fit_training_arguments(args, model, {"input_ids": ids, "labels": ids},
+        ...                               target_batch=512, memory_limit="8GiB")
+        >>> Trainer(model=model, args=args, train_dataset=ds).train()
     """
     return fit_training_arguments_with_result(args, model, example_batch, target_batch,
                                               eval=eval, **options)[0]
 
 
-def fit_training_arguments_with_result(args, model, example_batch, target_batch=None, *,
-                                       eval=False, **options):
-    """fit_training_arguments, and the search's Result: (arguments, Result)."""
+def fit_training_arguments_with_result(
+        args: TrainingArguments, model: torch.nn.Module, example_batch: Any,
+        target_batch: Optional[int] = None, *, eval: bool = False,
+        **options: Any) -> Tuple[TrainingArguments, Result]:
+    """fit_training_arguments, and the search's Result.
+
+    Args:
+        args (TrainingArguments): as for fit_training_arguments.
+        model (torch.nn.Module): as for fit_training_arguments.
+        example_batch (Any): as for fit_training_arguments.
+        target_batch (int | None): as for fit_training_arguments.
+        eval (bool): as for fit_training_arguments.
+        **options (Any): as for fit_training_arguments.
+
+    Returns:
+        tuple[TrainingArguments, Result]: the sized copy of the arguments, and this rank's
+        Result (its trials and report; with eval=True and eval_accumulation_steps unset, its
+        warnings say that the Trainer keeps every evaluation batch's logits).
+
+    Raises:
+        UsageError: as fit_training_arguments.
+        DoesNotFit: as fit_training_arguments.
+        ModelError: as fit_training_arguments.
+        Cancelled: as fit_training_arguments.
+
+    Examples:
+        >>> args, result = fit_training_arguments_with_result(args, model, batch, 512)
+        >>> print(result)  # the report: every trial, the plan
+    """
     if eval not in (False, True):
         raise UsageError(f"eval: expected True (also set per_device_eval_batch_size) or False, "
                          f"but got {eval!r}; the Trainer trains, so eval='only' has no place "
@@ -177,8 +247,7 @@ def _check_supported(args, target):
         source = (" (ACCELERATE_USE_FSDP=true in the environment: accelerate launch --use_fsdp "
                   "or its config)" if which == "FSDP" and not getattr(args, "fsdp", None) else "")
         sharded = (" For FSDP, size the job before it starts with autobatch.find_sharded(build, "
-                   "shard, example_batch, world_size=N) from one process (docs/python.md, "
-                   "'Sharded jobs')" if which == "FSDP" else "")
+                   "shard, example_batch, world_size=N) from one process (docs/sharded.md)" if which == "FSDP" else "")
         raise UsageError(f"fit_training_arguments: {which}{source} is not supported yet: it "
                          f"shards parameters and optimizer state that the trial would hold "
                          f"whole.{sharded}")
@@ -195,8 +264,8 @@ def _label_smoothing_step(args, model):
     """The Trainer's compute_loss with label_smoothing_factor > 0 (transformers 5.24, trainer.py):
     the labels popped from the inputs, the model's forward without them (no loss of its own), then
     LabelSmoother on the logits, shifted for a causal language model (its -log_softmax of the
-    whole logits and the shifted copies are memory the model's own loss does not take: a review
-    of stop 55 found the answer 40 where the smoothed step fits 32)."""
+    whole logits and the shifted copies are memory the model's own loss does not take: sized
+    with the model's loss, a model's answer was 40 where the smoothed step fits 32)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.trainer_pt_utils import LabelSmoother
     smoother = LabelSmoother(epsilon=args.label_smoothing_factor)
