@@ -743,6 +743,17 @@ TEST(SearchTest, ThePlansStepDownRefinesItsBoundBetweenAFitAndAFailure) {
   const auto twos = std::ranges::count_if(
       requests, [](const TrialRequest& q) { return q.micro_batches_per_step == 2; });
   EXPECT_LE(twos, 2 + 4 + 2);  // the check, the step-downs, at most 4 refinements
+  // Catches warnings that name the bound before the refinement beside plans on the raised one:
+  // the last "planning on at most" names the plans' bound.
+  std::string last;
+  for (const auto& w : r.warnings) {
+    if (w.find("planning on at most") != std::string::npos) last = w;
+  }
+  ASSERT_FALSE(last.empty());
+  EXPECT_TRUE(last.ends_with(std::to_string(r.plan_max_micro_batch)) ||
+              last.find("raised to " + std::to_string(r.plan_max_micro_batch) + " ") !=
+                  std::string::npos)
+      << last << " / plans on " << r.plan_max_micro_batch;
 }
 
 TEST(SearchTest, ThePlansStepDownStopsAtMinBatch) {

@@ -143,6 +143,17 @@ void SearchDriver::refinePlanBound(std::int64_t verified, std::int64_t failed_x,
       hi = std::min(hi, x);
     }
   }
+  // The step-down's warning named the bound before the refinement: the report's plans and its
+  // warnings give one bound (a new user read "planning on at most 47" beside plans on 49).
+  if (lo > verified) {
+    const std::string said = "planning on at most " + std::to_string(verified);
+    for (auto& w : result_.warnings) {
+      if (w.ends_with(said)) {
+        w += ", raised to " + std::to_string(lo) + " by trials between it and " +
+             std::to_string(failed_x);
+      }
+    }
+  }
 }
 
 std::map<std::int64_t, double> SearchDriver::measuredRates() const {

@@ -293,3 +293,20 @@ def test_compilation_at_a_new_size_is_not_step_time():
                                                           for t in r.trials]
     assert any("the first step at" in w and "compilation per shape" in w for w in r.warnings)
     assert r.max_micro_batch > 100
+
+
+# Catches Result.micro_batch answering the safe micro-batch beside the plan's accumulation steps:
+# with accumulation the two do not pair (66 x 8 for a target of 256 where the plan is 32 x 8; a
+# new user's loop ran out of memory at 66 x 2), so micro_batch x accumulation_steps must be the
+# target for a uniform plan, and micro_batch the plan's own.
+def test_the_micro_batch_to_train_with_is_the_plans():
+    model, x = mlp()
+    r = autobatch.find(model, x, memory_limit="8MiB", margin=0, target_batch=1 << 16,
+                       plan="uniform", max_batch=4096)
+    assert r.plan is not None and r.plan.accumulation_steps > 1
+    assert r.micro_batch == r.plan.micro_batch_size
+    assert r.micro_batch * r.accumulation_steps == 1 << 16
+    assert r.micro_batch <= r.safe_micro_batch
+    model, x = mlp()
+    no_target = autobatch.find(model, x, memory_limit="8MiB", margin=0, max_batch=4096)
+    assert no_target.plan is None and no_target.micro_batch == no_target.safe_micro_batch

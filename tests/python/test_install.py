@@ -23,8 +23,8 @@ def run(code, tmp_path, **env):
                           timeout=600, env=full, cwd=tmp_path)
 
 
-# Catches: a machine without a C++ compiler meeting torch's ninja traceback (or a crash) instead of
-# a message that names the compiler, how to get one and that a GPU search needs none; and a cached
+# Catches: a machine without a C++ compiler (or with one that does not run) meeting torch's ninja
+# traceback or a CalledProcessError instead of a message that names the compiler, how to get one and that a GPU search needs none; and a cached
 # module that still needs a compiler to load (every CPU search of a user who built it once, in a
 # container without g++, would fail).
 def test_the_budget_module_is_built_once_and_then_needs_no_compiler(tmp_path):
@@ -33,6 +33,11 @@ def test_the_budget_module_is_built_once_and_then_needs_no_compiler(tmp_path):
     assert "needs a C++ compiler" in missing.stderr and "no-such-c++" in missing.stderr, \
         missing.stderr
     assert "A search on a GPU needs none" in missing.stderr
+
+    # A compiler that does not run: named, not a CalledProcessError from torch's own check.
+    broken = run(FIND, tmp_path, CXX="/bin/false")
+    assert broken.returncode != 0
+    assert "'/bin/false' does not run" in broken.stderr, broken.stderr
 
     built = run(FIND, tmp_path)
     assert built.returncode == 0, built.stderr

@@ -72,16 +72,26 @@ def module_name(root):
     return "autobatch_budget_" + digest.hexdigest()[:16]
 
 
+_NEEDS = ("a search on the CPU: autobatch's CPU budget allocator (which counts every CPU tensor "
+          "against the limit) is compiled once for this torch ({torch}) and needs a C++ compiler "
+          "(C++20: g++ 11 or clang 14 or newer)")
+_FIX = ("set CXX to one, or install g++: apt-get install g++, or conda install gxx_linux-64. A "
+        "search on a GPU needs none")
+
+
 def _compiler():
     """The C++ compiler torch.utils.cpp_extension will run ($CXX, else c++), or an error that says
-    what is missing and that only a CPU memory_limit needs it."""
+    what is missing and that only a search on the CPU needs it: a compiler not found, or one that
+    does not run (`--version` fails), is named with the fix."""
+    import subprocess
     cxx = os.environ.get("CXX", "c++")
+    needs = _NEEDS.format(torch=torch.__version__)
     if shutil.which(cxx) is None:
-        raise _core.Error(
-            f"a search on the CPU: autobatch's CPU budget allocator (which counts every CPU tensor "
-            f"against the limit) is compiled once for this torch ({torch.__version__}) and needs "
-            f"a C++ compiler, and {cxx!r} was not found (set CXX to one, or install g++: "
-            "apt-get install g++, or conda install gxx_linux-64). A search on a GPU needs none.")
+        raise _core.Error(f"{needs}, and {cxx!r} was not found ({_FIX}).")
+    try:
+        subprocess.run([cxx, "--version"], check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise _core.Error(f"{needs}, and {cxx!r} does not run ({e}) ({_FIX}).") from None
     return cxx
 
 
@@ -130,8 +140,8 @@ def load(verbose=None):
     """The compiled budget module: built on first use (about 15 s on 2 cores; a C++ compiler and
     ninja are needed then), then imported from the cache in a fraction of a second.
 
-    Raises autobatch._core.Error without a C++ compiler; a compiler error is torch's
-    (RuntimeError "Error building extension ...") with the compiler's output above it."""
+    Raises autobatch._core.Error (a UsageError from find) without a working C++ compiler, or when
+    the build fails (the compiler's output is printed above the error)."""
     global _module
     with _lock:
         if _module is not None:
@@ -151,14 +161,20 @@ def load(verbose=None):
         os.makedirs(build, exist_ok=True)
         if verbose is None:
             verbose = os.environ.get("AUTOBATCH_VERBOSE_BUILD") == "1"
-        _module = cpp_extension.load(
-            name=name,
-            sources=[os.path.join(root, s) for s in SOURCES],
-            extra_include_paths=[os.path.join(root, d) for d in INCLUDES],
-            # C++20 (the sources use it); hidden symbols, so that this module's copies of the
-            # library's helpers never bind to _core's.
-            extra_cflags=["-O2", "-std=c++20", "-fvisibility=hidden"],
-            build_directory=build, verbose=verbose, with_cuda=False)
+        try:
+            _module = cpp_extension.load(
+                name=name,
+                sources=[os.path.join(root, s) for s in SOURCES],
+                extra_include_paths=[os.path.join(root, d) for d in INCLUDES],
+                # C++20 (the sources use it); hidden symbols, so that this module's copies of the
+                # library's helpers never bind to _core's.
+                extra_cflags=["-O2", "-std=c++20", "-fvisibility=hidden"],
+                build_directory=build, verbose=verbose, with_cuda=False)
+        except RuntimeError as e:  # torch's "Error building extension ...": the compiler's words
+            raise _core.Error(
+                f"{_NEEDS.format(torch=torch.__version__)}, and the build with "
+                f"{os.environ.get('CXX', 'c++')!r} failed in {build} (the compiler's output is "
+                f"above; AUTOBATCH_VERBOSE_BUILD=1 shows every command): {e}") from None
         return _module
 
 

@@ -299,8 +299,11 @@ class Result:
 
     @property
     def micro_batch(self) -> int:
-        """The micro-batch to train with: the safe one (under the margin), samples."""
-        return self.safe_micro_batch
+        """The micro-batch to train with, samples: the primary plan's (its largest, checked with
+        two micro-batches accumulated) when there is a plan, else the safe one (under the margin).
+        With a plan the safe micro-batch can be too large for an accumulating step (the gradients
+        it keeps between micro-batches), so it pairs with `accumulation_steps` only this way."""
+        return self.plan.micro_batch_size if self.plan else self.safe_micro_batch
 
     @property
     def accumulation_steps(self) -> int:
