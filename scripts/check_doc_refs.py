@@ -19,13 +19,10 @@ import os
 import re
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from text_tree import ROOT, checkout_files
+
 SELF = os.path.relpath(os.path.abspath(__file__), ROOT)
 FOLDERS = ("src", "tests", "scripts", "docs", "examples")
-FILES = ("README.md", "CONTRIBUTING.md")
-SUFFIXES = (".cpp", ".h", ".inc", ".py", ".sh", ".md", ".txt", ".cmake", ".toml")
-NAMES = ("CMakeLists.txt",)
-SKIP_DIRS = {"__pycache__", "node_modules", "build"}
 
 # docs/<page>.md not inside a longer path (build/docs/x.md, a URL's .../docs/x.md)
 DOCS_PATH = re.compile(r"(?<![\w/.-])((?:\.\./)*docs/[\w.-]+(?:/[\w.-]+)*\.md)\b")
@@ -60,16 +57,8 @@ def references(path: str, text: str):
 
 
 def scanned_files():
-    """The checkout paths the check reads, sorted; this file is left out (its examples name
-    pages that do not exist on purpose)."""
-    out = [name for name in FILES if os.path.isfile(os.path.join(ROOT, name))]
-    for folder in FOLDERS:
-        for here, dirs, files in os.walk(os.path.join(ROOT, folder)):
-            dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.startswith(".")]
-            for name in files:
-                if name.endswith(SUFFIXES) or name in NAMES:
-                    out.append(os.path.relpath(os.path.join(here, name), ROOT))
-    return sorted(p for p in out if p != SELF)
+    """The checkout paths the check reads, sorted; this file is left out (its examples name pages that do not exist on purpose)."""
+    return checkout_files(FOLDERS, leave_out=(SELF,))
 
 
 def self_test() -> int:

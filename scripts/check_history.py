@@ -20,12 +20,9 @@ import os
 import re
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from text_tree import ROOT, checkout_files
+
 FOLDERS = ("src", "tests", "scripts", "docs")
-FILES = ("README.md", "CONTRIBUTING.md")
-SUFFIXES = (".cpp", ".h", ".inc", ".py", ".sh", ".md", ".txt", ".cmake")
-NAMES = ("CMakeLists.txt",)
-SKIP_DIRS = {"__pycache__", "node_modules", "build"}
 SELF = os.path.relpath(os.path.abspath(__file__), ROOT)
 
 # What a number after "stop" must not be followed by for it to name a work session: a unit or a
@@ -117,14 +114,7 @@ def hits_in(text: str):
 
 def scanned_files():
     """The checkout paths the check reads, sorted; this file is left out (it names the patterns)."""
-    out = [name for name in FILES if os.path.isfile(os.path.join(ROOT, name))]
-    for folder in FOLDERS:
-        for here, dirs, files in os.walk(os.path.join(ROOT, folder)):
-            dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.startswith(".")]
-            for name in files:
-                if name.endswith(SUFFIXES) or name in NAMES:
-                    out.append(os.path.relpath(os.path.join(here, name), ROOT))
-    return sorted(p for p in out if p != SELF)
+    return checkout_files(FOLDERS, leave_out=(SELF,))
 
 
 def self_test() -> int:
