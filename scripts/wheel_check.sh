@@ -98,7 +98,7 @@ lowest_prefix="$("$(lowest_env)" -c 'import torch.utils; print(torch.utils.cmake
 if cmake -S "$AUTOBATCH_ROOT" -B "$fence" -G Ninja -DCMAKE_PREFIX_PATH="$lowest_prefix" \
      -DAUTOBATCH_BUILD_TESTS=OFF >"$fence.log" 2>&1; then
   echo "wheel_check: the command's build accepted torch $lowest"; failed=1
-elif ! grep -q "the versions CI builds" "$fence.log"; then
+elif ! tr -s ' \n' '  ' <"$fence.log" | grep -q "the versions CI builds"; then  # CMake wraps lines
   echo "wheel_check: the command's build failed against torch $lowest without the fence's message"
   tail -20 "$fence.log"; failed=1
 else
