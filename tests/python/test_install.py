@@ -54,9 +54,9 @@ def test_the_budget_module_is_built_once_and_then_needs_no_compiler(tmp_path):
 # module built for another torch (an undefined symbol at best, a wrong allocator at worst) or from
 # older sources is loaded after an upgrade.
 def test_the_cache_key_follows_torch_and_the_sources(tmp_path, monkeypatch):
-    root = tmp_path / "src"
-    root.mkdir()
-    (root / "a.cpp").write_text("int a;\n")
+    root = tmp_path / "csrc"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "a.cpp").write_text("int a;\n")
     name = _budget.module_name(str(root))
     assert name.startswith("autobatch_budget_")
     monkeypatch.setattr(torch, "__version__", torch.__version__ + ".other")
@@ -66,7 +66,7 @@ def test_the_cache_key_follows_torch_and_the_sources(tmp_path, monkeypatch):
     monkeypatch.setattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", not torch._C._GLIBCXX_USE_CXX11_ABI)
     assert _budget.module_name(str(root)) != name
     monkeypatch.undo()
-    (root / "a.cpp").write_text("int b;\n")
+    (root / "src" / "a.cpp").write_text("int b;\n")
     assert _budget.module_name(str(root)) != name
 
 

@@ -57,10 +57,12 @@ def cache_root():
 
 
 def module_name(root):
-    """autobatch_budget_<hash>: the hash of the sources (and of every header beside them), the torch
-    version, torch's C++ ABI flag and the Python version (sys.implementation's cache tag)."""
+    """autobatch_budget_<hash>: the hash of every .cpp and .h below the include folders (INCLUDES:
+    the sources and every header they can reach), the torch version, torch's C++ ABI flag and the
+    Python version (sys.implementation's cache tag)."""
     digest = hashlib.sha256()
-    for folder, _, files in sorted(os.walk(root)):
+    walked = (w for d in INCLUDES for w in os.walk(os.path.join(root, d)))
+    for folder, _, files in sorted(walked):
         for name in sorted(files):
             if name.endswith((".cpp", ".h")):
                 path = os.path.join(folder, name)
