@@ -32,6 +32,15 @@
 namespace autobatch::detail {
 namespace {
 
+// setInjectedProcessLimit's function (tests only), read by CpuBudgetBackend::processLimitNear.
+std::mutex injected_process_limit_mutex;
+InjectedProcessLimit injected_process_limit;
+
+InjectedProcessLimit injectedProcessLimit() {
+  const std::lock_guard<std::mutex> lock(injected_process_limit_mutex);
+  return injected_process_limit;
+}
+
 // Throws when the hook armed on this thread (CpuInterruptScope, trial_scopes.cpp) asks to stop.
 // Not inside an at::parallel_for region: the trial's intra-op workers never throw for it.
 void checkInterrupt(std::int64_t bytes) {
@@ -519,6 +528,9 @@ class CpuBudgetBackend final : public MemoryBackend {
     return warnings;
   }
   bool processLimitNear(std::int64_t peak_bytes, std::int64_t failed_request_bytes) const override {
+    if (const InjectedProcessLimit near = injectedProcessLimit()) {
+      return near(peak_bytes, failed_request_bytes);
+    }
     if (process_.bytes == std::numeric_limits<std::int64_t>::max()) return false;  // no limit
     return failed_request_bytes > 0 || peak_bytes + failed_request_bytes >= process_.bytes / 2;
   }
@@ -634,6 +646,11 @@ void setInjectedFault(InjectedFault fault) {
 
 void setInjectedError(InjectedError error) {
   BudgetAllocator::instance().setError(std::move(error));
+}
+
+void setInjectedProcessLimit(InjectedProcessLimit near) {
+  const std::lock_guard<std::mutex> lock(injected_process_limit_mutex);
+  injected_process_limit = std::move(near);
 }
 
 }  // namespace autobatch::detail

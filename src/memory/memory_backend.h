@@ -274,4 +274,14 @@ using InjectedError = std::function<std::string(const TrialPoint& point, std::in
 /// kPossibleOutOfMemory on the CPU). Called under the allocator's lock. Not for production use.
 void setInjectedError(InjectedError error);
 
+/// Whether a process limit is near, given the trial's peak and the failed request (bytes).
+using InjectedProcessLimit =
+    std::function<bool(std::int64_t peak_bytes, std::int64_t request_bytes)>;
+
+/// Test seam beside setInjectedError: while set, the CPU budget backend's processLimitNear
+/// answers `near(peak_bytes, failed_request_bytes)` instead of comparing with the process limits
+/// read at setup (tests/fixtures/trial_verdicts.json's cases with a process limit, without
+/// setting one on the test process). Empty: the real rule (the default). Not for production use.
+void setInjectedProcessLimit(InjectedProcessLimit near);
+
 }  // namespace autobatch::detail

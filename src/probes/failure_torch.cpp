@@ -8,18 +8,23 @@
 
 namespace autobatch {
 
-FailureClass classifyException(const std::exception_ptr& error, const FailureContext& context) {
+RaisedError describeException(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
   } catch (const c10::OutOfMemoryError& e) {
-    return classifyFailure(ExceptionType::kOutOfMemoryError, e.what(), context);
+    return {ExceptionType::kOutOfMemoryError, e.what()};
   } catch (const std::bad_alloc& e) {
-    return classifyFailure(ExceptionType::kBadAlloc, e.what(), context);
+    return {ExceptionType::kBadAlloc, e.what()};
   } catch (const std::exception& e) {
-    return classifyFailure(ExceptionType::kOther, e.what(), context);
-  } catch (...) {  // classified only; the caller rethrows the original object
-    return classifyFailure(ExceptionType::kNonStd, "non-standard exception", context);
+    return {ExceptionType::kOther, e.what()};
+  } catch (...) {  // described only; the caller rethrows the original object
+    return {ExceptionType::kNonStd, "non-standard exception"};
   }
+}
+
+FailureClass classifyException(const std::exception_ptr& error, const FailureContext& context) {
+  const RaisedError raised = describeException(error);
+  return classifyFailure(raised.type, raised.message, context);
 }
 
 bool isFatalDeviceError(const std::exception_ptr& error) {

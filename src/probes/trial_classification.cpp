@@ -13,17 +13,18 @@
 namespace autobatch::detail {
 
 FailureClass classifyTrialError(std::exception_ptr& error, const MemoryPeaks& peaks,
-                                bool after_larger_oom, const MemoryBackend& backend,
-                                bool& near_process_limit) {
+                                const TrialEvidence& evidence, std::int64_t micro_batch,
+                                const MemoryBackend& backend, bool& near_process_limit) {
   FailureClass failure;
+  near_process_limit = false;
   if (!error) return failure;
-  const FailureClass loose = classifyException(error, {true, true});
-  FailureContext context;
-  context.process_limit_near =
-      backend.processLimitNear(peaks.peak_bytes, loose.failed_request_bytes);
-  near_process_limit = context.process_limit_near;
-  context.after_larger_oom = after_larger_oom;
-  failure = classifyException(error, context);
+  const RaisedError raised = describeException(error);
+  failure = evidence.classify(
+      raised.type, raised.message, micro_batch, peaks.peak_bytes,
+      [&backend](std::int64_t peak, std::int64_t request) {
+        return backend.processLimitNear(peak, request);
+      },
+      near_process_limit);
   if (failure.kind == FailureKind::kOutOfMemory || failure.kind == FailureKind::kSizeLimit) {
     error = nullptr;
   }
@@ -66,79 +67,34 @@ void fillTrialResult(TrialResult& result, const MemoryPeaks& peaks, const Failur
   }
 }
 
-void TrialEvidence::learnFrom(const TrialResult& result) {
-  const std::int64_t batch = result.request.micro_batch_size;
-  if (result.outcome == TrialOutcome::kOutOfMemory) {
-    last_oom_batch_ = std::max(last_oom_batch_, batch);
-    return;
-  }
-  if (result.outcome == TrialOutcome::kSizeLimit) return;
-  last_oom_batch_ = 0;
-  if (!result.cancelled && batch >= largest_fit_batch_) {
-    largest_fit_batch_ = batch;
-    largest_fit_micro_batches_ = result.request.micro_batches_per_step;
-  }
-}
-
-void TrialEvidence::classifyAmbiguous(const TrialRequest& request, bool process_limit_near,
-                                      const MemoryBackend& backend, const Rerun& rerun,
-                                      FailureClass& failure, std::exception_ptr& error,
-                                      TrialResult& result) {
-  if (largest_fit_batch_ == 0 || classifying_) {
-    if (classifying_) return;  // the outer trial decides; `error` leaves the re-run unchanged
-    failure.kind = FailureKind::kOutOfMemory;
-    failure.reason += " (taken as out of memory: nothing has fitted yet to re-run)";
-    error = nullptr;
-    return;
-  }
-  TrialRequest again;
-  again.micro_batch_size = largest_fit_batch_;
-  again.micro_batches_per_step = largest_fit_micro_batches_;
-  again.cancel = request.cancel;
-  classifying_ = true;
+void judgeAmbiguous(TrialEvidence& evidence, const TrialRequest& request, bool process_limit_near,
+                    const MemoryBackend& backend, const RunTrial& run, FailureClass& failure,
+                    std::exception_ptr& error, TrialResult& result) {
   TrialResult rerun_result;
-  bool persisted = false;
-  bool inconclusive = false;
-  try {
-    rerun_result = rerun(again);
-    persisted = rerun_result.outcome != TrialOutcome::kFits &&
-                rerun_result.outcome != TrialOutcome::kOutOfMemory;
-  } catch (const std::exception&) {
-    // Near a process limit (RLIMIT_DATA, a cgroup), a re-run that fails with a sign of
-    // exhaustion again (oneDNN "could not create a primitive" after the process's heap grew
-    // past where the batch fit before) says memory is tight, not that the model is broken:
-    // that batch fit before. "Near": this trial came near the limit, or a process limit is set
-    // and this runner has already run out of memory (the search is at the boundary). Otherwise
-    // it persists: the model's error.
-    const FailureClass again_class = classifyException(std::current_exception(), {true, true});
-    const bool at_the_boundary =
-        process_limit_near || (last_oom_batch_ > 0 && backend.processLimitNear(0, 1));
-    inconclusive = at_the_boundary && (again_class.kind == FailureKind::kOutOfMemory ||
-                                       again_class.kind == FailureKind::kPossibleOutOfMemory);
-    persisted = !inconclusive;
+  const TrialEvidence::Rerun rerun = [&](std::int64_t micro_batch, int micro_batches) {
+    TrialRequest again;
+    again.micro_batch_size = micro_batch;
+    again.micro_batches_per_step = micro_batches;
+    again.cancel = request.cancel;
+    RerunOutcome outcome;
+    try {
+      rerun_result = run(again);
+      outcome.outcome = rerun_result.outcome;
+    } catch (...) {
+      outcome.raised = true;
+      outcome.raised_kind = classifyException(std::current_exception(), {true, true}).kind;
+    }
+    return outcome;
+  };
+  const Verdict verdict = evidence.judge(failure, request.micro_batch_size, process_limit_near,
+                                         backend.processLimitNear(0, 1), rerun);
+  failure = verdict.failure;
+  if (!verdict.warning.empty()) spdlog::warn("{}", verdict.warning);
+  if (verdict.rerun_listed) {
+    rerun_result.reason = verdict.rerun_reason;
+    result.classification_rerun = std::make_shared<const TrialResult>(std::move(rerun_result));
   }
-  classifying_ = false;
-  if (inconclusive) {
-    failure.kind = FailureKind::kOutOfMemory;
-    failure.reason += " (taken as out of memory: the re-run at batch " +
-                      std::to_string(largest_fit_batch_) +
-                      ", which fit before, failed the same way; memory is tight)";
-    error = nullptr;
-    return;
-  }
-  if (persisted) {
-    spdlog::warn(
-        "batch {} failed with \"{}\", and the re-run at batch {}, which fit before, failed "
-        "too: a model or install error, not out of memory",
-        request.micro_batch_size, failure.reason, largest_fit_batch_);
-    return;  // `error` is rethrown by the caller
-  }
-  rerun_result.reason = "re-run to classify: " + failure.reason;
-  result.classification_rerun = std::make_shared<const TrialResult>(std::move(rerun_result));
-  failure.kind = FailureKind::kOutOfMemory;
-  failure.reason += " (out of memory: batch " + std::to_string(largest_fit_batch_) +
-                    " fit when re-run with the cache emptied)";
-  error = nullptr;
+  if (failure.kind != FailureKind::kRethrow) error = nullptr;
 }
 
 }  // namespace autobatch::detail

@@ -283,7 +283,7 @@ struct TrialRunner::Impl final : detail::StepHost {
     checkUsable();
     // A mixed trial neither reads nor changes what single-batch trials taught (largest fit,
     // last out of memory).
-    PlanRun outcome = runPlan(plan.request, plan.steps, /*after_larger_oom=*/false);
+    PlanRun outcome = runPlan(plan.request, plan.steps, /*read_last_oom=*/false);
     if (outcome.error) std::rethrow_exception(outcome.error);
     return std::move(outcome.result);
   }
@@ -310,7 +310,7 @@ struct TrialRunner::Impl final : detail::StepHost {
     const std::vector<detail::PlannedStep> plan(
         static_cast<std::size_t>(spec.steps_per_trial),
         detail::PlannedStep{request.micro_batch_size, &step->inputs()});
-    PlanRun outcome = runPlan(request, plan, evidence.afterLargerOom(request.micro_batch_size));
+    PlanRun outcome = runPlan(request, plan, /*read_last_oom=*/true);
     if (outcome.error) {
       evidence.forgetOutOfMemory();
       std::rethrow_exception(outcome.error);
@@ -327,10 +327,11 @@ struct TrialRunner::Impl final : detail::StepHost {
   };
 
   // Runs `plan` as one trial: the optimizer and its state live across its steps, and the
-  // allocator's cache is emptied only after the last one. `after_larger_oom`: the trial before
-  // ran out of memory at a larger batch (evidence for classifying an ambiguous failure).
+  // allocator's cache is emptied only after the last one. `read_last_oom`: the trial's error is
+  // classified with the last out of memory as evidence (TrialEvidence::classify); a mixed trial
+  // reads none of it.
   PlanRun runPlan(const TrialRequest& request, const std::vector<detail::PlannedStep>& plan,
-                  bool after_larger_oom) {
+                  bool read_last_oom) {
     PlanRun outcome;
     TrialResult& result = outcome.result;
     result.request = request;
@@ -358,22 +359,23 @@ struct TrialRunner::Impl final : detail::StepHost {
     const detail::MemoryPeaks peaks = readPeaks(error);
     bool near_process_limit = false;
     FailureClass failure;
+    detail::TrialEvidence& taught = evaluating ? eval_evidence : evidence;
     if (!poisoned) {
-      failure =
-          detail::classifyTrialError(error, peaks, after_larger_oom, *backend, near_process_limit);
+      const detail::TrialEvidence none;
+      failure = detail::classifyTrialError(error, peaks, read_last_oom ? taught : none,
+                                           request.micro_batch_size, *backend, near_process_limit);
     }
     cleanUpAfterTrial(error);
     step->endTrial();
     rng_guard.reset();
     torch::jit::setGraphExecutorOptimize(saved_optimize);
     if (error && !poisoned && failure.kind == FailureKind::kPossibleOutOfMemory) {
-      (evaluating ? eval_evidence : evidence)
-          .classifyAmbiguous(
-              request, near_process_limit, *backend,
-              [this](const TrialRequest& again) {
-                return evaluating ? runEvalOnce(again) : runOnce(again);
-              },
-              failure, error, result);
+      detail::judgeAmbiguous(
+          taught, request, near_process_limit, *backend,
+          [this](const TrialRequest& again) {
+            return evaluating ? runEvalOnce(again) : runOnce(again);
+          },
+          failure, error, result);
     }
     if (error) {
       outcome.error = error;
@@ -526,7 +528,7 @@ struct TrialRunner::Impl final : detail::StepHost {
     PlanRun outcome;
     {
       const EvaluatingScope scope(evaluating);
-      outcome = runPlan(request, plan, eval_evidence.afterLargerOom(request.micro_batch_size));
+      outcome = runPlan(request, plan, /*read_last_oom=*/true);
     }
     if (outcome.error) {
       eval_evidence.forgetOutOfMemory();

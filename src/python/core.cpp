@@ -40,6 +40,7 @@
 #include "memory/cuda_api.h"
 #include "memory/memory_backend.h"
 #include "python/backend_binding.h"
+#include "python/evidence_binding.h"
 #include "reports/report_internal.h"
 
 namespace py = pybind11;
@@ -87,6 +88,16 @@ autobatch::TrialResult trialFromDict(const autobatch::TrialRequest& request, con
   r.cancelled = get<bool>(d, "cancelled", false);
   r.shortened = get<bool>(d, "shortened", false);
   r.stands_for_full = r.shortened && get<bool>(d, "stands_for_full", false);
+  // The re-run that decided an ambiguous failure (TrialEvidence::judge): listed before this
+  // trial, as the runner's (src/search/search.cpp).
+  if (d.contains("classification_rerun") && !d["classification_rerun"].is_none()) {
+    const auto rerun = d["classification_rerun"].cast<py::dict>();
+    autobatch::TrialRequest again;
+    again.micro_batch_size = get<std::int64_t>(rerun, "micro_batch_size", 0);
+    again.micro_batches_per_step = get<int>(rerun, "micro_batches_per_step", 1);
+    r.classification_rerun =
+        std::make_shared<const autobatch::TrialResult>(trialFromDict(again, rerun));
+  }
   if (d.contains("replayed_peak") && !d["replayed_peak"].is_none()) {
     for (const auto& item : d["replayed_peak"].cast<py::list>()) {
       const auto line = item.cast<py::sequence>();
@@ -538,6 +549,7 @@ PYBIND11_MODULE(_core, m) {
         "the result cache with `cache`; `measure`, the probe of the search's measuring trials, "
         "which may shorten them); returns {'json', 'text', 'env'}.");
   defineTrialHooks(m);
+  autobatch::python::defineTrialEvidence(m);
   m.def(
       "default_cache_dir",
       [] { return autobatch::defaultCacheDir(autobatch::processEnvironment()); },

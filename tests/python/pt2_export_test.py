@@ -17,7 +17,8 @@ output, an accumulating model that does not add into the buffers it is given (or
 copy's part), attention decomposed into a materialised B x heads x T x T matrix, cross-entropy's backward
 decomposed and fused (one B x classes gradient less than eager), a pooling's input freed
 before its backward (test_eager_buffers), an export that compiles a graph whose gradients are
-not eager's, and an export error that does not name the TorchScript format.
+not eager's, an eager kernel's result read in other strides than it has (test_permuted_norm),
+and an export error that does not name the TorchScript format.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
 import autobatch_export as ab  # noqa: E402
 from pt2_models import (EAGER_BUFFER_EXAMPLE, EAGER_BUFFER_MODELS, HEAVY_HEAD_EXAMPLE,  # noqa: E402
-                        MLP, Attention, ConvBn, DataDependent, DropoutMlp, HeavyHead, RotaryLike,
-                        TiedLM)
+                        MLP, Attention, ConvBn, DataDependent, DropoutMlp, HeavyHead,
+                        PermutedNorm, RotaryLike, TiedLM)
 
 FAILURES = []
 
@@ -326,6 +327,53 @@ def test_wrong_gradients_refused(workdir: str) -> None:
     check(not os.path.exists(path), "decomposed attention: no package written")
 
 
+def test_permuted_norm(workdir: str) -> None:
+    """ConvNeXt's LayerNorm over a permuted tensor (PermutedNorm). torch 2.11's CPU
+    native_layer_norm_backward returns a contiguous gradient where its fake kernel follows the
+    permuted input's strides; with Inductor free to give the eager kernel permuted inputs, the
+    compiled code read the gradient in the wrong strides (the stem's weight gradient off by 1.12
+    of its size; torchvision's convnext_tiny with stochastic_depth_prob=0 by 1.35). Catches the
+    contiguous-input constraint left out (patches.EAGER_KERNEL_INPUTS): the gradients against
+    eager float64 at batches 1, 2 and 5; and a layout check that does not run before the compile
+    (the same model with the constraint off is refused, naming the kernel, in seconds)."""
+    torch.manual_seed(0)
+    model = PermutedNorm()
+    reference = PermutedNorm().double()
+    reference.load_state_dict(model.state_dict())
+    path = os.path.join(workdir, "permuted_norm.pt2")
+    meta = json.loads(ab.export_pt2(model, path, (torch.randn(2, 3, 16, 16),),
+                                    loss="cross-entropy", check_memory=False))
+    compiled, _, _ = load(path)
+    for batch in (1, 2, 5):
+        x = torch.randn(batch, 3, 16, 16)
+        y = torch.randint(0, 4, (batch,))
+        outputs = compiled.run([x, y])
+        loss, grads = eager_grads(reference, (x.double(),), "cross-entropy", (y,))
+        worst = max(((g.double() - grads[n[len("model."):]]).abs().max().item() /
+                     grads[n[len("model."):]].abs().max().item())
+                    for n, g in zip(meta["gradients"], outputs[1:]))
+        check(abs(outputs[0].item() - loss.item()) <= 1e-5 and worst <= 1e-4,
+              f"permuted norm: B={batch} loss and gradients vs eager float64, worst relative "
+              f"diff {worst:.2e}")
+    kept = ab.inductor_patches.EAGER_KERNEL_INPUTS
+    ab.inductor_patches.EAGER_KERNEL_INPUTS = None
+    refused = os.path.join(workdir, "permuted_norm_unconstrained.pt2")
+    start = time.monotonic()
+    try:
+        ab.export_pt2(PermutedNorm(), refused, (torch.randn(2, 3, 16, 16),),
+                      loss="cross-entropy", check_memory=False)
+        check(False, "permuted norm, inputs unconstrained: expected ValueError (layouts)")
+    except ValueError as error:
+        text = str(error)
+        check("aten.native_layer_norm_backward" in text and "strides" in text
+              and "--format torchscript" in text and time.monotonic() - start < 20,
+              f"permuted norm, inputs unconstrained: refused in {time.monotonic() - start:.1f} s: "
+              f"{text[:160]}")
+    finally:
+        ab.inductor_patches.EAGER_KERNEL_INPUTS = kept
+    check(not os.path.exists(refused), "permuted norm, inputs unconstrained: no package written")
+
+
 def test_constants_stored(workdir: str) -> None:
     """Issue 26: a non-persistent buffer and a lifted tensor constant are stored under the names
     the compiled models ask for, and the package computes eager's loss and gradients with them.
@@ -534,7 +582,8 @@ def main() -> int:
     workdir = args.workdir or tempfile.mkdtemp(prefix="pt2_export_test_")
     os.makedirs(workdir, exist_ok=True)
     checks = [test_mlp, test_tied, test_wide_mean_stays_dynamic, test_conv_stays_dynamic,
-              test_attention_stays_fused, test_wrong_gradients_refused, test_does_not_export,
+              test_attention_stays_fused, test_wrong_gradients_refused, test_permuted_norm,
+              test_does_not_export,
               test_constants_stored, test_memory_check, test_eager_buffers]
     names = {c.__name__[len("test_"):]: c for c in checks}
     # NAME or NAME:VARIANT+VARIANT (eager_buffers only: some of EAGER_BUFFER_MODELS)

@@ -152,3 +152,23 @@ EAGER_BUFFER_MODELS = {"fused": GeluMlp, "mask": DropoutMlp, "lifetimes": Pooled
 
 
 EAGER_BUFFER_EXAMPLE = (8, 16, 64)
+
+
+class PermutedNorm(torch.nn.Module):
+    """ConvNeXt's pattern without torchvision: a stem conv, LayerNorm over channels done as
+    permute / layer_norm / permute (torchvision's LayerNorm2d), and a block whose branch runs
+    its Linear on the channels-last view and is added back in place (CNBlock with
+    stochastic_depth_prob=0, where the stochastic depth returns its input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 4, stride=4)
+        self.norm = torch.nn.LayerNorm(16, eps=1e-6)
+        self.mix = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        x = self.norm(self.stem(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        branch = self.mix(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        branch += x
+        return self.head(branch.mean((2, 3)))

@@ -118,6 +118,17 @@ struct FailureClass {
 FailureClass classifyFailure(ExceptionType type, std::string_view message,
                              const FailureContext& context);
 
+/// A caught exception as classification sees it: its type and its what().
+struct RaisedError {
+  ExceptionType type = ExceptionType::kNonStd;
+  std::string message;
+};
+
+/// The ExceptionType and what() of a caught exception (c10::OutOfMemoryError, std::bad_alloc,
+/// std::exception, other: "non-standard exception"). `error` must not be null.
+/// Implemented in the LibTorch part of the library.
+RaisedError describeException(const std::exception_ptr& error);
+
 /// classifyFailure for a caught exception: finds its ExceptionType (c10::OutOfMemoryError,
 /// std::bad_alloc, std::exception, other) and its what(). `error` must not be null.
 /// Implemented in the LibTorch part of the library.

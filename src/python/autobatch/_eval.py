@@ -23,7 +23,6 @@ class EvalProbe:
     def __init__(self, probe):
         self.probe = probe
         self.resident = None  # the training state: [optimizer], DDP's buckets
-        self.training_oom = 0  # the training trials' evidence, put back by release()
 
     def hold(self, training, training_batch, micro_batches):
         """The training state, made by one real training step at `training_batch` (the search's
@@ -31,10 +30,10 @@ class EvalProbe:
         with zero_grad="zeros"), DDP's buckets kept; `training` False: the parameters only.
         Returns the step's trial record with "holds" and "resident_bytes"."""
         p = self.probe
-        # The evaluation trials' own evidence of out-of-memory for the failure rules
-        # (autobatch/vocabulary/failure.h), as the runner keeps eval_evidence apart from the training's; the
-        # state's training step runs with none, as holdEvalState's.
-        self.training_oom, p.largest_oom = p.largest_oom, 0
+        # The evaluation trials learn apart from the training's (the probe's evidence is per kind
+        # of trial: "_evaluate"), as the runner keeps eval_evidence; the state's training step
+        # (kind "step") starts with none, as holdEvalState's.
+        self.forget_evidence()
         if not training:
             self.resident = ([], None)
             return {"memory_limit_bytes": p.meter.limit_bytes(), "holds": True,
@@ -61,13 +60,19 @@ class EvalProbe:
         record["resident_bytes"] = p.meter.current_bytes() if holds else 0
         return record
 
+    def forget_evidence(self):
+        """What the evaluation trials and the state's training step taught, forgotten (the
+        runner's releaseEvalState: eval_evidence.forgetTrials())."""
+        for kind in ("_evaluate", "step"):
+            self.probe.evidence.pop(kind, None)
+
     def release(self):
         """The training state dropped: optimizer, buckets, gradients; the weights put back and
         the caches emptied unless the device had a fatal error (then nothing touches it, as
         after a trial: the copy would raise the sticky error again and replace the ModelError
         that says so)."""
         self.resident = None
-        self.probe.largest_oom = self.training_oom
+        self.forget_evidence()
         self.probe.kept_grads = False
         self.probe.holding = False
         for param in self.probe.state.params:

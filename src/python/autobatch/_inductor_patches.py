@@ -39,6 +39,18 @@ import torch
 #   on their own. Kept as eager's kernel since issue 26; no effect measured yet (DenseNet-121 was
 #   0.69% under with and without it: that was its poolings' inputs, _eager_lifetimes).
 # docs/formats.md, "Exporting a package"; metadata "eager_kernels" lists those a package calls.
+# The layout the compiled code gives each EAGER_KERNELS call's tensor inputs: "contiguous"
+# (Inductor's require_contiguous layout constraint), or None (Inductor's choice; tests only). The
+# compiled code reads an eager kernel's outputs in the strides torch's fake (meta) kernel gives
+# for those inputs, not in the strides the kernel returns; the two differ for some inputs:
+# torch 2.11's native_layer_norm_backward returns a contiguous gradient on the CPU
+# (aten/src/ATen/native/layer_norm.cpp) where its fake, the decomposition in
+# torch/_decomp/decompositions.py, follows a permuted input's strides. ConvNeXt's LayerNorm2d
+# (permute, layer_norm, permute) fed it permuted tensors, and the package's stem gradient was off
+# by 1.35 of its size. With contiguous inputs the two agree, and the CPU norm and softmax kernels
+# make their inputs contiguous themselves (expect_contiguous), so the copy is eager's own.
+# _pt2_joint.layout_mismatches checks every call at the example batch before anything compiles.
+EAGER_KERNEL_INPUTS = "contiguous"
 EAGER_KERNELS = (
     "_scaled_dot_product_flash_attention_for_cpu",
     "nll_loss_forward", "nll_loss_backward", "_log_softmax", "_log_softmax_backward_data",
@@ -75,10 +87,13 @@ class _eager_kernels:
         self._decomp, self._compile_fx, self._lowering = decomp, compile_fx, lowering
         self._core, self._inductor = decomp.core_aten_decompositions, compile_fx.select_decomp_table
         self._ops = [getattr(torch.ops.aten, name).default for name in EAGER_KERNELS]
+        constraints = lowering._maybe_layout_constraints
         self._saved = {op: (op in lowering.lowerings, lowering.lowerings.get(op),
-                            op in lowering.fallbacks, op in lowering.needs_realized_inputs)
+                            op in lowering.fallbacks, op in lowering.needs_realized_inputs,
+                            op in constraints, constraints.get(op))
                        for op in self._ops}
         ops, core, inductor = self._ops, self._core, self._inductor
+        constraint = lowering.require_contiguous if EAGER_KERNEL_INPUTS == "contiguous" else None
 
         def core_table():
             decompositions = core()
@@ -93,7 +108,8 @@ class _eager_kernels:
         compile_fx.select_decomp_table = inductor_table
         try:
             for op in ops:
-                lowering.make_fallback(op, warn=False, override_decomp=True)
+                lowering.make_fallback(op, layout_constraint=constraint, warn=False,
+                                       override_decomp=True)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -103,7 +119,9 @@ class _eager_kernels:
         self._decomp.core_aten_decompositions = self._core
         self._compile_fx.select_decomp_table = self._inductor
         lowering = self._lowering
-        for op, (lowered, handler, fallback, realized) in self._saved.items():
+        constraints = lowering._maybe_layout_constraints
+        for op, (lowered, handler, fallback, realized, constrained, constraint) in \
+                self._saved.items():
             if lowered:
                 lowering.lowerings[op] = handler
             else:
@@ -112,6 +130,10 @@ class _eager_kernels:
                 lowering.fallbacks.discard(op)
             if not realized:
                 lowering.needs_realized_inputs.discard(op)
+            if constrained:
+                constraints[op] = constraint
+            else:
+                constraints.pop(op, None)
         return False
 
 
@@ -468,7 +490,10 @@ CHECKED_ON = ("2.11.0", "2.15.0")
 INTERNALS = (
     ("torch._decomp", "core_aten_decompositions", ()),
     ("torch._inductor.compile_fx", "select_decomp_table", ()),
-    ("torch._inductor.lowering", "make_fallback", ("calls:", "op", "warn", "override_decomp")),
+    ("torch._inductor.lowering", "make_fallback",
+     ("calls:", "op", "layout_constraint", "warn", "override_decomp")),
+    ("torch._inductor.lowering", "require_contiguous", ("_", "args", "kwargs")),
+    ("torch._inductor.lowering", "_maybe_layout_constraints", "dict"),
     ("torch._inductor.lowering", "lowerings", "dict"),
     ("torch._inductor.lowering", "fallbacks", "set"),
     ("torch._inductor.lowering", "needs_realized_inputs", "set"),

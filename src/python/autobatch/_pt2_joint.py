@@ -240,22 +240,57 @@ def _compare_gradients(computed: Dict[str, torch.Tensor], eager: Dict[str, torch
     return {"max_relative_diff": float(f"{worst:.3g}"), "worst": worst_name}
 
 
-def joint_gradient_check(wrapped: torch.nn.Module, joint, args: Sequence[torch.Tensor]) -> dict:
-    """Runs the joint graph (uncompiled) and the eager step (forward, loss, backward; on a copy)
-    on the example batch and compares every gradient: the export's own proof that the graph it
-    compiles computes the user's gradients. Catches a decomposition whose forward no longer
-    matches the native backward that consumes it (torch 2.11: core ATen's decomposition of
-    _scaled_dot_product_flash_attention_for_cpu returns the attention matrix where the kernel's
-    backward reads the log-sum-exp; see EAGER_KERNELS), and any such fault to come.
+def kernel_layout_mismatch(op, args, kwargs) -> Optional[str]:
+    """Runs ``op`` on ``args``/``kwargs`` (real tensors) and on fake copies of them
+    (torch._subclasses.FakeTensorMode, the tensors Inductor plans with) and returns the first
+    output whose strides differ, as "output i: strides ... from the kernel, ... from its fake
+    (meta) kernel", or None. Dimensions of size 1 are not compared (any stride is right there).
+    A difference means compiled code that calls the kernel reads its result in the wrong layout."""
+    from torch.utils import _pytree as pytree
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    Returns metadata ``gradient_check``: {"max_relative_diff": float, "worst": name} or
-    {"skipped": reason}. Raises ValueError naming the parameter when the difference is over
-    GRADIENT_CHECK_TOLERANCE. Side effects: none on ``wrapped`` (a copy runs)."""
-    from torch.export.graph_signature import InputKind, OutputKind
+    real = op(*args, **kwargs)
+    mode = FakeTensorMode()
+    fake_args, fake_kwargs = pytree.tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
+    with mode:
+        fake = op(*fake_args, **fake_kwargs)
+    for index, (r, f) in enumerate(zip(pytree.tree_leaves(real), pytree.tree_leaves(fake))):
+        if not isinstance(r, torch.Tensor) or r.numel() <= 1:
+            continue
+        if any(a != b for a, b, size in zip(r.stride(), f.stride(), r.shape) if size > 1):
+            return (f"output {index}: strides {tuple(r.stride())} from the kernel, "
+                    f"{tuple(f.stride())} from its fake (meta) kernel")
+    return None
 
-    random = _random_ops(joint)
-    if random:
-        return {"skipped": f"random ops ({', '.join(random)}): eager draws other numbers"}
+
+class _JointRun(torch.fx.Interpreter):
+    """Runs the joint graph on real tensors and checks each EAGER_KERNELS call on the way
+    (kernel_layout_mismatch, its tensor inputs laid out as the compiled code will give them:
+    patches.EAGER_KERNEL_INPUTS). ``mismatches``: "aten.<op>: <difference>" texts, one per op."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.mismatches: Dict[str, str] = {}
+
+    def call_function(self, target, args, kwargs):
+        name = getattr(target, "_opname", None)
+        if name in patches.EAGER_KERNELS and f"aten.{name}" not in self.mismatches:
+            from torch.utils import _pytree as pytree
+
+            given = (args, kwargs)
+            if patches.EAGER_KERNEL_INPUTS == "contiguous":
+                given = pytree.tree_map_only(torch.Tensor, lambda t: t.contiguous(), given)
+            found = kernel_layout_mismatch(target, *given)
+            if found:
+                self.mismatches[f"aten.{name}"] = found
+        return super().call_function(target, args, kwargs)
+
+
+def _joint_inputs(joint, args: Sequence[torch.Tensor]) -> list:
+    """The joint graph's flat inputs: the example batch's tensors (copies) in the user inputs'
+    places, the stored parameters, buffers and constants in theirs."""
+    from torch.export.graph_signature import InputKind
+
     users = iter(args)
     flat = []
     for spec in joint.graph_signature.input_specs:
@@ -265,8 +300,41 @@ def joint_gradient_check(wrapped: torch.nn.Module, joint, args: Sequence[torch.T
             flat.append(joint.state_dict[spec.target].detach().clone())
         else:
             flat.append(joint.constants[spec.target])
+    return flat
+
+
+def joint_gradient_check(wrapped: torch.nn.Module, joint, args: Sequence[torch.Tensor]) -> dict:
+    """Runs the joint graph (uncompiled) and the eager step (forward, loss, backward; on a copy)
+    on the example batch and compares every gradient: the export's own proof that the graph it
+    compiles computes the user's gradients. Catches a decomposition whose forward no longer
+    matches the native backward that consumes it (torch 2.11: core ATen's decomposition of
+    _scaled_dot_product_flash_attention_for_cpu returns the attention matrix where the kernel's
+    backward reads the log-sum-exp; see EAGER_KERNELS), and any such fault to come.
+
+    The same run checks each call of an eager kernel (_JointRun): where the kernel returns
+    another layout than its fake kernel says for the inputs the compiled code will give it, the
+    compiled code would read the result in the wrong strides, whatever the graph computes; that
+    is refused here, before anything compiles (a compile takes minutes).
+
+    Returns metadata ``gradient_check``: {"max_relative_diff": float, "worst": name} or
+    {"skipped": reason} (random ops: the layout check still runs). Raises ValueError naming the
+    parameter when the difference is over GRADIENT_CHECK_TOLERANCE, or naming the kernel and both
+    layouts. Side effects: none on ``wrapped`` (a copy runs)."""
+    from torch.export.graph_signature import OutputKind
+
+    run = _JointRun(joint.graph_module)
     with torch.no_grad():
-        outputs = joint.graph_module(*flat)
+        outputs = run.run(*_joint_inputs(joint, args))
+    if run.mismatches:
+        shown = "; ".join(f"{op} {text}" for op, text in sorted(run.mismatches.items()))
+        raise ValueError(
+            f"the exported training step calls eager kernels whose results the compiled code "
+            f"would read in other strides than they have ({shown}), which computes wrong "
+            f"gradients; export it in the TorchScript format instead (--format torchscript), and "
+            f"please report the model and the torch version")
+    random = _random_ops(joint)
+    if random:
+        return {"skipped": f"random ops ({', '.join(random)}): eager draws other numbers"}
     joint_grads = {spec.target: out for spec, out in zip(joint.graph_signature.output_specs, outputs)
                    if spec.kind == OutputKind.GRADIENT_TO_PARAMETER}
     _, eager = _eager_gradients(wrapped, args)

@@ -144,6 +144,16 @@ def _body_key(body):
 
 # ---- the trial ------------------------------------------------------------------------------
 
+def exception_type(error) -> str:
+    """The failure rules' name for an exception's type (_core.TrialEvidence.classify):
+    torch.OutOfMemoryError "out-of-memory", MemoryError "bad-alloc", else "other"."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return "out-of-memory"
+    if isinstance(error, MemoryError):
+        return "bad-alloc"
+    return "other"
+
+
 class EagerProbe(MeasuringTrials):
     """The probe the C++ search calls: probe(B, micro_batches_per_step) -> a plain dict."""
 
@@ -156,11 +166,11 @@ class EagerProbe(MeasuringTrials):
         self.point = ("idle", 0, 0)
         self.interrupted = False
         self.stopped_by = None  # the ModelError that ended the search (stopping_at_model_error)
-        self.largest_oom = 0
-        # The largest (micro-batch, micro-batches) seen to fit, per trial body (training and
-        # evaluation keep their own): where an ambiguous failure is re-run.
-        self.largest_fit = {}
-        self.classifying = False  # inside the re-run of an ambiguous failure: no nested re-run
+        # What each kind of trial (_body_key: training and evaluation apart, as the runner's
+        # evidence and eval_evidence) taught the next: _core.TrialEvidence, the command's rule
+        # (src/probes/trial_evidence.h): the last out of memory and the largest fit, and the
+        # verdict on a failure.
+        self.evidence = {}
         self.count = 0
         self.optimizer_state_bytes = 0  # the largest seen after a step, for the report
         self.facts = None  # the report's facts (find's), updated after each trial
@@ -410,20 +420,21 @@ class EagerProbe(MeasuringTrials):
                 raise UsageError(str(e.__cause__)) from None
             raise
         log.debug("warm-up step at micro-batch %d: %s", size, record.get("outcome", "fits"))
-        self.count, self.largest_oom, self.largest_fit = 0, 0, {}
+        self.count, self.evidence = 0, {}
         self.residue = None  # what a first call builds once (a cache, a lazy module) is no residue
         self.largest_full_fit = 0
 
     def trial(self, size, micro_batches, body, label=None):
         """One trial: body(size, micro_batches) -> (steps completed, total ms) under the meter,
-        its out-of-memory turned into a record (see the module's docstring). The command's rules
-        (src/probes/trial_runner.cpp, trial_classification.cpp): after a fatal device error (sticky CUDA
-        error) no device call is made, not even to restore the weights, and ModelError says so; an
-        ambiguous failure (cuDNN finding no engine) re-runs the largest batch seen to fit: it fits,
-        so the failure was memory."""
+        its out-of-memory turned into a record (see the module's docstring). What a failure means
+        is the command's rule, decided by the same code (_core.TrialEvidence,
+        src/probes/trial_evidence.h): after a fatal device error (sticky CUDA error) no device
+        call is made, not even to restore the weights, and ModelError says so; an ambiguous
+        failure (cuDNN finding no engine) re-runs the largest batch seen to fit: it fits, so the
+        failure was memory (the re-run is listed in the record's "classification_rerun")."""
         self.count += 1
         record = {"memory_limit_bytes": self.meter.limit_bytes(), "steps_completed": 0}
-        failure, error = None, None
+        raised, error = None, None
         self.steps_done, self.steps_ms = 0, 0.0
         self.first_step_ms = None
         self.meter.begin()
@@ -454,10 +465,11 @@ class EagerProbe(MeasuringTrials):
                     self.meter.mark_poisoned()
                 record["steps_completed"] = self.steps_done
                 record["step_ms"] = self.steps_ms / self.steps_done if self.steps_done else 0.0
-                failure = self._failure(e)
+                # What it was is decided once the peaks are read (the process limit is asked
+                # with the trial's peak); the frames go now, and with them the step's tensors.
+                raised = (exception_type(e), text_of(e), self.point)
                 traceback.clear_frames(e.__traceback__)
-                if failure["kind"] not in ("out-of-memory", "size-limit"):
-                    error = e
+                error = e
                 del e
                 if not self.meter.poisoned():
                     self._drain_autograd()
@@ -466,28 +478,23 @@ class EagerProbe(MeasuringTrials):
                 for p in self.state.params:
                     p.grad = None
             self._enter("idle", size)
-        error = self._end(record, error)
+        evidence = self.evidence.setdefault(_body_key(body), _core.TrialEvidence())
+        peaks_error = self._read_peaks(record)
+        failure = None
+        if raised is not None and not self.meter.poisoned():
+            failure = self._classify(evidence, raised, size, record.get("peak_bytes", 0))
+            if failure["kind"] in ("out-of-memory", "size-limit"):
+                error = None  # freed before the cleanup
+        # a fatal error seen while reading the peaks is the one that leaves (ModelError says so)
+        error = (peaks_error or error) if self.meter.poisoned() else (error or peaks_error)
+        error = self._clean_up(error)
         self._check_survivors()
         if failure is not None and failure["kind"] == "possible-out-of-memory" and \
                 error is not None and not self.meter.poisoned():
-            if self._memory_after_all(size, body, failure):
+            failure = self._judge(evidence, failure, size, body, record)
+            if failure["kind"] != "rethrow":
                 error = None
-                failure["kind"] = "out-of-memory"
-        if failure is not None and failure["kind"] in ("out-of-memory", "size-limit"):
-            record["outcome"] = failure["kind"]
-            record["reason"] = failure["reason"]
-            if failure["kind"] == "out-of-memory":
-                record["failed_request_bytes"] = failure["failed_request_bytes"]
-                record["failed_in_use_bytes"] = failure["failed_in_use_bytes"]
-                record["failed_phase"], record["failed_micro_batch_index"], \
-                    record["failed_step_index"] = failure["point"]
-                self.largest_oom = max(self.largest_oom, size)
-        elif error is None and not record.get("cancelled"):
-            best = self.largest_fit.get(_body_key(body), (0, 1))
-            if size >= best[0]:
-                self.largest_fit[_body_key(body)] = (size, micro_batches)
-            if getattr(body, "__name__", "") == "_train":
-                self.largest_full_fit = max(self.largest_full_fit, size)
+        self._record_outcome(record, failure, evidence, size, micro_batches, body, error)
         if self.facts is not None:
             self.facts["model"]["optimizer_state_bytes"] = self.optimizer_state_bytes
             self.facts["context"].update(self.meter.context())
@@ -497,6 +504,27 @@ class EagerProbe(MeasuringTrials):
             raise self._model_error(error, size) from error
         self._log(size, micro_batches, record, label)
         return record
+
+    def _record_outcome(self, record, failure, evidence, size, micro_batches, body, error):
+        """The verdict into ``record`` (outcome, reason, the failed request and where), and what
+        the trial teaches the next ones of its kind (TrialEvidence.learn; an error that leaves
+        forgets the last out of memory, as the runner's)."""
+        if failure is not None and failure["kind"] in ("out-of-memory", "size-limit"):
+            record["outcome"] = failure["kind"]
+            record["reason"] = failure["reason"]
+            if failure["kind"] == "out-of-memory":
+                record["failed_request_bytes"] = failure["failed_request_bytes"]
+                record["failed_in_use_bytes"] = failure["failed_in_use_bytes"]
+                record["failed_phase"], record["failed_micro_batch_index"], \
+                    record["failed_step_index"] = failure["point"]
+        if error is not None:
+            evidence.forget_out_of_memory()
+            return
+        evidence.learn(size, micro_batches, record.get("outcome", "fits"),
+                       bool(record.get("cancelled")))
+        if "outcome" not in record and not record.get("cancelled") and \
+                getattr(body, "__name__", "") == "_train":
+            self.largest_full_fit = max(self.largest_full_fit, size)
 
     def _step_ms(self, done, total_ms, size):
         """The trial's step time for the search's time rules and plan speeds: with 2 or more
@@ -558,22 +586,26 @@ class EagerProbe(MeasuringTrials):
                 leaf.backward()
                 del leaf
 
-    def _end(self, record, error):
-        """The trial's peaks into `record`, then the weights back and the caches emptied, unless
-        the device had a fatal error (then nothing touches it). A device call that raises here
-        poisons the device; the trial's own error, if any, is the one that leaves."""
+    def _read_peaks(self, record):
+        """The trial's peaks into ``record``. Returns the error reading them raised (None when
+        none): a fatal one poisons the device; the backend's own refusal after a trial (the
+        memory outside the allocator grown past the limit: cuda_backend.cpp, applyFraction),
+        which leaves the weights unrestored and the process under the search's fraction, comes
+        back as a UsageError."""
         try:
             record.update(self.meter.end())
         except Exception as e:  # noqa: BLE001  a sticky error seen at the first device call
-            # Only a fatal error poisons: the backend's own refusal after a trial (the memory
-            # outside the allocator grown past the limit: cuda_backend.cpp, applyFraction) left
-            # the weights unrestored and the process under the search's fraction, with words
-            # about a fatal device error. It leaves as a UsageError.
             if _core.is_fatal(text_of(e)):
                 self.meter.mark_poisoned()
             elif isinstance(e, _core.Error):
                 e = UsageError(str(e))
-            error = error or e
+            return e
+        return None
+
+    def _clean_up(self, error):
+        """The weights back and the caches emptied, unless the device had a fatal error (then
+        nothing touches it). A device call that raises here poisons the device; the trial's own
+        ``error``, if any, is the one that leaves (returned)."""
         if self.meter.poisoned():
             return error
         try:
@@ -584,33 +616,36 @@ class EagerProbe(MeasuringTrials):
             error = error or e
         return error
 
-    def _memory_after_all(self, size, body, failure):
-        """An ambiguous failure at `size` (autobatch/vocabulary/failure.h, possible-out-of-memory): True when
-        it was memory. The largest batch seen to fit by this body is re-run with the cache emptied:
-        it fits (or runs out of memory), so the failure was memory; it fails too, so the error is
-        the model's or the install's. Nothing fitted yet: memory. Inside a re-run: the outer trial
-        decides. (TrialEvidence::classifyAmbiguous, src/probes/trial_classification.cpp.)"""
-        if self.classifying:
-            return False
-        best = self.largest_fit.get(_body_key(body))
-        if best is None:
-            failure["reason"] += " (taken as out of memory: nothing has fitted yet to re-run)"
-            return True
-        self.classifying = True
-        try:
-            again = self.trial(best[0], best[1], body, label="re-run to classify")
-        except ModelError:
-            again = None
-        finally:
-            self.classifying = False
-        if again is None or again.get("outcome", "fits") not in ("fits", "out-of-memory"):
-            log.warning("batch %d failed with \"%s\", and the re-run at batch %d, which fit "
-                        "before, failed too: a model or install error, not out of memory", size,
-                        failure["reason"], best[0])
-            return False
-        failure["reason"] += (f" (out of memory: batch {best[0]} fit when re-run with the cache "
-                              "emptied)")
-        return True
+    def _judge(self, evidence, failure, size, body, record):
+        """The verdict on an ambiguous failure at ``size`` (possible-out-of-memory), by the
+        command's rule (TrialEvidence.judge, src/probes/trial_evidence.h): the largest batch this
+        kind of trial saw fit is re-run here as a trial of its own; its record goes into
+        ``record["classification_rerun"]`` when it decided the verdict. Returns the failure's
+        dict with the verdict's kind and reason (and the point kept)."""
+        reran = {}
+
+        def rerun(batch, micro_batches):
+            try:
+                reran["record"] = self.trial(batch, micro_batches, body,
+                                             label="re-run to classify")
+            except ModelError as e:
+                cause = e.__cause__ if e.__cause__ is not None else e
+                kind = _core.classify(exception_type(cause), text_of(cause), True, True)["kind"]
+                return {"raised": True, "raised_kind": kind}
+            reran["record"]["micro_batch_size"] = batch
+            reran["record"]["micro_batches_per_step"] = micro_batches
+            return {"outcome": reran["record"].get("outcome", "fits")}
+
+        point = failure.pop("point")
+        near = failure.pop("process_limit_near")
+        verdict = evidence.judge(failure, size, near, self.meter.process_limit_near(0, 1), rerun)
+        if verdict["warning"]:
+            log.warning("%s", verdict["warning"])
+        if verdict["rerun_listed"]:
+            reran["record"]["reason"] = verdict["rerun_reason"]
+            record["classification_rerun"] = reran["record"]
+        return {k: verdict[k] for k in ("kind", "reason", "failed_request_bytes",
+                                        "failed_in_use_bytes")} | {"point": point}
 
     def _model_error(self, error, size):
         if self.meter.poisoned():
@@ -636,21 +671,16 @@ class EagerProbe(MeasuringTrials):
                     "micro-batch), or loss_fn= with the inputs alone as example_batch")
         return ""
 
-    def _failure(self, e):
-        """The library's classification of a failed step (autobatch/vocabulary/failure.h)."""
-        name, micro, step = self.point
-        if isinstance(e, torch.OutOfMemoryError):
-            kind = "out-of-memory"
-        elif isinstance(e, MemoryError):
-            kind = "bad-alloc"
-        else:
-            kind = "other"
-        message = text_of(e)
-        first = _core.classify(kind, message, True, True)
-        near = self.meter.process_limit_near(0, first["failed_request_bytes"])
-        c = _core.classify(kind, message, near, self.largest_oom > 0)
-        c["point"] = (name if name != "idle" else "", micro, step)
-        return c
+    def _classify(self, evidence, raised, size, peak_bytes):
+        """The library's classification of a failed step (autobatch/vocabulary/failure.h) with
+        the evidence of the trials before (TrialEvidence.classify: the last out of memory above
+        ``size``, the process limit asked with this trial's peak). ``raised``: (exception type,
+        text, point). Returns the failure's dict with "point" and "process_limit_near"."""
+        kind, message, (name, micro, step) = raised
+        failure = evidence.classify(kind, message, size, int(peak_bytes),
+                                    self.meter.process_limit_near)
+        failure["point"] = (name if name != "idle" else "", micro, step)
+        return failure
 
     def _log(self, size, micro_batches, r, label=None):
         outcome = "cancelled" if r.get("cancelled") else r.get("outcome", "fits")
