@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The layers' dependency direction (issue 42, docs/architecture.md): a file of a lower layer never
-includes a header of a higher one. Run by scripts/lint.sh; exits 1 naming each violation, each
+"""The layers' dependency direction (docs/architecture.md): a file of a lower layer never includes
+a header of a higher one, and a module of the Python package never imports one of a higher layer
+(PY_LAYERS). Run by scripts/lint.sh; exits 1 naming each violation, each
 source file outside the layers' folders, and each include that names no file of the checkout.
 
 A layer is a folder: src/<layer>/ for the sources and private headers, include/autobatch/<layer>/
@@ -32,6 +33,32 @@ ALLOWED = {
     ("src/memory/scratch_files.cpp", "include/autobatch/autobatch.h"):
         "defines a function autobatch.h declares",
 }
+# The Python package's layers (src/python/autobatch, docs/architecture.md "The Python package"),
+# bottom to top: a module imports only from its own layer or lower ones. `autobatch._core` (the
+# compiled extension) is the bottom.
+PY_LAYERS = ["types", "measuring", "session", "workflows", "package"]
+PY_MODULE_LAYERS = {
+    # option checks, errors, result types, the fingerprint, the binding
+    "_core": "types", "_errors": "types", "_options": "types", "_option_checks": "types",
+    "_result": "types", "_fingerprint": "types", "_step_errors": "types",
+    # the meters and the trial: one real step under the budget, its state put back
+    "_budget": "measuring", "_cuda_api": "measuring", "_batches": "measuring",
+    "_residue": "measuring", "_replay": "measuring", "_measuring": "measuring",
+    "_survivors": "measuring", "_state": "measuring", "_fsdp": "measuring",
+    "_collectives": "measuring", "_optimizers": "measuring", "_step_output": "measuring",
+    "_trial": "measuring", "_eval": "measuring",
+    # the search session: find, check_batch, the planner, the ranks' agreement
+    "_find": "session", "_check_eval": "session", "_plans": "session", "_ranks": "session",
+    # the jobs and drop-ins built on a session, and the exports
+    "_sharded": "workflows", "_sharded_job": "workflows", "_ddp_job": "workflows",
+    "lightning": "workflows", "transformers": "workflows", "_export": "workflows",
+    "_export_step": "workflows", "_pt2": "workflows", "_pt2_joint": "workflows",
+    "_pt2_memory": "workflows", "_inductor_patches": "workflows",
+    # what `import autobatch` gives
+    "__init__": "package",
+}
+PY_PACKAGE = "src/python/autobatch"
+
 # the project's headers only: "layer/name.h" (src/) and <autobatch/...> (include/), not <fmt/...>
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+\.(?:h|inc))[>"]', re.M)
 
@@ -86,6 +113,51 @@ def violations(sources: dict) -> list:
     return found
 
 
+def python_imports(text: str) -> list:
+    """The package modules a module's source imports: `from . import x`, `from .x import y`,
+    `from autobatch.x import y`, `import autobatch.x` (x's first part), and the package itself
+    (`import autobatch`, `from autobatch import y`) as "__init__"."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found += [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                node.module.split(".")[0] == "autobatch":
+            parts = node.module.split(".")
+            found.append(parts[1] if len(parts) > 1 else "__init__")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "autobatch":
+                    found.append(parts[1] if len(parts) > 1 else "__init__")
+    return found
+
+
+def python_violations(modules: dict) -> list:
+    """The problems in ``modules`` (module name -> source): a module in no layer, an import of a
+    package module in no layer, an import of a higher layer."""
+    found = []
+    for module, text in sorted(modules.items()):
+        layer = PY_MODULE_LAYERS.get(module)
+        if layer is None:
+            found.append(f"{PY_PACKAGE}/{module}.py: in no layer; add it to PY_MODULE_LAYERS "
+                         f"(scripts/check_layers.py) and docs/architecture.md")
+            continue
+        for name in python_imports(text):
+            target = PY_MODULE_LAYERS.get(name)
+            if target is None:
+                if name in modules:  # reported above
+                    continue
+                found.append(f"{PY_PACKAGE}/{module}.py imports autobatch.{name}, which is no "
+                             f"module of the package")
+            elif PY_LAYERS.index(target) > PY_LAYERS.index(layer):
+                found.append(f"{PY_PACKAGE}/{module}.py ({layer}) imports {name} ({target}): a "
+                             f"lower layer imports a higher one; move the shared part down")
+    return found
+
+
 def self_test() -> None:
     """Catches a checker that never fails: an upward include, a file outside the folders, an
     include of a missing header and an allowed include must give exactly the first three."""
@@ -106,6 +178,18 @@ def self_test() -> None:
         found
     assert found[2].startswith("src/search/planner.cpp (search) includes "
                                "autobatch/reports/report.h (reports)"), found
+    py = python_violations({
+        "_trial": "from . import _core\nfrom ._find import find\n",
+        "_find": "from ._trial import EagerProbe\nimport autobatch._gone\n",
+        "_brand_new": "import torch\n",
+        "lightning": "import autobatch\n",
+    })
+    assert len(py) == 4, py
+    assert py[0].startswith(f"{PY_PACKAGE}/_brand_new.py: in no layer"), py
+    assert py[1].startswith(f"{PY_PACKAGE}/_find.py imports autobatch._gone, which is no"), py
+    assert py[2].startswith(f"{PY_PACKAGE}/_trial.py (measuring) imports _find (session)"), py
+    assert py[3].startswith(f"{PY_PACKAGE}/lightning.py (workflows) imports __init__ (package)"), \
+        py
 
 
 def main() -> int:
@@ -117,12 +201,17 @@ def main() -> int:
                                      "include/*.h"], text=True).split()
     sources = {p: open(p, encoding="utf-8").read() for p in paths}
     found = violations(sources)
+    py_paths = subprocess.check_output(["git", "ls-files", f"{PY_PACKAGE}/*.py"],
+                                       text=True).split()
+    modules = {os.path.basename(p)[:-3]: open(p, encoding="utf-8").read() for p in py_paths}
+    found += python_violations(modules)
     for text in found:
         print(f"check_layers: {text}")
     if found:
         return 1
     print(f"check_layers: {len(paths)} files in {len(LAYERS)} layers, no include upward "
-          f"({' < '.join(LAYERS)})")
+          f"({' < '.join(LAYERS)}); {len(modules)} Python modules in {len(PY_LAYERS)} layers, "
+          f"no import upward ({' < '.join(PY_LAYERS)})")
     return 0
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Lints the Python package (src/python/autobatch) and type-checks the examples against it:
 #
-#   1. ruff's D1 rules (pyproject.toml, [tool.ruff]): every public module, class, method,
+#   1. ruff's lint rules (pyproject.toml, [tool.ruff]: pycodestyle, pyflakes, import order,
+#      bugbear) and its format check on the whole package, and its D1 rules: every public module, class, method,
 #      function and __init__ of the package has a docstring, since the docstrings are the
 #      package's API reference (docs/python.md points at them; mkdocstrings renders them).
 #      ruff counts every name in a module whose file name starts with "_" as private and never
@@ -10,14 +11,16 @@
 #      checked again under their public names (through stdin, --stdin-filename), and findings
 #      are shown with their real file names. The other private modules (the trial runner, the
 #      meters, the budget allocator's binding, ...) hold internal helpers: left out on purpose.
-#   2. mypy (pyproject.toml, [tool.mypy]): the examples in examples/python against the
+#   2. every function of the package at most 80 lines, its docstring not counted, as the C++
+#      (scripts/check_python_functions.py).
+#   3. mypy (pyproject.toml, [tool.mypy]): the examples in examples/python against the
 #      package's annotations, read from the sources (mypy_path = src/python), never from the
 #      copy installed in the project environment, which may be older; torch, Lightning and
 #      transformers come from that environment (--python-executable). The package ships
 #      py.typed, so this is what a user's mypy sees of it.
 #
 # The tools come from scripts/tools_env.sh (requirements-docs.txt), the project's Python from
-# scripts/env.sh. Their caches go to the build tree. Exit status 0 when both pass.
+# scripts/env.sh. Their caches go to the build tree. Exit status 0 when all pass.
 # Usage: bash scripts/lint_python.sh
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -31,7 +34,7 @@ mkdir -p "$cache"
 
 # The modules that define the names `autobatch` exports: those autobatch/__init__.py imports
 # from, and the ones they re-export from (_pt2: export_pt2; _fingerprint: fingerprint).
-API_MODULES=(_check_eval _ddp_job _errors _export _find _fingerprint _pt2 _result _sharded)
+API_MODULES=(_check_eval _ddp_job _errors _export _find _fingerprint _plans _pt2 _result _sharded)
 for imported in $(sed -n 's/^from \.\(_[a-z0-9_]*\) import .*/\1/p' "$package/__init__.py"); do
   if [[ " ${API_MODULES[*]} " != *" $imported "* ]]; then
     echo "lint_python.sh: autobatch/__init__.py imports from $imported, which API_MODULES" \
@@ -41,13 +44,19 @@ for imported in $(sed -n 's/^from \.\(_[a-z0-9_]*\) import .*/\1/p' "$package/__
 done
 
 failed=0
-echo "== ruff D1: $package (public modules), then the API modules under their public names"
+echo "== ruff: $package (lint; D1 for public modules), then the API modules under their public names"
 "$py" -m ruff check --cache-dir "$cache/ruff" "$package" || failed=1
 for module in "${API_MODULES[@]}"; do
   public="$package/${module#_}.py"
   out="$("$py" -m ruff check --no-cache --output-format concise --stdin-filename "$public" - \
          <"$package/$module.py")" || { failed=1; echo "${out//$public/$package/$module.py}"; }
 done
+
+echo "== ruff format: $package (pyproject.toml, [tool.ruff]: 100 columns)"
+"$py" -m ruff format --cache-dir "$cache/ruff" --check "$package" || failed=1
+
+echo "== function length: $package (scripts/check_python_functions.py)"
+"$py" "$here/check_python_functions.py" --self-test && "$py" "$here/check_python_functions.py" "$package" || failed=1
 
 echo "== mypy: examples/python against $package"
 if [ ! -x "$AUTOBATCH_PYTHON" ]; then

@@ -15,9 +15,11 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,7 +42,7 @@
 #include "memory/cuda_api.h"
 #include "memory/memory_backend.h"
 #include "python/backend_binding.h"
-#include "python/evidence_binding.h"
+#include "python/bindings.h"
 #include "reports/report_internal.h"
 
 namespace py = pybind11;
@@ -54,8 +56,77 @@ T get(const py::dict& d, const char* key, T fallback) {
   return d[key].cast<T>();
 }
 
+// The keys that cross the binding, declared once: each converter below reads only these, refuses
+// any other (a misspelled key would otherwise be read as its default), and the Python package
+// reads the same lists from _core (TRIAL_RECORD_KEYS, SEARCH_OPTION_KEYS).
+// A trial's record (TrialResult's field names), and what the evaluation's hold and a re-run to
+// classify add to theirs.
+constexpr std::array<const char*, 26> kTrialRecordKeys{"outcome",
+                                                       "reason",
+                                                       "peak_allocated_bytes",
+                                                       "peak_reserved_bytes",
+                                                       "peak_bytes",
+                                                       "memory_limit_bytes",
+                                                       "failed_request_bytes",
+                                                       "failed_phase",
+                                                       "failed_micro_batch_index",
+                                                       "failed_step_index",
+                                                       "failed_in_use_bytes",
+                                                       "allocator_retries",
+                                                       "output_bytes",
+                                                       "step_ms",
+                                                       "steps_completed",
+                                                       "cancelled",
+                                                       "shortened",
+                                                       "stands_for_full",
+                                                       "classification_rerun",
+                                                       "replayed_peak",
+                                                       "phase_peaks",
+                                                       "outside_growth_bytes",
+                                                       "holds",
+                                                       "resident_bytes",
+                                                       "micro_batch_size",
+                                                       "micro_batches_per_step"};
+// SearchOptions' fields as autobatch.find names them (strategy and plan by their CLI names).
+constexpr std::array<const char*, 17> kSearchOptionKeys{
+    "memory_limit_bytes", "reserve_bytes",
+    "margin_fraction",    "margin_bytes",
+    "min_batch",          "max_batch",
+    "dataset_size",       "initial_batch",
+    "strategy",           "micro_batches_per_step",
+    "relative_tolerance", "max_trials",
+    "time_limit_s",       "target_batch",
+    "world_size",         "plan",
+    "block_bytes"};
+
+// Throws autobatch::Error naming the first key of `d` that `keys` (or `more`) does not list.
+template <std::size_t N>
+void requireKnownKeys(const py::dict& d, const std::array<const char*, N>& keys, const char* what,
+                      std::initializer_list<const char*> more = {}) {
+  for (const auto& item : d) {
+    const auto key = item.first.cast<std::string>();
+    const auto known = [&key](const char* k) { return key == k; };
+    if (std::any_of(keys.begin(), keys.end(), known) ||
+        std::any_of(more.begin(), more.end(), known)) {
+      continue;
+    }
+    std::string listed;
+    for (const char* k : keys) listed += std::string(listed.empty() ? "" : ", ") + k;
+    for (const char* k : more) listed += std::string(", ") + k;
+    throw autobatch::Error(std::string(what) + ": unknown key \"" + key + "\" (misspelled?); " +
+                           "expected some of " + listed);
+  }
+}
+
+py::tuple keyNames(const char* const* first, std::size_t count) {
+  py::tuple out(count);
+  for (std::size_t i = 0; i < count; ++i) out[i] = std::string(first[i]);
+  return out;
+}
+
 // The probe's answer (a dict with TrialResult's field names; docs/python.md) as a TrialResult.
 autobatch::TrialResult trialFromDict(const autobatch::TrialRequest& request, const py::dict& d) {
+  requireKnownKeys(d, kTrialRecordKeys, "probe: the trial's record");
   autobatch::TrialResult r;
   r.request = request;
   const auto outcome = get<std::string>(d, "outcome", "fits");
@@ -118,6 +189,7 @@ autobatch::TrialResult trialFromDict(const autobatch::TrialRequest& request, con
 // SearchOptions from the dict autobatch.find builds (keys as SearchOptions' fields; strategy and
 // plan by their CLI names). Validation is the search's own (autobatch::Error, a ValueError).
 autobatch::SearchOptions optionsFromDict(const py::dict& d) {
+  requireKnownKeys(d, kSearchOptionKeys, "search options", {"page_bytes"});
   autobatch::SearchOptions o;
   o.memory_limit_bytes = get<std::int64_t>(d, "memory_limit_bytes", 0);
   o.reserve_bytes = get<std::int64_t>(d, "reserve_bytes", 0);
@@ -550,6 +622,10 @@ PYBIND11_MODULE(_core, m) {
         "which may shorten them); returns {'json', 'text', 'env'}.");
   defineTrialHooks(m);
   autobatch::python::defineTrialEvidence(m);
+  autobatch::python::defineVocabulary(m);
+  m.attr("TRIAL_RECORD_KEYS") = keyNames(kTrialRecordKeys.data(), kTrialRecordKeys.size());
+  py::tuple option_keys = keyNames(kSearchOptionKeys.data(), kSearchOptionKeys.size());
+  m.attr("SEARCH_OPTION_KEYS") = option_keys + py::make_tuple("page_bytes");
   m.def(
       "default_cache_dir",
       [] { return autobatch::defaultCacheDir(autobatch::processEnvironment()); },

@@ -1,9 +1,9 @@
-// autobatch._core.TrialEvidence (evidence_binding.h): plain data in and out. A failure's type is
+// autobatch._core.TrialEvidence (bindings.h): plain data in and out. A failure's type is
 // "out-of-memory" (torch.OutOfMemoryError), "bad-alloc" (MemoryError), "other" (any other
 // Exception) or "non-std"; outcomes are the TrialOutcome names ("fits", "out-of-memory",
 // "size-limit"); kinds the FailureKind names ("out-of-memory", "size-limit", "rethrow",
 // "possible-out-of-memory"). An unknown name is an error, never a default.
-#include "python/evidence_binding.h"
+#include "python/bindings.h"
 
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>

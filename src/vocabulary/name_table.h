@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "autobatch/vocabulary/error.h"
 
@@ -39,6 +40,17 @@ E parseName(const std::array<NameEntry<E>, N>& table, std::string_view what,
   }
   throw Error("unknown " + std::string(what) + " '" + std::string(given) + "': expected one of " +
               valid);
+}
+
+/// The canonical names of `table`, in its order (aliases left out): what the Python package
+/// reads through autobatch._core instead of spelling them again.
+template <typename E, std::size_t N>
+std::vector<std::string_view> canonicalNames(const std::array<NameEntry<E>, N>& table) {
+  std::vector<std::string_view> names;
+  for (const auto& [v, name] : table) {
+    if (nameOf(table, v) == name) names.push_back(name);
+  }
+  return names;
 }
 
 }  // namespace autobatch::detail

@@ -32,4 +32,7 @@ PlanKind parsePlanKind(std::string_view name) {
   return detail::parseName(kPlanNames, "plan", name);
 }
 
+std::vector<std::string_view> strategyNames() { return detail::canonicalNames(kStrategyNames); }
+std::vector<std::string_view> planKindNames() { return detail::canonicalNames(kPlanNames); }
+
 }  // namespace autobatch

@@ -122,3 +122,31 @@ def test_the_python_door_gives_the_tables_verdict(case, caplog):
             assert listed["reason"].startswith("re-run to classify: "), listed["reason"]
     finally:
         meter.remove()
+
+
+def _facts():
+    return {"name": "m", "device": "cpu", "steps_per_trial": 2, "fingerprint": "", "step": "",
+            "model": {"parameter_count": 1}, "context": {"device": "cpu"}}
+
+
+# The binding's schema (src/python/core.cpp: kSearchOptionKeys, kTrialRecordKeys, also read by
+# Python from _core). Catches a converter that reads a misspelled key as its default: the search
+# then ran with no max_batch (max_bach) or took a failed trial for a fit (outcom), silently.
+def test_a_misspelled_key_crossing_the_binding_is_an_error():
+    from autobatch import _core
+
+    def probe(size, micro):
+        return {"outcome": "fits" if size <= 8 else "out-of-memory", "peak_bytes": size,
+                "steps_completed": 2}
+
+    assert "max_batch" in _core.SEARCH_OPTION_KEYS and "outcome" in _core.TRIAL_RECORD_KEYS
+    with pytest.raises(ValueError, match='search options: unknown key "max_bach"'):
+        _core.search(probe, {"max_bach": 16, "margin_fraction": 0.0}, _facts())
+
+    def misspelled(size, micro):
+        return {"outcom": "out-of-memory", "steps_completed": 2}
+
+    with pytest.raises(ValueError, match='the trial\'s record: unknown key "outcom"'):
+        _core.search(misspelled, {"max_batch": 16, "margin_fraction": 0.0}, _facts())
+    out = _core.search(probe, {"max_batch": 16, "margin_fraction": 0.0}, _facts())
+    assert json.loads(out["json"])["result"]["max_micro_batch"] == 8

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string_view>
 #include <vector>
 
 #include "autobatch/vocabulary/trial.h"
@@ -24,6 +25,8 @@ enum class Strategy {
 std::string_view toString(Strategy strategy);
 /// Throws: autobatch::Error listing the valid names.
 Strategy parseStrategy(std::string_view name);
+/// Every strategy's name, in the enum's order: "guided", "binsearch", "power".
+std::vector<std::string_view> strategyNames();
 
 /// Which accumulation plan is primary (exported by --env).
 enum class PlanKind {
@@ -40,6 +43,8 @@ enum class PlanKind {
 std::string_view toString(PlanKind kind);
 /// Throws: autobatch::Error listing the valid names.
 PlanKind parsePlanKind(std::string_view name);
+/// Every plan kind's name, in the enum's order: "auto", "uniform", "balanced", "fastest".
+std::vector<std::string_view> planKindNames();
 
 struct SearchOptions {
   /// Memory limit in bytes. 0: the device's (CUDA: free at start plus what this process holds;

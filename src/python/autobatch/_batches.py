@@ -1,6 +1,7 @@
 """Batches of the trial (autobatch/_trial.py): a batch of B samples made from the user's example,
 the first samples of one as views (a measuring trial's state-making step), and the model called
 on it as its kind says."""
+
 import copy
 from collections.abc import Mapping, MutableMapping
 
@@ -11,8 +12,11 @@ def leading_size(example):
     """The example's batch size: the leading dimension of its first tensor (dim >= 1)."""
     if isinstance(example, torch.Tensor):
         return example.shape[0] if example.dim() > 0 else None
-    values = example.values() if isinstance(example, Mapping) else (
-        example if isinstance(example, (list, tuple)) else ())
+    values = (
+        example.values()
+        if isinstance(example, Mapping)
+        else (example if isinstance(example, (list, tuple)) else ())
+    )
     for v in values:
         n = leading_size(v)
         if n:
@@ -36,8 +40,9 @@ def make_batch(example, size, n0, device):
         items = [example[i % n0] for i in range(size)]
         return type(example)(items) if isinstance(example, list) else tuple(items)
     if isinstance(example, Mapping):
-        return same_mapping(example, {k: make_batch(v, size, n0, device)
-                                      for k, v in example.items()})
+        return same_mapping(
+            example, {k: make_batch(v, size, n0, device) for k, v in example.items()}
+        )
     if isinstance(example, (list, tuple)):
         items = [make_batch(v, size, n0, device) for v in example]
         if hasattr(example, "_fields"):  # a namedtuple keeps its kind (batch.x, batch.y)
@@ -49,9 +54,12 @@ def make_batch(example, size, n0, device):
 def per_sample_values(example, n0):
     """Whether `example` is a plain list or tuple (no namedtuple) of n0 plain values (str, bytes,
     numbers, None): one per sample of the example's batch."""
-    return (isinstance(example, (list, tuple)) and not hasattr(example, "_fields") and
-            len(example) == n0 > 0 and
-            all(v is None or isinstance(v, (str, bytes, int, float, complex)) for v in example))
+    return (
+        isinstance(example, (list, tuple))
+        and not hasattr(example, "_fields")
+        and len(example) == n0 > 0
+        and all(v is None or isinstance(v, (str, bytes, int, float, complex)) for v in example)
+    )
 
 
 def leading(example, batch, k, n0):
@@ -66,8 +74,9 @@ def leading(example, batch, k, n0):
     if per_sample_values(example, n0):
         return batch[:k]
     if isinstance(example, Mapping):
-        return same_mapping(batch, {key: leading(example[key], v, k, n0)
-                                    for key, v in batch.items()})
+        return same_mapping(
+            batch, {key: leading(example[key], v, k, n0) for key, v in batch.items()}
+        )
     if isinstance(example, (list, tuple)):
         items = [leading(e, v, k, n0) for e, v in zip(example, batch)]
         if hasattr(batch, "_fields"):
@@ -90,7 +99,7 @@ def mirror_removals(small, held):
             if key in held:
                 mirror_removals(small[key], held[key])
     elif isinstance(small, list) and isinstance(held, list) and len(small) < len(held):
-        del held[len(small):]  # popped from the end (a list's usual pop)
+        del held[len(small) :]  # popped from the end (a list's usual pop)
 
 
 def same_mapping(example, items):

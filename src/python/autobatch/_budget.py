@@ -16,6 +16,7 @@ torch.utils.cpp_extension holds a lock file in the build folder while one of the
 Until the module is loaded, the queries below answer as an allocator that counted nothing (no
 refusals, nothing tracked), so code that asks them on CUDA needs no compiler.
 """
+
 import hashlib
 import logging
 import os
@@ -28,9 +29,14 @@ import torch
 from . import _core
 
 # The sources and include folders under autobatch/_csrc (src/python/CMakeLists.txt installs them).
-SOURCES = ("src/python/budget_module.cpp", "src/memory/cpu_budget.cpp",
-           "src/memory/process_memory.cpp", "src/memory/cgroup_memory.cpp",
-           "src/vocabulary/units.cpp", "src/vocabulary/trial.cpp")
+SOURCES = (
+    "src/python/budget_module.cpp",
+    "src/memory/cpu_budget.cpp",
+    "src/memory/process_memory.cpp",
+    "src/memory/cgroup_memory.cpp",
+    "src/vocabulary/units.cpp",
+    "src/vocabulary/trial.cpp",
+)
 INCLUDES = ("src", "include")
 
 _lock = threading.Lock()
@@ -74,11 +80,15 @@ def module_name(root):
     return "autobatch_budget_" + digest.hexdigest()[:16]
 
 
-_NEEDS = ("a search on the CPU: autobatch's CPU budget allocator (which counts every CPU tensor "
-          "against the limit) is compiled once for this torch ({torch}) and needs a C++ compiler "
-          "(C++20: g++ 11 or clang 14 or newer)")
-_FIX = ("set CXX to one, or install g++: apt-get install g++, or conda install gxx_linux-64. A "
-        "search on a GPU needs none")
+_NEEDS = (
+    "a search on the CPU: autobatch's CPU budget allocator (which counts every CPU tensor "
+    "against the limit) is compiled once for this torch ({torch}) and needs a C++ compiler "
+    "(C++20: g++ 11 or clang 14 or newer)"
+)
+_FIX = (
+    "set CXX to one, or install g++: apt-get install g++, or conda install gxx_linux-64. A "
+    "search on a GPU needs none"
+)
 
 
 def _compiler():
@@ -86,6 +96,7 @@ def _compiler():
     what is missing and that only a search on the CPU needs it: a compiler not found, or one that
     does not run (`--version` fails), is named with the fix."""
     import subprocess
+
     cxx = os.environ.get("CXX", "c++")
     needs = _NEEDS.format(torch=torch.__version__)
     if shutil.which(cxx) is None:
@@ -126,6 +137,7 @@ def _import_built(name, build):
     """The module built earlier into `build`, or None (not built, or a file that does not load: an
     interrupted link, which the build then redoes). No compiler and no ninja are needed here."""
     import importlib.util
+
     path = os.path.join(build, name + ".so")
     if not os.path.isfile(path):
         return None
@@ -157,7 +169,10 @@ def load(verbose=None):
         _compiler()
         logging.getLogger("autobatch").warning(
             "autobatch: compiling the CPU budget allocator for torch %s, once (about 15 s; kept "
-            "in %s)", torch.__version__, build)
+            "in %s)",
+            torch.__version__,
+            build,
+        )
         cpp_extension = _import_cpp_extension()
         _ninja_on_path()
         os.makedirs(build, exist_ok=True)
@@ -171,12 +186,16 @@ def load(verbose=None):
                 # C++20 (the sources use it); hidden symbols, so that this module's copies of the
                 # library's helpers never bind to _core's.
                 extra_cflags=["-O2", "-std=c++20", "-fvisibility=hidden"],
-                build_directory=build, verbose=verbose, with_cuda=False)
+                build_directory=build,
+                verbose=verbose,
+                with_cuda=False,
+            )
         except RuntimeError as e:  # torch's "Error building extension ...": the compiler's words
             raise _core.Error(
                 f"{_NEEDS.format(torch=torch.__version__)}, and the build with "
                 f"{os.environ.get('CXX', 'c++')!r} failed in {build} (the compiler's output is "
-                f"above; AUTOBATCH_VERBOSE_BUILD=1 shows every command): {e}") from None
+                f"above; AUTOBATCH_VERBOSE_BUILD=1 shows every command): {e}"
+            ) from None
         return _module
 
 

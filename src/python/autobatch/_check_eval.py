@@ -1,5 +1,6 @@
 """autobatch.check_eval_batch: one evaluation batch checked with the training state resident
 (the `autobatch --check-eval-batch` of the Python package; docs/evaluation.md)."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,9 @@ if TYPE_CHECKING:
     import torch
 
 
-def check_eval_batch(model: torch.nn.Module, example_batch: Any, eval_batch: int,
-                     **options: Any) -> EvalCheck:
+def check_eval_batch(
+    model: torch.nn.Module, example_batch: Any, eval_batch: int, **options: Any
+) -> EvalCheck:
     """Checks one evaluation batch beside the training state (`autobatch --check-eval-batch`).
 
     One real training step at `min_batch` makes the optimizer state (and keeps the gradients
@@ -58,12 +60,16 @@ def check_eval_batch(model: torch.nn.Module, example_batch: Any, eval_batch: int
         (True, True, True)
     """
     if isinstance(eval_batch, bool) or not isinstance(eval_batch, int) or eval_batch < 1:
-        raise UsageError(f"eval_batch: expected an int >= 1 (the evaluation batch to check), but "
-                         f"got {eval_batch!r}")
+        raise UsageError(
+            f"eval_batch: expected an int >= 1 (the evaluation batch to check), but "
+            f"got {eval_batch!r}"
+        )
     for name in ("eval", "target_batch"):
         if options.get(name) is not None:
-            raise UsageError(f"check_eval_batch: {name}= has no meaning for one evaluation batch; "
-                             f"drop it (find(..., eval=True) searches the evaluation batch)")
+            raise UsageError(
+                f"check_eval_batch: {name}= has no meaning for one evaluation batch; "
+                f"drop it (find(..., eval=True) searches the evaluation batch)"
+            )
         options.pop(name, None)
     session = _session_of(model, example_batch, options, "check_eval_batch")
     probes = []
@@ -71,6 +77,7 @@ def check_eval_batch(model: torch.nn.Module, example_batch: Any, eval_batch: int
     def check(probe, facts):
         probes.append(probe)
         return _core.check_eval(EvalProbe(probe), session.options, facts, eval_batch)
+
     out = session.run(check)
     doc = session.describe(json.loads(out["json"]), probes[0])
     if probes[0].interrupted:

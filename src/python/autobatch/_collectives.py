@@ -1,6 +1,7 @@
 """Ranks of a running job that each search on their own: a trial's step must run no collective
 (the other ranks would wait in it), checked by a dispatch mode during the warm-up and refused up
 front for modules that always run one."""
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -37,8 +38,11 @@ class CollectiveGuard(TorchDispatchMode):
         def post(m, args, output):
             if self.stack:
                 self.last = self.stack.pop()
-        self.hooks = [nn_module.register_module_forward_pre_hook(pre),
-                      nn_module.register_module_forward_hook(post)]
+
+        self.hooks = [
+            nn_module.register_module_forward_pre_hook(pre),
+            nn_module.register_module_forward_hook(post),
+        ]
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -49,9 +53,14 @@ class CollectiveGuard(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace in _COLLECTIVE_NAMESPACES:
-            where = (f"in the forward of module '{self.stack[-1]}'" if self.stack else
-                     f"after the forward (in backward or the optimizer step; the last module "
-                     f"run was '{self.last}')" if self.last else "in the step")
+            where = (
+                f"in the forward of module '{self.stack[-1]}'"
+                if self.stack
+                else f"after the forward (in backward or the optimizer step; the last module "
+                f"run was '{self.last}')"
+                if self.last
+                else "in the step"
+            )
             raise CollectiveInStep(
                 f"the training step runs a collective ({func.name()}) {where}, and this rank "
                 "sizes its batch on its own: the ranks try different batches at different times, "
@@ -59,7 +68,8 @@ class CollectiveGuard(TorchDispatchMode):
                 "process group's timeout). Size the model without its collectives (the plain "
                 "module, not one wrapped in DistributedDataParallel; BatchNorm in place of "
                 "SyncBatchNorm, which has the same memory on one rank) and keep world_size= for "
-                "the plan")
+                "the plan"
+            )
         return func(*args, **(kwargs or {}))
 
 
@@ -75,4 +85,5 @@ def refuse_collective_modules(model):
                 "and under a world size above 1 each rank sizes its batch on its own, so the "
                 "ranks' collectives would not match (a hang until the process group's timeout); "
                 "pass the model without it (BatchNorm for SyncBatchNorm: the same memory on one "
-                "rank; the module inside DistributedDataParallel, with ddp=True for its buckets)")
+                "rank; the module inside DistributedDataParallel, with ddp=True for its buckets)"
+            )

@@ -1,7 +1,9 @@
-"""The CUDA calls of the C++ memory backend (src/memory/cuda_api.h, `CudaApi`), written over torch.cuda.
+"""The CUDA calls of the C++ memory backend (src/memory/cuda_api.h, `CudaApi`), written over
+torch.cuda.
 
 The package measures CUDA memory with the same backend as the `autobatch` command
-(src/memory/cuda_backend.cpp: the limit, the warm-up before the outside part is read, the re-read after
+(src/memory/cuda_backend.cpp: the limit, the warm-up before the outside part is read, the re-read
+after
 every trial, the workspaces cleared, the user's fraction kept and restored, unsupported allocator
 settings refused). That backend reaches CUDA only through these calls; here they are torch.cuda's,
 so the extension needs neither LibTorch's CUDA headers nor a CUDA toolkit. `_core.Backend.cuda`
@@ -12,6 +14,7 @@ torch/cuda/memory.py (memory_stats' keys, get/set_per_process_memory_fraction, m
 get_allocator_backend), c10/util/env.cpp (check_env: "1" is on), c10/cuda/CUDAAllocatorConfig.h
 (which variable each key is read from).
 """
+
 import ctypes
 import os
 
@@ -86,19 +89,24 @@ class TorchCudaApi:
             fraction = float(fraction) if fraction is not None else 1.0
         except ValueError:
             fraction = 1.0  # LibTorch refuses such a value at its first allocation, before us
-        return {"caching_disabled": env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1",
-                "backend": str(self.cuda.get_allocator_backend()),
-                "expandable_segments": (expandable or "").lower() == "true",
-                "config_fraction": fraction,
-                "pytorch_alloc_conf": generic, "pytorch_cuda_alloc_conf": cuda_conf}
+        return {
+            "caching_disabled": env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1",
+            "backend": str(self.cuda.get_allocator_backend()),
+            "expandable_segments": (expandable or "").lower() == "true",
+            "config_fraction": fraction,
+            "pytorch_alloc_conf": generic,
+            "pytorch_cuda_alloc_conf": cuda_conf,
+        }
 
     def stats(self, index):
         s = self.cuda.memory_stats(index)
-        return {"allocated_current_bytes": int(s.get("allocated_bytes.all.current", 0)),
-                "allocated_peak_bytes": int(s.get("allocated_bytes.all.peak", 0)),
-                "reserved_current_bytes": int(s.get("reserved_bytes.all.current", 0)),
-                "reserved_peak_bytes": int(s.get("reserved_bytes.all.peak", 0)),
-                "num_alloc_retries": int(s.get("num_alloc_retries", 0))}
+        return {
+            "allocated_current_bytes": int(s.get("allocated_bytes.all.current", 0)),
+            "allocated_peak_bytes": int(s.get("allocated_bytes.all.peak", 0)),
+            "reserved_current_bytes": int(s.get("reserved_bytes.all.current", 0)),
+            "reserved_peak_bytes": int(s.get("reserved_bytes.all.peak", 0)),
+            "num_alloc_retries": int(s.get("num_alloc_retries", 0)),
+        }
 
     def reset_peak_stats(self, index):
         self.cuda.reset_peak_memory_stats(index)

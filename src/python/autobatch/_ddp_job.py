@@ -11,7 +11,8 @@ goes the same way" as find_sharded's job path, _sharded_job.py).
    group of the job's backend whose timeout is `verify_timeout` (the reducer's real buckets, the
    backend's real all-reduce), `steps_per_trial` steps at the agreed micro-batch under the same
    memory limit; outcomes exchanged through the store, so a rank that fails that step ends every
-   rank with one ModelError within 3 x `verify_timeout` seconds at most (checked on gloo). Then the wrapper and the group are
+   rank with one ModelError within 3 x `verify_timeout` seconds at most (checked on gloo). Then the
+   wrapper and the group are
    gone and the module is put back as find() leaves it (weights, gradients, flags, RNG states).
 
 Why not DDP over a fake group in the search, as find_sharded shards over one: the reducer
@@ -20,6 +21,7 @@ tensors, so on the CPU budget its buckets would go uncounted; the emulated bucke
 bytes (the trained parameters' gradient bytes) held for the same time, and the verification runs
 the real reducer.
 """
+
 from __future__ import annotations
 
 import gc
@@ -82,24 +84,36 @@ class JobResult:
             dict: kind ("ddp"), rank, world_size, agreed_micro_batch, verified,
             own_safe_micro_batch and own_max_micro_batch (this rank's own search).
         """
-        return {"kind": "ddp", "rank": self.rank, "world_size": self.world_size,
-                "agreed_micro_batch": self.micro_batch, "verified": self.verified,
-                "own_safe_micro_batch": self.result.safe_micro_batch,
-                "own_max_micro_batch": self.result.max_micro_batch}
+        return {
+            "kind": "ddp",
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "agreed_micro_batch": self.micro_batch,
+            "verified": self.verified,
+            "own_safe_micro_batch": self.result.safe_micro_batch,
+            "own_max_micro_batch": self.result.max_micro_batch,
+        }
 
     def __str__(self) -> str:
         """A text summary: the agreed micro-batch, this rank's own answer, the plan."""
-        lines = [f"DDP job: world size {self.world_size}, agreed micro-batch {self.micro_batch}, "
-                 f"verified by one real DDP step on every rank; this rank ({self.rank}) alone: "
-                 f"safe {self.result.safe_micro_batch}, max {self.result.max_micro_batch}"]
+        lines = [
+            f"DDP job: world size {self.world_size}, agreed micro-batch {self.micro_batch}, "
+            f"verified by one real DDP step on every rank; this rank ({self.rank}) alone: "
+            f"safe {self.result.safe_micro_batch}, max {self.result.max_micro_batch}"
+        ]
         if self.plan is not None:
             lines.append(f"  {self.plan}")
         return "\n".join(lines)
 
 
-def find_ddp(model: torch.nn.Module, example_batch: Any, *,
-             ddp_kwargs: Optional[dict] = None, verify_timeout: float = 120,
-             **options: Any) -> JobResult:
+def find_ddp(
+    model: torch.nn.Module,
+    example_batch: Any,
+    *,
+    ddp_kwargs: Optional[dict] = None,
+    verify_timeout: float = 120,
+    **options: Any,
+) -> JobResult:
     """Sizes the micro-batch of a DistributedDataParallel job from inside it.
 
     Every rank of torchrun calls it after init_process_group, with its module before it is
@@ -167,10 +181,12 @@ def find_ddp(model: torch.nn.Module, example_batch: Any, *,
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() == "fake":
         _checked(model, ddp_kwargs, verify_timeout, options)  # a bad argument's own error first
-        raise UsageError("find_ddp runs inside a running job: every rank of torchrun calls it "
-                         "after dist.init_process_group(); before the job, size one rank with "
-                         "autobatch.find(model, example_batch, ddp=True, world_size=N) (a DDP "
-                         "rank's memory does not depend on N)")
+        raise UsageError(
+            "find_ddp runs inside a running job: every rank of torchrun calls it "
+            "after dist.init_process_group(); before the job, size one rank with "
+            "autobatch.find(model, example_batch, ddp=True, world_size=N) (a DDP "
+            "rank's memory does not depend on N)"
+        )
     rank, n = dist.get_rank(), dist.get_world_size()
     checked = {}
 
@@ -182,15 +198,27 @@ def find_ddp(model: torch.nn.Module, example_batch: Any, *,
         # ddp=True whatever gradient_as_bucket_view says: with it, the buckets still exist from
         # the wrapper's construction and hold the gradients as views, so a search without the
         # bucket would undercount (an answer the real step then ran out of memory at).
-        return find(model, example_batch, ddp=True, world_size=n, device=checked["device"],
-                    **checked["options"])
+        return find(
+            model,
+            example_batch,
+            ddp=True,
+            world_size=n,
+            device=checked["device"],
+            **checked["options"],
+        )
+
     def job():  # what the ranks compare before any trial (_ranks.compare_job)
         from ._find import job_fields
         from ._fingerprint import fingerprint
+
         # A rank's bad argument is its own error (raised by its search), not a difference.
         _checked(model, ddp_kwargs, verify_timeout, options)
-        return job_fields(fingerprint(model, example_batch), example_batch,
-                          {**options, "ddp_kwargs": sorted((ddp_kwargs or {}).items())})
+        return job_fields(
+            fingerprint(model, example_batch),
+            example_batch,
+            {**options, "ddp_kwargs": sorted((ddp_kwargs or {}).items())},
+        )
+
     result, agreed = search_and_agree(search, n, None, "find_ddp", job=job)
     options, device = checked["options"], checked["device"]
     _verify(model, example_batch, checked["kwargs"], options, device, agreed, verify_timeout)
@@ -202,48 +230,63 @@ def find_ddp(model: torch.nn.Module, example_batch: Any, *,
 
 def _checked(model, ddp_kwargs, verify_timeout, options):
     """{"kwargs", "options", "device"}: the arguments checked (UsageError for a bad one)."""
-    for name, why in (("world_size", "the job's number of ranks"),
-                      ("ddp", "always True here (DDP's buckets are held by every trial)")):
+    for name, why in (
+        ("world_size", "the job's number of ranks"),
+        ("ddp", "always True here (DDP's buckets are held by every trial)"),
+    ):
         if name in options:
             raise UsageError(f"find_ddp: {name} is {why}; drop {name}=")
     if options.get("eval") not in (None, False):
-        raise UsageError("eval: find_ddp sizes and verifies the training step only; size the "
-                         "evaluation batch with find(model, example_batch, eval=...) on a rank")
+        raise UsageError(
+            "eval: find_ddp sizes and verifies the training step only; size the "
+            "evaluation batch with find(model, example_batch, eval=...) on a rank"
+        )
     check_timeout(verify_timeout)
     kwargs = _ddp_kwargs(ddp_kwargs, model)
     options = dict(options)
     device = _device_of(model, options.pop("device", None))
     for key in ("device_ids", "output_device"):  # DDP takes neither for a CPU module
         if device.type != "cuda" and kwargs.get(key) is not None:
-            raise UsageError(f"ddp_kwargs: {key} is for a module on one CUDA device, and this "
-                             f"one is on {device}; drop {key} (DDP takes none for a CPU module)")
+            raise UsageError(
+                f"ddp_kwargs: {key} is for a module on one CUDA device, and this "
+                f"one is on {device}; drop {key} (DDP takes none for a CPU module)"
+            )
     return {"kwargs": kwargs, "options": options, "device": device}
 
 
 def _ddp_kwargs(ddp_kwargs, model):
     """The job's DDP arguments as a dict, checked against DistributedDataParallel's signature."""
     from torch.nn.parallel import DistributedDataParallel
+
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
     if isinstance(model, DistributedDataParallel):
-        raise UsageError("model: it is already wrapped in DistributedDataParallel, whose reducer "
-                         "runs an all-reduce in every backward (the ranks' searches would wait for "
-                         "each other); pass the module before wrapping it (model.module here), "
-                         "and the wrapper's arguments as ddp_kwargs=")
+        raise UsageError(
+            "model: it is already wrapped in DistributedDataParallel, whose reducer "
+            "runs an all-reduce in every backward (the ranks' searches would wait for "
+            "each other); pass the module before wrapping it (model.module here), "
+            "and the wrapper's arguments as ddp_kwargs="
+        )
     if ddp_kwargs is None:
         return {}
     if not isinstance(ddp_kwargs, dict):
-        raise UsageError(f"ddp_kwargs: expected a dict of DistributedDataParallel's arguments, "
-                         f"e.g. {{'bucket_cap_mb': 25}}, but got {type(ddp_kwargs).__name__}")
+        raise UsageError(
+            f"ddp_kwargs: expected a dict of DistributedDataParallel's arguments, "
+            f"e.g. {{'bucket_cap_mb': 25}}, but got {type(ddp_kwargs).__name__}"
+        )
     ours = [k for k in ddp_kwargs if k in _OURS or k == "module"]
     if ours:
-        raise UsageError(f"ddp_kwargs: {ours[0]} is find_ddp's own (the verification runs on a "
-                         "group of its own, then destroys it); drop it")
+        raise UsageError(
+            f"ddp_kwargs: {ours[0]} is find_ddp's own (the verification runs on a "
+            "group of its own, then destroys it); drop it"
+        )
     try:
         inspect.signature(DistributedDataParallel.__init__).bind(None, model, **ddp_kwargs)
     except TypeError as e:
-        raise UsageError(f"ddp_kwargs: not DistributedDataParallel's arguments in torch "
-                         f"{torch.__version__} ({e})") from None
+        raise UsageError(
+            f"ddp_kwargs: not DistributedDataParallel's arguments in torch "
+            f"{torch.__version__} ({e})"
+        ) from None
     for key, value in ddp_kwargs.items():
         _check_value(key, value)
     return dict(ddp_kwargs)
@@ -251,8 +294,15 @@ def _ddp_kwargs(ddp_kwargs, model):
 
 # DistributedDataParallel's flags (torch 2.11): a value of another type fails only inside its
 # constructor, in the verification after the whole search (a string is truthy).
-_FLAGS = ("broadcast_buffers", "init_sync", "find_unused_parameters", "check_reduction",
-          "gradient_as_bucket_view", "static_graph", "skip_all_reduce_unused_params")
+_FLAGS = (
+    "broadcast_buffers",
+    "init_sync",
+    "find_unused_parameters",
+    "check_reduction",
+    "gradient_as_bucket_view",
+    "static_graph",
+    "skip_all_reduce_unused_params",
+)
 # Arguments that install hooks on the module or its parameters which outlive the wrapper
 # (torch 2.11 distributed.py: _delayed_all_reduce_hook on a parameter, mixed precision's
 # forward-pre-hooks on every submodule): the module would not be put back as it was.
@@ -261,21 +311,38 @@ _REFUSED = ("delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_
 
 def _check_value(key, value):
     if key in _REFUSED and value is not None:
-        raise UsageError(f"ddp_kwargs: {key} is not supported by find_ddp: DDP installs hooks "
-                         "for it on the module or its parameters that outlive the wrapper, so "
-                         "the module could not be put back as it was; size without it")
+        raise UsageError(
+            f"ddp_kwargs: {key} is not supported by find_ddp: DDP installs hooks "
+            "for it on the module or its parameters that outlive the wrapper, so "
+            "the module could not be put back as it was; size without it"
+        )
     if key in _FLAGS and not isinstance(value, bool):
         raise UsageError(f"ddp_kwargs: {key} expects True or False, but got {value!r}")
-    if key == "bucket_cap_mb" and value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or
-            not math.isfinite(value)):  # inf would fail only in the verification, after the search
-        raise UsageError(f"ddp_kwargs: bucket_cap_mb expects megabytes > 0 (DDP's default is "
-                         f"25), but got {value!r}")
-    if key == "bucket_cap_mb_list" and value is not None and (
-            not isinstance(value, (list, tuple)) or
-            not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
-        raise UsageError(f"ddp_kwargs: bucket_cap_mb_list expects a list of megabytes > 0, but "
-                         f"got {value!r}")
+    if (
+        key == "bucket_cap_mb"
+        and value is not None
+        and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not value > 0
+            or not math.isfinite(value)
+        )
+    ):  # inf would fail only in the verification, after the search
+        raise UsageError(
+            f"ddp_kwargs: bucket_cap_mb expects megabytes > 0 (DDP's default is "
+            f"25), but got {value!r}"
+        )
+    if (
+        key == "bucket_cap_mb_list"
+        and value is not None
+        and (
+            not isinstance(value, (list, tuple))
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+        )
+    ):
+        raise UsageError(
+            f"ddp_kwargs: bucket_cap_mb_list expects a list of megabytes > 0, but got {value!r}"
+        )
 
 
 def _verify(model, example_batch, kwargs, options, device, micro_batch, timeout_s):
@@ -283,6 +350,7 @@ def _verify(model, example_batch, kwargs, options, device, micro_batch, timeout_
     from torch.nn.parallel import DistributedDataParallel
 
     from ._sharded_job import verify
+
     state = ModelState(model, example_batch)
     state.detach_grads()  # the user's gradients are put back, untouched by the steps
     wrapped = []
@@ -291,9 +359,18 @@ def _verify(model, example_batch, kwargs, options, device, micro_batch, timeout_
         model.train()  # as find()'s trials; put back with the rest
         wrapped.append(DistributedDataParallel(model, process_group=group, **kwargs))
         return wrapped[-1]
+
     try:
-        verify(build_on, example_batch, options, device, micro_batch, timeout_s, who="find_ddp",
-               setup_bytes=state.untracked_bytes)
+        verify(
+            build_on,
+            example_batch,
+            options,
+            device,
+            micro_batch,
+            timeout_s,
+            who="find_ddp",
+            setup_bytes=state.untracked_bytes,
+        )
     finally:
         wrapped.clear()  # the reducer's buckets and hooks go with the wrapper
         gc.collect()

@@ -1,5 +1,6 @@
 """The exceptions of autobatch.find: one per exit status of the `autobatch` command
 (docs/errors.md). Each carries the result known when it was raised (`.result`, possibly None)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -9,6 +9,7 @@ under both, but a tensor made under inference mode (a lazily built cache, a buff
 creates on its first call) stays an inference tensor and raises when the user's training later
 saves it for backward; no_grad leaves the user's model as the search found it.
 """
+
 import time
 
 import torch
@@ -36,8 +37,11 @@ class EvalProbe:
         self.forget_evidence()
         if not training:
             self.resident = ([], None)
-            return {"memory_limit_bytes": p.meter.limit_bytes(), "holds": True,
-                    "resident_bytes": p.meter.current_bytes()}
+            return {
+                "memory_limit_bytes": p.meter.limit_bytes(),
+                "holds": True,
+                "resident_bytes": p.meter.current_bytes(),
+            }
         kept = []
 
         def step(size, micro):
@@ -45,6 +49,7 @@ class EvalProbe:
             done = p._steps(size, micro, steps=1, keep=kept)
             self.resident = (kept, buckets)
             return done
+
         p.kept_grads = p.zero_grad == "zeros"
         p.holding = True  # the state made here is held on purpose until release()
         try:
@@ -52,8 +57,11 @@ class EvalProbe:
         except BaseException:  # a model error (ModelError): nothing is held
             self.release()
             raise
-        holds = (record.get("outcome", "fits") == "fits" and not record.get("cancelled")
-                 and self.resident is not None)
+        holds = (
+            record.get("outcome", "fits") == "fits"
+            and not record.get("cancelled")
+            and self.resident is not None
+        )
         if not holds:
             self.release()
         record["holds"] = holds
@@ -91,12 +99,20 @@ class EvalProbe:
         try:
             return self.probe.trial(size, batches, self._evaluate)
         except ModelError as e:
-            stopped = ModelError(f"in an evaluation trial (model.eval(), torch.no_grad(), "
-                                 f"{batches} batch(es) of {size}): {e}", None, e.micro_batch)
+            stopped = ModelError(
+                f"in an evaluation trial (model.eval(), torch.no_grad(), "
+                f"{batches} batch(es) of {size}): {e}",
+                None,
+                e.micro_batch,
+            )
             stopped.__cause__ = e.__cause__
             self.probe.stopped_by = stopped
-            return {"cancelled": True, "memory_limit_bytes": self.probe.meter.limit_bytes(),
-                    "steps_completed": 0, "reason": "the model raised an error in evaluation"}
+            return {
+                "cancelled": True,
+                "memory_limit_bytes": self.probe.meter.limit_bytes(),
+                "steps_completed": 0,
+                "reason": "the model raised an error in evaluation",
+            }
 
     def _evaluate(self, size, batches):
         """`batches` evaluation batches of `size`; (1, ms): one evaluation "step"."""
@@ -137,30 +153,41 @@ def eval_state_of(eval, target_batch):
         return "training-resident"
     if eval == "only":
         if target_batch is not None:
-            raise UsageError("eval='only' sizes an evaluation job alone, which has no "
-                             "accumulation plan: drop target_batch, or use eval=True to plan "
-                             "training and size evaluation beside it")
+            raise UsageError(
+                "eval='only' sizes an evaluation job alone, which has no "
+                "accumulation plan: drop target_batch, or use eval=True to plan "
+                "training and size evaluation beside it"
+            )
         return "parameters-only"
-    raise UsageError(f"eval: expected False (training only), True (also the largest evaluation "
-                     f"batch with the training state resident, as `autobatch --eval`) or 'only' "
-                     f"(an evaluation job alone, parameters only, as --eval-only), but got "
-                     f"{eval!r}")
+    raise UsageError(
+        f"eval: expected False (training only), True (also the largest evaluation "
+        f"batch with the training state resident, as `autobatch --eval`) or 'only' "
+        f"(an evaluation job alone, parameters only, as --eval-only), but got "
+        f"{eval!r}"
+    )
 
 
 def eval_nothing_fits_message(result):
     e = result.raw.get("eval") or {}
     if not e.get("state_fits", True):
         step = e.get("training_step") or {}
-        return (f"the training state does not fit: the training step at micro-batch "
-                f"{e.get('training_batch')} that creates the optimizer state ended "
-                f"{step.get('outcome', 'out-of-memory')}; no evaluation batch was tried")
+        return (
+            f"the training state does not fit: the training step at micro-batch "
+            f"{e.get('training_batch')} that creates the optimizer state ended "
+            f"{step.get('outcome', 'out-of-memory')}; no evaluation batch was tried"
+        )
     if e.get("search_status") in ("trial-budget", "time-budget"):
-        return (f"no evaluation batch was verified before the budget ran out "
-                f"({e.get('search_status')}); raise time_limit / max_trials")
+        return (
+            f"no evaluation batch was verified before the budget ran out "
+            f"({e.get('search_status')}); raise time_limit / max_trials"
+        )
     if result.eval_max_batch > 0:
-        return (f"no evaluation batch fits under the margin: batch {result.eval_max_batch} fits, "
-                f"but its peak is above the limit less the margin")
-    beside = ("the parameters" if e.get("state") == "parameters-only"
-              else "the training state")
-    return (f"no evaluation batch fits: batch 1 does not fit beside {beside}; it needs at least "
-            f"{e.get('min_batch_needs_at_least_bytes', 0)} bytes")
+        return (
+            f"no evaluation batch fits under the margin: batch {result.eval_max_batch} fits, "
+            f"but its peak is above the limit less the margin"
+        )
+    beside = "the parameters" if e.get("state") == "parameters-only" else "the training state"
+    return (
+        f"no evaluation batch fits: batch 1 does not fit beside {beside}; it needs at least "
+        f"{e.get('min_batch_needs_at_least_bytes', 0)} bytes"
+    )

@@ -46,37 +46,96 @@ from typing import Dict, Mapping, Optional, Sequence, Union
 import torch
 
 from . import _inductor_patches as inductor_patches
-from ._export_step import (EXPORT_FILE, EXTRA_FILE, LOSSES, PT2_ACCUMULATE_MODEL, PT2_BATCH_RANGE,
-                           PT2_GRAD_PREFIX, PT2_MEMORY_CHECK, PT2_METADATA_KEY, PT2_WEIGHTS,
-                           _WithLoss, check_example_inputs, input_spec, metadata, model_kept,
-                           untie_parameters, unwrap)
+from ._export_step import (
+    EXPORT_FILE,
+    EXTRA_FILE,
+    LOSSES,
+    PT2_ACCUMULATE_MODEL,
+    PT2_BATCH_RANGE,
+    PT2_GRAD_PREFIX,
+    PT2_MEMORY_CHECK,
+    PT2_METADATA_KEY,
+    PT2_WEIGHTS,
+    _WithLoss,
+    check_example_inputs,
+    input_spec,
+    metadata,
+    model_kept,
+    untie_parameters,
+    unwrap,
+)
 from ._inductor_patches import EAGER_KERNELS
 from ._pt2 import _INDUCTOR_OVERRIDES, batch_range, export_pt2
 from ._pt2_joint import GRADIENT_CHECK_TOLERANCE, export_joint
-from ._pt2_memory import (MEMORY_FLOOR_BYTES, MEMORY_OVER_PCT, MEMORY_UNDER_PCT, eager_step_peak,
-                          find_cli, memory_check, profiled_peak)
+from ._pt2_memory import (
+    MEMORY_FLOOR_BYTES,
+    MEMORY_OVER_PCT,
+    MEMORY_UNDER_PCT,
+    eager_step_peak,
+    find_cli,
+    memory_check,
+    profiled_peak,
+)
 
 # What scripts and tests take from here (scripts/autobatch_export.py). A patch of the export's
 # behaviour is made where the name is used: inductor_patches.<name> for the patches.
-__all__ = ["EAGER_KERNELS", "EXPORT_FILE", "EXTRA_FILE", "GRADIENT_CHECK_TOLERANCE", "LOSSES",
-           "MEMORY_FLOOR_BYTES", "MEMORY_OVER_PCT", "MEMORY_UNDER_PCT", "PT2_ACCUMULATE_MODEL",
-           "PT2_BATCH_RANGE", "PT2_GRAD_PREFIX", "PT2_MEMORY_CHECK", "PT2_METADATA_KEY",
-           "PT2_WEIGHTS", "_INDUCTOR_OVERRIDES", "_WithLoss", "batch_range", "eager_step_peak",
-           "export", "export_joint", "export_pt2", "find_cli", "inductor_patches", "input_spec",
-           "main", "memory_check", "metadata", "profiled_peak", "untie_parameters", "unwrap",
-           "SOURCES"]
+__all__ = [
+    "EAGER_KERNELS",
+    "EXPORT_FILE",
+    "EXTRA_FILE",
+    "GRADIENT_CHECK_TOLERANCE",
+    "LOSSES",
+    "MEMORY_FLOOR_BYTES",
+    "MEMORY_OVER_PCT",
+    "MEMORY_UNDER_PCT",
+    "PT2_ACCUMULATE_MODEL",
+    "PT2_BATCH_RANGE",
+    "PT2_GRAD_PREFIX",
+    "PT2_MEMORY_CHECK",
+    "PT2_METADATA_KEY",
+    "PT2_WEIGHTS",
+    "_INDUCTOR_OVERRIDES",
+    "_WithLoss",
+    "batch_range",
+    "eager_step_peak",
+    "export",
+    "export_joint",
+    "export_pt2",
+    "find_cli",
+    "inductor_patches",
+    "input_spec",
+    "main",
+    "memory_check",
+    "metadata",
+    "profiled_peak",
+    "untie_parameters",
+    "unwrap",
+    "SOURCES",
+]
 
 # The files of the export's code, which caches of exported models and packages are keyed by
 # (scripts/export_models.py, scripts/pt2_packages.py).
-SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in (
-    "_export.py", "_export_step.py", "_pt2.py", "_pt2_joint.py", "_pt2_memory.py",
-    "_inductor_patches.py"))
+SOURCES = tuple(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    for name in (
+        "_export.py",
+        "_export_step.py",
+        "_pt2.py",
+        "_pt2_joint.py",
+        "_pt2_memory.py",
+        "_inductor_patches.py",
+    )
+)
 
 
-def export(model: torch.nn.Module, path: Union[str, os.PathLike],
-           example_inputs: Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor]],
-           loss: str = "mean", method: Optional[str] = None,
-           int_high: Optional[Dict[int, int]] = None) -> str:
+def export(
+    model: torch.nn.Module,
+    path: Union[str, os.PathLike],
+    example_inputs: Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor]],
+    loss: str = "mean",
+    method: Optional[str] = None,
+    int_high: Optional[Dict[int, int]] = None,
+) -> str:
     """Scripts (or traces) ``model`` in training mode and saves it with its input description.
 
     The TorchScript archive carries its inputs (extra file ``autobatch/inputs.json``), so the
@@ -140,8 +199,7 @@ def export(model: torch.nn.Module, path: Union[str, os.PathLike],
         else:
             scripted = torch.jit.trace(model, example_inputs)
         how = json.dumps({"version": 1, "method": method})
-        torch.jit.save(scripted, os.fspath(path), _extra_files={EXTRA_FILE: meta,
-                                                               EXPORT_FILE: how})
+        torch.jit.save(scripted, os.fspath(path), _extra_files={EXTRA_FILE: meta, EXPORT_FILE: how})
     return meta
 
 
@@ -166,15 +224,25 @@ def main() -> None:
     parser.add_argument("out", help="output .pt path")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--loss", default="cross-entropy", choices=LOSSES)
-    parser.add_argument("--format", default="torchscript", choices=("torchscript", "pt2"),
-                        help="torchscript: a TorchScript archive (.pt); pt2: a torch.export + "
-                             "AOTInductor package of one training step (.pt2, CPU, fp32)")
-    parser.add_argument("--autobatch", metavar="PATH",
-                        help="pt2: the autobatch executable that checks the package's peaks "
-                             "against the eager step's (default: $AUTOBATCH_CLI, this checkout's "
-                             "build/bin/autobatch, or autobatch on PATH)")
-    parser.add_argument("--no-memory-check", action="store_true",
-                        help="pt2: write the package without that check (every run on it warns)")
+    parser.add_argument(
+        "--format",
+        default="torchscript",
+        choices=("torchscript", "pt2"),
+        help="torchscript: a TorchScript archive (.pt); pt2: a torch.export + "
+        "AOTInductor package of one training step (.pt2, CPU, fp32)",
+    )
+    parser.add_argument(
+        "--autobatch",
+        metavar="PATH",
+        help="pt2: the autobatch executable that checks the package's peaks "
+        "against the eager step's (default: $AUTOBATCH_CLI, this checkout's "
+        "build/bin/autobatch, or autobatch on PATH)",
+    )
+    parser.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="pt2: write the package without that check (every run on it warns)",
+    )
     args = parser.parse_args()
     import torchvision
 
@@ -182,8 +250,16 @@ def main() -> None:
     example = torch.randn(2, 3, args.image_size, args.image_size)
     try:
         if args.format == "pt2":
-            print(export_pt2(net, args.out, (example,), loss=args.loss,
-                             check_memory=not args.no_memory_check, cli=args.autobatch))
+            print(
+                export_pt2(
+                    net,
+                    args.out,
+                    (example,),
+                    loss=args.loss,
+                    check_memory=not args.no_memory_check,
+                    cli=args.autobatch,
+                )
+            )
         else:
             print(export(net, args.out, (example,), loss=args.loss))
     except ValueError as error:

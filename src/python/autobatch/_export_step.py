@@ -16,7 +16,6 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
-
 EXTRA_FILE = "autobatch/inputs.json"
 # {"version": 1, "method": "script" | "trace"}: how the archive was made. A traced graph ignores
 # eval() (dropout and BatchNorm stay as traced, in training mode); autobatch --eval says so.
@@ -37,8 +36,9 @@ def input_spec(tensor: torch.Tensor, high: Optional[int] = None) -> str:
     if tensor.dim() < 1:
         raise ValueError("each example input needs a batch dimension first, got a scalar tensor")
     if tensor.dtype not in _DTYPES:
-        raise ValueError(f"unsupported input dtype {tensor.dtype}: expected one of "
-                         f"{', '.join(_DTYPES.values())}")
+        raise ValueError(
+            f"unsupported input dtype {tensor.dtype}: expected one of {', '.join(_DTYPES.values())}"
+        )
     dtype = _DTYPES[tensor.dtype]
     shape = "x".join(str(d) for d in tensor.shape[1:]) or "scalar"
     if tensor.dtype in (torch.int64, torch.int32):
@@ -50,8 +50,9 @@ def input_spec(tensor: torch.Tensor, high: Optional[int] = None) -> str:
     return f"{dtype}:{shape}"
 
 
-def metadata(example_inputs: Sequence[torch.Tensor], loss: str,
-             int_high: Optional[Dict[int, int]] = None) -> str:
+def metadata(
+    example_inputs: Sequence[torch.Tensor], loss: str, int_high: Optional[Dict[int, int]] = None
+) -> str:
     """The JSON text stored as autobatch/inputs.json."""
     if loss not in LOSSES:
         raise ValueError(f"unknown loss '{loss}': expected one of {', '.join(LOSSES)}")
@@ -84,8 +85,9 @@ class _Unwrapped(torch.nn.Module):
 
 def _output_entries(out) -> Optional[list]:
     """The keys of a dict-like output (dict, transformers' ModelOutput), or None."""
-    if isinstance(out, dict) or (hasattr(out, "keys") and hasattr(out, "__getitem__")
-                                 and not isinstance(out, torch.Tensor)):
+    if isinstance(out, dict) or (
+        hasattr(out, "keys") and hasattr(out, "__getitem__") and not isinstance(out, torch.Tensor)
+    ):
         return list(out.keys())
     return None
 
@@ -103,8 +105,12 @@ def model_kept(model):
     flags = [(m, m.training) for m in model.modules()]
     slots = [(m, dict(m._parameters), dict(m._buffers)) for m in model.modules()]
     with torch.no_grad():
-        values = {id(b): b.detach().clone() for _, _, buffers in slots
-                  for b in buffers.values() if b is not None}
+        values = {
+            id(b): b.detach().clone()
+            for _, _, buffers in slots
+            for b in buffers.values()
+            if b is not None
+        }
     try:
         yield
     finally:
@@ -131,21 +137,27 @@ def check_example_inputs(example_inputs, int_high=None):
     elif isinstance(example_inputs, (tuple, list)):
         values = list(example_inputs)
     else:
-        raise ValueError(f"example_inputs: expected a tuple of tensors (positional inputs, e.g. "
-                         f"(x,)) or a dict of tensors (keyword inputs), but got "
-                         f"{type(example_inputs).__name__}; for one tensor x, pass (x,)")
+        raise ValueError(
+            f"example_inputs: expected a tuple of tensors (positional inputs, e.g. "
+            f"(x,)) or a dict of tensors (keyword inputs), but got "
+            f"{type(example_inputs).__name__}; for one tensor x, pass (x,)"
+        )
     if not values or not all(isinstance(v, torch.Tensor) for v in values):
-        raise ValueError(f"example_inputs: expected at least one input, each a tensor with the "
-                         f"batch dimension first, but got "
-                         f"{[type(v).__name__ for v in values] or 'none'}")
+        raise ValueError(
+            f"example_inputs: expected at least one input, each a tensor with the "
+            f"batch dimension first, but got "
+            f"{[type(v).__name__ for v in values] or 'none'}"
+        )
     for index, high in (int_high or {}).items():
-        if not isinstance(index, int) or isinstance(index, bool) or \
-                not 0 <= index < len(values):
-            raise ValueError(f"int_high: expected input indices 0..{len(values) - 1} as keys, "
-                             f"but got {index!r}")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(values):
+            raise ValueError(
+                f"int_high: expected input indices 0..{len(values) - 1} as keys, but got {index!r}"
+            )
         if isinstance(high, bool) or not isinstance(high, int) or high < 1:
-            raise ValueError(f"int_high[{index}]: expected an exclusive upper bound >= 1 (token "
-                             f"ids in [0, high)), but got {high!r}")
+            raise ValueError(
+                f"int_high[{index}]: expected an exclusive upper bound >= 1 (token "
+                f"ids in [0, high)), but got {high!r}"
+            )
 
 
 def unwrap(model: torch.nn.Module, example_inputs, loss: str):
@@ -174,8 +186,10 @@ def unwrap(model: torch.nn.Module, example_inputs, loss: str):
         elif present:
             pick = present[0]
         else:
-            raise ValueError(f"the model returned {type(out).__name__} with no tensor entry "
-                             f"(entries: {entries}); export a module that returns a tensor")
+            raise ValueError(
+                f"the model returned {type(out).__name__} with no tensor entry "
+                f"(entries: {entries}); export a module that returns a tensor"
+            )
     if keys is None and pick is None:
         return model, args, loss
     return _Unwrapped(model, keys, pick), args, loss
@@ -183,8 +197,8 @@ def unwrap(model: torch.nn.Module, example_inputs, loss: str):
 
 # ---- The pt2 format: torch.export + AOTInductor (issue 19, docs/formats.md) ----
 
-PT2_WEIGHTS = "data/autobatch/weights.pt"   # inside the package's archive folder
-PT2_METADATA_KEY = "autobatch"               # aot_inductor.metadata key holding our JSON
+PT2_WEIGHTS = "data/autobatch/weights.pt"  # inside the package's archive folder
+PT2_METADATA_KEY = "autobatch"  # aot_inductor.metadata key holding our JSON
 # {"low": N, "high": M or null, "eager_batch1_error": "..." when eager fails at batch 1}
 PT2_BATCH_RANGE = "data/autobatch/batch_range.json"
 # {"status": "passed" | "over" | "not-run", "reason": text or null, "rows": [{"batch": N,
@@ -206,7 +220,7 @@ class _WithLoss(torch.nn.Module):
 
     def forward(self, *args):
         out = self.model(*args[: self.n_inputs])
-        targets = args[self.n_inputs:]
+        targets = args[self.n_inputs :]
         if self.loss == "model":
             if isinstance(out, dict):
                 return (out["loss"],)
@@ -217,15 +231,17 @@ class _WithLoss(torch.nn.Module):
             out = out[0]
         if self.loss == "cross-entropy":
             classes = out.shape[-1]
-            return (torch.nn.functional.cross_entropy(out.reshape(-1, classes),
-                                                      targets[0].reshape(-1)),)
+            return (
+                torch.nn.functional.cross_entropy(out.reshape(-1, classes), targets[0].reshape(-1)),
+            )
         if self.loss == "mse":
             return (torch.nn.functional.mse_loss(out, targets[0]),)
         return (out.mean(),)
 
 
 def _example_targets(model: torch.nn.Module, example_inputs, loss: str):
-    """The loss's targets for the example batch (package inputs after the model's) and their specs."""
+    """The loss's targets for the example batch (package inputs after the model's) and their
+    specs."""
     if loss in ("mean", "model"):
         return (), []
     with torch.no_grad():
@@ -263,6 +279,9 @@ def untie_parameters(model: torch.nn.Module):
         *path, leaf = name.split(".")
         for part in path:
             owner = getattr(owner, part)
-        setattr(owner, leaf, torch.nn.Parameter(param.detach().clone(),
-                                                requires_grad=param.requires_grad))
+        setattr(
+            owner,
+            leaf,
+            torch.nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad),
+        )
     return list(groups.values())

@@ -1,4 +1,6 @@
-"""autobatch.find: the C++ search, planner and report, with the user's own eager step as the trial."""
+"""autobatch.find: the C++ search, planner and report, with the user's own eager step as the
+trial."""
+
 from __future__ import annotations
 
 import contextlib
@@ -14,68 +16,176 @@ from typing import Any, Callable
 import torch
 
 from . import _core
+from ._collectives import refuse_collective_modules
 from ._errors import Cancelled, DoesNotFit, ModelError, UsageError
 from ._eval import EvalProbe, eval_nothing_fits_message, eval_state_of
-from ._result import Result, Trial
 from ._fingerprint import _code_digest, fingerprint
 from ._optimizers import _impl, _optimizer_factory
-from ._options import (_INT32_MAX, _autocast, _bytes, _count, _device_of, _limit, _margin,
-                       _seconds, _target)
+from ._option_checks import _check_one_step, _outside_note, _refuse_search_options
+from ._options import (
+    _INT32_MAX,
+    _autocast,
+    _bytes,
+    _count,
+    _device_of,
+    _limit,
+    _margin,
+    _seconds,
+    _target,
+)
+from ._result import Result, Trial
 from ._state import ModelState, example_tensors, live_storages, local_tensor
 from ._survivors import Survivors
-from ._collectives import refuse_collective_modules
-from ._option_checks import _check_one_step, _outside_note, _refuse_search_options
 from ._trial import EagerProbe, Meter, leading_size
 
 log = logging.getLogger("autobatch")
+_CACHE_OFF = " (autocast cache off)"  # the report's step line, after the precision
+
+
+def _check_step_arguments(
+    model, example_batch, steps_per_trial, step, loss_fn, ddp, keep_output
+) -> int:
+    """find()'s checks of the model, the example batch and how the step is given; returns the
+    example's batch size. Raises UsageError naming the argument and what was expected."""
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
+    _check_trainable_module(model)
+    _check_dense(example_batch)
+    n0 = leading_size(example_batch)
+    if not n0:
+        raise UsageError(
+            "example_batch: expected a tensor, tuple, list or mapping holding at "
+            "least one tensor with a leading batch dimension (e.g. "
+            "torch.randn(1, 3, 224, 224), or {'input_ids': ids, 'labels': ids} "
+            "with ids of shape (1, T))"
+        )
+    if not _count(steps_per_trial, "steps_per_trial", maximum=_INT32_MAX):  # None
+        raise UsageError("steps_per_trial: expected an int >= 1, but got None")
+    if step is not None and not callable(step):
+        raise UsageError(
+            f"step: expected a function step(model, batch) -> loss, but got {type(step).__name__}"
+        )
+    if loss_fn is not None and not callable(loss_fn):
+        raise UsageError(
+            f"loss_fn: expected a function loss_fn(output, batch) -> scalar, but "
+            f"got {type(loss_fn).__name__}"
+        )
+    _check_arity(
+        loss_fn,
+        "loss_fn",
+        "loss_fn(output, batch) -> scalar",
+        "lambda output, batch: F.cross_entropy(output, batch[1])",
+    )
+    _check_arity(
+        step, "step", "step(model, batch) -> loss", "lambda model, batch: model(**batch).loss"
+    )
+    if step is not None and loss_fn is not None:
+        raise UsageError(
+            "step and loss_fn: pass one; step(model, batch) computes the loss "
+            "itself (it replaces model(batch) and loss_fn)"
+        )
+    if not isinstance(ddp, bool):
+        raise UsageError(f"ddp: expected True or False, but got {ddp!r}")
+    if not isinstance(keep_output, bool):
+        raise UsageError(
+            f"keep_output: expected True (the output alive through backward, as "
+            f"`out = model(x); out.loss.backward()` keeps it) or False (dropped "
+            f"before backward, as Lightning's training_step), but got "
+            f"{keep_output!r}"
+        )
+    return n0
+
+
+def _search_options(
+    memory_limit,
+    reserve,
+    fraction,
+    margin_bytes,
+    min_batch,
+    max_batch,
+    dataset_size,
+    strategy,
+    plan,
+    target_batch,
+    world_size,
+    time_limit,
+    max_trials,
+) -> dict:
+    """find()'s search options, checked, as the C++ search takes them (_core.search). Raises
+    UsageError naming the option and what was expected."""
+    options = {
+        "memory_limit_bytes": _limit(memory_limit),
+        "reserve_bytes": _bytes(reserve, "reserve"),
+        "margin_fraction": fraction,
+        "margin_bytes": margin_bytes,
+        "min_batch": _count(min_batch, "min_batch", none_is=1),
+        "max_batch": _count(max_batch, "max_batch"),
+        "dataset_size": _count(dataset_size, "dataset_size"),
+        "strategy": strategy,
+        "plan": plan,
+        "target_batch": _target(target_batch),
+        "world_size": _count(world_size, "world_size", none_is=1, maximum=_INT32_MAX),
+        "time_limit_s": _seconds(time_limit),
+        "max_trials": _count(max_trials, "max_trials", maximum=_INT32_MAX),
+    }
+    for name, value, allowed in (
+        ("strategy", strategy, _core.STRATEGIES),
+        ("plan", plan, _core.PLAN_KINDS),
+    ):
+        if not isinstance(value, str):  # else pybind11's cast error, naming no option
+            raise UsageError(
+                f"{name}: expected one of {', '.join(map(repr, allowed))}, but got {value!r}"
+            )
+    if options["max_batch"] and options["min_batch"] > options["max_batch"]:
+        # In find()'s words, not the command's ("0 (no bound)": max_batch=0 is refused here).
+        raise UsageError(
+            f"max_batch: expected None (no bound) or an int >= min_batch "
+            f"{options['min_batch']}, but got {options['max_batch']}"
+        )
+    return options
 
 
 class _Session:
     """One use of the user's model: validated options, the meter installed, the model's state
     captured; `run(fn)` calls fn(probe, facts) and always puts everything back."""
 
-    def __init__(self, model, example_batch, optimizer=None, loss_fn=None, precision=None,
-                 device=None, memory_limit=None, margin=None, target_batch=None, world_size=1,
-                 time_limit=None, steps_per_trial=2, min_batch=1, max_batch=None,
-                 dataset_size=None, max_trials=None, strategy="guided", plan="fastest", reserve=None,
-                 step=None, ddp=False, zero_grad="none", keep_output=True, autocast_cache=True):
-        if not isinstance(model, torch.nn.Module):
-            raise UsageError(f"model: expected a torch.nn.Module, but got {type(model).__name__}")
-        _check_trainable_module(model)
-        _check_dense(example_batch)
-        self.n0 = leading_size(example_batch)
-        if not self.n0:
-            raise UsageError("example_batch: expected a tensor, tuple, list or mapping holding at "
-                             "least one tensor with a leading batch dimension (e.g. "
-                             "torch.randn(1, 3, 224, 224), or {'input_ids': ids, 'labels': ids} "
-                             "with ids of shape (1, T))")
-        if not _count(steps_per_trial, "steps_per_trial", maximum=_INT32_MAX):  # None
-            raise UsageError("steps_per_trial: expected an int >= 1, but got None")
-        if step is not None and not callable(step):
-            raise UsageError(f"step: expected a function step(model, batch) -> loss, but got "
-                             f"{type(step).__name__}")
-        if loss_fn is not None and not callable(loss_fn):
-            raise UsageError(f"loss_fn: expected a function loss_fn(output, batch) -> scalar, but "
-                             f"got {type(loss_fn).__name__}")
-        _check_arity(loss_fn, "loss_fn", "loss_fn(output, batch) -> scalar",
-                     "lambda output, batch: F.cross_entropy(output, batch[1])")
-        _check_arity(step, "step", "step(model, batch) -> loss",
-                     "lambda model, batch: model(**batch).loss")
-        if step is not None and loss_fn is not None:
-            raise UsageError("step and loss_fn: pass one; step(model, batch) computes the loss "
-                             "itself (it replaces model(batch) and loss_fn)")
-        if not isinstance(ddp, bool):
-            raise UsageError(f"ddp: expected True or False, but got {ddp!r}")
-        if not isinstance(keep_output, bool):
-            raise UsageError(f"keep_output: expected True (the output alive through backward, as "
-                             f"`out = model(x); out.loss.backward()` keeps it) or False (dropped "
-                             f"before backward, as Lightning's training_step), but got "
-                             f"{keep_output!r}")
+    def __init__(
+        self,
+        model,
+        example_batch,
+        optimizer=None,
+        loss_fn=None,
+        precision=None,
+        device=None,
+        memory_limit=None,
+        margin=None,
+        target_batch=None,
+        world_size=1,
+        time_limit=None,
+        steps_per_trial=2,
+        min_batch=1,
+        max_batch=None,
+        dataset_size=None,
+        max_trials=None,
+        strategy="guided",
+        plan="fastest",
+        reserve=None,
+        step=None,
+        ddp=False,
+        zero_grad="none",
+        keep_output=True,
+        autocast_cache=True,
+    ):
+        self.n0 = _check_step_arguments(
+            model, example_batch, steps_per_trial, step, loss_fn, ddp, keep_output
+        )
         self.keep_output = keep_output
         if zero_grad not in ("none", "zeros"):
-            raise UsageError(f"zero_grad: expected 'none' (zero_grad(set_to_none=True), PyTorch's "
-                             f"default: the gradients freed after each step) or 'zeros' "
-                             f"(set_to_none=False: kept allocated), but got {zero_grad!r}")
+            raise UsageError(
+                f"zero_grad: expected 'none' (zero_grad(set_to_none=True), PyTorch's "
+                f"default: the gradients freed after each step) or 'zeros' "
+                f"(set_to_none=False: kept allocated), but got {zero_grad!r}"
+            )
         self.zero_grad = zero_grad
         self.model, self.example, self.loss_fn, self.step = model, example_batch, loss_fn, step
         self.steps, self.ddp = steps_per_trial, ddp
@@ -92,51 +202,63 @@ class _Session:
         # One figure for the report and the trials' DDP bucket buffer (the same bytes).
         self.gradient_bytes = _distinct_bytes(self.trained)
         self.ddp_bucket_bytes = self.gradient_bytes if self.ddp else 0
-        self.options = {
-            "memory_limit_bytes": _limit(memory_limit),
-            "reserve_bytes": _bytes(reserve, "reserve"), "margin_fraction": fraction,
-            "margin_bytes": margin_bytes, "min_batch": _count(min_batch, "min_batch", none_is=1),
-            "max_batch": _count(max_batch, "max_batch"),
-            "dataset_size": _count(dataset_size, "dataset_size"), "strategy": strategy,
-            "plan": plan, "target_batch": _target(target_batch),
-            "world_size": _count(world_size, "world_size", none_is=1, maximum=_INT32_MAX),
-            "time_limit_s": _seconds(time_limit),
-            "max_trials": _count(max_trials, "max_trials", maximum=_INT32_MAX)}
-        for name, value, allowed in (("strategy", strategy, ("guided", "binsearch", "power")),
-                                     ("plan", plan, ("auto", "uniform", "balanced", "fastest"))):
-            if not isinstance(value, str):  # else pybind11's cast error, naming no option
-                raise UsageError(f"{name}: expected one of {', '.join(map(repr, allowed))}, but "
-                                 f"got {value!r}")
-        if self.options["max_batch"] and self.options["min_batch"] > self.options["max_batch"]:
-            # In find()'s words, not the command's ("0 (no bound)": max_batch=0 is refused here).
-            raise UsageError(f"max_batch: expected None (no bound) or an int >= min_batch "
-                             f"{self.options['min_batch']}, but got {self.options['max_batch']}")
-        if self.device.type == "cuda":  # the caching allocator's units (autobatch/vocabulary/trial.h)
-            self.options.update(block_bytes=2 << 20, page_bytes=20 << 20)
+        self.options = _search_options(
+            memory_limit,
+            reserve,
+            fraction,
+            margin_bytes,
+            min_batch,
+            max_batch,
+            dataset_size,
+            strategy,
+            plan,
+            target_batch,
+            world_size,
+            time_limit,
+            max_trials,
+        )
+        if (
+            self.device.type == "cuda"
+        ):  # the caching allocator's units (autobatch/vocabulary/trial.h)
+            self.options.update(_core.CUDA_ALLOCATION_UNITS)
         self.optimizer_code = _code_digest(optimizer) if callable(optimizer) else None
-        self.key = fingerprint(model, example_batch, device=str(self.device),
-                               optimizer=(self.optimizer_name, self.optimizer_code),
-                               precision=self.precision, steps=steps_per_trial,
-                               step=(_name(step), _code_digest(step)),
-                               loss_fn=(_name(loss_fn), _code_digest(loss_fn)), ddp=ddp,
-                               **self.options,
-                               **({"zero_grad": zero_grad} if zero_grad != "none" else {}),
-                               **({"keep_output": False} if not keep_output else {}),
-                               **({"autocast_cache": False} if not autocast_cache else {}))
+        self.key = fingerprint(
+            model,
+            example_batch,
+            device=str(self.device),
+            optimizer=(self.optimizer_name, self.optimizer_code),
+            precision=self.precision,
+            steps=steps_per_trial,
+            step=(_name(step), _code_digest(step)),
+            loss_fn=(_name(loss_fn), _code_digest(loss_fn)),
+            ddp=ddp,
+            **self.options,
+            **({"zero_grad": zero_grad} if zero_grad != "none" else {}),
+            **({"keep_output": False} if not keep_output else {}),
+            **({"autocast_cache": False} if not autocast_cache else {}),
+        )
 
     def describe(self, doc, probe):
         """The JSON report with the options of the step that ran (the C++ report writes the
         command's training spec there: inputs, loss, optimizer, precision, output kept)."""
-        step = {"model": doc["options"].get("model"), "inputs": _inputs(self.example),
-                "loss": _loss_name(self, probe.loss_rule),
-                "optimizer": probe.facts["optimizer"],
-                "optimizer_impl": probe.facts["model"]["optimizer_impl"] or "none",
-                "zero_grad": self.zero_grad, "keep_output": self.keep_output,
-                "precision": self.precision,
-                "steps_per_trial": self.steps, "device": str(self.device),
-                "learning_rate": None, "cudnn_benchmark": None, "optimize_graph": None,
-                "seed": None, "ddp": self.ddp,
-                "step": "python-eager" if self.step is None else f"python-eager: {_name(self.step)}"}
+        step = {
+            "model": doc["options"].get("model"),
+            "inputs": _inputs(self.example),
+            "loss": _loss_name(self, probe.loss_rule),
+            "optimizer": probe.facts["optimizer"],
+            "optimizer_impl": probe.facts["model"]["optimizer_impl"] or "none",
+            "zero_grad": self.zero_grad,
+            "keep_output": self.keep_output,
+            "precision": self.precision,
+            "steps_per_trial": self.steps,
+            "device": str(self.device),
+            "learning_rate": None,
+            "cudnn_benchmark": None,
+            "optimize_graph": None,
+            "seed": None,
+            "ddp": self.ddp,
+            "step": "python-eager" if self.step is None else f"python-eager: {_name(self.step)}",
+        }
         doc["options"].update(step)
         if isinstance(doc.get("model"), dict):  # Result.memory; the text's line is a warning
             doc["model"]["held_outside_model_bytes"] = getattr(self, "outside", (0,))[0]
@@ -151,12 +273,16 @@ class _Session:
         put back afterwards. One search at a time per process (the CPU budget allocator and the
         memory fraction are process-wide), in grad mode whatever the caller's."""
         if torch.is_inference_mode_enabled():
-            raise UsageError("autobatch runs training steps, which need autograd, but it was "
-                             "called inside torch.inference_mode(); call it outside that block")
+            raise UsageError(
+                "autobatch runs training steps, which need autograd, but it was "
+                "called inside torch.inference_mode(); call it outside that block"
+            )
         if not _ONE_AT_A_TIME.acquire(blocking=False):
-            raise UsageError(f"another autobatch search is running in this process (thread "
-                             f"{_RUNNING[0]!r}): the memory it measures is process-wide, so two "
-                             "at once would measure each other; run them one after the other")
+            raise UsageError(
+                f"another autobatch search is running in this process (thread "
+                f"{_RUNNING[0]!r}): the memory it measures is process-wide, so two "
+                "at once would measure each other; run them one after the other"
+            )
         _RUNNING[:] = [threading.current_thread().name]
         # The caller's autocast is not the trials': they run as `precision` says, and the result
         # says so (inside an enclosing bf16 autocast the answer was twice the fp32 one while the
@@ -179,8 +305,11 @@ class _Session:
             if ranks > 1:
                 refuse_collective_modules(self.model)
             try:
-                meter = (Meter.cuda(self.device.index, limit, reserve)
-                         if self.device.type == "cuda" else Meter.cpu(limit, reserve))
+                meter = (
+                    Meter.cuda(self.device.index, limit, reserve)
+                    if self.device.type == "cuda"
+                    else Meter.cpu(limit, reserve)
+                )
             except _core.Error as e:
                 raise UsageError(str(e)) from None
             self._check_room(meter)
@@ -190,17 +319,30 @@ class _Session:
                     f"garbage collection before the search freed {self.collected_bytes} bytes of "
                     f"{self.device.type} memory held by unreachable objects (reference cycles): "
                     "the trials ran without them; a job that does not run gc.collect() before "
-                    "its loop may still hold them when it starts")
+                    "its loop may still hold them when it starts"
+                )
             if self.outer_autocast:
                 meter.notes.append(
                     f"autobatch was called inside torch.autocast: the trials ran in "
                     f"{self.precision} as precision= says, not under the caller's autocast; pass "
-                    "precision='amp-bf16' or 'amp-fp16' to size an autocast training step")
+                    "precision='amp-bf16' or 'amp-fp16' to size an autocast training step"
+                )
             state.detach_grads()
             self.model.train()
-            probe = EagerProbe(self.model, self.example, self.n0, self.device, self.make_optimizer,
-                               self.loss_fn, self.autocast, meter, state, self.steps, self.step,
-                               self.ddp_bucket_bytes)
+            probe = EagerProbe(
+                self.model,
+                self.example,
+                self.n0,
+                self.device,
+                self.make_optimizer,
+                self.loss_fn,
+                self.autocast,
+                meter,
+                state,
+                self.steps,
+                self.step,
+                self.ddp_bucket_bytes,
+            )
             probe.zero_grad, probe.keep_output = self.zero_grad, self.keep_output
             probe.state_batch = self.options["min_batch"]
             if meter.needs_warm_up() or ranks > 1:
@@ -212,9 +354,9 @@ class _Session:
             self.outside = state.outside_model(self.device)
             meter.notes += _outside_note(self.outside, self.device)
             probe.facts = _facts(self, state, meter)
-            probe.survivors = Survivors(self.device,
-                                        [p for p, _, _ in live_storages(self.device)],
-                                        meter.current_bytes())
+            probe.survivors = Survivors(
+                self.device, [p for p, _, _ in live_storages(self.device)], meter.current_bytes()
+            )
             try:
                 return fn(probe, probe.facts)
             except _core.Error as e:
@@ -230,14 +372,18 @@ class _Session:
         the limit (issue 40 row 13: they were found only after trials, or read as 0 bytes)."""
         limit, o = meter.limit_bytes() + meter.reserve_bytes, self.options
         if meter.limit_bytes() <= 0:
-            raise UsageError(f"reserve: {o['reserve_bytes']} bytes leave nothing of the memory "
-                             f"limit, {limit} bytes ({meter.limit_source()}); expected a reserve "
-                             "below the limit")
+            raise UsageError(
+                f"reserve: {o['reserve_bytes']} bytes leave nothing of the memory "
+                f"limit, {limit} bytes ({meter.limit_source()}); expected a reserve "
+                "below the limit"
+            )
         if o["margin_bytes"] >= meter.limit_bytes():
-            raise UsageError(f"margin: {o['margin_bytes']} bytes are not less than the limit the "
-                             f"trials run under, {meter.limit_bytes()} bytes "
-                             f"({meter.limit_source()}, less the reserve); expected a smaller "
-                             "margin, or a fraction such as 0.05")
+            raise UsageError(
+                f"margin: {o['margin_bytes']} bytes are not less than the limit the "
+                f"trials run under, {meter.limit_bytes()} bytes "
+                f"({meter.limit_source()}, less the reserve); expected a smaller "
+                "margin, or a fraction such as 0.05"
+            )
 
 
 def _collect_garbage(device):
@@ -270,8 +416,10 @@ def _check_arity(fn, name, form, example):
     try:
         signature.bind(None, None)
     except TypeError:
-        raise UsageError(f"{name}: expected a function called as {form}, but its signature is "
-                         f"{signature}; e.g. {example}") from None
+        raise UsageError(
+            f"{name}: expected a function called as {form}, but its signature is "
+            f"{signature}; e.g. {example}"
+        ) from None
 
 
 def _held_note(state):
@@ -283,8 +431,10 @@ def _held_note(state):
     names = ", ".join(f"{name} ({_core.format_bytes(n)})" for name, n in held[:5])
     more = f" and {len(held) - 5} more" if len(held) > 5 else ""
     total = _core.format_bytes(sum(n for _, n in held))
-    return [f"the model holds {total} in tensors that are neither parameters nor buffers: "
-            f"{names}{more}; counted in every trial's memory as your job will hold them"]
+    return [
+        f"the model holds {total} in tensors that are neither parameters nor buffers: "
+        f"{names}{more}; counted in every trial's memory as your job will hold them"
+    ]
 
 
 _COLLECTIVES_NEVER_WAIT = threading.Event()  # set inside collectives_never_wait()
@@ -309,24 +459,44 @@ def _ranks_searching_alone():
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return 1
-    if dist.get_backend() == "fake" or _COLLECTIVES_NEVER_WAIT.is_set():  # collectives return at once
+    if (
+        dist.get_backend() == "fake" or _COLLECTIVES_NEVER_WAIT.is_set()
+    ):  # collectives return at once
         return 1
     return dist.get_world_size()
 
 
-def find(model: torch.nn.Module, example_batch: Any, *,
-         optimizer: torch.optim.Optimizer | Callable[..., Any] | str | None = None,
-         loss_fn: Callable[..., Any] | None = None, precision: str | torch.dtype | None = None,
-         device: str | torch.device | None = None, memory_limit: int | str | None = None,
-         margin: float | int | str | None = None, target_batch: int | None = None,
-         world_size: int = 1, time_limit: float | None = None, steps_per_trial: int = 2,
-         min_batch: int = 1, max_batch: int | None = None, dataset_size: int | None = None,
-         max_trials: int | None = None, strategy: str = "guided", plan: str = "fastest",
-         reserve: int | str | None = None, progress: bool | None = None,
-         step: Callable[..., Any] | None = None, ddp: bool = False, zero_grad: str = "none",
-         keep_output: bool = True, eval: bool | str = False,
-         cache: bool | str | os.PathLike[str] | None = None, cache_trust: bool = False,
-         autocast_cache: bool = True) -> Result:
+def find(
+    model: torch.nn.Module,
+    example_batch: Any,
+    *,
+    optimizer: torch.optim.Optimizer | Callable[..., Any] | str | None = None,
+    loss_fn: Callable[..., Any] | None = None,
+    precision: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    memory_limit: int | str | None = None,
+    margin: float | int | str | None = None,
+    target_batch: int | None = None,
+    world_size: int = 1,
+    time_limit: float | None = None,
+    steps_per_trial: int = 2,
+    min_batch: int = 1,
+    max_batch: int | None = None,
+    dataset_size: int | None = None,
+    max_trials: int | None = None,
+    strategy: str = "guided",
+    plan: str = "fastest",
+    reserve: int | str | None = None,
+    progress: bool | None = None,
+    step: Callable[..., Any] | None = None,
+    ddp: bool = False,
+    zero_grad: str = "none",
+    keep_output: bool = True,
+    eval: bool | str = False,
+    cache: bool | str | os.PathLike[str] | None = None,
+    cache_trust: bool = False,
+    autocast_cache: bool = True,
+) -> Result:
     """Finds the largest micro-batch with which `model` trains, by running real training steps.
 
     Each trial is the user's own eager step at a micro-batch the search picks (inputs, forward,
@@ -469,10 +639,32 @@ def find(model: torch.nn.Module, example_batch: Any, *,
     """
     eval_state = eval_state_of(eval, target_batch)
     cache_dir = _cache_dir(cache, cache_trust, eval_state)
-    session = _Session(model, example_batch, optimizer, loss_fn, precision, device, memory_limit,
-                       margin, target_batch, world_size, time_limit, steps_per_trial, min_batch,
-                       max_batch, dataset_size, max_trials, strategy, plan, reserve, step, ddp,
-                       zero_grad, keep_output, autocast_cache)
+    session = _Session(
+        model,
+        example_batch,
+        optimizer,
+        loss_fn,
+        precision,
+        device,
+        memory_limit,
+        margin,
+        target_batch,
+        world_size,
+        time_limit,
+        steps_per_trial,
+        min_batch,
+        max_batch,
+        dataset_size,
+        max_trials,
+        strategy,
+        plan,
+        reserve,
+        step,
+        ddp,
+        zero_grad,
+        keep_output,
+        autocast_cache,
+    )
     if eval_state:
         session.key = fingerprint(model, example_batch, base=session.key, eval=eval_state)
     probes = []
@@ -483,18 +675,30 @@ def find(model: torch.nn.Module, example_batch: Any, *,
         evaluator = EvalProbe(probe) if eval_state else None
         where = None
         if cache_dir is not None:
-            where = {"dir": cache_dir, "trust": cache_trust,
-                     "fields": _cache_key_fields(session, facts)}
+            where = {
+                "dir": cache_dir,
+                "trust": cache_trust,
+                "fields": _cache_key_fields(session, facts),
+            }
         try:
-            return _core.search(probe.stopping_at_model_error, session.options, facts,
-                                probe.cancel, evaluator, eval_state, where,
-                                measure=probe.measuring_at_model_error)
+            return _core.search(
+                probe.stopping_at_model_error,
+                session.options,
+                facts,
+                probe.cancel,
+                evaluator,
+                eval_state,
+                where,
+                measure=probe.measuring_at_model_error,
+            )
         finally:
             if probe.bar is not None:
                 probe.bar.close()
+
     out = session.run(search)
-    result = Result.from_report(session.describe(json.loads(out["json"]), probes[0]),
-                                out["text"], out["env"], session.key)
+    result = Result.from_report(
+        session.describe(json.loads(out["json"]), probes[0]), out["text"], out["env"], session.key
+    )
     if probes[0].stopped_by is not None:  # raised with what the search verified before it
         error = probes[0].stopped_by
         raise ModelError(str(error), result, error.micro_batch) from error.__cause__
@@ -509,27 +713,40 @@ def find(model: torch.nn.Module, example_batch: Any, *,
     return result
 
 
-def job_fields(model_digest: str, example_batch: Any,
-               options: Mapping[str, Any]) -> dict[str, str]:
+def job_fields(model_digest: str, example_batch: Any, options: Mapping[str, Any]) -> dict[str, str]:
     """What one rank's plan depends on, for the ranks of a running job to compare before any
     trial (_ranks.compare_job), as the command's ranks compare theirs: the model's digest as the
     caller computes it, the example's inputs without the batch dimension, the step, loss and
     optimizer by their code, and the options that change the trials or the plan. Never the
     device, the memory limit, reserve or margin, or the search's bounds (ranks on other devices
     are what the minimum over the ranks is for)."""
+
     def code(fn):
         if fn is None or isinstance(fn, str):
             return repr(fn)
         if isinstance(fn, torch.optim.Optimizer):
             return f"{type(fn).__qualname__} {sorted((k, repr(v)) for k, v in fn.defaults.items())}"
         return f"{_name(fn)} {_code_digest(fn)}"
-    plain = (("target_batch", None), ("plan", "fastest"), ("steps_per_trial", 2),
-             ("precision", None), ("zero_grad", "none"), ("keep_output", True),
-             ("autocast_cache", True), ("eval", False), ("ddp_kwargs", None))
-    return {"model": model_digest, "inputs": " ".join(_inputs(example_batch)),
-            "step": code(options.get("step")), "loss_fn": code(options.get("loss_fn")),
-            "optimizer": code(options.get("optimizer")),
-            **{k: repr(options.get(k, default)) for k, default in plain}}
+
+    plain = (
+        ("target_batch", None),
+        ("plan", "fastest"),
+        ("steps_per_trial", 2),
+        ("precision", None),
+        ("zero_grad", "none"),
+        ("keep_output", True),
+        ("autocast_cache", True),
+        ("eval", False),
+        ("ddp_kwargs", None),
+    )
+    return {
+        "model": model_digest,
+        "inputs": " ".join(_inputs(example_batch)),
+        "step": code(options.get("step")),
+        "loss_fn": code(options.get("loss_fn")),
+        "optimizer": code(options.get("optimizer")),
+        **{k: repr(options.get(k, default)) for k, default in plain},
+    }
 
 
 def _cache_dir(cache, trust, eval_state):
@@ -540,18 +757,22 @@ def _cache_dir(cache, trust, eval_state):
         raise UsageError(f"cache_trust: expected True or False, but got {trust!r}")
     if cache is None or cache is False:
         if trust:
-            raise UsageError("cache_trust=True needs cache= (True for the default folder, or a "
-                             "folder path)")
+            raise UsageError(
+                "cache_trust=True needs cache= (True for the default folder, or a folder path)"
+            )
         return None
     if eval_state:
-        raise UsageError("cache: the result cache keeps training searches only; drop cache= "
-                         "when you pass eval=")
+        raise UsageError(
+            "cache: the result cache keeps training searches only; drop cache= when you pass eval="
+        )
     if cache is True:
         return _core.default_cache_dir()
     if isinstance(cache, (str, os.PathLike)) and os.fspath(cache):
         return os.fspath(cache)
-    raise UsageError(f"cache: expected True (the default folder, $AUTOBATCH_CACHE_DIR or "
-                     f"~/.cache/autobatch/results), a folder path, or None, but got {cache!r}")
+    raise UsageError(
+        f"cache: expected True (the default folder, $AUTOBATCH_CACHE_DIR or "
+        f"~/.cache/autobatch/results), a folder path, or None, but got {cache!r}"
+    )
 
 
 def _cache_key_fields(session, facts):
@@ -574,21 +795,35 @@ def _cache_key_fields(session, facts):
         ("inputs", " ".join(_inputs(session.example))),
         ("loss", f"{_loss_name(session, 'default')} {_code_digest(session.loss_fn)}"),
         ("step", f"{_name(session.step)} {_code_digest(session.step)}"),
-        ("optimizer", f"{facts['optimizer']} {session.optimizer_name} "
-                      f"{session.optimizer_code} {facts['optimizer_options']}"),
+        (
+            "optimizer",
+            f"{facts['optimizer']} {session.optimizer_name} "
+            f"{session.optimizer_code} {facts['optimizer_options']}",
+        ),
         ("optimizer_impl", model["optimizer_impl"] or "none"),
-        ("zero_grad", session.zero_grad), ("keep_output", session.keep_output),
-        ("precision", session.precision), ("autocast_cache", session.autocast_cache),
-        ("steps_per_trial", session.steps), ("ddp_bucket_bytes", session.ddp_bucket_bytes),
+        ("zero_grad", session.zero_grad),
+        ("keep_output", session.keep_output),
+        ("precision", session.precision),
+        ("autocast_cache", session.autocast_cache),
+        ("steps_per_trial", session.steps),
+        ("ddp_bucket_bytes", session.ddp_bucket_bytes),
         ("memory_limit_bytes", facts["context"]["memory_limit_bytes"]),
         ("reserve_bytes", o["reserve_bytes"]),
         ("margin", f"{o['margin_fraction']} {o['margin_bytes']}"),
-        ("strategy", o["strategy"]), ("min_batch", o["min_batch"]),
-        ("max_batch", o["max_batch"]), ("dataset_size", o["dataset_size"]),
-        ("device", f"{device_name} {total}"), ("torch", torch.__version__),
-        ("cuda", torch.version.cuda or "none"), ("autobatch", _core.version()),
-        ("allocator_conf", f"{os.environ.get('PYTORCH_ALLOC_CONF', '')} "
-                           f"{os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}")]
+        ("strategy", o["strategy"]),
+        ("min_batch", o["min_batch"]),
+        ("max_batch", o["max_batch"]),
+        ("dataset_size", o["dataset_size"]),
+        ("device", f"{device_name} {total}"),
+        ("torch", torch.__version__),
+        ("cuda", torch.version.cuda or "none"),
+        ("autobatch", _core.version()),
+        (
+            "allocator_conf",
+            f"{os.environ.get('PYTORCH_ALLOC_CONF', '')} "
+            f"{os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}",
+        ),
+    ]
     return [(k, str(v)) for k, v in fields]
 
 
@@ -596,10 +831,16 @@ def _progress_bar(progress):
     """A tqdm bar of trials when `progress` is True, or None (auto) and tqdm is installed and
     stderr is a terminal; else None."""
     import sys
-    if progress not in (None, True, False) or isinstance(progress, (int, float)) and \
-            not isinstance(progress, bool):
-        raise UsageError(f"progress: expected True (a tqdm bar of trials), False or None (a bar "
-                         f"when tqdm is installed and stderr is a terminal), but got {progress!r}")
+
+    if (
+        progress not in (None, True, False)
+        or isinstance(progress, (int, float))
+        and not isinstance(progress, bool)
+    ):
+        raise UsageError(
+            f"progress: expected True (a tqdm bar of trials), False or None (a bar "
+            f"when tqdm is installed and stderr is a terminal), but got {progress!r}"
+        )
     if progress is False or (progress is None and not sys.stderr.isatty()):
         return None
     try:
@@ -611,8 +852,14 @@ def _progress_bar(progress):
     return tqdm(desc="autobatch", unit="trial")
 
 
-def check_batch(model: torch.nn.Module, example_batch: Any, micro_batch: int, *,
-                micro_batches_per_step: int = 1, **options: Any) -> Trial:
+def check_batch(
+    model: torch.nn.Module,
+    example_batch: Any,
+    micro_batch: int,
+    *,
+    micro_batches_per_step: int = 1,
+    **options: Any,
+) -> Trial:
     """Runs one trial of the user's step at `micro_batch` (`autobatch --check-batch`).
 
     The same trial as find()'s (`steps_per_trial` optimizer steps, each of
@@ -654,8 +901,10 @@ def check_batch(model: torch.nn.Module, example_batch: Any, micro_batch: int, *,
     if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
         raise UsageError(f"micro_batch: expected an int >= 1, but got {micro_batch!r}")
     if micro_batches_per_step is None:
-        raise UsageError("micro_batches_per_step: expected an int >= 1 (the micro-batches "
-                         "accumulated into one optimizer step), but got None")
+        raise UsageError(
+            "micro_batches_per_step: expected an int >= 1 (the micro-batches "
+            "accumulated into one optimizer step), but got None"
+        )
     _count(micro_batches_per_step, "micro_batches_per_step", maximum=_INT32_MAX)
     _refuse_search_options(options, "check_batch")
     session = _session_of(model, example_batch, options, "check_batch")
@@ -667,21 +916,27 @@ def check_batch(model: torch.nn.Module, example_batch: Any, micro_batch: int, *,
     return Trial.from_json(record)
 
 
-def check_option_names(options: Mapping[str, Any], fn: Callable[..., Any], who: str,
-                       leave_out: Sequence[str] = (), shown_out: Sequence[str] = (),
-                       where: str = "") -> None:
+def check_option_names(
+    options: Mapping[str, Any],
+    fn: Callable[..., Any],
+    who: str,
+    leave_out: Sequence[str] = (),
+    shown_out: Sequence[str] = (),
+    where: str = "",
+) -> None:
     """UsageError, before any work, for an option `fn` does not take: the callers pass find()'s
     options on (the drop-ins, find_sharded) or take fewer (one trial's calls), and an unknown name
     would otherwise leave as `fn`'s TypeError late, naming another function. `leave_out`: its
     parameters that are not options (the model, the example); `shown_out`: those the caller sets
     itself (left out of the names the message lists); `where`: where those come from."""
-    takes = set(inspect.signature(fn).parameters) - {"self", "model", "example_batch",
-                                                      *leave_out}
+    takes = set(inspect.signature(fn).parameters) - {"self", "model", "example_batch", *leave_out}
     unknown = sorted(set(options) - takes)
     if unknown:
         source = f" (the others come from {where})" if where else ""
-        raise UsageError(f"{who}: no option {', '.join(map(repr, unknown))}; it takes "
-                         f"{', '.join(sorted(takes - set(shown_out)))}{source}")
+        raise UsageError(
+            f"{who}: no option {', '.join(map(repr, unknown))}; it takes "
+            f"{', '.join(sorted(takes - set(shown_out)))}{source}"
+        )
 
 
 def _session_of(model, example_batch, options, who):
@@ -695,16 +950,23 @@ def _check_trainable_module(model):
     """What find() cannot train, said before any trial (each would otherwise leave find() as
     torch's own error from inside the first trial)."""
     if isinstance(model, (torch.jit.ScriptModule, torch.jit.RecursiveScriptModule)):
-        raise UsageError("model: a TorchScript module (torch.jit.script or torch.jit.trace); "
-                         "autobatch.find trains eager modules: pass the module before scripting "
-                         "it, or run the command on the saved archive (autobatch --model net.pt)")
-    inference = [name for name, t in [*model.named_parameters(), *model.named_buffers()]
-                 if not torch.nn.parameter.is_lazy(t) and t.is_inference()]
+        raise UsageError(
+            "model: a TorchScript module (torch.jit.script or torch.jit.trace); "
+            "autobatch.find trains eager modules: pass the module before scripting "
+            "it, or run the command on the saved archive (autobatch --model net.pt)"
+        )
+    inference = [
+        name
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+        if not torch.nn.parameter.is_lazy(t) and t.is_inference()
+    ]
     if inference:
-        raise UsageError(f"model: {len(inference)} of its tensors ({inference[0]}, ...) are "
-                         "inference tensors, made under torch.inference_mode(), which autograd "
-                         "cannot train; build the model outside inference_mode (or load its "
-                         "weights there)")
+        raise UsageError(
+            f"model: {len(inference)} of its tensors ({inference[0]}, ...) are "
+            "inference tensors, made under torch.inference_mode(), which autograd "
+            "cannot train; build the model outside inference_mode (or load its "
+            "weights there)"
+        )
 
 
 def _check_dense(example):
@@ -712,26 +974,34 @@ def _check_dense(example):
     (strided) tensors: a sparse one would otherwise leave find() as NotImplementedError."""
     for path, t in example_tensors(example):
         if t.layout != torch.strided:
-            raise UsageError(f"{path}: expected dense tensors, but got a {t.layout} tensor; "
-                             "pass the dense example (.to_dense()) and make it sparse inside "
-                             "step(model, batch) if the model needs it")
+            raise UsageError(
+                f"{path}: expected dense tensors, but got a {t.layout} tensor; "
+                "pass the dense example (.to_dense()) and make it sparse inside "
+                "step(model, batch) if the model needs it"
+            )
 
 
 def _nothing_fits_message(result):
     r = result.raw.get("result") or {}
     if result.status in ("trial-budget", "time-budget"):
         budget = "trial" if result.status == "trial-budget" else "time"
-        return (f"no micro-batch was verified before the {budget} budget ran out "
-                f"({len(result.trials)} trial(s)); raise time_limit / max_trials")
+        return (
+            f"no micro-batch was verified before the {budget} budget ran out "
+            f"({len(result.trials)} trial(s)); raise time_limit / max_trials"
+        )
     if result.max_micro_batch > 0:
-        return (f"nothing fits under the margin: micro-batch {result.max_micro_batch} fits, but "
-                f"its peak is above the limit of {result.memory_limit_bytes} bytes less the margin "
-                f"of {result.margin_bytes} bytes")
+        return (
+            f"nothing fits under the margin: micro-batch {result.max_micro_batch} fits, but "
+            f"its peak is above the limit of {result.memory_limit_bytes} bytes less the margin "
+            f"of {result.margin_bytes} bytes"
+        )
     # The smallest micro-batch tried is min_batch, not 1 (with min_batch 6000, 1 may well fit).
     smallest = min((t.micro_batch_size for t in result.trials), default=1)
-    return (f"nothing fits: micro-batch {smallest} does not fit under {result.memory_limit_bytes} "
-            f"bytes; it needs at least {r.get('min_batch_needs_at_least_bytes', 0)} bytes (a "
-            "smaller min_batch, a higher memory_limit or a smaller model)")
+    return (
+        f"nothing fits: micro-batch {smallest} does not fit under {result.memory_limit_bytes} "
+        f"bytes; it needs at least {r.get('min_batch_needs_at_least_bytes', 0)} bytes (a "
+        "smaller min_batch, a higher memory_limit or a smaller model)"
+    )
 
 
 def _distinct_bytes(tensors):
@@ -748,33 +1018,53 @@ def _distinct_bytes(tensors):
 def _facts(session, state, meter):
     """What the report says of the model and the run (MemoryBreakdown and RunContext's fields)."""
     device, model = session.device, session.model
-    baseline = (session.untracked if device.type == "cpu"
-                else torch.cuda.memory_allocated(device))
+    baseline = session.untracked if device.type == "cpu" else torch.cuda.memory_allocated(device)
     loss = _loss_name(session, "the output's .loss, else its mean")
     first = session.make_optimizer()  # built once: its class and implementation for the report
-    optimizer = (f"{type(first).__module__}.{type(first).__qualname__}" if first is not None
-                 else "none")
+    optimizer = (
+        f"{type(first).__module__}.{type(first).__qualname__}" if first is not None else "none"
+    )
     impl = _impl(first, device)
     # The defaults, and each param group's own options where they differ (a group's momentum
     # makes SGD's buffers, so the cache's key must see it)
-    options = (repr(sorted((k, repr(v)) for k, v in first.defaults.items())) +
-               repr([sorted((k, repr(v)) for k, v in g.items()
-                            if k != "params" and first.defaults.get(k, object()) != v)
-                     for g in first.param_groups])) if first else ""
+    options = (
+        (
+            repr(sorted((k, repr(v)) for k, v in first.defaults.items()))
+            + repr(
+                [
+                    sorted(
+                        (k, repr(v))
+                        for k, v in g.items()
+                        if k != "params" and first.defaults.get(k, object()) != v
+                    )
+                    for g in first.param_groups
+                ]
+            )
+        )
+        if first
+        else ""
+    )
     del first
     return {
-        "optimizer": optimizer, "optimizer_options": options,
+        "optimizer": optimizer,
+        "optimizer_options": options,
         "name": f"{type(model).__module__}.{type(model).__qualname__}",
-        "device": str(device), "steps_per_trial": session.steps, "fingerprint": session.key,
+        "device": str(device),
+        "steps_per_trial": session.steps,
+        "fingerprint": session.key,
         "step": f"the user's eager step: inputs {_describe(session.example)}, loss {loss}, "
-                f"optimizer {optimizer}, {session.precision}"
-                f"{'' if session.autocast_cache or session.precision == 'fp32' else ' (autocast cache off)'}",
-        "model": {"parameter_count": sum(p.numel() for p in session.trained),
-                  "parameter_bytes": _distinct_bytes(model.parameters()),
-                  "gradient_bytes": session.gradient_bytes, "optimizer_state_bytes": 0,
-                  "baseline_bytes": baseline, "ddp_bucket_bytes": session.ddp_bucket_bytes,
-                  "optimizer_impl": impl,
-                  "model_format": "python"},
+        f"optimizer {optimizer}, {session.precision}"
+        f"{'' if session.autocast_cache or session.precision == 'fp32' else _CACHE_OFF}",
+        "model": {
+            "parameter_count": sum(p.numel() for p in session.trained),
+            "parameter_bytes": _distinct_bytes(model.parameters()),
+            "gradient_bytes": session.gradient_bytes,
+            "optimizer_state_bytes": 0,
+            "baseline_bytes": baseline,
+            "ddp_bucket_bytes": session.ddp_bucket_bytes,
+            "optimizer_impl": impl,
+            "model_format": "python",
+        },
         "context": {"device": str(device), "micro_batches_per_trial": 1, **meter.context()},
         "cuda_devices": _cuda_devices(device),
     }
@@ -785,8 +1075,15 @@ def _cuda_devices(device):
     if device.type != "cuda":
         return []
     p = torch.cuda.get_device_properties(device)
-    return [{"index": device.index, "name": p.name, "total_bytes": p.total_memory,
-             "major": p.major, "minor": p.minor}]
+    return [
+        {
+            "index": device.index,
+            "name": p.name,
+            "total_bytes": p.total_memory,
+            "major": p.major,
+            "minor": p.minor,
+        }
+    ]
 
 
 def _name(fn):

@@ -1,5 +1,6 @@
 """The fingerprint of a model and its step: what the memory of a training step depends on,
 hashed (the result cache's key, docs/python.md)."""
+
 from __future__ import annotations
 
 import functools
@@ -49,13 +50,17 @@ def _digest_into(h, fn, seen):
     if code is None:
         if isinstance(fn, type) or not callable(fn):
             return False
-        call = getattr(type(fn), "__call__", None)
+        call = getattr(type(fn), "__call__", None)  # noqa: B004  the method itself, not a test
         if getattr(call, "__code__", None) is None:
             return False
         _digest_into(h, call, seen)
-        h.update(repr(sorted((k, _value(v, seen)) for k, v in vars(fn).items()
-                             if not k.startswith("__"))).encode() if hasattr(fn, "__dict__")
-                 else b"")
+        h.update(
+            repr(
+                sorted((k, _value(v, seen)) for k, v in vars(fn).items() if not k.startswith("__"))
+            ).encode()
+            if hasattr(fn, "__dict__")
+            else b""
+        )
         return True
 
     def walk(c):
@@ -66,6 +71,7 @@ def _digest_into(h, fn, seen):
                 walk(k)
             else:
                 h.update(repr(k).encode())
+
     walk(code)
     for cell in getattr(func, "__closure__", None) or ():
         try:
@@ -73,8 +79,14 @@ def _digest_into(h, fn, seen):
         except ValueError:  # an empty cell (a name assigned later)
             h.update(b"<empty>")
     h.update(repr([_value(v, seen) for v in getattr(func, "__defaults__", None) or ()]).encode())
-    h.update(repr(sorted((k, _value(v, seen)) for k, v in
-                         (getattr(func, "__kwdefaults__", None) or {}).items())).encode())
+    h.update(
+        repr(
+            sorted(
+                (k, _value(v, seen))
+                for k, v in (getattr(func, "__kwdefaults__", None) or {}).items()
+            )
+        ).encode()
+    )
     module_globals = getattr(func, "__globals__", {})
     names = sorted({n for c in _codes(code) for n in c.co_names if n in module_globals})
     h.update(repr([(n, _value(module_globals[n], seen, shallow=True)) for n in names]).encode())
@@ -100,8 +112,10 @@ def _value(v, seen, shallow=False):
     if isinstance(v, (tuple, list)) and len(v) <= 64:
         return tuple(_value(x, seen, shallow) for x in v)
     if isinstance(v, Mapping) and len(v) <= 64:
-        return tuple((repr(k), _value(x, seen, shallow))
-                     for k, x in sorted(v.items(), key=lambda i: repr(i[0])))
+        return tuple(
+            (repr(k), _value(x, seen, shallow))
+            for k, x in sorted(v.items(), key=lambda i: repr(i[0]))
+        )
     if shallow or isinstance(v, (type, types.ModuleType)):
         return repr(type(v))
     if isinstance(v, torch.nn.Module):
@@ -126,8 +140,11 @@ def _class_digest(cls):
             continue
         for name, v in sorted(vars(k).items()):
             v = v.fget if isinstance(v, property) else v
-            digest = _code_digest(v) if isinstance(
-                v, (types.FunctionType, staticmethod, classmethod)) else None
+            digest = (
+                _code_digest(v)
+                if isinstance(v, (types.FunctionType, staticmethod, classmethod))
+                else None
+            )
             if digest is not None:
                 h.update(f"{k.__qualname__}.{name} {digest}\n".encode())
     return h.hexdigest()
@@ -145,11 +162,22 @@ def _plain(value):
     return None
 
 
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-          "_state_dict_hooks", "_load_state_dict_pre_hooks")
-_BOOKKEEPING = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                "_forward_pre_hooks_with_kwargs", "_state_dict_pre_hooks",
-                "_load_state_dict_post_hooks", "_non_persistent_buffers_set")
+_HOOKS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_load_state_dict_pre_hooks",
+)
+_BOOKKEEPING = (
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks_with_kwargs",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+    "_non_persistent_buffers_set",
+)
 
 
 def _settings(obj, configs, seen):
@@ -178,15 +206,28 @@ def _settings(obj, configs, seen):
             out.append((k, ("tensor", tuple(v.shape), str(v.dtype))))
         elif callable(v) and not isinstance(v, (torch.nn.Module, type)):
             out.append((k, ("code", _code_digest(v, seen))))
-        elif isinstance(v, Mapping) and all(_plain(x) is not None or x is None
-                                            for x in v.values()):
-            out.append((k, tuple((repr(a), _plain(b)) for a, b in
-                                 sorted(v.items(), key=lambda i: repr(i[0])))))
+        elif isinstance(v, Mapping) and all(_plain(x) is not None or x is None for x in v.values()):
+            out.append(
+                (
+                    k,
+                    tuple(
+                        (repr(a), _plain(b)) for a, b in sorted(v.items(), key=lambda i: repr(i[0]))
+                    ),
+                )
+            )
         elif hasattr(v, "to_dict") and not isinstance(v, (torch.Tensor, torch.nn.Module)):
             if id(v) not in configs:
                 configs.add(id(v))
-                out.append((k, tuple((a, _plain(b)) for a, b in sorted(vars(v).items())
-                                     if _plain(b) is not None)))
+                out.append(
+                    (
+                        k,
+                        tuple(
+                            (a, _plain(b))
+                            for a, b in sorted(vars(v).items())
+                            if _plain(b) is not None
+                        ),
+                    )
+                )
     return tuple(out)
 
 
@@ -255,6 +296,7 @@ def _fingerprint(model, example_batch, options, seen):
             return tuple(shapes(v) for v in x)
         # a plain value by value (a count of views the forward takes changes its memory)
         return ("value", x) if isinstance(x, _PLAIN) else repr(type(x))
+
     put("example", shapes(example_batch))
     put("options", sorted((k, repr(v)) for k, v in options.items()))
     return h.hexdigest()

@@ -7,14 +7,14 @@ skips its all-gather ("got mixed torch.Tensor and DTensor") and the search fails
 is not the model's. `reset` puts every FSDP2 state of the model back as after a finished backward
 (torch's FSDPState._root_post_backward_final_callback and FSDPParamGroup.finalize_backward do the
 same at the end of every backward): idle, sharded, the unsharded storage freed, no collective
-result held (nor the all-gather output a stopped forward kept for overlap). It reads names private to torch's FSDP2 (checked on torch 2.11 and 2.15);
+result held (nor the all-gather output a stopped forward kept for overlap). It reads names private
+to torch's FSDP2 (checked on torch 2.11 and 2.15);
 CLASS_NAMES and INSTANCE_NAMES list them, checked by `check_internals()` before a sharded model
 is sized (a torch whose FSDP2 differs is refused, with the name that differs, rather than sized
 wrong).
 """
-from __future__ import annotations
 
-import torch
+from __future__ import annotations
 
 # What reset() reads and writes. Methods and enum members, checked on the classes:
 CLASS_NAMES = [
@@ -25,12 +25,16 @@ CLASS_NAMES = [
 # Attributes the constructors set, checked on the sharded model's own states (instances):
 # (which object, attribute).
 INSTANCE_NAMES = [
-    ("state", "_fsdp_param_group"), ("state", "_training_state"), ("state", "_state_ctx"),
+    ("state", "_fsdp_param_group"),
+    ("state", "_training_state"),
+    ("state", "_state_ctx"),
     ("state", "_comm_ctx"),
     ("state._state_ctx", "post_backward_final_callback_queued"),
     ("state._state_ctx", "iter_forward_root"),
-    ("group", "_training_state"), ("group", "_all_gather_result"),
-    ("group", "_post_forward_indices"), ("group", "fsdp_params"),
+    ("group", "_training_state"),
+    ("group", "_all_gather_result"),
+    ("group", "_post_forward_indices"),
+    ("group", "fsdp_params"),
 ]
 
 
@@ -38,6 +42,7 @@ def check_internals(modules=()):
     """The names reset() needs that this torch lacks, as text (empty: all there): CLASS_NAMES
     on torch's classes, INSTANCE_NAMES on the FSDP2 states of `modules` (fully_shard's)."""
     import importlib
+
     missing = []
     for module, cls, name in CLASS_NAMES:
         try:
@@ -77,6 +82,7 @@ def reset(modules):
     if not modules:  # no FSDP2: nothing to import (torch 2.5 keeps FSDP2 elsewhere)
         return
     from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
     for m in modules:
         state = m._get_fsdp_state()
         group = state._fsdp_param_group
@@ -120,6 +126,7 @@ def forget_meshes():
     Returns the names cleared (empty when this torch has none of them)."""
     try:
         from torch.distributed.tensor import DTensor
+
         propagator = DTensor._op_dispatcher.sharding_propagator
     except (ImportError, AttributeError):
         return []
@@ -130,4 +137,3 @@ def forget_meshes():
             cache.cache_clear()
             cleared.append(name)
     return cleared
-

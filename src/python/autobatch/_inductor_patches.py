@@ -33,7 +33,8 @@ import torch
 #   that eager's nll_loss_backward materialises before log_softmax's backward: one float
 #   B x T x vocab tensor less at the loss (decoder_lm_small at 1024 tokens: -14% / -17% of the
 #   eager loop at commit 8d1f277; -0.000% now, docs/fidelity-pt2.md). A user's compiled model
-#   computes its loss outside the compiled code too. No C shim: AOTInductor calls them through its proxy executor.
+#   computes its loss outside the compiled code too. No C shim: AOTInductor calls them through its
+#   proxy executor.
 # - concatenation. Eager's cat makes each input, then copies them into a new tensor; Inductor can
 #   lower cat to a buffer its producers write into (ConcatKernel), where the inputs are never made
 #   on their own. Kept as eager's kernel since issue 26; no effect measured yet (DenseNet-121 was
@@ -53,14 +54,33 @@ import torch
 EAGER_KERNEL_INPUTS = "contiguous"
 EAGER_KERNELS = (
     "_scaled_dot_product_flash_attention_for_cpu",
-    "nll_loss_forward", "nll_loss_backward", "_log_softmax", "_log_softmax_backward_data",
-    "mse_loss", "mse_loss_backward", "_softmax", "_softmax_backward_data",
-    "_native_batch_norm_legit_functional", "native_batch_norm_backward",
-    "native_layer_norm", "native_layer_norm_backward",
-    "native_group_norm", "native_group_norm_backward",
-    "relu", "threshold_backward", "gelu", "gelu_backward", "silu", "silu_backward",
-    "hardswish", "hardswish_backward", "hardsigmoid", "hardsigmoid_backward",
-    "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "embedding_dense_backward",
+    "nll_loss_forward",
+    "nll_loss_backward",
+    "_log_softmax",
+    "_log_softmax_backward_data",
+    "mse_loss",
+    "mse_loss_backward",
+    "_softmax",
+    "_softmax_backward_data",
+    "_native_batch_norm_legit_functional",
+    "native_batch_norm_backward",
+    "native_layer_norm",
+    "native_layer_norm_backward",
+    "native_group_norm",
+    "native_group_norm_backward",
+    "relu",
+    "threshold_backward",
+    "gelu",
+    "gelu_backward",
+    "silu",
+    "silu_backward",
+    "hardswish",
+    "hardswish_backward",
+    "hardsigmoid",
+    "hardsigmoid_backward",
+    "max_pool2d_with_indices",
+    "max_pool2d_with_indices_backward",
+    "embedding_dense_backward",
     "cat",
 )
 
@@ -88,10 +108,17 @@ class _eager_kernels:
         self._core, self._inductor = decomp.core_aten_decompositions, compile_fx.select_decomp_table
         self._ops = [getattr(torch.ops.aten, name).default for name in EAGER_KERNELS]
         constraints = lowering._maybe_layout_constraints
-        self._saved = {op: (op in lowering.lowerings, lowering.lowerings.get(op),
-                            op in lowering.fallbacks, op in lowering.needs_realized_inputs,
-                            op in constraints, constraints.get(op))
-                       for op in self._ops}
+        self._saved = {
+            op: (
+                op in lowering.lowerings,
+                lowering.lowerings.get(op),
+                op in lowering.fallbacks,
+                op in lowering.needs_realized_inputs,
+                op in constraints,
+                constraints.get(op),
+            )
+            for op in self._ops
+        }
         ops, core, inductor = self._ops, self._core, self._inductor
         constraint = lowering.require_contiguous if EAGER_KERNEL_INPUTS == "contiguous" else None
 
@@ -108,8 +135,9 @@ class _eager_kernels:
         compile_fx.select_decomp_table = inductor_table
         try:
             for op in ops:
-                lowering.make_fallback(op, layout_constraint=constraint, warn=False,
-                                       override_decomp=True)
+                lowering.make_fallback(
+                    op, layout_constraint=constraint, warn=False, override_decomp=True
+                )
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -120,8 +148,14 @@ class _eager_kernels:
         self._compile_fx.select_decomp_table = self._inductor
         lowering = self._lowering
         constraints = lowering._maybe_layout_constraints
-        for op, (lowered, handler, fallback, realized, constrained, constraint) in \
-                self._saved.items():
+        for op, (
+            lowered,
+            handler,
+            fallback,
+            realized,
+            constrained,
+            constraint,
+        ) in self._saved.items():
             if lowered:
                 lowering.lowerings[op] = handler
             else:
@@ -213,8 +247,12 @@ class _eager_buffers:
         def run_node(lowering, node):
             result = original(lowering, node)
             target = node.target
-            if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and \
-                    not target.is_view and not target._schema.is_mutable:
+            if (
+                node.op == "call_function"
+                and isinstance(target, torch._ops.OpOverload)
+                and not target.is_view
+                and not target._schema.is_mutable
+            ):
                 for value in result if isinstance(result, (list, tuple)) else (result,):
                     if isinstance(value, TensorBox):
                         value.realize()
@@ -325,7 +363,8 @@ def _early_writes(nodes):
     Why: AOTAutograd's functionalization moves every such write to the end of the graph, and
     Inductor fuses them there. The accumulating model then held every new sum (gradient plus
     buffer) until the end of the call: +6.8% over the TorchScript archive at 64 x 2 micro-batches
-    on mlp_wide_tiny (Pt2RunnerTest.PeaksAreThoseOfTheTorchScriptArchiveAtOneAndTwoMicroBatches). An eager backward adds each gradient into ``.grad`` as it
+    on mlp_wide_tiny (Pt2RunnerTest.PeaksAreThoseOfTheTorchScriptArchiveAtOneAndTwoMicroBatches).
+    An eager backward adds each gradient into ``.grad`` as it
     is made. Inductor's memory-driven reordering also moved the writes up, but it moves
     everything else too (MobileNetV3 below its TorchScript archive: the
     mobilenet_v3_large_64_reordered variant of scripts/pt2_packages.py). Used by _eager_order."""
@@ -337,8 +376,10 @@ def _early_writes(nodes):
     for node in nodes:
         for dep in node.read_writes.reads:
             readers.setdefault(dep.name, set()).add(node)
-    deps = {node: {producer[d.name] for d in node.unmet_dependencies if d.name in producer}
-            for node in nodes}
+    deps = {
+        node: {producer[d.name] for d in node.unmet_dependencies if d.name in producer}
+        for node in nodes
+    }
     early = []
     for node in nodes:
         written = {name for buf in node.get_outputs() for name in buf.get_mutations()} & targets
@@ -385,10 +426,17 @@ class _eager_order:
         self._memory, self._original = memory, memory.reorder_for_peak_memory
         original = self._original
 
-        def reorder(nodes, name_to_buf, name_to_fused_node, graph_inputs, graph_outputs,
-                    methods=None):
-            return original(nodes, name_to_buf, name_to_fused_node, graph_inputs, graph_outputs,
-                            methods=[_early_writes])
+        def reorder(
+            nodes, name_to_buf, name_to_fused_node, graph_inputs, graph_outputs, methods=None
+        ):
+            return original(
+                nodes,
+                name_to_buf,
+                name_to_fused_node,
+                graph_inputs,
+                graph_outputs,
+                methods=[_early_writes],
+            )
 
         memory.reorder_for_peak_memory = reorder
         return self
@@ -422,7 +470,7 @@ def _unguarded_acc_helper():
 
     def need_use_acc_helper(self, reduction_type, dtype, use_scalar):
         if reduction_type == "sum" and dtype == torch.float and self.call_ranges is not None:
-            size = functools.reduce(operator.mul, self.call_ranges[self.reduction_depth:], 1)
+            size = functools.reduce(operator.mul, self.call_ranges[self.reduction_depth :], 1)
             if getattr(size, "free_symbols", None):
                 return True
         return original(self, reduction_type, dtype, use_scalar)
@@ -461,11 +509,15 @@ def _hinted_conv_backend():
 
     def concrete(value):
         if not isinstance(value, torch.Tensor) or not any(
-                isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride())):
+            isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride())
+        ):
             return value
-        return torch.empty_strided([_hint(s) for s in value.shape],
-                                   [_hint(s) for s in value.stride()],
-                                   dtype=value.dtype, device=value.device)
+        return torch.empty_strided(
+            [_hint(s) for s in value.shape],
+            [_hint(s) for s in value.stride()],
+            dtype=value.dtype,
+            device=value.device,
+        )
 
     def select_conv_backend(*args, **kwargs):
         args = tuple(concrete(a) for a in args)
@@ -490,8 +542,11 @@ CHECKED_ON = ("2.11.0", "2.15.0")
 INTERNALS = (
     ("torch._decomp", "core_aten_decompositions", ()),
     ("torch._inductor.compile_fx", "select_decomp_table", ()),
-    ("torch._inductor.lowering", "make_fallback",
-     ("calls:", "op", "layout_constraint", "warn", "override_decomp")),
+    (
+        "torch._inductor.lowering",
+        "make_fallback",
+        ("calls:", "op", "layout_constraint", "warn", "override_decomp"),
+    ),
     ("torch._inductor.lowering", "require_contiguous", ("_", "args", "kwargs")),
     ("torch._inductor.lowering", "_maybe_layout_constraints", "dict"),
     ("torch._inductor.lowering", "lowerings", "dict"),
@@ -509,10 +564,16 @@ INTERNALS = (
     ("torch._inductor.ir", "Operation.get_outputs", ("self",)),
     ("torch._inductor.ir", "Operation.get_operation_name", ("self",)),
     ("torch._inductor.codegen.cpp", "CppScheduling.MAX_FUSED_KERNEL_ARGS_NUM", "int"),
-    ("torch._inductor.codegen.cpp", "CppKernel.need_use_acc_helper",
-     ("self", "reduction_type", "dtype", "use_scalar")),
-    ("torch._inductor.memory", "reorder_for_peak_memory",
-     ("nodes", "name_to_buf", "name_to_fused_node", "graph_inputs", "graph_outputs", "methods")),
+    (
+        "torch._inductor.codegen.cpp",
+        "CppKernel.need_use_acc_helper",
+        ("self", "reduction_type", "dtype", "use_scalar"),
+    ),
+    (
+        "torch._inductor.memory",
+        "reorder_for_peak_memory",
+        ("nodes", "name_to_buf", "name_to_fused_node", "graph_inputs", "graph_outputs", "methods"),
+    ),
     ("torch._inductor.scheduler", "Scheduler.compute_dependencies", ("self",)),
     ("torch._inductor.scheduler", "BaseSchedulerNode.add_fake_dep", ("self", "dep")),
     ("torch._inductor.scheduler", "BaseSchedulerNode.get_name", ("self",)),
@@ -521,8 +582,7 @@ INTERNALS = (
     ("torch._inductor", "aot_compile", ("calls:", "gm", "args", "kwargs", "options")),
     ("torch._inductor.package", "package_aoti", ("calls:", "archive_file", "aoti_files")),
     ("torch._inductor.package", "load_package", ("calls:", "path", "model_name")),
-    ("torch.export.experimental", "_export_forward_backward",
-     ("calls:", "ep", "joint_loss_index")),
+    ("torch.export.experimental", "_export_forward_backward", ("calls:", "ep", "joint_loss_index")),
     ("torch._C", "_select_conv_backend", "callable"),
     ("torch.fx.experimental.sym_node", "SymNode.hint", "property"),
     # the Inductor settings the export's compile sets (_pt2._compile)
@@ -563,22 +623,33 @@ def _differs(module: str, path: str, expected) -> str:
             return f"{where} has no signature to check"
         if expected[:1] == ("calls:",):
             missing = [p for p in expected[1:] if p not in parameters]
-            return f"{where} takes no {', '.join(missing)} (it takes {parameters})" if missing \
-                else ""
-        return "" if parameters == list(expected) else \
-            f"{where} takes {parameters}, the patch expects {list(expected)}"
+            return (
+                f"{where} takes no {', '.join(missing)} (it takes {parameters})" if missing else ""
+            )
+        return (
+            ""
+            if parameters == list(expected)
+            else f"{where} takes {parameters}, the patch expects {list(expected)}"
+        )
     if isinstance(expected, str) and expected.startswith("self."):
         try:
             source = inspect.getsource(value)
         except (OSError, TypeError):
             return f"{where}: its source cannot be read to find {expected}"
         return "" if expected in source else f"{where} sets no {expected}"
-    kinds = {"dict": lambda v: isinstance(v, dict), "bool": lambda v: isinstance(v, bool),
-             "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-             "set": lambda v: hasattr(v, "discard") and hasattr(v, "add"),
-             "class": inspect.isclass, "callable": callable, "object": lambda v: True,
-             "property": lambda v: isinstance(v, property)}
-    return "" if kinds[expected](value) else f"{where} is a {type(value).__name__}, not a {expected}"
+    kinds = {
+        "dict": lambda v: isinstance(v, dict),
+        "bool": lambda v: isinstance(v, bool),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "set": lambda v: hasattr(v, "discard") and hasattr(v, "add"),
+        "class": inspect.isclass,
+        "callable": callable,
+        "object": lambda v: True,
+        "property": lambda v: isinstance(v, property),
+    }
+    return (
+        "" if kinds[expected](value) else f"{where} is a {type(value).__name__}, not a {expected}"
+    )
 
 
 _CHECKED: list = []  # the differences found, once per process: [list of texts]
@@ -612,4 +683,5 @@ def require_internals() -> None:
             f"to make the package allocate as the eager step does differ from those it was "
             f"checked on (torch {', '.join(CHECKED_ON)}): {shown}. Export the model in the "
             f"TorchScript format instead (--format torchscript, or autobatch.export), or use a "
-            f"torch the pt2 export was checked on")
+            f"torch the pt2 export was checked on"
+        )

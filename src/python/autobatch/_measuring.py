@@ -4,6 +4,7 @@ samples of the size's batch makes the optimizer's state, then one whole step run
 EagerProbe (_trial.py) takes these methods; the residues that say whether its failure stands for
 the full trial's are _residue.py's.
 """
+
 import contextlib
 
 import torch
@@ -34,18 +35,23 @@ class MeasuringTrials:
             # full trial's (optimistic or not): the full trial runs.
             return self(size, micro_batches)
         self.replay_logs = []
-        record = self.trial(size, micro_batches, self._measure,
-                            label=f"trial {self.count + 1} (measuring)")
+        record = self.trial(
+            size, micro_batches, self._measure, label=f"trial {self.count + 1} (measuring)"
+        )
         record["shortened"] = True
         if record.get("outcome", "fits") == "fits" and len(self.replay_logs) == 2:
             (first, first_size), (second, second_size, start, batch) = self.replay_logs
-            record["replayed_peak"] = peak_lines(first, first_size, second, second_size, start,
-                                                 batch, 1 << 40)
+            record["replayed_peak"] = peak_lines(
+                first, first_size, second, second_size, start, batch, 1 << 40
+            )
         self.replay_logs = []
         # Only where the meter counts bytes: under the CUDA caching allocator the reserved peak
         # also depends on the order of allocations, which a shortened trial changes.
-        if record.get("outcome") == "out-of-memory" and self.meter.name == "cpu-budget" and \
-                residue.stands():
+        if (
+            record.get("outcome") == "out-of-memory"
+            and self.meter.name == "cpu-budget"
+            and residue.stands()
+        ):
             record["stands_for_full"] = True
         return record
 
@@ -56,8 +62,9 @@ class MeasuringTrials:
 
     def _measure(self, size, micro_batches):
         buckets = self.buckets(size)
-        done = self._steps(size, micro_batches, steps=1,
-                           state_batch=min(size, max(1, self.state_batch)))
+        done = self._steps(
+            size, micro_batches, steps=1, state_batch=min(size, max(1, self.state_batch))
+        )
         del buckets
         return done
 
@@ -71,8 +78,12 @@ class MeasuringTrials:
         size was shown."""
         held = self._make_state(optimizer, size, micro_batches, state_batch, residue)
         if residue is not None:
-            if (residue.stands() and self.meter.name == "cpu-budget" and
-                    size == self.largest_full_fit + 1 and residue.new_size_is_plain()):
+            if (
+                residue.stands()
+                and self.meter.name == "cpu-budget"
+                and size == self.largest_full_fit + 1
+                and residue.new_size_is_plain()
+            ):
                 self._show_size(held, size, residue)
             else:
                 residue.comparable = False
@@ -103,8 +114,11 @@ class MeasuringTrials:
         # back from the first step's small batch would be switched in the whole step, with the
         # optimizer's state alive, where the full trial's second step switches nothing (answers 1
         # or 2 under B*). Such a failure does not stand.
-        if (self.meter.current_bytes() == before and not hooks.registered and
-                not backward_hooks_of(self.model)):
+        if (
+            self.meter.current_bytes() == before
+            and not hooks.registered
+            and not backward_hooks_of(self.model)
+        ):
             residue.comparable = comparable
 
     def _make_state(self, optimizer, size, micro_batches, state_batch, residue=None):
@@ -113,7 +127,8 @@ class MeasuringTrials:
         made (and held, as the loop holds it, into the next step), forward and backward of each
         micro-batch run on a view of its first samples (no memory of its own: every phase peak
         stays at or below the full first step's; but it shares the batch's storage, so a model
-        that keeps it keeps the whole batch, which the residues see: _residue.py), which gives the gradients a job's first step
+        that keeps it keeps the whole batch, which the residues see: _residue.py), which gives the
+        gradients a job's first step
         gives (the same parameters: the optimizer's state is made for exactly those), then the
         optimizer's step with the batch held. Returns that batch. `residue`: told what the step
         left (_residue.py)."""
@@ -126,7 +141,7 @@ class MeasuringTrials:
         replay = micro_batches == 1 and self.meter.name == "cpu-budget"
         for micro in range(micro_batches):
             small = leading(self.example, held, state_batch, self.n0)
-            with (EventLog(self.replay_logs, state_batch) if replay else contextlib.nullcontext()):
+            with EventLog(self.replay_logs, state_batch) if replay else contextlib.nullcontext():
                 output, loss = self.forward_loss(small, size, micro, 0)
                 self._check_step_loss(loss)
                 mirror_removals(small, held)
@@ -145,15 +160,18 @@ class MeasuringTrials:
             residue.first(state_batch, made, self.meter.current_bytes())
         return held
 
-
     def _whole_step_log(self, batch, size, state_batch, step):
         """A `with` block around a measuring trial's whole step that logs it event by event, after
         its first step's log (_make_state), with the bytes held at its start and its batch's own
         (_replay.peak_lines); one that does nothing elsewhere."""
         if not (state_batch > 0 and step == 0 and len(self.replay_logs) == 1):
             return contextlib.nullcontext()
-        return EventLog(self.replay_logs, size, self.meter.current_bytes(),
-                        storage_bytes(batch, self.example_ptrs))
+        return EventLog(
+            self.replay_logs,
+            size,
+            self.meter.current_bytes(),
+            storage_bytes(batch, self.example_ptrs),
+        )
 
 
 def backward_hooks_of(model):
@@ -162,14 +180,18 @@ def backward_hooks_of(model):
     globals), or a hook on one of its parameters (Tensor.register_hook,
     register_post_accumulate_grad_hook). Hooks that the forward registers are _HookCount's."""
     from torch.nn.modules import module as nn_module
-    if (getattr(nn_module, "_global_backward_hooks", None) or
-            getattr(nn_module, "_global_backward_pre_hooks", None)):
+
+    if getattr(nn_module, "_global_backward_hooks", None) or getattr(
+        nn_module, "_global_backward_pre_hooks", None
+    ):
         return True
     for m in model.modules():
         if m._backward_hooks or getattr(m, "_backward_pre_hooks", None):
             return True
-    return any(getattr(p, "_backward_hooks", None) or
-               getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
+    return any(
+        getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None)
+        for p in model.parameters()
+    )
 
 
 class _HookCount:

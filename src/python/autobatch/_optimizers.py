@@ -1,6 +1,7 @@
 """The trials' optimizer: a fresh one per trial from the user's factory, class or instance
 (rebuilt from its param groups and its constructor's options), never the user's own object
 stepped; the classes whose step a trial cannot run refused by name (docs/python.md)."""
+
 import inspect
 import weakref
 
@@ -8,6 +9,7 @@ import torch
 
 from . import _core
 from ._errors import UsageError
+
 
 def _constructor_options(cls, defaults):
     """The options of `defaults` that cls's constructor takes (torch 2.11's AdamW.defaults holds
@@ -36,8 +38,10 @@ def _rebuilder(optimizer, params):
         if mine:
             groups.append({**options, "params": mine})
     if not groups:
-        raise UsageError("optimizer: none of its parameters is a trainable parameter of the "
-                         "model; pass the optimizer built over model.parameters()")
+        raise UsageError(
+            "optimizer: none of its parameters is a trainable parameter of the "
+            "model; pass the optimizer built over model.parameters()"
+        )
     defaults = _constructor_options(cls, optimizer.defaults)
     return lambda: cls([dict(g) for g in groups], **defaults)
 
@@ -70,12 +74,16 @@ def _checked_build(build, what):
                 raise
             # Any type: RuntimeError, KeyError and AttributeError as much as TypeError and
             # ValueError (else they leave find() raw).
-            raise UsageError(f"optimizer: {what} failed when called with the model's trainable "
-                             f"parameters: {type(e).__name__}: {e}; expected a factory such as "
-                             "lambda params: torch.optim.AdamW(params, lr=1e-3)") from e
+            raise UsageError(
+                f"optimizer: {what} failed when called with the model's trainable "
+                f"parameters: {type(e).__name__}: {e}; expected a factory such as "
+                "lambda params: torch.optim.AdamW(params, lr=1e-3)"
+            ) from e
         if not isinstance(opt, torch.optim.Optimizer):
-            raise UsageError(f"optimizer: the factory returned {type(opt).__name__}; expected "
-                             "a torch.optim.Optimizer, e.g. lambda p: torch.optim.AdamW(p)")
+            raise UsageError(
+                f"optimizer: the factory returned {type(opt).__name__}; expected "
+                "a torch.optim.Optimizer, e.g. lambda p: torch.optim.AdamW(p)"
+            )
         # What the factory builds is refused as an instance of its class is (else LBFGS from a
         # factory, or Lightning's configure_optimizers, fails in its step with TypeError as the
         # model's error).
@@ -87,9 +95,11 @@ def _checked_build(build, what):
                 "it was returned before): the trials would step your optimizer and its state "
                 "would not be counted; return a new one from the parameters it is given, e.g. "
                 "lambda p: torch.optim.AdamW(p, lr=1e-3), or pass the optimizer itself "
-                "(optimizer=opt: a fresh copy of its class and options is built per trial)")
+                "(optimizer=opt: a fresh copy of its class and options is built per trial)"
+            )
         last[0] = weakref.ref(opt)
         return opt
+
     first = checked()
     checked()
     del first
@@ -110,14 +120,19 @@ def _optimizer_factory(optimizer, params):
     if isinstance(optimizer, torch.optim.Optimizer):
         cls = type(optimizer)
         index = {id(p) for p in params}
-        _refuse_step_kind(cls, [p for g in optimizer.param_groups for p in g["params"]
-                                if id(p) in index])
-        return (_checked_build(_rebuilder(optimizer, params), "the rebuild"),
-                f"{cls.__module__}.{cls.__qualname__}")
+        _refuse_step_kind(
+            cls, [p for g in optimizer.param_groups for p in g["params"] if id(p) in index]
+        )
+        return (
+            _checked_build(_rebuilder(optimizer, params), "the rebuild"),
+            f"{cls.__module__}.{cls.__qualname__}",
+        )
     if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
         _refuse_step_kind(optimizer, params)
-        return (_checked_build(lambda: optimizer(params), "the class"),
-                f"{optimizer.__module__}.{optimizer.__qualname__}")
+        return (
+            _checked_build(lambda: optimizer(params), "the class"),
+            f"{optimizer.__module__}.{optimizer.__qualname__}",
+        )
     if callable(optimizer):
         name = getattr(optimizer, "__qualname__", type(optimizer).__name__)
         checked = _checked_build(lambda: optimizer(params), f"the factory {name}")
@@ -127,9 +142,11 @@ def _optimizer_factory(optimizer, params):
         if release is not None:
             checked.release_trial = release
         return checked, name
-    raise UsageError(f"optimizer: expected a torch.optim.Optimizer, a factory such as "
-                     f"lambda params: torch.optim.AdamW(params), 'none' or None, but got "
-                     f"{type(optimizer).__name__}")
+    raise UsageError(
+        f"optimizer: expected a torch.optim.Optimizer, a factory such as "
+        f"lambda params: torch.optim.AdamW(params), 'none' or None, but got "
+        f"{type(optimizer).__name__}"
+    )
 
 
 def _refuse_step_kind(cls, params):
@@ -137,18 +154,22 @@ def _refuse_step_kind(cls, params):
     does (named with the reason)."""
     name = cls.__name__
     if issubclass(cls, torch.optim.LBFGS):
-        raise UsageError("optimizer: LBFGS steps with a closure that re-runs forward and backward "
-                         "several times per step (and keeps a history of past gradients), which "
-                         "a trial's step (one forward, backward and step per micro-batch) does "
-                         "not model, so its answer would not hold: autobatch does not size LBFGS "
-                         "jobs")
+        raise UsageError(
+            "optimizer: LBFGS steps with a closure that re-runs forward and backward "
+            "several times per step (and keeps a history of past gradients), which "
+            "a trial's step (one forward, backward and step per micro-batch) does "
+            "not model, so its answer would not hold: autobatch does not size LBFGS "
+            "jobs"
+        )
     muon = getattr(torch.optim, "Muon", None)
     if muon is not None and issubclass(cls, muon) and any(p.dim() != 2 for p in params):
-        raise UsageError(f"optimizer: {name} takes 2-D parameters only, but "
-                         f"{sum(p.dim() != 2 for p in params)} of the parameters it would get are "
-                         "not 2-D (biases, norms); build it over the 2-D weights only (the "
-                         "others then need an optimizer of their own, which one trial cannot "
-                         "hold: size with the optimizer of the larger state)")
+        raise UsageError(
+            f"optimizer: {name} takes 2-D parameters only, but "
+            f"{sum(p.dim() != 2 for p in params)} of the parameters it would get are "
+            "not 2-D (biases, norms); build it over the 2-D weights only (the "
+            "others then need an optimizer of their own, which one trial cannot "
+            "hold: size with the optimizer of the larger state)"
+        )
 
 
 def _impl(opt, device):

@@ -1,5 +1,6 @@
 """Checks of find()'s options that need more than their own value (the optimizer it builds, the
 call they are given to), and the result's line on memory held outside the model."""
+
 import torch
 
 from . import _core
@@ -17,46 +18,70 @@ def _check_one_step(make_optimizer, zero_grad):
     before its first step."""
     optimizer = make_optimizer()
     stateless = optimizer is None or (
-        type(optimizer) is torch.optim.SGD and
-        all(not g.get("momentum") for g in optimizer.param_groups))
+        type(optimizer) is torch.optim.SGD
+        and all(not g.get("momentum") for g in optimizer.param_groups)
+    )
     name = "none" if optimizer is None else type(optimizer).__name__
     del optimizer
     if stateless and zero_grad == "none":
         return
     why = []
     if not stateless:
-        why.append(f"the optimizer {name} creates its state at the first step(), so only the "
-                   "second step runs with it")
+        why.append(
+            f"the optimizer {name} creates its state at the first step(), so only the "
+            "second step runs with it"
+        )
     if zero_grad == "zeros":
         why.append("zero_grad='zeros' keeps the gradients alive from the second step's forward on")
-    raise UsageError(f"steps_per_trial: expected at least 2 with optimizer {name} and zero_grad="
-                     f"{zero_grad!r}, but got 1; {', and '.join(why)}: a batch that fits one step "
-                     "may fail the next; use steps_per_trial=2 (the default)"
-                     + ("" if zero_grad == "zeros" else
-                        ", or an optimizer without state (torch.optim.SGD without momentum, or "
-                        "'none')"))
+    raise UsageError(
+        f"steps_per_trial: expected at least 2 with optimizer {name} and zero_grad="
+        f"{zero_grad!r}, but got 1; {', and '.join(why)}: a batch that fits one step "
+        "may fail the next; use steps_per_trial=2 (the default)"
+        + (
+            ""
+            if zero_grad == "zeros"
+            else ", or an optimizer without state (torch.optim.SGD without momentum, or 'none')"
+        )
+    )
 
 
 # find()'s options that bound or plan a search, with their defaults: one trial at a given size
 # has no use for them, and one taken silently would look applied (a time_limit never stops a
 # check_batch trial: nothing sets a deadline for it).
-_SEARCH_ONLY = {"target_batch": None, "world_size": 1, "time_limit": None, "min_batch": 1,
-                "max_batch": None, "dataset_size": None, "max_trials": None,
-                "strategy": "guided", "plan": "fastest"}
+_SEARCH_ONLY = {
+    "target_batch": None,
+    "world_size": 1,
+    "time_limit": None,
+    "min_batch": 1,
+    "max_batch": None,
+    "dataset_size": None,
+    "max_trials": None,
+    "strategy": "guided",
+    "plan": "fastest",
+}
 
 
 def _refuse_search_options(options, who):
     """UsageError for a search-only option given to one trial's call."""
-    given = sorted(k for k, default in _SEARCH_ONLY.items()
-                   if k in options and options[k] is not None
-                   and not (type(options[k]) is type(default) and options[k] == default))
+    given = sorted(
+        k
+        for k, default in _SEARCH_ONLY.items()
+        if k in options
+        and options[k] is not None
+        and not (type(options[k]) is type(default) and options[k] == default)
+    )
     if given:
-        why = (" (one trial runs to its end; Ctrl-C stops it)" if "time_limit" in given else "")
-        verbs = "bounds or plans a search and has" if len(given) == 1 else \
-            "bound or plan a search and have"
-        raise UsageError(f"{who}: {', '.join(given)} {verbs} no meaning for one trial at a given "
-                         f"micro-batch{why}; drop {'it' if len(given) == 1 else 'them'}, or call "
-                         "autobatch.find to search")
+        why = " (one trial runs to its end; Ctrl-C stops it)" if "time_limit" in given else ""
+        verbs = (
+            "bounds or plans a search and has"
+            if len(given) == 1
+            else "bound or plan a search and have"
+        )
+        raise UsageError(
+            f"{who}: {', '.join(given)} {verbs} no meaning for one trial at a given "
+            f"micro-batch{why}; drop {'it' if len(given) == 1 else 'them'}, or call "
+            "autobatch.find to search"
+        )
 
 
 def _outside_note(outside, device):
@@ -66,7 +91,9 @@ def _outside_note(outside, device):
     total, count, largest = outside
     if not total:
         return []
-    return [f"held outside the model: {_core.format_bytes(total)} of {device.type} memory in "
-            f"{count} tensor storage(s) this process holds (the largest {largest}); counted in "
-            "every trial's memory as your job will hold them beside its steps; free what the "
-            "job does not need before calling autobatch"]
+    return [
+        f"held outside the model: {_core.format_bytes(total)} of {device.type} memory in "
+        f"{count} tensor storage(s) this process holds (the largest {largest}); counted in "
+        "every trial's memory as your job will hold them beside its steps; free what the "
+        "job does not need before calling autobatch"
+    ]

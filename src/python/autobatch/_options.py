@@ -1,6 +1,7 @@
 """The arguments of autobatch.find checked and put in the library's terms: bytes, counts,
 seconds, the margin, the target batch, the device and the precision. Each bad value is a
 UsageError that names it and the form expected, raised before any trial (docs/python.md)."""
+
 import contextlib
 
 import torch
@@ -11,9 +12,17 @@ from ._errors import UsageError
 _INT32_MAX = (1 << 31) - 1
 _INT64_MAX = (1 << 63) - 1  # the library counts bytes and samples in int64
 
-_PRECISIONS = {None: None, "fp32": None, torch.float32: None, "amp-bf16": torch.bfloat16,
-               "bf16": torch.bfloat16, torch.bfloat16: torch.bfloat16, "amp-fp16": torch.float16,
-               "fp16": torch.float16, torch.float16: torch.float16}
+_PRECISIONS = {
+    None: None,
+    "fp32": None,
+    torch.float32: None,
+    "amp-bf16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    torch.bfloat16: torch.bfloat16,
+    "amp-fp16": torch.float16,
+    "fp16": torch.float16,
+    torch.float16: torch.float16,
+}
 
 
 def _bytes(value, what, hint=""):
@@ -21,16 +30,19 @@ def _bytes(value, what, hint=""):
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise UsageError(f"{what}: expected bytes as an int or a string such as '8GiB', but got "
-                         f"{value!r}")
+        raise UsageError(
+            f"{what}: expected bytes as an int or a string such as '8GiB', but got {value!r}"
+        )
     if isinstance(value, int):
         if value < 0 or value > _INT64_MAX:
             raise UsageError(f"{what}: expected >= 0 bytes and < 2^63, but got {value}")
         return value
     if value != value.strip() or not value:
-        raise UsageError(f"{what}: expected bytes as a string such as '8GiB', '512MiB' or "
-                         f"'1.5 GB' (a space may stand between the number and the unit, none "
-                         f"around it), but got {value!r}")
+        raise UsageError(
+            f"{what}: expected bytes as a string such as '8GiB', '512MiB' or "
+            f"'1.5 GB' (a space may stand between the number and the unit, none "
+            f"around it), but got {value!r}"
+        )
     try:
         return _core.parse_bytes(value, what)
     except _core.Error as e:
@@ -44,8 +56,10 @@ def _limit(value):
     negative = isinstance(value, int) and not isinstance(value, bool) and value < 0
     n = 0 if negative else _bytes(value, "memory_limit")
     if value is not None and n == 0:
-        raise UsageError(f"memory_limit: expected more than 0 bytes, but got {value!r}; pass "
-                         "None (the default) for the device's own memory")
+        raise UsageError(
+            f"memory_limit: expected more than 0 bytes, but got {value!r}; pass "
+            "None (the default) for the device's own memory"
+        )
     return n
 
 
@@ -58,11 +72,17 @@ def _count(value, what, minimum=1, none_is=0, maximum=_INT64_MAX):
     if value is None:
         return none_is
     if isinstance(value, bool) or not isinstance(value, int):
-        raise UsageError(f"{what}: expected an int >= {minimum}, but got {value!r} "
-                         f"({type(value).__name__})")
+        raise UsageError(
+            f"{what}: expected an int >= {minimum}, but got {value!r} ({type(value).__name__})"
+        )
     if not minimum <= value <= maximum:
-        bound = ("< 2^63" if maximum == _INT64_MAX else
-                 f"<= {maximum} (2^31 - 1)" if maximum == _INT32_MAX else f"<= {maximum}")
+        bound = (
+            "< 2^63"
+            if maximum == _INT64_MAX
+            else f"<= {maximum} (2^31 - 1)"
+            if maximum == _INT32_MAX
+            else f"<= {maximum}"
+        )
         raise UsageError(f"{what}: expected an int >= {minimum} and {bound}, but got {value}")
     return value
 
@@ -72,8 +92,10 @@ def _seconds(value):
     if value is None:
         return 0.0
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise UsageError(f"time_limit: expected seconds > 0 (an int or a float) or None for no "
-                         f"limit, but got {value!r}")
+        raise UsageError(
+            f"time_limit: expected seconds > 0 (an int or a float) or None for no "
+            f"limit, but got {value!r}"
+        )
     return float(value)
 
 
@@ -82,12 +104,15 @@ def _margin(margin):
     if margin is None:
         return 0.05, -1
     if isinstance(margin, bool) or not isinstance(margin, (int, float, str)):
-        raise UsageError(f"margin: expected a fraction in [0, 1) such as 0.05, a percentage such "
-                         f"as '5%', or bytes such as 268435456 or '256MiB', but got {margin!r}")
+        raise UsageError(
+            f"margin: expected a fraction in [0, 1) such as 0.05, a percentage such "
+            f"as '5%', or bytes such as 268435456 or '256MiB', but got {margin!r}"
+        )
     if isinstance(margin, float):
         if not 0.0 <= margin < 1.0:
-            raise UsageError(f"margin: expected a fraction in [0, 1) such as 0.05, or bytes, but "
-                             f"got {margin}")
+            raise UsageError(
+                f"margin: expected a fraction in [0, 1) such as 0.05, or bytes, but got {margin}"
+            )
         return margin, -1
     if isinstance(margin, str) and margin.strip().endswith("%"):
         try:
@@ -95,21 +120,29 @@ def _margin(margin):
         except ValueError:
             pct = -1.0
         if not 0.0 <= pct < 100.0:
-            raise UsageError(f"margin: expected a percentage in [0, 100) such as '5%', but got "
-                             f"{margin!r}")
+            raise UsageError(
+                f"margin: expected a percentage in [0, 100) such as '5%', but got {margin!r}"
+            )
         return pct / 100.0, -1
-    return 0.05, _bytes(margin, "margin", "; a margin is also a fraction (0.05) or a percentage "
-                                          "('5%')")
+    return 0.05, _bytes(
+        margin, "margin", "; a margin is also a fraction (0.05) or a percentage ('5%')"
+    )
 
 
 def _target(target_batch):
     """target_batch: None (no plan) or an int >= 1."""
     if target_batch is None:
         return 0
-    if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1 \
-            or target_batch > _INT64_MAX:
-        raise UsageError(f"target_batch: expected an int >= 1 and < 2^63 (samples per optimizer "
-                         f"step over all ranks) or None for no plan, but got {target_batch!r}")
+    if (
+        isinstance(target_batch, bool)
+        or not isinstance(target_batch, int)
+        or target_batch < 1
+        or target_batch > _INT64_MAX
+    ):
+        raise UsageError(
+            f"target_batch: expected an int >= 1 and < 2^63 (samples per optimizer "
+            f"step over all ranks) or None for no plan, but got {target_batch!r}"
+        )
     return target_batch
 
 
@@ -120,25 +153,32 @@ def _checked_device(device):
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise UsageError(f"device: expected 'cpu', 'cuda' or 'cuda:N', but got {device!r} ({e})"
-                         ) from None
+        raise UsageError(
+            f"device: expected 'cpu', 'cuda' or 'cuda:N', but got {device!r} ({e})"
+        ) from None
     if device.type == "cpu":
         if device.index not in (None, 0):
-            raise UsageError(f"device: expected 'cpu', but got {str(device)!r} (the CPU has no "
-                             "index)")
+            raise UsageError(
+                f"device: expected 'cpu', but got {str(device)!r} (the CPU has no index)"
+            )
         return torch.device("cpu")
     if device.type != "cuda":
-        raise UsageError(f"device: autobatch measures 'cpu' and 'cuda' devices, not "
-                         f"{device.type!r}")
+        raise UsageError(
+            f"device: autobatch measures 'cpu' and 'cuda' devices, not {device.type!r}"
+        )
     if not torch.cuda.is_available():
-        raise UsageError(f"device: {str(device)!r} was asked, but torch.cuda.is_available() is "
-                         "False here (no NVIDIA driver or GPU, or a CPU-only torch); use "
-                         "device='cpu'")
+        raise UsageError(
+            f"device: {str(device)!r} was asked, but torch.cuda.is_available() is "
+            "False here (no NVIDIA driver or GPU, or a CPU-only torch); use "
+            "device='cpu'"
+        )
     count = torch.cuda.device_count()
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index >= count:
-        raise UsageError(f"device: cuda:{index} was asked, but this machine has {count} CUDA "
-                         f"device(s) (cuda:0 to cuda:{count - 1})")
+        raise UsageError(
+            f"device: cuda:{index} was asked, but this machine has {count} CUDA "
+            f"device(s) (cuda:0 to cuda:{count - 1})"
+        )
     return torch.device("cuda", index)
 
 
@@ -146,28 +186,39 @@ def _device_of(model, device):
     params = list(model.parameters())
     if not params:
         raise UsageError("model: it has no parameters, so there is nothing to train")
-    lazy = [n for n, p in model.named_parameters()
-            if isinstance(p, torch.nn.parameter.UninitializedParameter)]
+    lazy = [
+        n
+        for n, p in model.named_parameters()
+        if isinstance(p, torch.nn.parameter.UninitializedParameter)
+    ]
     if lazy:
-        raise UsageError(f"model: {len(lazy)} parameter(s) are not initialized yet ({lazy[0]}: "
-                         "a lazy module such as nn.LazyLinear learns its shapes from its first "
-                         "input); run one forward on the example first, e.g. model(example), "
-                         "then call autobatch")
+        raise UsageError(
+            f"model: {len(lazy)} parameter(s) are not initialized yet ({lazy[0]}: "
+            "a lazy module such as nn.LazyLinear learns its shapes from its first "
+            "input); run one forward on the example first, e.g. model(example), "
+            "then call autobatch"
+        )
     where = {p.device for p in params}
     if any(d.type == "meta" for d in where):
-        raise UsageError("model: its parameters are on the meta device (shapes without data); "
-                         "materialize it first (model.to_empty(device=...) and load or "
-                         "initialize its weights)")
+        raise UsageError(
+            "model: its parameters are on the meta device (shapes without data); "
+            "materialize it first (model.to_empty(device=...) and load or "
+            "initialize its weights)"
+        )
     if device is None:
         if len(where) > 1:
-            raise UsageError(f"device: the model's parameters are on {sorted(map(str, where))}; "
-                             "autobatch sizes a model on one device: pass device=")
+            raise UsageError(
+                f"device: the model's parameters are on {sorted(map(str, where))}; "
+                "autobatch sizes a model on one device: pass device="
+            )
         device = next(iter(where))
     device = _checked_device(device)
     if any(d != device for d in where):
-        raise UsageError(f"device: the model is on {sorted(map(str, where))} but device={device} "
-                         f"was asked; move it first (model.to('{device}')): autobatch never moves "
-                         "the user's model")
+        raise UsageError(
+            f"device: the model is on {sorted(map(str, where))} but device={device} "
+            f"was asked; move it first (model.to('{device}')): autobatch never moves "
+            "the user's model"
+        )
     return device
 
 
@@ -176,12 +227,16 @@ def _autocast(device, precision, cache=True):
     torch.autocast's cache_enabled (PyTorch's default True; Lightning's mixed precision passes
     False, so a weight used twice in one forward is cast twice)."""
     if precision not in _PRECISIONS:
-        raise UsageError(f"precision: expected None / 'fp32', 'amp-bf16' or 'amp-fp16' (autocast "
-                         f"around forward and loss), but got {precision!r}")
+        raise UsageError(
+            f"precision: expected None / 'fp32', 'amp-bf16' or 'amp-fp16' (autocast "
+            f"around forward and loss), but got {precision!r}"
+        )
     if not isinstance(cache, bool):
-        raise UsageError(f"autocast_cache: expected True (torch.autocast's default cache of the "
-                         f"weights' casts) or False (cache_enabled=False, as Lightning's mixed "
-                         f"precision), but got {cache!r}")
+        raise UsageError(
+            f"autocast_cache: expected True (torch.autocast's default cache of the "
+            f"weights' casts) or False (cache_enabled=False, as Lightning's mixed "
+            f"precision), but got {cache!r}"
+        )
     dtype = _PRECISIONS[precision]
     if dtype is None:
         return contextlib.nullcontext, "fp32"

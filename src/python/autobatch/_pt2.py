@@ -12,12 +12,30 @@ from typing import TYPE_CHECKING, Dict, Mapping, Optional, Sequence, Union
 import torch
 
 from . import _inductor_patches as patches
-from ._export_step import (PT2_ACCUMULATE_MODEL, PT2_BATCH_RANGE, PT2_GRAD_PREFIX,
-                           PT2_MEMORY_CHECK, PT2_METADATA_KEY, PT2_WEIGHTS, _example_targets,
-                           _WithLoss, check_example_inputs, metadata, model_kept,
-                           untie_parameters, unwrap)
-from ._pt2_joint import (accumulating_program, eager_batch1_error, eager_kernels, export_joint,
-                         joint_gradient_check, package_gradient_check, stored_tensors)
+from ._export_step import (
+    PT2_ACCUMULATE_MODEL,
+    PT2_BATCH_RANGE,
+    PT2_GRAD_PREFIX,
+    PT2_MEMORY_CHECK,
+    PT2_METADATA_KEY,
+    PT2_WEIGHTS,
+    _example_targets,
+    _WithLoss,
+    check_example_inputs,
+    metadata,
+    model_kept,
+    untie_parameters,
+    unwrap,
+)
+from ._pt2_joint import (
+    accumulating_program,
+    eager_batch1_error,
+    eager_kernels,
+    export_joint,
+    joint_gradient_check,
+    package_gradient_check,
+    stored_tensors,
+)
 from ._pt2_memory import MEMORY_OVER_PCT, memory_check
 
 if TYPE_CHECKING:
@@ -40,10 +58,15 @@ def _compile_package(path: str, programs, inductor_configs):
     for name, program in programs.items():
         module = _constants_as_buffers(program.module(check_guards=False))
         args, kwargs = program.example_inputs
-        with patches._eager_kernels(), patches._eager_order(), patches._eager_buffers(), \
-                patches._eager_lifetimes():
+        with (
+            patches._eager_kernels(),
+            patches._eager_order(),
+            patches._eager_buffers(),
+            patches._eager_lifetimes(),
+        ):
             files[name] = torch._inductor.aot_compile(
-                module, args, kwargs, options={**inductor_configs, "aot_inductor.package": True})
+                module, args, kwargs, options={**inductor_configs, "aot_inductor.package": True}
+            )
     return package_aoti(path, files)
 
 
@@ -85,13 +108,13 @@ def check_constants_stored(package_path: str, state: Dict[str, torch.Tensor]) ->
 
     for model_name in ("model", PT2_ACCUMULATE_MODEL):
         wanted = load_package(package_path, model_name).get_constant_fqns()
-        missing = sorted(n for n in wanted
-                         if n not in state and not n.startswith(PT2_GRAD_PREFIX))
+        missing = sorted(n for n in wanted if n not in state and not n.startswith(PT2_GRAD_PREFIX))
         if missing:
             raise ValueError(
                 f"{package_path}: the compiled {model_name!r} reads constants that the export "
                 f"did not store: {missing}; this is a fault of the exporter (please report it), "
-                f"export the model in the TorchScript format meanwhile")
+                f"export the model in the TorchScript format meanwhile"
+            )
 
 
 def batch_range(package_path: str):
@@ -114,16 +137,29 @@ def batch_range(package_path: str):
 
 
 # c10::toString(ScalarType) of the dtypes a stored tensor may have ("" for others: unchecked).
-_C10_DTYPE_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
-                    torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
-                    torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-                    torch.bool: "Bool"}
+_C10_DTYPE_NAMES = {
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+}
 
 
-def export_pt2(model: torch.nn.Module, path: Union[str, os.PathLike],
-               example_inputs: Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor]],
-               loss: str = "mean", int_high: Optional[Dict[int, int]] = None,
-               check_memory: bool = True, cli: Optional[str] = None) -> str:
+def export_pt2(
+    model: torch.nn.Module,
+    path: Union[str, os.PathLike],
+    example_inputs: Union[Sequence[torch.Tensor], Mapping[str, torch.Tensor]],
+    loss: str = "mean",
+    int_high: Optional[Dict[int, int]] = None,
+    check_memory: bool = True,
+    cli: Optional[str] = None,
+) -> str:
     """Exports ``model`` with its loss as an AOTInductor package of one training step (pt2).
 
     The package's call takes the inputs then the loss's targets, with one batch dimension
@@ -187,18 +223,31 @@ def export_pt2(model: torch.nn.Module, path: Union[str, os.PathLike],
         patches.require_internals()  # a torch whose internals the patches do not fit: refused
         model = model.train()
         eager_model = copy.deepcopy(model) if check_memory else None  # tied, as the job has it
-        partial = os.path.join(os.path.dirname(os.path.abspath(path)),
-                               f".{os.path.basename(path)[:-4]}.partial-{os.getpid()}.pt2")
+        partial = os.path.join(
+            os.path.dirname(os.path.abspath(path)),
+            f".{os.path.basename(path)[:-4]}.partial-{os.getpid()}.pt2",
+        )
         try:
-            return _export_pt2(model, path, partial, example_inputs, loss, int_high, base,
-                               eager_model, cli, check_memory)
+            return _export_pt2(
+                model,
+                path,
+                partial,
+                example_inputs,
+                loss,
+                int_high,
+                base,
+                eager_model,
+                cli,
+                check_memory,
+            )
         finally:
             if os.path.exists(partial):
                 os.remove(partial)
 
 
-def _export_pt2(model, path, partial, example_inputs, loss, int_high, base, eager_model, cli,
-                check_memory) -> str:
+def _export_pt2(
+    model, path, partial, example_inputs, loss, int_high, base, eager_model, cli, check_memory
+) -> str:
     """export_pt2's work, compiling into ``partial`` and renaming it to ``path`` at the end."""
     import os
 
@@ -210,24 +259,28 @@ def _export_pt2(model, path, partial, example_inputs, loss, int_high, base, eage
     state = stored_tensors(wrapped, joint)
     batch1 = eager_batch1_error(wrapped, args)
     meta = dict(base)
-    meta.update({
-        "format": "pt2",
-        "targets": target_specs,
-        "gradients": gradients,
-        "parameters": [n for n, _ in wrapped.named_parameters()],
-        "buffers": [n for n, _ in wrapped.named_buffers()],
-        "tied": [["model." + n for n in group] for group in tied],
-        "torch": torch.__version__.split("+")[0],
-        "precision": "fp32",
-        "eager_kernels": eager_kernels(joint),
-        "gradient_check": joint_gradient_check(wrapped, joint, args),
-        # the second model: the same step, adding each gradient into a buffer the runner gives
-        "accumulate_model": PT2_ACCUMULATE_MODEL,
-        # what the compiled code reads for each stored tensor: the runner checks weights.pt
-        # against it (a tensor of another shape would be read out of bounds)
-        "tensors": {k: {"shape": list(v.shape), "dtype": _C10_DTYPE_NAMES.get(v.dtype, "")}
-                    for k, v in state.items()},
-    })
+    meta.update(
+        {
+            "format": "pt2",
+            "targets": target_specs,
+            "gradients": gradients,
+            "parameters": [n for n, _ in wrapped.named_parameters()],
+            "buffers": [n for n, _ in wrapped.named_buffers()],
+            "tied": [["model." + n for n in group] for group in tied],
+            "torch": torch.__version__.split("+")[0],
+            "precision": "fp32",
+            "eager_kernels": eager_kernels(joint),
+            "gradient_check": joint_gradient_check(wrapped, joint, args),
+            # the second model: the same step, adding each gradient into a buffer the runner gives
+            "accumulate_model": PT2_ACCUMULATE_MODEL,
+            # what the compiled code reads for each stored tensor: the runner checks weights.pt
+            # against it (a tensor of another shape would be read out of bounds)
+            "tensors": {
+                k: {"shape": list(v.shape), "dtype": _C10_DTYPE_NAMES.get(v.dtype, "")}
+                for k, v in state.items()
+            },
+        }
+    )
     text = json.dumps(meta)
     tied_names = [["model." + n for n in group] for group in tied]
     programs = {"model": joint, PT2_ACCUMULATE_MODEL: accumulating_program(joint, tied_names)}
@@ -242,12 +295,13 @@ def _export_pt2(model, path, partial, example_inputs, loss, int_high, base, eage
         if high is not None:
             second = min(second, high)
         batches = [example_batch] + ([second] if second > example_batch else [])
-        memory = memory_check(eager_model, package, loss, example_inputs, int_high, batches,
-                              cli)
+        memory = memory_check(eager_model, package, loss, example_inputs, int_high, batches, cli)
     else:
-        memory = {"status": "not-run", "rows": [],
-                  "reason": "the export was asked not to check (check_memory=False, "
-                            "--no-memory-check)"}
+        memory = {
+            "status": "not-run",
+            "rows": [],
+            "reason": "the export was asked not to check (check_memory=False, --no-memory-check)",
+        }
     _store_memory_check(package, folder, memory, path)
     os.replace(package, path)
     return text
@@ -267,46 +321,52 @@ def _joint(wrapped: torch.nn.Module, args):
         raise ValueError(
             f"the model does not export with torch.export ({type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''}); export it in the TorchScript "
-            f"format instead (--format torchscript)") from error
+            f"format instead (--format torchscript)"
+        ) from error
 
 
 def _compile(partial: str, programs, text: str) -> str:
     """_compile_package with the export's Inductor settings; returns the package's path."""
     with patches._unguarded_acc_helper(), patches._hinted_conv_backend():
         return _compile_package(
-            partial, programs,
-            {"aot_inductor.metadata": {PT2_METADATA_KEY: text},
-             "aot_inductor.package_constants_in_so": False,
-             # else a parameter of <= 8 elements (a bias) is baked into a kernel as its
-             # export-time value, where the runner cannot supply it
-             "always_keep_tensor_constants": True,
-             # the patches above change the generated code: no cached artifact compiled
-             # without them may be reused
-             "fx_graph_cache": False,
-             # autograd's order, as the eager backward runs it (issue 26): Inductor compiles
-             # the joint step as an inference graph, and its locality pass (torch 2.11,
-             # torch/_inductor/fx_passes/post_grad.py, reorder_for_locality) moves every node
-             # whose only user is a later node, walking back from the output, to just before
-             # that user: each parameter's gradient to the end of the step. ConvNeXt-tiny's
-             # weight gradients were then made after the peak instead of before it (-9.15%
-             # under the eager loop), a stack of its blocks held the activations they read
-             # to the end instead (+9.1%)
-             "reorder_for_locality": False,
-             # one kernel per op, each result in its own buffer, freed after its last use
-             # (_eager_buffers, issue 26)
-             "max_fusion_size": 1,
-             "allow_buffer_reuse": False,
-             # eager's layouts: the CPU step keeps NCHW tensors contiguous, where Inductor's
-             # layout optimization makes a conv net's activations channels-last. Its gradients
-             # were then wrong on torch 2.15, which also counts convolution_backward nodes in
-             # that choice: BatchNorm's backward, an eager kernel, got a channels-last input and
-             # a contiguous gradient and returned its result in the input's layout, which the
-             # compiled code read in the gradient's (its meta function's rule): conv weight
-             # gradients off by 4e3 of their size (package_gradient_check now refuses such a
-             # package). On torch 2.11 the gradients were right, and off moved ResNet-18 at
-             # 3x64x64 from +0.133% to +0.005% of the eager step's peak at batch 16 (docs/formats.md)
-             "layout_optimization": False,
-             **_INDUCTOR_OVERRIDES})
+            partial,
+            programs,
+            {
+                "aot_inductor.metadata": {PT2_METADATA_KEY: text},
+                "aot_inductor.package_constants_in_so": False,
+                # else a parameter of <= 8 elements (a bias) is baked into a kernel as its
+                # export-time value, where the runner cannot supply it
+                "always_keep_tensor_constants": True,
+                # the patches above change the generated code: no cached artifact compiled
+                # without them may be reused
+                "fx_graph_cache": False,
+                # autograd's order, as the eager backward runs it (issue 26): Inductor compiles
+                # the joint step as an inference graph, and its locality pass (torch 2.11,
+                # torch/_inductor/fx_passes/post_grad.py, reorder_for_locality) moves every node
+                # whose only user is a later node, walking back from the output, to just before
+                # that user: each parameter's gradient to the end of the step. ConvNeXt-tiny's
+                # weight gradients were then made after the peak instead of before it (-9.15%
+                # under the eager loop), a stack of its blocks held the activations they read
+                # to the end instead (+9.1%)
+                "reorder_for_locality": False,
+                # one kernel per op, each result in its own buffer, freed after its last use
+                # (_eager_buffers, issue 26)
+                "max_fusion_size": 1,
+                "allow_buffer_reuse": False,
+                # eager's layouts: the CPU step keeps NCHW tensors contiguous, where Inductor's
+                # layout optimization makes a conv net's activations channels-last. Its gradients
+                # were then wrong on torch 2.15, which also counts convolution_backward nodes in
+                # that choice: BatchNorm's backward, an eager kernel, got a channels-last input and
+                # a contiguous gradient and returned its result in the input's layout, which the
+                # compiled code read in the gradient's (its meta function's rule): conv weight
+                # gradients off by 4e3 of their size (package_gradient_check now refuses such a
+                # package). On torch 2.11 the gradients were right, and off moved ResNet-18 at
+                # 3x64x64 from +0.133% to +0.005% of the eager step's peak at batch 16
+                # (docs/formats.md)
+                "layout_optimization": False,
+                **_INDUCTOR_OVERRIDES,
+            },
+        )
 
 
 def _checked_batch_range(package: str, path: str, example_batch: int):
@@ -320,15 +380,20 @@ def _checked_batch_range(package: str, path: str, example_batch: int):
         raise ValueError(
             f"the compiled package accepts batch {high} only (Inductor specialised the batch "
             f"dimension, exported at {example_batch}); export with another example batch, or in "
-            f"the TorchScript format (--format torchscript)")
+            f"the TorchScript format (--format torchscript)"
+        )
     if low > 2 or high is not None:
         # Inductor's guards (a conv backend chosen by batch, ...) left a narrower range; the
         # package computes wrong gradients outside it (ResNet-18 exported at 2, run at 32: 7%
         # off), so the runner refuses batches outside it (a size limit for the search).
         import warnings
-        warnings.warn(f"{path}: the compiled package runs batches {low} to "
-                      f"{high if high is not None else 'any'} only (exported at {example_batch}); "
-                      f"export at another example batch to move the range", stacklevel=4)
+
+        warnings.warn(
+            f"{path}: the compiled package runs batches {low} to "
+            f"{high if high is not None else 'any'} only (exported at {example_batch}); "
+            f"export at another example batch to move the range",
+            stacklevel=4,
+        )
     return low, high
 
 
@@ -359,12 +424,16 @@ def _store_memory_check(package: str, folder: str, memory: dict, path: str) -> N
     if memory["status"] == "passed":
         return
     if memory["status"] == "over":
-        worst = max(memory["rows"],
-                    key=lambda r: r["package_peak_bytes"] / r["eager_peak_bytes"])
+        worst = max(memory["rows"], key=lambda r: r["package_peak_bytes"] / r["eager_peak_bytes"])
         pct = 100.0 * (worst["package_peak_bytes"] / worst["eager_peak_bytes"] - 1)
-        warnings.warn(f"{path}: the package's peak is {pct:.2f}% over the eager step's at "
-                      f"batch {worst['batch']} (more than {MEMORY_OVER_PCT}%): its answers "
-                      f"will be cautious", stacklevel=4)
+        warnings.warn(
+            f"{path}: the package's peak is {pct:.2f}% over the eager step's at "
+            f"batch {worst['batch']} (more than {MEMORY_OVER_PCT}%): its answers "
+            f"will be cautious",
+            stacklevel=4,
+        )
     else:
-        warnings.warn(f"{path}: its peaks were not checked against the eager step: "
-                      f"{memory['reason']}", stacklevel=4)
+        warnings.warn(
+            f"{path}: its peaks were not checked against the eager step: {memory['reason']}",
+            stacklevel=4,
+        )

@@ -13,12 +13,17 @@ import torch
 from . import _inductor_patches as patches
 from ._export_step import PT2_GRAD_PREFIX
 
+
 def eager_kernels(joint) -> list:
     """The EAGER_KERNELS (and their backward kernels) the joint graph calls, as sorted
     "aten.<name>" strings: metadata "eager_kernels"."""
-    names = {f"aten.{n.target._opname}" for n in joint.graph.nodes
-             if n.op == "call_function" and hasattr(n.target, "_opname")
-             and any(n.target._opname in (k, k + "_backward") for k in patches.EAGER_KERNELS)}
+    names = {
+        f"aten.{n.target._opname}"
+        for n in joint.graph.nodes
+        if n.op == "call_function"
+        and hasattr(n.target, "_opname")
+        and any(n.target._opname in (k, k + "_backward") for k in patches.EAGER_KERNELS)
+    }
     return sorted(names)
 
 
@@ -40,8 +45,11 @@ def export_joint(wrapped: torch.nn.Module, args, dynamic_shapes):
     kinds = [spec.kind for spec in joint.graph_signature.output_specs]
     if kinds.count(OutputKind.LOSS_OUTPUT) != 1:
         raise RuntimeError(f"joint graph: expected one LOSS_OUTPUT, got output kinds {kinds}")
-    gradients = [spec.target for spec in joint.graph_signature.output_specs
-                 if spec.kind == OutputKind.GRADIENT_TO_PARAMETER]
+    gradients = [
+        spec.target
+        for spec in joint.graph_signature.output_specs
+        if spec.kind == OutputKind.GRADIENT_TO_PARAMETER
+    ]
     return joint, gradients
 
 
@@ -55,7 +63,8 @@ def accumulating_program(joint, tied=()):
     backward adds each gradient into ``.grad`` as it is made. ResNet-18 at 3x64x64, batch 8 x 2
     micro-batches: +10.5% over the TorchScript peak with the plain call, -0.4% with this one
     (scripts/bench/formats.py, docs/formats.md). The runner points the buffers at its ``.grad``
-    tensors and the compiled code writes into them. Each add is placed right after its gradient is made, so
+    tensors and the compiled code writes into them. Each add is placed right after its gradient is
+    made, so
     Inductor frees the gradient there.
 
     ``tied``: groups of parameter names (``model.`` prefixed) sharing one tensor in the runner:
@@ -66,8 +75,14 @@ def accumulating_program(joint, tied=()):
     import copy
 
     from torch.export.exported_program import ExportedProgram
-    from torch.export.graph_signature import (ExportGraphSignature, InputKind, InputSpec,
-                                              OutputKind, OutputSpec, TensorArgument)
+    from torch.export.graph_signature import (
+        ExportGraphSignature,
+        InputKind,
+        InputSpec,
+        OutputKind,
+        OutputSpec,
+        TensorArgument,
+    )
 
     module = copy.deepcopy(joint.graph_module)
     graph = module.graph
@@ -77,10 +92,14 @@ def accumulating_program(joint, tied=()):
     if not user_inputs:
         raise RuntimeError("joint graph: expected user inputs")
     first_user = nodes[user_inputs[0].arg.name]
-    parameter_node = {s.target: nodes[s.arg.name] for s in signature.input_specs
-                      if s.kind == InputKind.PARAMETER}
-    gradient_node = {s.target: nodes[s.arg.name] for s in signature.output_specs
-                     if s.kind == OutputKind.GRADIENT_TO_PARAMETER}
+    parameter_node = {
+        s.target: nodes[s.arg.name] for s in signature.input_specs if s.kind == InputKind.PARAMETER
+    }
+    gradient_node = {
+        s.target: nodes[s.arg.name]
+        for s in signature.output_specs
+        if s.kind == OutputKind.GRADIENT_TO_PARAMETER
+    }
     owner = {}
     for group in tied:
         for name in group:
@@ -99,13 +118,17 @@ def accumulating_program(joint, tied=()):
         made = sorted((gradient_node[n] for n in names), key=position.__getitem__)
         buffer, added = _add_into_buffer(graph, first_user, parameter_node[stored], made, target)
         new_inputs.append(InputSpec(InputKind.BUFFER, TensorArgument(buffer.name), target, True))
-        new_outputs.append(OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(added.name),
-                                      target))
+        new_outputs.append(
+            OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(added.name), target)
+        )
         state[target] = torch.zeros_like(joint.state_dict[stored])
     # Outputs as torch.export orders them: mutations first, then the loss.
     kept = [s for s in signature.output_specs if s.kind != OutputKind.GRADIENT_TO_PARAMETER]
-    specs = ([s for s in kept if s.kind == OutputKind.BUFFER_MUTATION] + new_outputs +
-             [s for s in kept if s.kind != OutputKind.BUFFER_MUTATION])
+    specs = (
+        [s for s in kept if s.kind == OutputKind.BUFFER_MUTATION]
+        + new_outputs
+        + [s for s in kept if s.kind != OutputKind.BUFFER_MUTATION]
+    )
     by_name = {n.name: n for n in graph.nodes}
     output = next(n for n in graph.nodes if n.op == "output")
     output.args = (tuple(by_name[s.arg.name] for s in specs),)
@@ -114,12 +137,17 @@ def accumulating_program(joint, tied=()):
     inputs = list(signature.input_specs)
     at = inputs.index(user_inputs[0])
     inputs = inputs[:at] + new_inputs + inputs[at:]
-    return ExportedProgram(root=module, graph=graph,
-                           graph_signature=ExportGraphSignature(inputs, specs),
-                           state_dict=state, range_constraints=joint.range_constraints,
-                           module_call_graph=joint.module_call_graph,
-                           example_inputs=joint.example_inputs, constants=joint.constants,
-                           verifiers=[joint.verifier])
+    return ExportedProgram(
+        root=module,
+        graph=graph,
+        graph_signature=ExportGraphSignature(inputs, specs),
+        state_dict=state,
+        range_constraints=joint.range_constraints,
+        module_call_graph=joint.module_call_graph,
+        example_inputs=joint.example_inputs,
+        constants=joint.constants,
+        verifiers=[joint.verifier],
+    )
 
 
 def _add_into_buffer(graph, first_user, parameter, made, target: str):
@@ -150,8 +178,9 @@ def stored_tensors(wrapped: torch.nn.Module, joint) -> Dict[str, torch.Tensor]:
     non-persistent buffers (Llama's ``rotary_emb.inv_freq``) and the lifted tensor constants,
     which torch.export keeps in the program's ``constants``. Contiguous: the compiled code reads
     each one in the layout it had at export."""
-    state = {k: v.detach().contiguous().clone()
-             for k, v in wrapped.state_dict(keep_vars=False).items()}
+    state = {
+        k: v.detach().contiguous().clone() for k, v in wrapped.state_dict(keep_vars=False).items()
+    }
     for name, value in joint.constants.items():
         if isinstance(value, torch.Tensor) and name not in state:
             state[name] = value.detach().contiguous().clone()
@@ -187,14 +216,33 @@ def eager_batch1_error(wrapped: torch.nn.Module, args: Sequence[torch.Tensor]) -
 GRADIENT_CHECK_TOLERANCE = 1e-3
 # Ops that draw random numbers: eager and the joint graph draw them differently (dropout's mask),
 # so their gradients cannot be compared and the check is skipped.
-_RANDOM_OPS = ("bernoulli", "rand", "randn", "randint", "randperm", "normal", "uniform",
-               "native_dropout", "multinomial", "exponential", "geometric", "cauchy", "poisson")
+_RANDOM_OPS = (
+    "bernoulli",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "normal",
+    "uniform",
+    "native_dropout",
+    "multinomial",
+    "exponential",
+    "geometric",
+    "cauchy",
+    "poisson",
+)
 
 
 def _random_ops(joint) -> list:
     """The ops of the joint graph that draw random numbers (_RANDOM_OPS), as sorted names."""
-    return sorted({str(n.target) for n in joint.graph.nodes if n.op == "call_function"
-                   and any(getattr(n.target, "_opname", "").startswith(r) for r in _RANDOM_OPS)})
+    return sorted(
+        {
+            str(n.target)
+            for n in joint.graph.nodes
+            if n.op == "call_function"
+            and any(getattr(n.target, "_opname", "").startswith(r) for r in _RANDOM_OPS)
+        }
+    )
 
 
 def _eager_gradients(wrapped: torch.nn.Module, args: Sequence[torch.Tensor]):
@@ -208,8 +256,9 @@ def _eager_gradients(wrapped: torch.nn.Module, args: Sequence[torch.Tensor]):
     return loss.detach(), {n: p.grad for n, p in probe.named_parameters() if p.grad is not None}
 
 
-def _compare_gradients(computed: Dict[str, torch.Tensor], eager: Dict[str, torch.Tensor],
-                       what: str) -> dict:
+def _compare_gradients(
+    computed: Dict[str, torch.Tensor], eager: Dict[str, torch.Tensor], what: str
+) -> dict:
     """The largest difference between ``computed`` and ``eager`` gradients, relative to each
     eager gradient's largest element (floored at 1e-3 of the largest of all); returns
     {"max_relative_diff", "worst"}. Raises ValueError naming the parameter and the TorchScript
@@ -221,7 +270,8 @@ def _compare_gradients(computed: Dict[str, torch.Tensor], eager: Dict[str, torch
         raise ValueError(
             f"{what}'s gradients ({', '.join(sorted(computed)[:3])}, ...) name no parameter the "
             f"eager step trains; export it in the TorchScript format instead "
-            f"(--format torchscript)")
+            f"(--format torchscript)"
+        )
     worst, worst_name = 0.0, ""
     for name in compared:  # a parameter eager does not train (frozen) has no gradient to compare
         grad = computed[name]
@@ -236,7 +286,8 @@ def _compare_gradients(computed: Dict[str, torch.Tensor], eager: Dict[str, torch
             f"{what} computes other gradients than eager PyTorch: {worst_name} differs by "
             f"{worst:.3g} of its largest element at the example batch (allowed "
             f"{GRADIENT_CHECK_TOLERANCE:g}); export it in the TorchScript format instead "
-            f"(--format torchscript), and please report the model and the torch version")
+            f"(--format torchscript), and please report the model and the torch version"
+        )
     return {"max_relative_diff": float(f"{worst:.3g}"), "worst": worst_name}
 
 
@@ -246,8 +297,8 @@ def kernel_layout_mismatch(op, args, kwargs) -> Optional[str]:
     output whose strides differ, as "output i: strides ... from the kernel, ... from its fake
     (meta) kernel", or None. Dimensions of size 1 are not compared (any stride is right there).
     A difference means compiled code that calls the kernel reads its result in the wrong layout."""
-    from torch.utils import _pytree as pytree
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils import _pytree as pytree
 
     real = op(*args, **kwargs)
     mode = FakeTensorMode()
@@ -258,8 +309,10 @@ def kernel_layout_mismatch(op, args, kwargs) -> Optional[str]:
         if not isinstance(r, torch.Tensor) or r.numel() <= 1:
             continue
         if any(a != b for a, b, size in zip(r.stride(), f.stride(), r.shape) if size > 1):
-            return (f"output {index}: strides {tuple(r.stride())} from the kernel, "
-                    f"{tuple(f.stride())} from its fake (meta) kernel")
+            return (
+                f"output {index}: strides {tuple(r.stride())} from the kernel, "
+                f"{tuple(f.stride())} from its fake (meta) kernel"
+            )
     return None
 
 
@@ -331,19 +384,29 @@ def joint_gradient_check(wrapped: torch.nn.Module, joint, args: Sequence[torch.T
             f"the exported training step calls eager kernels whose results the compiled code "
             f"would read in other strides than they have ({shown}), which computes wrong "
             f"gradients; export it in the TorchScript format instead (--format torchscript), and "
-            f"please report the model and the torch version")
+            f"please report the model and the torch version"
+        )
     random = _random_ops(joint)
     if random:
         return {"skipped": f"random ops ({', '.join(random)}): eager draws other numbers"}
-    joint_grads = {spec.target: out for spec, out in zip(joint.graph_signature.output_specs, outputs)
-                   if spec.kind == OutputKind.GRADIENT_TO_PARAMETER}
+    joint_grads = {
+        spec.target: out
+        for spec, out in zip(joint.graph_signature.output_specs, outputs)
+        if spec.kind == OutputKind.GRADIENT_TO_PARAMETER
+    }
     _, eager = _eager_gradients(wrapped, args)
     return _compare_gradients(joint_grads, eager, "the exported training step")
 
 
-def package_gradient_check(package_path: str, state: Dict[str, torch.Tensor], tied,
-                           gradients, wrapped: torch.nn.Module, joint,
-                           args: Sequence[torch.Tensor]) -> dict:
+def package_gradient_check(
+    package_path: str,
+    state: Dict[str, torch.Tensor],
+    tied,
+    gradients,
+    wrapped: torch.nn.Module,
+    joint,
+    args: Sequence[torch.Tensor],
+) -> dict:
     """Runs the compiled package's model (Python's AOTInductor loader, the stored tensors
     supplied as the C++ runner supplies them: copies, each tied name given its group's tensor)
     and the eager step on the example batch and compares every gradient (``gradients``: the
@@ -368,9 +431,12 @@ def package_gradient_check(package_path: str, state: Dict[str, torch.Tensor], ti
         for name in group[1:]:
             constants[name] = constants[group[0]]
     wanted = set(compiled.get_constant_fqns())
-    compiled.load_constants({k: v for k, v in constants.items() if k in wanted},
-                            check_full_update=True, user_managed=True)
+    compiled.load_constants(
+        {k: v for k, v in constants.items() if k in wanted},
+        check_full_update=True,
+        user_managed=True,
+    )
     outputs = compiled.loader.run([a.clone() for a in args])
-    computed = dict(zip(gradients, outputs[-len(gradients):] if gradients else []))
+    computed = dict(zip(gradients, outputs[-len(gradients) :] if gradients else []))
     _, eager = _eager_gradients(wrapped, args)
     return _compare_gradients(computed, eager, "the compiled package")

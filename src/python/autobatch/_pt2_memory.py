@@ -21,8 +21,9 @@ MEMORY_OVER_PCT = 1.0
 MEMORY_FLOOR_BYTES = 64 * 1024
 
 
-def _batch_of(example_inputs: Sequence[torch.Tensor], batch: int,
-              int_high: Optional[Dict[int, int]]) -> tuple:
+def _batch_of(
+    example_inputs: Sequence[torch.Tensor], batch: int, int_high: Optional[Dict[int, int]]
+) -> tuple:
     """Random inputs like the examples at another batch: float as randn, integers below the
     bound the metadata gives them (input_spec), as the runner makes them."""
     int_high = int_high or {}
@@ -57,8 +58,14 @@ def _target_maker(model: torch.nn.Module, example_inputs, loss: str):
     return lambda batch: (torch.randn((batch, *tail)),)
 
 
-def eager_step_peak(model: torch.nn.Module, loss: str, example_inputs: Sequence[torch.Tensor],
-                    batch: int, int_high: Optional[Dict[int, int]] = None, steps: int = 2) -> int:
+def eager_step_peak(
+    model: torch.nn.Module,
+    loss: str,
+    example_inputs: Sequence[torch.Tensor],
+    batch: int,
+    int_high: Optional[Dict[int, int]] = None,
+    steps: int = 2,
+) -> int:
     """The peak bytes of the user's job at ``batch``: an eager loop with PyTorch's defaults, as the
     runner replays it (CPU, fp32, AdamW in its per-parameter loop, PyTorch's CPU default;
     ``zero_grad(set_to_none=True)``; the output dropped before backward; ``steps`` steps, so the
@@ -71,10 +78,12 @@ def eager_step_peak(model: torch.nn.Module, loss: str, example_inputs: Sequence[
 
     n_inputs = len(example_inputs)
     wrapped = _WithLoss(model, loss, n_inputs).train()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3,
-                                  foreach=False)
-    before = sum(t.numel() * t.element_size()
-                 for t in list(model.parameters()) + list(model.buffers()))
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=1e-3, foreach=False
+    )
+    before = sum(
+        t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers())
+    )
     make_targets = _target_maker(model, example_inputs, loss)  # its forward before the profile
     x = None  # the loop's variables: alive until rebound, as in a user's script
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -94,8 +103,11 @@ def profiled_peak(prof) -> int:
     """The largest sum of CPU bytes alive at once over a torch.profiler run with
     profile_memory=True: its "[memory]" events (allocations +, frees -) summed in time order.
     Bytes allocated before the profile started are not in it (the caller adds them)."""
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-              and str(e.device_type()).endswith("CPU")]
+    events = [
+        e
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")
+    ]
     events.sort(key=lambda e: e.start_ns())
     current = peak = 0
     for e in events:
@@ -114,12 +126,16 @@ def find_cli(cli: Optional[str] = None) -> Optional[str]:
     import os
     import shutil
 
-    for given, what in ((cli, "the autobatch executable given"),
-                        (os.environ.get("AUTOBATCH_CLI"), "$AUTOBATCH_CLI")):
+    for given, what in (
+        (cli, "the autobatch executable given"),
+        (os.environ.get("AUTOBATCH_CLI"), "$AUTOBATCH_CLI"),
+    ):
         if given:
             if not (os.path.isfile(given) and os.access(given, os.X_OK)):
-                raise ValueError(f"{what} ({given}) is not an executable file; build it with "
-                                 f"scripts/build.sh or give the path of bin/autobatch")
+                raise ValueError(
+                    f"{what} ({given}) is not an executable file; build it with "
+                    f"scripts/build.sh or give the path of bin/autobatch"
+                )
             return given
     import sys
 
@@ -149,22 +165,50 @@ def package_step_peak(cli: str, package: str, batch: int, limit_bytes: int) -> i
 
     with tempfile.TemporaryDirectory(prefix="autobatch-export-check-") as folder:
         report = os.path.join(folder, "check.json")
-        command = [cli, "--model", package, "--device", "cpu", "--check-batch", str(batch),
-                   "--margin", "0", "--memory-limit", f"{limit_bytes}B", "--optimizer", "adamw",
-                   "--optimizer-impl", "loop", "--zero-grad", "none", "--keep-output", "no",
-                   "--json", report, "-q"]
+        command = [
+            cli,
+            "--model",
+            package,
+            "--device",
+            "cpu",
+            "--check-batch",
+            str(batch),
+            "--margin",
+            "0",
+            "--memory-limit",
+            f"{limit_bytes}B",
+            "--optimizer",
+            "adamw",
+            "--optimizer-impl",
+            "loop",
+            "--zero-grad",
+            "none",
+            "--keep-output",
+            "no",
+            "--json",
+            report,
+            "-q",
+        ]
         run = subprocess.run(command, capture_output=True, text=True, check=False)
         if run.returncode != 0 or not os.path.exists(report):
             tail = "\n".join(run.stderr.strip().splitlines()[-5:])
-            raise ValueError(f"the memory check could not run the package at batch {batch} "
-                             f"({' '.join(command)}: exit {run.returncode}): {tail}")
+            raise ValueError(
+                f"the memory check could not run the package at batch {batch} "
+                f"({' '.join(command)}: exit {run.returncode}): {tail}"
+            )
         with open(report) as f:
             return int(json.load(f)["trials"][0]["peak_allocated_bytes"])
 
 
-def memory_check(model: torch.nn.Module, package: str, loss: str,
-                 example_inputs: Sequence[torch.Tensor], int_high: Optional[Dict[int, int]],
-                 batches: Sequence[int], cli: Optional[str]) -> dict:
+def memory_check(
+    model: torch.nn.Module,
+    package: str,
+    loss: str,
+    example_inputs: Sequence[torch.Tensor],
+    int_high: Optional[Dict[int, int]],
+    batches: Sequence[int],
+    cli: Optional[str],
+) -> dict:
     """Measures the eager step (eager_step_peak, on a copy of ``model``) and the finished package
     (package_step_peak) at each of ``batches``; returns the document stored as PT2_MEMORY_CHECK.
     Status "passed" (every batch within the bounds above), "over" (some batch over by more than
@@ -175,9 +219,12 @@ def memory_check(model: torch.nn.Module, package: str, loss: str,
 
     found = find_cli(cli)
     if found is None:
-        return {"status": "not-run", "rows": [],
-                "reason": "no autobatch executable was found to run the package (give "
-                          "--autobatch PATH or set AUTOBATCH_CLI)"}
+        return {
+            "status": "not-run",
+            "rows": [],
+            "reason": "no autobatch executable was found to run the package (give "
+            "--autobatch PATH or set AUTOBATCH_CLI)",
+        }
     rows, status = [], "passed"
     for batch in batches:
         torch.manual_seed(0)
@@ -185,8 +232,7 @@ def memory_check(model: torch.nn.Module, package: str, loss: str,
         package_peak = package_step_peak(found, package, batch, max(4 << 30, 4 * eager))
         difference = package_peak - eager
         pct = 100.0 * difference / eager
-        rows.append({"batch": batch, "eager_peak_bytes": eager,
-                     "package_peak_bytes": package_peak})
+        rows.append({"batch": batch, "eager_peak_bytes": eager, "package_peak_bytes": package_peak})
         if abs(difference) <= MEMORY_FLOOR_BYTES:
             continue
         if pct < -MEMORY_UNDER_PCT:
@@ -195,7 +241,8 @@ def memory_check(model: torch.nn.Module, package: str, loss: str,
                 f"{-pct:.2f}% under the eager step's {eager:,} (more than the "
                 f"{MEMORY_UNDER_PCT}% allowed): sized with it, your job would run out of memory "
                 f"at the batch called safe. No package was written; export the model in the "
-                f"TorchScript format (--format torchscript), and please report the model")
+                f"TorchScript format (--format torchscript), and please report the model"
+            )
         if pct > MEMORY_OVER_PCT:
             status = "over"
     return {"status": status, "rows": rows, "reason": None}

@@ -5,6 +5,7 @@ through its store (the TCPStore that torchrun and init_process_group already run
 collective: after a fatal CUDA error (a sticky illegal address or device-side assert) no device
 call works, not even `torch.tensor(..., device="cuda")`, so an NCCL all_reduce would raise on the
 failed rank and leave the others waiting until NCCL's timeout. The store needs no device."""
+
 import datetime
 import itertools
 import json
@@ -47,8 +48,9 @@ def search_and_agree(search, world_size, device, who, job=None):
     failed = [(r, v, n) for r, (v, n) in enumerate(values) if v <= 0]
     text = "; ".join(f"rank {r}: {n or 'no micro-batch fits'}" for r, v, n in failed)
     kind = DoesNotFit if all(v == 0 for _, v, _ in failed) else UsageError
-    raise kind(f"{who}: another rank did not size ({text}); this rank's safe micro-batch is "
-               f"{mine}", result)
+    raise kind(
+        f"{who}: another rank did not size ({text}); this rank's safe micro-batch is {mine}", result
+    )
 
 
 def _all_min(value, device=None):
@@ -73,13 +75,18 @@ def compare_job(job, who):
         return
     first = records[0]
     for name, value in first.items():
-        others = [(r, rec.get(name, "(none)")) for r, rec in enumerate(records)
-                  if r > 0 and rec.get(name, "(none)") != value]
+        others = [
+            (r, rec.get(name, "(none)"))
+            for r, rec in enumerate(records)
+            if r > 0 and rec.get(name, "(none)") != value
+        ]
         if others:
             theirs = ", ".join(f"rank {r} has {v!r}" for r, v in others)
-            raise UsageError(f"{who}: the ranks disagree on {name}: rank 0 has {value!r}, "
-                             f"{theirs}; every rank of one job must size the same model with the "
-                             f"same step and plan options (their plans would differ)")
+            raise UsageError(
+                f"{who}: the ranks disagree on {name}: rank 0 has {value!r}, "
+                f"{theirs}; every rank of one job must size the same model with the "
+                f"same step and plan options (their plans would differ)"
+            )
 
 
 def _gather(value, note="", device=None):
@@ -99,8 +106,10 @@ def _exchange(text, kind, value=None):
     """Every rank's `text` of one round, by rank, through the default group's store."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
-        raise UsageError("the world size is above 1 but torch.distributed is not initialized: "
-                         "launch the ranks with torchrun (or the framework's launcher)")
+        raise UsageError(
+            "the world size is above 1 but torch.distributed is not initialized: "
+            "launch the ranks with torchrun (or the framework's launcher)"
+        )
     store = dist.distributed_c10d._get_default_store()  # private, in torch since 1.x; 2.11 too
     rank, world = dist.get_rank(), dist.get_world_size()
     prefix = f"autobatch/{kind}/{next(_ROUNDS)}/"
@@ -111,17 +120,20 @@ def _exchange(text, kind, value=None):
         store.wait(keys, timeout)
     except (RuntimeError, AutobatchError) as e:  # DistStoreError is a RuntimeError
         missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        what = ("their micro-batch" if kind == "agree" else "what their plan depends on")
+        what = "their micro-batch" if kind == "agree" else "what their plan depends on"
         mine = f"; this rank's is {value}" if value is not None else ""
-        raise UsageError(f"ranks {missing} did not give {what} within {timeout} (the process "
-                         f"group's store timeout): a rank died or is still searching{mine} "
-                         f"({e})") from None
+        raise UsageError(
+            f"ranks {missing} did not give {what} within {timeout} (the process "
+            f"group's store timeout): a rank died or is still searching{mine} "
+            f"({e})"
+        ) from None
     return [store.get(k).decode(errors="replace") for k in keys]
 
 
 def plan_at(micro_batch, options, world_size):
     """The plan for find()'s target_batch in `options` at the agreed micro-batch over the job's
     ranks (None without a target): autobatch.plan, the library's planner."""
-    from . import plan
+    from ._plans import plan
+
     target = options.get("target_batch")
     return plan(micro_batch, target, world_size, options.get("plan", "auto")) if target else None

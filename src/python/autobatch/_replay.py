@@ -15,6 +15,7 @@ order of the events does not change with it (linear layers, attention, convoluti
 algorithm does not change with the batch); the strategy stops using it where a trial measures
 otherwise.
 """
+
 import torch
 
 from . import _budget
@@ -100,15 +101,19 @@ def aligned_logs(first, second, window=512):
     trial or two; exactness never rests on it."""
     bytes_1, freed_1 = first
     bytes_2, freed_2 = second
-    if len(bytes_1) == len(bytes_2) and freed_1 == freed_2 and all(
-            (x > 0) == (y > 0) for x, y in zip(bytes_1, bytes_2)):
+    if (
+        len(bytes_1) == len(bytes_2)
+        and freed_1 == freed_2
+        and all((x > 0) == (y > 0) for x, y in zip(bytes_1, bytes_2))
+    ):
         return bytes_1, bytes_2
     # Logs of one length are most likely the same events in another order: stretches first.
     # Of other lengths, a transient that one log makes and the other not.
     transients_first = len(bytes_1) != len(bytes_2)
     lined_up = _line_up(first, second, window, transients_first)
-    return lined_up if lined_up is not None else _line_up(first, second, window,
-                                                          not transients_first)
+    return (
+        lined_up if lined_up is not None else _line_up(first, second, window, not transients_first)
+    )
 
 
 def _line_up(first, second, window, transients_first):
@@ -130,8 +135,9 @@ def _line_up(first, second, window, transients_first):
         if x > 0:
             return True
         t_1, t_2 = target(freed_1, at_1, i), target(freed_2, at_2, j)
-        return t_1 == t_2 or (t_1 >= 0 and t_2 >= 0 and out_1[t_1] == out_1[t_2]
-                              and out_2[t_1] == out_2[t_2])
+        return t_1 == t_2 or (
+            t_1 >= 0 and t_2 >= 0 and out_1[t_1] == out_1[t_2] and out_2[t_1] == out_2[t_2]
+        )
 
     def put(out, at, k, b):
         at[k] = len(out)
@@ -166,8 +172,12 @@ def _line_up(first, second, window, transients_first):
         if length:
             for out, at, b, k in ((out_1, at_1, bytes_1, i), (out_2, at_2, bytes_2, j)):
                 made = len(out)
-                out.extend([sum(v for v in b[k:k + length] if v > 0),
-                            sum(v for v in b[k:k + length] if v < 0)])
+                out.extend(
+                    [
+                        sum(v for v in b[k : k + length] if v > 0),
+                        sum(v for v in b[k : k + length] if v < 0),
+                    ]
+                )
                 for e in range(k, k + length):
                     at[e] = made  # later releases of its allocations free the merged one
             i, j = i + length, j + length
@@ -196,8 +206,10 @@ def _stretch(bytes_1, freed_1, i, bytes_2, freed_2, j, at_1, at_2, window):
     balance = {}  # release key -> count in the first log less count in the second
     made = 0  # allocations in the first log less in the second
     for length in range(1, min(len(bytes_1) - i, len(bytes_2) - j, window) + 1):
-        for b, freed, at, start, sign in ((bytes_1, freed_1, at_1, i, 1),
-                                          (bytes_2, freed_2, at_2, j, -1)):
+        for b, freed, at, start, sign in (
+            (bytes_1, freed_1, at_1, i, 1),
+            (bytes_2, freed_2, at_2, j, -1),
+        ):
             e = start + length - 1
             if b[e] > 0:
                 made += sign

@@ -41,6 +41,7 @@ step's small forward and kept where the weights' restore does not reach (1 or 2 
 21 budgets). Not seen by either: such a plan switched only in backward (1 or 2 under B* at 3 of
 9 budgets).
 """
+
 from collections.abc import Mapping
 
 import torch
@@ -171,7 +172,8 @@ class StepResidue:
 
 class StepLog:
     """The budget allocator's log of full trials' first two steps' forward and backward, for
-    StepResidue.at_new_size: (rise, allocated, allocations) of each (_budget.stop_allocation_log)."""
+    StepResidue.at_new_size: (rise, allocated, allocations) of each
+    (_budget.stop_allocation_log)."""
 
     def __init__(self):
         self.steps, self.running = [], False

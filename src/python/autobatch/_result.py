@@ -1,5 +1,6 @@
 """Result, Plan and Trial: the JSON report of the search (docs/report.md) as Python objects.
 `Result.raw` is the whole dict, with the schema the `autobatch` command writes with --json."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
@@ -126,10 +127,17 @@ class Plan:
             KeyError: a field is missing.
         """
         groups = tuple((g["micro_batch_size"], g["count"], g["loss_weight"]) for g in p["groups"])
-        return cls(p["kind"], p["micro_batch_size"], p["accumulation_steps"],
-                   RunLengths((b, n) for b, n, _ in groups),
-                   RunLengths((w, n) for _, n, w in groups), p["world_size"], p["per_rank_batch"],
-                   p["effective_batch"], groups)
+        return cls(
+            p["kind"],
+            p["micro_batch_size"],
+            p["accumulation_steps"],
+            RunLengths((b, n) for b, n, _ in groups),
+            RunLengths((w, n) for _, n, w in groups),
+            p["world_size"],
+            p["per_rank_batch"],
+            p["effective_batch"],
+            groups,
+        )
 
     def __str__(self) -> str:
         """One line, as the text report writes the plan (micro-batches x steps x ranks = target)."""
@@ -137,11 +145,15 @@ class Plan:
             # The report's own form, which adds up: "1 x 84 + 2 x 83" ("84+2 x 83 x 3
             # accumulation steps" reads as arithmetic that does not make the target)
             sizes = " + ".join(f"{n} x {b}" for b, n, _ in self.groups)
-            return (f"{self.kind} plan: micro-batches {sizes} ({self.accumulation_steps} "
-                    f"accumulation steps) x {self.world_size} rank(s) = {self.effective_batch}")
-        return (f"{self.kind} plan: micro-batch {self.micro_batch_size} x "
-                f"{self.accumulation_steps} accumulation steps x {self.world_size} rank(s) = "
-                f"{self.effective_batch}")
+            return (
+                f"{self.kind} plan: micro-batches {sizes} ({self.accumulation_steps} "
+                f"accumulation steps) x {self.world_size} rank(s) = {self.effective_batch}"
+            )
+        return (
+            f"{self.kind} plan: micro-batch {self.micro_batch_size} x "
+            f"{self.accumulation_steps} accumulation steps x {self.world_size} rank(s) = "
+            f"{self.effective_batch}"
+        )
 
 
 @dataclass(frozen=True)
@@ -220,13 +232,26 @@ class Trial:
         phases: dict = {}
         for p in t.get("phase_peaks", []):
             phases[p["phase"]] = max(phases.get(p["phase"], 0), p["peak_allocated_bytes"])
-        return cls(t["micro_batch_size"], t["micro_batches_per_step"], t["outcome"], t["peak_bytes"],
-                   t["peak_allocated_bytes"], t["peak_reserved_bytes"], t.get("peak_phase", ""),
-                   phases, t.get("failed_phase", ""), t.get("failed_in_use_bytes", 0),
-                   t.get("failed_request_bytes", 0), t.get("step_ms", 0.0), t.get("reason", ""),
-                   t.get("cancelled", False), bool(t.get("eval", False)),
-                   int(t.get("steps_completed", 0)), bool(t.get("shortened", False)),
-                   bool(t.get("stands_for_full", False)))
+        return cls(
+            t["micro_batch_size"],
+            t["micro_batches_per_step"],
+            t["outcome"],
+            t["peak_bytes"],
+            t["peak_allocated_bytes"],
+            t["peak_reserved_bytes"],
+            t.get("peak_phase", ""),
+            phases,
+            t.get("failed_phase", ""),
+            t.get("failed_in_use_bytes", 0),
+            t.get("failed_request_bytes", 0),
+            t.get("step_ms", 0.0),
+            t.get("reason", ""),
+            t.get("cancelled", False),
+            bool(t.get("eval", False)),
+            int(t.get("steps_completed", 0)),
+            bool(t.get("shortened", False)),
+            bool(t.get("stands_for_full", False)),
+        )
 
 
 @dataclass
@@ -331,18 +356,28 @@ class Result:
                 if plans_doc.get(kind):
                     plans[kind] = Plan.from_json(plans_doc[kind])
             plan = plans.get(plans_doc.get("primary"))
-        return cls(status=r.get("search_status", doc.get("status", "")),
-                   max_micro_batch=r.get("max_micro_batch", 0),
-                   safe_micro_batch=r.get("safe_micro_batch", 0),
-                   memory_limit_bytes=r.get("memory_limit_bytes", 0),
-                   margin_bytes=r.get("margin_bytes", 0), capped_by=r.get("capped_by", ""),
-                   plan=plan, plans=plans, plan_verified=bool(plans_doc and plans_doc.get("verified")),
-                   trials=[Trial.from_json(t) for t in doc.get("trials", [])],
-                   memory=doc.get("model") or {}, fingerprint=fingerprint,
-                   warnings=list(doc.get("warnings", [])), raw=doc, text=text, env=env,
-                   eval_max_batch=r.get("eval_max_batch", 0),
-                   eval_safe_batch=r.get("eval_safe_batch", 0), eval=doc.get("eval") or {},
-                   cache=doc.get("cache") or {})
+        return cls(
+            status=r.get("search_status", doc.get("status", "")),
+            max_micro_batch=r.get("max_micro_batch", 0),
+            safe_micro_batch=r.get("safe_micro_batch", 0),
+            memory_limit_bytes=r.get("memory_limit_bytes", 0),
+            margin_bytes=r.get("margin_bytes", 0),
+            capped_by=r.get("capped_by", ""),
+            plan=plan,
+            plans=plans,
+            plan_verified=bool(plans_doc and plans_doc.get("verified")),
+            trials=[Trial.from_json(t) for t in doc.get("trials", [])],
+            memory=doc.get("model") or {},
+            fingerprint=fingerprint,
+            warnings=list(doc.get("warnings", [])),
+            raw=doc,
+            text=text,
+            env=env,
+            eval_max_batch=r.get("eval_max_batch", 0),
+            eval_safe_batch=r.get("eval_safe_batch", 0),
+            eval=doc.get("eval") or {},
+            cache=doc.get("cache") or {},
+        )
 
     def __str__(self) -> str:
         """The human report, as the `autobatch` command prints it."""
@@ -407,10 +442,19 @@ class EvalCheck:
         check, e = doc.get("check") or {}, doc.get("eval") or {}
         trials = doc.get("trials") or []
         step = e.get("training_step")
-        return cls(eval_batch, bool(check.get("fits")), bool(check.get("fits_with_margin")),
-                   bool(e.get("state_fits")), check.get("margin_bytes", 0),
-                   e.get("resident_bytes", 0), Trial.from_json(trials[-1]),
-                   Trial.from_json(step) if step else None, doc, text, env)
+        return cls(
+            eval_batch,
+            bool(check.get("fits")),
+            bool(check.get("fits_with_margin")),
+            bool(e.get("state_fits")),
+            check.get("margin_bytes", 0),
+            e.get("resident_bytes", 0),
+            Trial.from_json(trials[-1]),
+            Trial.from_json(step) if step else None,
+            doc,
+            text,
+            env,
+        )
 
     def __str__(self) -> str:
         """The human report, as `autobatch --check-eval-batch` prints it."""

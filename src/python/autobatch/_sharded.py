@@ -25,6 +25,7 @@ never allocates; the result says so. Against real torchrun jobs on gloo, the res
 peak (FSDP2's and the step's) equals the emulation's to the byte (scripts/bench/fsdp_fidelity.py,
 docs/benchmarks.md).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,7 +50,8 @@ BACKEND_NOT_MEASURED = (
     "they are what it allocates inside each collective's call and on its worker threads "
     "(scripts/bench/fsdp_fidelity.py: 0 to 2.1 MB of a 14 MB rank peak on a small MLP, varying "
     "with the run's timing; 0 on a tiny Llama); on NCCL they are not measured. Keep that room, "
-    "or verify on the real job")
+    "or verify on the real job"
+)
 
 
 @dataclass
@@ -134,8 +136,9 @@ class ShardedResult:
         eval=."""
         if not self.eval or not self.ranks:
             return 0
-        return min(self.ranks, key=lambda r: (r.result.eval_safe_batch, r.rank)
-                   ).result.eval_max_batch
+        return min(
+            self.ranks, key=lambda r: (r.result.eval_safe_batch, r.rank)
+        ).result.eval_max_batch
 
     @property
     def result(self) -> Result:
@@ -174,48 +177,81 @@ class ShardedResult:
             safe_micro_batch, trials), layout, backend_buffers; agreed_micro_batch and verified
             in a job; eval with eval=.
         """
-        return {"world_size": self.world_size, "binding_rank": self.binding_rank,
-                "ranks": [{"rank": r.rank, "ranks_alike": _span(r.ranks_alike),
-                           "parameter_bytes": r.parameter_bytes,
-                           "local_parameter_bytes": r.local_parameter_bytes,
-                           "gradient_bytes": r.result.memory.get("gradient_bytes", 0),
-                           "optimizer_state_bytes": r.result.memory.get("optimizer_state_bytes",
-                                                                        0),
-                           "max_micro_batch": r.result.max_micro_batch,
-                           "safe_micro_batch": r.result.safe_micro_batch,
-                           "trials": len(r.result.trials)} for r in self.ranks],
-                "layout": self.layout, "backend_buffers": self.backend,
-                **({"agreed_micro_batch": self.agreed_micro_batch, "verified": True}
-                   if self.agreed_micro_batch else {}),
-                **({"eval": {"state": self.eval, "safe_batch": self.eval_safe_batch,
-                             "max_batch": self.eval_max_batch,
-                             "ranks": [{"rank": r.rank,
-                                        "max_batch": r.result.eval_max_batch,
-                                        "safe_batch": r.result.eval_safe_batch}
-                                       for r in self.ranks]}} if self.eval else {})}
+        return {
+            "world_size": self.world_size,
+            "binding_rank": self.binding_rank,
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "ranks_alike": _span(r.ranks_alike),
+                    "parameter_bytes": r.parameter_bytes,
+                    "local_parameter_bytes": r.local_parameter_bytes,
+                    "gradient_bytes": r.result.memory.get("gradient_bytes", 0),
+                    "optimizer_state_bytes": r.result.memory.get("optimizer_state_bytes", 0),
+                    "max_micro_batch": r.result.max_micro_batch,
+                    "safe_micro_batch": r.result.safe_micro_batch,
+                    "trials": len(r.result.trials),
+                }
+                for r in self.ranks
+            ],
+            "layout": self.layout,
+            "backend_buffers": self.backend,
+            **(
+                {"agreed_micro_batch": self.agreed_micro_batch, "verified": True}
+                if self.agreed_micro_batch
+                else {}
+            ),
+            **(
+                {
+                    "eval": {
+                        "state": self.eval,
+                        "safe_batch": self.eval_safe_batch,
+                        "max_batch": self.eval_max_batch,
+                        "ranks": [
+                            {
+                                "rank": r.rank,
+                                "max_batch": r.result.eval_max_batch,
+                                "safe_batch": r.result.eval_safe_batch,
+                            }
+                            for r in self.ranks
+                        ],
+                    }
+                }
+                if self.eval
+                else {}
+            ),
+        }
 
     def __str__(self) -> str:
         """The text report: the world size, the answer, one line per sized rank, the plan."""
         if self.eval == "parameters-only":
             return self._eval_only_text()
-        lines = [f"sharded (FSDP2, fake process group): world size {self.world_size}, "
-                 f"micro-batch {self.safe_micro_batch} (max {self.max_micro_batch}), binding "
-                 f"rank {self.binding_rank}"]
+        lines = [
+            f"sharded (FSDP2, fake process group): world size {self.world_size}, "
+            f"micro-batch {self.safe_micro_batch} (max {self.max_micro_batch}), binding "
+            f"rank {self.binding_rank}"
+        ]
         if self.eval:
-            lines.append(f"  evaluation batch {self.eval_safe_batch} (max "
-                         f"{self.eval_max_batch}) beside the training state, on every rank sized")
+            lines.append(
+                f"  evaluation batch {self.eval_safe_batch} (max "
+                f"{self.eval_max_batch}) beside the training state, on every rank sized"
+            )
         if self.agreed_micro_batch:
-            lines[0] = (f"sharded (FSDP2, in the job): world size {self.world_size}, agreed "
-                        f"micro-batch {self.agreed_micro_batch}, verified by one real step on "
-                        f"every rank; this rank ({self.binding_rank}) alone: safe "
-                        f"{self.result.safe_micro_batch}, max {self.max_micro_batch}")
+            lines[0] = (
+                f"sharded (FSDP2, in the job): world size {self.world_size}, agreed "
+                f"micro-batch {self.agreed_micro_batch}, verified by one real step on "
+                f"every rank; this rank ({self.binding_rank}) alone: safe "
+                f"{self.result.safe_micro_batch}, max {self.max_micro_batch}"
+            )
         for r in self.ranks:
-            lines.append(f"  rank {r.rank} (as ranks {_text_span(r.ranks_alike)}): parameter "
-                         f"shard {r.parameter_bytes} bytes ({r.local_parameter_bytes} its own "
-                         f"rows), optimizer state "
-                         f"{r.result.memory.get('optimizer_state_bytes', 0)} bytes, max "
-                         f"{r.result.max_micro_batch}, safe {r.result.safe_micro_batch}, "
-                         f"{len(r.result.trials)} trials")
+            lines.append(
+                f"  rank {r.rank} (as ranks {_text_span(r.ranks_alike)}): parameter "
+                f"shard {r.parameter_bytes} bytes ({r.local_parameter_bytes} its own "
+                f"rows), optimizer state "
+                f"{r.result.memory.get('optimizer_state_bytes', 0)} bytes, max "
+                f"{r.result.max_micro_batch}, safe {r.result.safe_micro_batch}, "
+                f"{len(r.result.trials)} trials"
+            )
         if self.plan is not None:
             lines.append(f"  {self.plan}")
         lines.append(f"  not measured: {self.backend}")
@@ -223,14 +259,18 @@ class ShardedResult:
 
     def _eval_only_text(self):
         """eval="only": every figure is an evaluation batch's (the parameters alone resident)."""
-        lines = [f"sharded (FSDP2, fake process group): world size {self.world_size}, "
-                 f"evaluation batch {self.eval_safe_batch} (max {self.eval_max_batch}) with the "
-                 f"parameters alone resident (eval='only': no training batch sized)"]
+        lines = [
+            f"sharded (FSDP2, fake process group): world size {self.world_size}, "
+            f"evaluation batch {self.eval_safe_batch} (max {self.eval_max_batch}) with the "
+            f"parameters alone resident (eval='only': no training batch sized)"
+        ]
         for r in self.ranks:
-            lines.append(f"  rank {r.rank} (as ranks {_text_span(r.ranks_alike)}): parameter "
-                         f"shard {r.parameter_bytes} bytes, evaluation max "
-                         f"{r.result.eval_max_batch}, safe {r.result.eval_safe_batch}, "
-                         f"{len(r.result.trials)} trials")
+            lines.append(
+                f"  rank {r.rank} (as ranks {_text_span(r.ranks_alike)}): parameter "
+                f"shard {r.parameter_bytes} bytes, evaluation max "
+                f"{r.result.eval_max_batch}, safe {r.result.eval_safe_batch}, "
+                f"{len(r.result.trials)} trials"
+            )
         lines.append(f"  not measured: {self.backend}")
         return "\n".join(lines)
 
@@ -264,29 +304,42 @@ class ShardedTable:
         for r in self.rows:
             if r.world_size == world_size:
                 return r
-        raise KeyError(f"world size {world_size!r}: the table has "
-                       f"{[r.world_size for r in self.rows]}")
+        raise KeyError(
+            f"world size {world_size!r}: the table has {[r.world_size for r in self.rows]}"
+        )
 
     def to_dict(self) -> dict:
         """The table as JSON data: {"world_sizes": [...], "rows": [each row's to_dict() with
         max_micro_batch, safe_micro_batch and the JSON report's plans]}."""
-        return {"world_sizes": [r.world_size for r in self.rows],
-                "rows": [{**r.to_dict(), "max_micro_batch": r.max_micro_batch,
-                          "safe_micro_batch": r.safe_micro_batch,
-                          "plan": r.result.raw.get("plans")} for r in self.rows]}
+        return {
+            "world_sizes": [r.world_size for r in self.rows],
+            "rows": [
+                {
+                    **r.to_dict(),
+                    "max_micro_batch": r.max_micro_batch,
+                    "safe_micro_batch": r.safe_micro_batch,
+                    "plan": r.result.raw.get("plans"),
+                }
+                for r in self.rows
+            ],
+        }
 
     def __str__(self) -> str:
         """The table: per world size, the binding rank, its shard and optimizer state, max and
         safe micro-batch, and the plan."""
-        head = (f"{'world size':>10} {'rank':>5} {'parameter shard':>16} "
-                f"{'optimizer state':>16} {'max':>7} {'safe':>7}  plan")
+        head = (
+            f"{'world size':>10} {'rank':>5} {'parameter shard':>16} "
+            f"{'optimizer state':>16} {'max':>7} {'safe':>7}  plan"
+        )
         lines = ["sharded (FSDP2, fake process group), per rank:", head]
         for r in self.rows:
             b = next(x for x in r.ranks if x.rank == r.binding_rank)
             plan = str(r.plan) if r.plan is not None else "-"
-            lines.append(f"{r.world_size:>10} {r.binding_rank:>5} {b.parameter_bytes:>16,} "
-                         f"{b.result.memory.get('optimizer_state_bytes', 0):>16,} "
-                         f"{r.max_micro_batch:>7} {r.safe_micro_batch:>7}  {plan}")
+            lines.append(
+                f"{r.world_size:>10} {r.binding_rank:>5} {b.parameter_bytes:>16,} "
+                f"{b.result.memory.get('optimizer_state_bytes', 0):>16,} "
+                f"{r.max_micro_batch:>7} {r.safe_micro_batch:>7}  {plan}"
+            )
         lines.append(f"not measured: {self.rows[0].backend}" if self.rows else "")
         return "\n".join(lines)
 
@@ -304,6 +357,7 @@ def _text_span(ranks):
 
 # ---- the fake process group ---------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def fake_group(rank: int, world_size: int) -> Iterator[None]:
     """torch's fake process group as rank `rank` of `world_size`, destroyed on leaving."""
@@ -315,13 +369,16 @@ def fake_group(rank: int, world_size: int) -> Iterator[None]:
             f"find_sharded sets up its own (fake) process group, and this process is already in "
             f"one (backend {dist.get_backend()!r}, world size {dist.get_world_size()}); destroy "
             "it first (dist.destroy_process_group()). In a running job with a real group, every "
-            "rank calls find_sharded with world_size=None instead")
+            "rank calls find_sharded with world_size=None instead"
+        )
     try:
         from torch.testing._internal.distributed.fake_pg import FakeStore
     except ImportError as e:
-        raise UsageError(f"find_sharded needs torch's fake process group "
-                         f"(torch.testing._internal.distributed.fake_pg), which torch "
-                         f"{torch.__version__} does not import: {e}") from None
+        raise UsageError(
+            f"find_sharded needs torch's fake process group "
+            f"(torch.testing._internal.distributed.fake_pg), which torch "
+            f"{torch.__version__} does not import: {e}"
+        ) from None
     # torch's init_process_group wraps sys.excepthook with a "[rankN]:" prefix that
     # destroy_process_group never removes (a later error would print "[rank3]: [rank0]:
     # Traceback"); put back with the group. The group is torn down even when
@@ -344,37 +401,52 @@ def _build(build, shard, init, device, mesh, materialize=True):
     with torch.device("meta"):
         model = build()
     if not isinstance(model, torch.nn.Module):
-        raise UsageError(f"build: expected a function that returns a torch.nn.Module, but it "
-                         f"returned {type(model).__name__}")
+        raise UsageError(
+            f"build: expected a function that returns a torch.nn.Module, but it "
+            f"returned {type(model).__name__}"
+        )
     where = sorted({str(p.device) for p in model.parameters() if p.device.type != "meta"})
     if where:
-        raise UsageError(f"build: it is called under torch.device('meta') and must construct the "
-                         f"model there (nothing allocated, only rank r's shard is materialized), "
-                         f"but it returned parameters on {where}: construct a fresh model without "
-                         "device= or a checkpoint (e.g. LlamaForCausalLM(config), not "
-                         "from_pretrained); load the weights in init= if their values matter")
+        raise UsageError(
+            f"build: it is called under torch.device('meta') and must construct the "
+            f"model there (nothing allocated, only rank r's shard is materialized), "
+            f"but it returned parameters on {where}: construct a fresh model without "
+            "device= or a checkpoint (e.g. LlamaForCausalLM(config), not "
+            "from_pretrained); load the weights in init= if their values matter"
+        )
     shard(model, mesh)
     modules = _fsdp.fsdp_modules(model)
     if not modules:
-        raise UsageError("shard: after shard(model, mesh) no module of the model is an FSDP2 "
-                         "module; call fully_shard(module, mesh=mesh) on each unit and on the "
-                         "root, e.g. for layer in model.layers: fully_shard(layer, mesh=mesh), "
-                         "then fully_shard(model, mesh=mesh)")
+        raise UsageError(
+            "shard: after shard(model, mesh) no module of the model is an FSDP2 "
+            "module; call fully_shard(module, mesh=mesh) on each unit and on the "
+            "root, e.g. for layer in model.layers: fully_shard(layer, mesh=mesh), "
+            "then fully_shard(model, mesh=mesh)"
+        )
     group = mesh.get_group().group_name
-    other = sorted({n for n, p in model.named_parameters()
-                    if getattr(p, "device_mesh", None) is not None and
-                    p.device_mesh.get_group().group_name != group})
+    other = sorted(
+        {
+            n
+            for n, p in model.named_parameters()
+            if getattr(p, "device_mesh", None) is not None
+            and p.device_mesh.get_group().group_name != group
+        }
+    )
     if other:
-        raise UsageError(f"shard: parameter {other[0]} is sharded on another mesh than the one "
-                         "shard(model, mesh) was given (fully_shard without mesh= takes the "
-                         "default group's: inside a job the real one, whose collectives would "
-                         "wait for ranks that try other batches); pass mesh=mesh to every "
-                         "fully_shard call")
+        raise UsageError(
+            f"shard: parameter {other[0]} is sharded on another mesh than the one "
+            "shard(model, mesh) was given (fully_shard without mesh= takes the "
+            "default group's: inside a job the real one, whose collectives would "
+            "wait for ranks that try other batches); pass mesh=mesh to every "
+            "fully_shard call"
+        )
     missing = _fsdp.check_internals(modules)
     if missing:
-        raise UsageError(f"find_sharded puts FSDP2 back between trials through names private to "
-                         f"torch's FSDP2, and torch {torch.__version__} lacks "
-                         f"{', '.join(missing)}; it was checked on torch 2.11 and 2.15")
+        raise UsageError(
+            f"find_sharded puts FSDP2 back between trials through names private to "
+            f"torch's FSDP2, and torch {torch.__version__} lacks "
+            f"{', '.join(missing)}; it was checked on torch 2.11 and 2.15"
+        )
     if not materialize:
         return model
     with warnings.catch_warnings():
@@ -392,6 +464,7 @@ def _mesh(device, world_size):
     from torch.distributed.device_mesh import init_device_mesh
 
     from ._sharded_job import mesh_names
+
     return init_device_mesh(device.type, (world_size,), mesh_dim_names=mesh_names("fake"))
 
 
@@ -406,6 +479,7 @@ def reset_parameters(model):
 
 
 # ---- the shard layout ---------------------------------------------------------------------
+
 
 def shard_rows(d, world_size, rank):
     """Rows of a dimension of size `d` that rank `rank` owns when FSDP2 shards it over
@@ -425,11 +499,12 @@ def layout(model, world_size):
             params.append((tuple(p.shape), None, p.element_size()))
             padded += p.numel() * p.element_size()
             continue
-        if len(placements) != 1 or not (placements[0].is_shard() or
-                                        placements[0].is_replicate()):
-            raise UsageError(f"find_sharded sizes FSDP2 on a 1-D mesh (fully_shard's Shard "
-                             f"placements), and a parameter has placements {placements}; pass "
-                             "shard() that calls fully_shard with a 1-D mesh")
+        if len(placements) != 1 or not (placements[0].is_shard() or placements[0].is_replicate()):
+            raise UsageError(
+                f"find_sharded sizes FSDP2 on a 1-D mesh (fully_shard's Shard "
+                f"placements), and a parameter has placements {placements}; pass "
+                "shard() that calls fully_shard with a 1-D mesh"
+            )
         dim = placements[0].dim if placements[0].is_shard() else None
         shape = tuple(p.shape)
         rows = math.ceil(shape[dim] / world_size) if dim is not None else 1
@@ -474,31 +549,49 @@ def ranks_to_size(classes, limit=3):
 
 # ---- find_sharded -------------------------------------------------------------------------
 
-@overload
-def find_sharded(build: Callable[[], torch.nn.Module], shard: Callable[..., Any],
-                 example_batch: Any, *, world_size: Union[List[int], Tuple[int, ...]],
-                 ranks: Optional[Sequence[int]] = None,
-                 init: Optional[Callable[..., Any]] = None,
-                 device: Union[str, torch.device, None] = None, verify_timeout: float = 120,
-                 **options: Any) -> ShardedTable: ...
-
 
 @overload
-def find_sharded(build: Callable[[], torch.nn.Module], shard: Callable[..., Any],
-                 example_batch: Any, *, world_size: Optional[int] = None,
-                 ranks: Optional[Sequence[int]] = None,
-                 init: Optional[Callable[..., Any]] = None,
-                 device: Union[str, torch.device, None] = None, verify_timeout: float = 120,
-                 **options: Any) -> ShardedResult: ...
+def find_sharded(
+    build: Callable[[], torch.nn.Module],
+    shard: Callable[..., Any],
+    example_batch: Any,
+    *,
+    world_size: Union[List[int], Tuple[int, ...]],
+    ranks: Optional[Sequence[int]] = None,
+    init: Optional[Callable[..., Any]] = None,
+    device: Union[str, torch.device, None] = None,
+    verify_timeout: float = 120,
+    **options: Any,
+) -> ShardedTable: ...
 
 
-def find_sharded(build: Callable[[], torch.nn.Module], shard: Callable[..., Any],
-                 example_batch: Any, *,
-                 world_size: Union[int, List[int], Tuple[int, ...], None] = None,
-                 ranks: Optional[Sequence[int]] = None,
-                 init: Optional[Callable[..., Any]] = None,
-                 device: Union[str, torch.device, None] = None, verify_timeout: float = 120,
-                 **options: Any) -> Union[ShardedResult, ShardedTable]:
+@overload
+def find_sharded(
+    build: Callable[[], torch.nn.Module],
+    shard: Callable[..., Any],
+    example_batch: Any,
+    *,
+    world_size: Optional[int] = None,
+    ranks: Optional[Sequence[int]] = None,
+    init: Optional[Callable[..., Any]] = None,
+    device: Union[str, torch.device, None] = None,
+    verify_timeout: float = 120,
+    **options: Any,
+) -> ShardedResult: ...
+
+
+def find_sharded(
+    build: Callable[[], torch.nn.Module],
+    shard: Callable[..., Any],
+    example_batch: Any,
+    *,
+    world_size: Union[int, List[int], Tuple[int, ...], None] = None,
+    ranks: Optional[Sequence[int]] = None,
+    init: Optional[Callable[..., Any]] = None,
+    device: Union[str, torch.device, None] = None,
+    verify_timeout: float = 120,
+    **options: Any,
+) -> Union[ShardedResult, ShardedTable]:
     """Sizes the ranks of an FSDP2 job of `world_size` ranks from this one process.
 
     torch's fake process group (`init_process_group("fake", rank=r, world_size=N)`) runs no
@@ -587,31 +680,41 @@ def find_sharded(build: Callable[[], torch.nn.Module], shard: Callable[..., Any]
     if not in_job:
         _refuse_worker_thread()
     try:
-        world_size, sizes, ranks, init, device = _checked(build, shard, world_size, ranks, init,
-                                                          device, verify_timeout, options)
+        world_size, sizes, ranks, init, device = _checked(
+            build, shard, world_size, ranks, init, device, verify_timeout, options
+        )
     except UsageError as e:
         if in_job:  # one rank's bad argument: it still joins the others' steps, then all raise
             from ._sharded_job import join_and_raise
+
             join_and_raise(e)
         raise
 
     if in_job:
-        return _size_in_job(build, shard, init, device, example_batch, world_size, ranks,
-                            verify_timeout, options)
+        return _size_in_job(
+            build, shard, init, device, example_batch, world_size, ranks, verify_timeout, options
+        )
     # The caller's random state as it was: init (reset_parameters by default) draws from it
     # outside find()'s own snapshot (else a seeded job that sized first would build other
     # weights)
     with _random_state_kept():
         if isinstance(world_size, (list, tuple)):
-            return ShardedTable([_size_world(w, build, shard, init, device, example_batch, ranks,
-                                             options) for w in sizes])
+            return ShardedTable(
+                [
+                    _size_world(w, build, shard, init, device, example_batch, ranks, options)
+                    for w in sizes
+                ]
+            )
         return _size_world(sizes[0], build, shard, init, device, example_batch, ranks, options)
 
 
 def _eval_state(value):
     """find()'s eval= in the report's words ("" when absent or False)."""
-    return {True: "training-resident", "only": "parameters-only"}.get(value, "") \
-        if value is not False and value is not None else ""
+    return (
+        {True: "training-resident", "only": "parameters-only"}.get(value, "")
+        if value is not False and value is not None
+        else ""
+    )
 
 
 def _refuse_worker_thread():
@@ -620,21 +723,26 @@ def _refuse_worker_thread():
     the process inside torch's fake-tensor code (a segmentation fault, torch 2.11; torch alone
     reproduces it), so it is never run there."""
     import threading
+
     if threading.current_thread() is not threading.main_thread():
         raise UsageError(
             f"find_sharded: called in the thread {threading.current_thread().name!r}, not the "
             "main thread; it shards the model with FSDP2 on fake tensors, and after that has run "
             "in another thread the next call crashes the process inside torch (a segmentation "
             "fault), so it runs in the main thread only: call it there, or in a subprocess "
-            "(multiprocessing with the 'spawn' start method)")
+            "(multiprocessing with the 'spawn' start method)"
+        )
 
 
 @contextlib.contextmanager
 def _random_state_kept():
     """torch's CPU generator and, where CUDA is initialized, its devices' put back afterwards."""
     cpu = torch.get_rng_state()
-    cuda = (torch.cuda.get_rng_state_all()
-            if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+    cuda = (
+        torch.cuda.get_rng_state_all()
+        if torch.cuda.is_available() and torch.cuda.is_initialized()
+        else None
+    )
     try:
         yield
     finally:
@@ -646,36 +754,54 @@ def _random_state_kept():
 _MAX_WORLD = 1 << 20
 
 
-def _checked(build, shard, world_size, ranks, init, device, verify_timeout, options):
-    """find_sharded's arguments checked (UsageError for a bad one): (world_size, the world sizes
-    in order, ranks, init, device)."""
-    if "world_size" in options or "ddp" in options:
-        raise UsageError("find_sharded: world_size is the job's (the fake group's), given once; "
-                         "ddp does not apply to a sharded model")
-    check_option_names(options, find, "find_sharded", leave_out=("device",))
-    for fn, name, args, form in ((build, "build", (), "build() -> torch.nn.Module"),
-                                 (init, "init", (None,), "init(model)")):
+def _check_signatures(build, init):
+    """find_sharded's callables checked against how they are called (UsageError naming the
+    function and its signature)."""
+    for fn, name, args, form in (
+        (build, "build", (), "build() -> torch.nn.Module"),
+        (init, "init", (None,), "init(model)"),
+    ):
         try:
             if callable(fn):
                 inspect.signature(fn).bind(*args)
         except TypeError:
-            raise UsageError(f"{name}: expected a function called as {form}, but its signature "
-                             f"is {inspect.signature(fn)}") from None
+            raise UsageError(
+                f"{name}: expected a function called as {form}, but its signature "
+                f"is {inspect.signature(fn)}"
+            ) from None
         except ValueError:  # a builtin without a signature: tried as it is
             pass
+
+
+def _checked(build, shard, world_size, ranks, init, device, verify_timeout, options):
+    """find_sharded's arguments checked (UsageError for a bad one): (world_size, the world sizes
+    in order, ranks, init, device)."""
+    if "world_size" in options or "ddp" in options:
+        raise UsageError(
+            "find_sharded: world_size is the job's (the fake group's), given once; "
+            "ddp does not apply to a sharded model"
+        )
+    check_option_names(options, find, "find_sharded", leave_out=("device",))
+    _check_signatures(build, init)
     if options.get("cache") not in (None, False):
-        raise UsageError("cache: find_sharded does not use the result cache (its key holds "
-                         "neither the world size nor the rank's shard); drop cache=")
+        raise UsageError(
+            "cache: find_sharded does not use the result cache (its key holds "
+            "neither the world size nor the rank's shard); drop cache="
+        )
     from ._sharded_job import check_timeout
+
     check_timeout(verify_timeout)
     if _in_job():
         from ._sharded_job import check_job
+
         check_job(world_size, ranks)
         world_size = torch.distributed.get_world_size()
     elif world_size is None:
-        raise UsageError("world_size: expected the job's number of ranks (an int >= 1, or a list "
-                         "of them for a table); None means the running job's, and this process "
-                         "is in no process group")
+        raise UsageError(
+            "world_size: expected the job's number of ranks (an int >= 1, or a list "
+            "of them for a table); None means the running job's, and this process "
+            "is in no process group"
+        )
     sizes = world_size if isinstance(world_size, (list, tuple)) else [world_size]
     # each once, in order; at most 2^20 ranks: torch's fake group keeps a table over every rank
     # (2^31 - 1 exhausts a machine's memory in init_process_group, and 2^31 reaches its
@@ -684,32 +810,44 @@ def _checked(build, shard, world_size, ranks, init, device, verify_timeout, opti
     if not sizes:
         raise UsageError("world_size: expected an int >= 1 or a non-empty list of them, but got []")
     for fn, name, form, example in (
-            (build, "build", "build() -> torch.nn.Module", "lambda: MyModel(config)"),
-            (shard, "shard", "shard(model, mesh)",
-             "lambda model, mesh: [fully_shard(b, mesh=mesh) for b in model.layers] and "
-             "fully_shard(model, mesh=mesh)")):
+        (build, "build", "build() -> torch.nn.Module", "lambda: MyModel(config)"),
+        (
+            shard,
+            "shard",
+            "shard(model, mesh)",
+            "lambda model, mesh: [fully_shard(b, mesh=mesh) for b in model.layers] and "
+            "fully_shard(model, mesh=mesh)",
+        ),
+    ):
         if not callable(fn):
-            raise UsageError(f"{name}: expected a function {form}, but got {type(fn).__name__}; "
-                             f"e.g. {example}")
-    _check_arity(shard, "shard", "shard(model, mesh)",
-                 "lambda model, mesh: fully_shard(model, mesh=mesh)")
+            raise UsageError(
+                f"{name}: expected a function {form}, but got {type(fn).__name__}; e.g. {example}"
+            )
+    _check_arity(
+        shard, "shard", "shard(model, mesh)", "lambda model, mesh: fully_shard(model, mesh=mesh)"
+    )
     if init is not None and not callable(init):
         raise UsageError(f"init: expected a function init(model), but got {type(init).__name__}")
-    device = _checked_device(device if device is not None else
-                             "cuda" if torch.cuda.is_available() else "cpu")
+    device = _checked_device(
+        device if device is not None else "cuda" if torch.cuda.is_available() else "cpu"
+    )
     init = init or reset_parameters
     target = _target(options.get("target_batch"))
     for w in sizes:  # every world size's plan is possible, before any search
         if target and target % w:
-            raise UsageError(f"target_batch: {target} is not a multiple of the world size {w} "
-                             "(every rank takes an equal share)")
+            raise UsageError(
+                f"target_batch: {target} is not a multiple of the world size {w} "
+                "(every rank takes an equal share)"
+            )
     if ranks is not None:
         if not isinstance(ranks, (list, tuple)):
             raise UsageError(f"ranks: expected a list of ranks, e.g. [0, 63], but got {ranks!r}")
         ranks = list(dict.fromkeys(_count(r, "ranks[]", minimum=0) for r in ranks))
         if not ranks or any(r >= min(sizes) for r in ranks):
-            raise UsageError(f"ranks: expected a non-empty list of ranks below every world size "
-                             f"({min(sizes)}), but got {ranks!r}")
+            raise UsageError(
+                f"ranks: expected a non-empty list of ranks below every world size "
+                f"({min(sizes)}), but got {ranks!r}"
+            )
     return world_size, sizes, ranks, init, device
 
 
@@ -723,6 +861,7 @@ def _size_in_job(build, shard, init, device, example_batch, world_size, ranks, t
     """Every rank of a running job sizes itself, the ranks agree, one real step verifies
     (_sharded_job.py); the result is this rank's, with the agreed micro-batch."""
     from ._sharded_job import size_on_job
+
     dist = torch.distributed
     rank, n = dist.get_rank(), dist.get_world_size()
     padded_local = []
@@ -732,15 +871,25 @@ def _size_in_job(build, shard, init, device, example_batch, world_size, ranks, t
         params, padded = layout(model, n)
         padded_local[:] = [padded, sum(local_bytes(params, n, rank))]
         return model
+
     def job():  # what the ranks compare before any trial (_ranks.compare_job)
         from ._find import _code_digest, _name, job_fields
+
         digest = " ".join(f"{_name(f)} {_code_digest(f)}" for f in (build, shard, init))
         return job_fields(digest, example_batch, options)
+
     result, agreed = size_on_job(build_on, example_batch, options, device, timeout, job)
     from ._ranks import plan_at
+
     plan = plan_at(agreed, options, n)
-    out = ShardedResult(n, rank, [RankResult(rank, [rank], *padded_local, result)], [],
-                        agreed_micro_batch=agreed, agreed_plan=plan)
+    out = ShardedResult(
+        n,
+        rank,
+        [RankResult(rank, [rank], *padded_local, result)],
+        [],
+        agreed_micro_batch=agreed,
+        agreed_plan=plan,
+    )
     out.result.raw["sharded"] = out.to_dict()
     return out
 
@@ -749,8 +898,9 @@ def _size_world(n, build, shard, init, device, example_batch, ranks, options):
     """One world size: the layout from a build on the meta device (nothing allocated), then a
     search per rank to size."""
     with fake_group(0, n):
-        params, padded = layout(_build(build, shard, init, device, _mesh(device, n),
-                                    materialize=False), n)
+        params, padded = layout(
+            _build(build, shard, init, device, _mesh(device, n), materialize=False), n
+        )
     classes = rank_classes(params, n)
     todo = list(ranks) if ranks is not None else [rs[0] for _, rs in ranks_to_size(classes)]
     sized = []
@@ -766,14 +916,17 @@ def _size_world(n, build, shard, init, device, example_batch, ranks, options):
                     e.args = (f"world size {n}, rank {rank}: {e.args[0]}",) + e.args[1:]
                     raise
                 alike = next(rs for _, rs in classes if rank in rs)
-                sized.append(RankResult(rank, alike, padded,
-                                        sum(local_bytes(params, n, rank)), result))
+                sized.append(
+                    RankResult(rank, alike, padded, sum(local_bytes(params, n, rank)), result)
+                )
             finally:
                 del model
                 gc.collect()
     binding = min(sized, key=lambda r: (r.result.safe_micro_batch, r.rank)).rank
-    table = [{"ranks": _span(rs), "count": len(rs), "local_parameter_bytes": sum(sig)}
-             for sig, rs in classes]
+    table = [
+        {"ranks": _span(rs), "count": len(rs), "local_parameter_bytes": sum(sig)}
+        for sig, rs in classes
+    ]
     out = ShardedResult(n, binding, sized, table, eval=_eval_state(options.get("eval")))
     out.result.raw["sharded"] = out.to_dict()  # the binding rank's JSON report carries it
     return out

@@ -16,6 +16,7 @@ failed.
    `verify_timeout` seconds (3 x at most: the step's timeout, then the store's wait of 2 x), with
    one error naming each failed rank and its message.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -58,20 +59,29 @@ def size_on_job(build_on, example_batch, options, device, verify_timeout, job=No
     try:  # registers the "fake" backend
         importlib.import_module("torch.testing._internal.distributed.fake_pg")
     except ImportError as e:
-        raise UsageError(f"find_sharded needs torch's fake process group "
-                         f"(torch.testing._internal.distributed.fake_pg), which torch "
-                         f"{torch.__version__} does not import: {e}") from None
+        raise UsageError(
+            f"find_sharded needs torch's fake process group "
+            f"(torch.testing._internal.distributed.fake_pg), which torch "
+            f"{torch.__version__} does not import: {e}"
+        ) from None
     fake = dist.new_group(backend="fake")  # every rank calls it: new_group is collective
     try:
-        result, agreed = _size_and_agree(build_on, fake, example_batch, options, device, n,
-                                         job)
+        result, agreed = _size_and_agree(build_on, fake, example_batch, options, device, n, job)
     finally:
         dist.destroy_process_group(fake)
         _fsdp.forget_meshes()  # else the verification's parameters would carry the fake mesh
     from torch.distributed.device_mesh import DeviceMesh
-    verify(lambda group: build_on(DeviceMesh.from_group(group, device.type,
-                                                        mesh_dim_names=mesh_names("verify"))),
-           example_batch, options, device, agreed, verify_timeout)
+
+    verify(
+        lambda group: build_on(
+            DeviceMesh.from_group(group, device.type, mesh_dim_names=mesh_names("verify"))
+        ),
+        example_batch,
+        options,
+        device,
+        agreed,
+        verify_timeout,
+    )
     return result, agreed
 
 
@@ -87,6 +97,7 @@ def join_and_raise(error, who="find_sharded"):
 
     def search():
         raise error
+
     # The job round too (its error sent: no rank compares), so that the rounds stay in step.
     try:
         search_and_agree(search, dist.get_world_size(), None, who, job=search)
@@ -100,19 +111,29 @@ def _size_and_agree(build_on, fake, example_batch, options, device, n, job=None)
     from torch.distributed.device_mesh import DeviceMesh
 
     def search():
-        model = build_on(DeviceMesh.from_group(fake, device.type,
-                                               mesh_dim_names=mesh_names("fake")))
+        model = build_on(
+            DeviceMesh.from_group(fake, device.type, mesh_dim_names=mesh_names("fake"))
+        )
         try:
             with _find.collectives_never_wait():
                 return _find.find(model, example_batch, world_size=n, device=device, **options)
         finally:
             del model
             gc.collect()
+
     return search_and_agree(search, n, device, "find_sharded", job=job)
 
 
-def verify(build_on, example_batch, options, device, micro_batch, timeout_s, who="find_sharded",
-           setup_bytes=None):
+def verify(
+    build_on,
+    example_batch,
+    options,
+    device,
+    micro_batch,
+    timeout_s,
+    who="find_sharded",
+    setup_bytes=None,
+):
     """The real lock-step step at `micro_batch` on every rank (see the module's docstring);
     returns when every rank's step ran, else raises the same ModelError on every rank.
     `build_on(group)` -> the model to step, its collectives on `group` (a new group of the job's
@@ -123,8 +144,9 @@ def verify(build_on, example_batch, options, device, micro_batch, timeout_s, who
     group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
     error = None
     try:
-        _lock_step(lambda: build_on(group), example_batch, options, device, micro_batch,
-                   setup_bytes)
+        _lock_step(
+            lambda: build_on(group), example_batch, options, device, micro_batch, setup_bytes
+        )
     except Exception as e:  # noqa: BLE001  out of memory, a collective's timeout, the model's
         error = f"{type(e).__name__}: {str(e)[:400]}"
         traceback.clear_frames(e.__traceback__)  # the step's tensors are not kept alive by it
@@ -138,8 +160,9 @@ def verify(build_on, example_batch, options, device, micro_batch, timeout_s, who
         dist.destroy_process_group(group)
         _fsdp.forget_meshes()
     if failures:
-        raise ModelError(_failure_message(failures, micro_batch, timeout_s, who),
-                         micro_batch=micro_batch)
+        raise ModelError(
+            _failure_message(failures, micro_batch, timeout_s, who), micro_batch=micro_batch
+        )
 
 
 def _failure_message(failures, micro_batch, timeout_s, who):
@@ -149,14 +172,21 @@ def _failure_message(failures, micro_batch, timeout_s, who):
     failed = [(r, why) for r, why in failures if (r, why) not in waited] or waited
     text = "; ".join(f"rank {r}: {why}" for r, why in failed)
     if failed is not waited and waited:
-        text += (f"; rank(s) {', '.join(str(r) for r, _ in waited)} timed out waiting for "
-                 f"{'it' if len(failed) == 1 else 'them'} in a collective")
+        text += (
+            f"; rank(s) {', '.join(str(r) for r, _ in waited)} timed out waiting for "
+            f"{'it' if len(failed) == 1 else 'them'} in a collective"
+        )
     memory = any("OutOfMemoryError" in why or "out of memory" in why for _, why in failed)
-    advice = ("the search's answer does not hold on the real job: the collective backend's own "
-              "buffers are not in its figures; give a larger margin=" if memory else
-              "the step raised an error that is not out of memory")
-    return (f"{who}: the real step at the agreed micro-batch {micro_batch} failed within "
-            f"the verification's {timeout_s} s: {text}; {advice}")
+    advice = (
+        "the search's answer does not hold on the real job: the collective backend's own "
+        "buffers are not in its figures; give a larger margin="
+        if memory
+        else "the step raised an error that is not out of memory"
+    )
+    return (
+        f"{who}: the real step at the agreed micro-batch {micro_batch} failed within "
+        f"the verification's {timeout_s} s: {text}; {advice}"
+    )
 
 
 def _lock_step(build, example_batch, options, device, micro_batch, setup_bytes=None):
@@ -168,8 +198,10 @@ def _lock_step(build, example_batch, options, device, micro_batch, setup_bytes=N
     meter = None
     try:
         if device.type == "cpu":
-            meter = Meter.cpu(_bytes(options.get("memory_limit"), "memory_limit"),
-                              _bytes(options.get("reserve"), "reserve"))
+            meter = Meter.cpu(
+                _bytes(options.get("memory_limit"), "memory_limit"),
+                _bytes(options.get("reserve"), "reserve"),
+            )
             # a model built under it is counted by it; one built before, by what it holds
             meter.finish_setup(setup_bytes() if setup_bytes is not None else 0)
         model = build()
@@ -191,8 +223,9 @@ def _lock_step(build, example_batch, options, device, micro_batch, setup_bytes=N
                         loss = step(model, batch)
                     else:
                         output = call_model(model, batch)
-                        loss = loss_fn(output, batch) if loss_fn is not None else \
-                            default_loss(output)
+                        loss = (
+                            loss_fn(output, batch) if loss_fn is not None else default_loss(output)
+                        )
                 if not keep_output:
                     output = None
                 loss.backward()
@@ -228,7 +261,8 @@ def _check_cuda_use(device, options):
         raise torch.OutOfMemoryError(
             f"CUDA out of memory under memory_limit: the real step used {use} bytes of {device} "
             f"({outside} outside the caching allocator, {use - outside} its peak reserved), more "
-            f"than the limit less the reserve, {room} bytes")
+            f"than the limit less the reserve, {room} bytes"
+        )
 
 
 def _exchange(error, timeout):
@@ -249,8 +283,13 @@ def _exchange(error, timeout):
     failures = []
     for r, key in enumerate(keys):
         if not store.check([key]):
-            failures.append((r, f"no outcome within {timeout.total_seconds():.0f} s (it died, "
-                                "or is still in its step)"))
+            failures.append(
+                (
+                    r,
+                    f"no outcome within {timeout.total_seconds():.0f} s (it died, "
+                    "or is still in its step)",
+                )
+            )
             continue
         outcome = store.get(key).decode()
         if outcome != "ok":
@@ -265,11 +304,16 @@ MAX_VERIFY_TIMEOUT_S = 1e6
 
 def check_timeout(verify_timeout):
     """UsageError unless `verify_timeout` is finite seconds in (0, MAX_VERIFY_TIMEOUT_S]."""
-    if isinstance(verify_timeout, bool) or not isinstance(verify_timeout, (int, float)) \
-            or not 0 < verify_timeout <= MAX_VERIFY_TIMEOUT_S:
-        raise UsageError(f"verify_timeout: expected seconds > 0 and at most "
-                         f"{MAX_VERIFY_TIMEOUT_S:.0f} (an int or a float), but got "
-                         f"{verify_timeout!r}")
+    if (
+        isinstance(verify_timeout, bool)
+        or not isinstance(verify_timeout, (int, float))
+        or not 0 < verify_timeout <= MAX_VERIFY_TIMEOUT_S
+    ):
+        raise UsageError(
+            f"verify_timeout: expected seconds > 0 and at most "
+            f"{MAX_VERIFY_TIMEOUT_S:.0f} (an int or a float), but got "
+            f"{verify_timeout!r}"
+        )
 
 
 def check_job(world_size, ranks):
@@ -278,9 +322,11 @@ def check_job(world_size, ranks):
     dist = torch.distributed
     n = dist.get_world_size()
     if world_size not in (None, n):
-        raise UsageError(f"world_size: this process is rank {dist.get_rank()} of a job of {n} "
-                         f"ranks, and find_sharded was asked for {world_size!r}; inside a job "
-                         "pass world_size=None (the job's), or size other world sizes from one "
-                         "process before the job starts")
+        raise UsageError(
+            f"world_size: this process is rank {dist.get_rank()} of a job of {n} "
+            f"ranks, and find_sharded was asked for {world_size!r}; inside a job "
+            "pass world_size=None (the job's), or size other world sizes from one "
+            "process before the job starts"
+        )
     if ranks is not None:
         raise UsageError("ranks: inside a job each rank sizes itself; pass ranks=None")

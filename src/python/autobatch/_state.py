@@ -6,6 +6,7 @@ requires_grad flags, gradients (the same tensor objects), buffers registered dur
 (removed), the example batch's gradients, and the random number generators' states (CPU, CUDA,
 Python's `random`, numpy's global one). The user's optimizer is never touched: trials build their
 own."""
+
 import gc
 import random
 import sys
@@ -58,8 +59,11 @@ def _snapshot(value, own):
     if isinstance(value, (list, dict, set)):
         items = value.values() if isinstance(value, dict) else value
         gens = [(g, g.get_state()) for g in items if isinstance(g, torch.Generator)]
-        return ("container", type(value)(value) if not isinstance(value, dict) else dict(value),
-                gens)
+        return (
+            "container",
+            type(value)(value) if not isinstance(value, dict) else dict(value),
+            gens,
+        )
     return None
 
 
@@ -118,8 +122,12 @@ class ModelState:
         # The modules' own slots: a buffer or parameter that forward rebinds (self.ema = 0.9 *
         # self.ema + ...) is put back as the same tensor object; a submodule a step replaces
         # (model[2] = nn.Linear(...), else left so after find()), as the same module.
-        self.slots = [(m, table, k, v) for m in model.modules()
-                      for table in (m._parameters, m._buffers, m._modules) for k, v in table.items()]
+        self.slots = [
+            (m, table, k, v)
+            for m in model.modules()
+            for table in (m._parameters, m._buffers, m._modules)
+            for k, v in table.items()
+        ]
         self.module_names = [(m, set(m._modules)) for m in model.modules()]
         # Plain attributes, put back as they were: the value itself (a counter, a tensor a forward
         # rebinds), the contents of a list, dict or set it fills in place, a tensor's values, a
@@ -133,14 +141,19 @@ class ModelState:
                     if k.startswith("_") or k == "training" or isinstance(v, torch.nn.Module):
                         continue
                     self.attributes.append((m, k, v, _snapshot(v, own)))
-                    self.held += [(f"{name + '.' if name else ''}{k}", t) for t in _held(v)
-                                  if id(t) not in own]
+                    self.held += [
+                        (f"{name + '.' if name else ''}{k}", t)
+                        for t in _held(v)
+                        if id(t) not in own
+                    ]
         self.example_grads = [(t, t.grad) for _, t in example_tensors(example) if t.is_leaf]
-        self.example_ptrs = {p for p in (_storage_ptr(t) for _, t in example_tensors(example))
-                             if p}
+        self.example_ptrs = {p for p in (_storage_ptr(t) for _, t in example_tensors(example)) if p}
         self.cpu_rng = torch.get_rng_state()
-        self.cuda_rng = (torch.cuda.get_rng_state_all()
-                         if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+        self.cuda_rng = (
+            torch.cuda.get_rng_state_all()
+            if torch.cuda.is_available() and torch.cuda.is_initialized()
+            else None
+        )
         self.python_rng = random.getstate()
         numpy = sys.modules.get("numpy")
         self.numpy_rng = numpy.random.get_state() if numpy is not None else None
@@ -160,7 +173,7 @@ class ModelState:
                 t.copy_(c)
 
     def _restore_attributes(self, device_usable=True):
-        for m, table, k, v in self.slots:
+        for _module, table, k, v in self.slots:
             if table.get(k) is not v:
                 table[k] = v
         for m, k, v, saved in self.attributes:
@@ -225,8 +238,9 @@ class ModelState:
         of the job's loader, gone when the job trains: Lightning's own fit held 6,116 bytes less
         than a baseline with the generator's state and that batch in it, one sample of the
         answer)."""
-        saved = [t for t in self.copies] + [s[1] for *_, s in self.attributes
-                                              if s is not None and s[0] == "tensor"]
+        saved = [t for t in self.copies] + [
+            s[1] for *_, s in self.attributes if s is not None and s[0] == "tensor"
+        ]
         saved += [self.cpu_rng, *(self.cuda_rng or [])]
         # The user's gradients, set aside for the trials (detach_grads) and put back after: the
         # trials' steps make their own, as a job's first backward after zero_grad does (counted
@@ -269,9 +283,11 @@ class ModelState:
             ptr = _storage_ptr(t)
             if ptr:
                 own.add(ptr)
-        rows = ([(p, n, t) for p, n, t in self._untracked_storages() if p not in own]
-                if device.type == "cpu" else
-                [(p, n, t) for p, n, t in live_storages(device, self.own_ptrs()) if p not in own])
+        rows = (
+            [(p, n, t) for p, n, t in self._untracked_storages() if p not in own]
+            if device.type == "cpu"
+            else [(p, n, t) for p, n, t in live_storages(device, self.own_ptrs()) if p not in own]
+        )
         if not rows:
             return 0, 0, ""
         _, n, t = max(rows, key=lambda r: r[1])
@@ -280,11 +296,18 @@ class ModelState:
 
     def _untracked_storages(self):
         """[(data pointer, bytes, a tensor)] of the distinct untracked CPU storages alive."""
-        rows = [(p, n, t) for p, n, t in
-                _distinct(self.tensors + [t for _, t in self.held], torch.device("cpu"), set())]
+        rows = [
+            (p, n, t)
+            for p, n, t in _distinct(
+                self.tensors + [t for _, t in self.held], torch.device("cpu"), set()
+            )
+        ]
         seen = {p for p, _, _ in rows}
-        rows += [(p, n, t) for p, n, t in live_storages(torch.device("cpu"), self.own_ptrs())
-                 if p not in seen]
+        rows += [
+            (p, n, t)
+            for p, n, t in live_storages(torch.device("cpu"), self.own_ptrs())
+            if p not in seen
+        ]
         return [(p, n, t) for p, n, t in rows if not _budget.is_tracked(p)]
 
 
@@ -307,8 +330,9 @@ def _distinct(tensors, device, skip):
             where = t.device
         except Exception:  # noqa: BLE001  a wrapper subclass without a device
             continue
-        if where.type != device.type or (device.type == "cuda" and device.index is not None
-                                         and where.index != device.index):
+        if where.type != device.type or (
+            device.type == "cuda" and device.index is not None and where.index != device.index
+        ):
             continue
         ptr = _storage_ptr(t)
         if ptr == 0 or ptr in seen:

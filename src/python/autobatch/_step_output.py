@@ -2,6 +2,7 @@
 output, a loss_fn's result checked, a framework's output held as the framework holds it
 (KeptOutput), and the optimizer's state bytes for the report. Shared by the training trial
 (_trial.py), the evaluation trial (_eval.py), the drop-ins and the sharded job's verification."""
+
 from collections.abc import Mapping
 
 import torch
@@ -31,11 +32,13 @@ def default_loss(output, rule=None):
             f"the model returned {type(output).__name__} with no loss: a Hugging Face model "
             "computes its loss only when the batch holds `labels` (issue 40 row 14); add them to "
             "example_batch, e.g. {'input_ids': ids, 'attention_mask': mask, 'labels': ids} for a "
-            "causal LM, or pass loss_fn=lambda output, batch: ... to autobatch.find")
+            "causal LM, or pass loss_fn=lambda output, batch: ... to autobatch.find"
+        )
     raise TypeError(
         f"the model returned {type(output).__name__}, from which no loss can be taken: expected "
         "a tensor, a tuple whose first element is one, or an output with .loss / ['loss']; pass "
-        "loss_fn=lambda output, batch: ... to autobatch.find")
+        "loss_fn=lambda output, batch: ... to autobatch.find"
+    )
 
 
 def state_bytes(optimizer):
@@ -58,19 +61,26 @@ def _check_loss_fn_result(loss):
     if isinstance(loss, torch.Tensor) and loss.dim() == 0:
         return
     if isinstance(loss, torch.Tensor):
-        what, fix = (f"a tensor of shape {tuple(loss.shape)}",
-                     "reduce it, e.g. F.cross_entropy(..., reduction='mean') or .mean()")
+        what, fix = (
+            f"a tensor of shape {tuple(loss.shape)}",
+            "reduce it, e.g. F.cross_entropy(..., reduction='mean') or .mean()",
+        )
     elif isinstance(loss, (tuple, list)):
-        what, fix = (f"a {type(loss).__name__} of {len(loss)}",
-                     "return the loss alone, e.g. lambda output, batch: my_loss(output, batch)[0]")
+        what, fix = (
+            f"a {type(loss).__name__} of {len(loss)}",
+            "return the loss alone, e.g. lambda output, batch: my_loss(output, batch)[0]",
+        )
     elif isinstance(loss, Mapping):
-        what, fix = (f"a {type(loss).__name__} with keys {sorted(map(str, loss))[:5]}",
-                     "return the loss alone, e.g. lambda output, batch: my_loss(output, batch)"
-                     "['loss']")
+        what, fix = (
+            f"a {type(loss).__name__} with keys {sorted(map(str, loss))[:5]}",
+            "return the loss alone, e.g. lambda output, batch: my_loss(output, batch)['loss']",
+        )
     else:
         what, fix = type(loss).__name__, "return a scalar tensor that requires grad (not .item())"
-    raise UsageError(f"loss_fn: expected it to return the micro-batch's loss, a scalar tensor, "
-                     f"but it returned {what}; {fix}")
+    raise UsageError(
+        f"loss_fn: expected it to return the micro-batch's loss, a scalar tensor, "
+        f"but it returned {what}; {fix}"
+    )
 
 
 class KeptOutput:

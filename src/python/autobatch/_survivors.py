@@ -9,6 +9,7 @@ bytes held are compared with those after the search's setup (one read of the met
 they grew are the live tensors scanned (gc.get_objects, as the baseline's scan in _state.py) for
 storages made since, and the objects that refer to them are named in the result's warnings.
 """
+
 import gc
 import itertools
 import types
@@ -36,8 +37,11 @@ class Survivors:
         if now_bytes <= self.settled:
             return False
         self.settled = now_bytes
-        rows = [(p, n, t) for p, n, t in live_storages(self.device, self.baseline)
-                if p not in self.known]
+        rows = [
+            (p, n, t)
+            for p, n, t in live_storages(self.device, self.baseline)
+            if p not in self.known
+        ]
         if not rows:
             return False
         self.trials += 1
@@ -55,14 +59,16 @@ class Survivors:
         if not self.known:
             return None
         held = "; ".join(self.holders[:3]) or "objects Python cannot trace (C++ references)"
-        return (f"tensors made by the trials stay alive after them: {len(self.known)} tensor "
-                f"storage(s), {_core.format_bytes(sum(self.known.values()))}, after "
-                f"{self.trials} trial(s), held by {held}. The step keeps them past its end, so "
-                "every later trial (and every step of your job) runs with more memory held: "
-                "answers after the first are measured with them alive, and the job grows until "
-                "it runs out of memory. Keep what the step needs as Python numbers (loss.item()) "
-                "or drop it after use (a hook that stores activations: store what you need, "
-                "clear the list)")
+        return (
+            f"tensors made by the trials stay alive after them: {len(self.known)} tensor "
+            f"storage(s), {_core.format_bytes(sum(self.known.values()))}, after "
+            f"{self.trials} trial(s), held by {held}. The step keeps them past its end, so "
+            "every later trial (and every step of your job) runs with more memory held: "
+            "answers after the first are measured with them alive, and the job grows until "
+            "it runs out of memory. Keep what the step needs as Python numbers (loss.item()) "
+            "or drop it after use (a hook that stores activations: store what you need, "
+            "clear the list)"
+        )
 
 
 def _holders(tensors, limit=3):
@@ -100,8 +106,7 @@ def _describe(container):
             return f"{head} in the global `{names[0] if names else '?'}` of {ref['__name__']}"
         if isinstance(ref, dict):  # an object's __dict__: name the object's attribute
             names = [k for k, v in ref.items() if v is container]
-            owners = [o for o in gc.get_referrers(ref)
-                      if getattr(o, "__dict__", None) is ref]
+            owners = [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
             if names and owners:
                 return f"{head} in the attribute `{names[0]}` of a {type(owners[0]).__name__}"
         if isinstance(ref, (types.FunctionType, types.MethodType)):

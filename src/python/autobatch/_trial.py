@@ -2,10 +2,12 @@
 phase (inputs, forward, loss, backward, optimizer-step) as the C++ runner measures its own.
 
 Out of memory (torch.OutOfMemoryError, the budget allocator's error, MemoryError) is caught here,
-classified by the library's rules (autobatch/vocabulary/failure.h), turned into a plain record, and its
+classified by the library's rules (autobatch/vocabulary/failure.h), turned into a plain record, and
+its
 traceback frames cleared before control returns to the C++ search: a failed step's tensors stay
 alive as long as the exception or its frames do.
 """
+
 import contextlib
 import logging
 import time
@@ -14,16 +16,14 @@ import traceback
 import torch
 
 from . import _budget, _core
+from ._batches import call_model, leading_size, make_batch  # noqa: F401 (re-exported)
+from ._collectives import CollectiveGuard, CollectiveInStep, refuse_collective_modules  # noqa: F401 (re-exported)
 from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
-from ._step_errors import check_gradients, check_loss, hint, text_of
 from ._measuring import MeasuringTrials
 from ._residue import StepLog, storage_bytes, storage_ptrs
-from ._collectives import (CollectiveGuard, CollectiveInStep,  # noqa: F401 (re-exported)
-                           refuse_collective_modules)
-from ._step_output import (KeptOutput, _check_loss_fn_result,  # noqa: F401 (re-exported)
-                           default_loss, state_bytes)
-from ._batches import call_model, leading_size, make_batch  # noqa: F401 (re-exported)
+from ._step_errors import check_gradients, check_loss, hint, text_of
+from ._step_output import KeptOutput, _check_loss_fn_result, default_loss, state_bytes  # noqa: F401 (re-exported)
 
 log = logging.getLogger("autobatch")
 
@@ -36,12 +36,15 @@ class _TrialStopped(Exception):
         super().__init__("trial stopped between steps")
         self.done, self.total_ms = done, total_ms
 
+
 class Meter:
-    """One of the C++ library's memory backends (src/memory/memory_backend.h) for one search, the same
+    """One of the C++ library's memory backends (src/memory/memory_backend.h) for one search, the
+    same
     as the `autobatch` command's: on the CPU the budget allocator, installed in this process (every
     CPU tensor allocated while it is in place is counted, and an allocation above the limit raises
     torch.OutOfMemoryError; storages allocated before it enter as baseline bytes); on CUDA the
-    caching allocator's backend (src/memory/cuda_backend.cpp) over torch.cuda (TorchCudaApi): the limit
+    caching allocator's backend (src/memory/cuda_backend.cpp) over torch.cuda (TorchCudaApi): the
+    limit
     emulated with the memory fraction, the outside part read after a warm-up step and re-read after
     every trial, the cuBLAS workspaces cleared with the cache, the process's own fraction kept as a
     cap and restored, unsupported allocator settings refused (docs/trial_runner.md)."""
@@ -112,15 +115,21 @@ class Meter:
     def warnings(self):
         out = list(self.backend.limit_warnings()) + self.notes
         if self.api is not None and not self.api.clears_workspaces:
-            out.append("this torch has no torch._C._cuda_clearCublasWorkspaces: the cuBLAS "
-                       "workspaces stay in the caching allocator after the search")
+            out.append(
+                "this torch has no torch._C._cuda_clearCublasWorkspaces: the cuBLAS "
+                "workspaces stay in the caching allocator after the search"
+            )
         return out
 
     def context(self):
         """The report's RunContext fields that come from the backend (after the trials: the
         warnings and the fraction change with them)."""
-        out = {"backend": self.name, "memory_limit_bytes": self.limit_bytes(),
-               "memory_limit_source": self.limit_source(), "warnings": self.warnings()}
+        out = {
+            "backend": self.name,
+            "memory_limit_bytes": self.limit_bytes(),
+            "memory_limit_source": self.limit_source(),
+            "warnings": self.warnings(),
+        }
         if self.name == "cuda-caching":
             out["allocator"] = dict(self.backend.allocator_info())
         return out
@@ -133,6 +142,7 @@ class Meter:
 
 # ---- ranks that search on their own ------------------------------------------------------------
 
+
 def _body_key(body):
     """The kind of trial a body runs ("_train", "_evaluate", ...), by name: never the function
     itself, whose closure may hold a trial's optimizer (the evaluation's resident state). A
@@ -143,6 +153,7 @@ def _body_key(body):
 
 
 # ---- the trial ------------------------------------------------------------------------------
+
 
 def exception_type(error) -> str:
     """The failure rules' name for an exception's type (_core.TrialEvidence.classify):
@@ -157,8 +168,21 @@ def exception_type(error) -> str:
 class EagerProbe(MeasuringTrials):
     """The probe the C++ search calls: probe(B, micro_batches_per_step) -> a plain dict."""
 
-    def __init__(self, model, example, n0, device, make_optimizer, loss_fn, autocast, meter,
-                 state, steps_per_trial, step=None, ddp_bytes=0):
+    def __init__(
+        self,
+        model,
+        example,
+        n0,
+        device,
+        make_optimizer,
+        loss_fn,
+        autocast,
+        meter,
+        state,
+        steps_per_trial,
+        step=None,
+        ddp_bytes=0,
+    ):
         self.model, self.example, self.n0, self.device = model, example, n0, device
         self.step, self.ddp_bytes = step, ddp_bytes  # DDP's buckets held by every trial; 0: none
         self.make_optimizer, self.loss_fn, self.autocast = make_optimizer, loss_fn, autocast
@@ -213,8 +237,12 @@ class EagerProbe(MeasuringTrials):
             return self(size, micro_batches)
         except ModelError as e:
             self.stopped_by = e
-            return {"cancelled": True, "memory_limit_bytes": self.meter.limit_bytes(),
-                    "steps_completed": 0, "reason": "the model raised an error"}
+            return {
+                "cancelled": True,
+                "memory_limit_bytes": self.meter.limit_bytes(),
+                "steps_completed": 0,
+                "reason": "the model raised an error",
+            }
 
     def measuring_at_model_error(self, size, micro_batches):
         """stopping_at_model_error for a measuring trial (TrialRequest::measure: the guided
@@ -223,9 +251,13 @@ class EagerProbe(MeasuringTrials):
             return self.measure(size, micro_batches)
         except ModelError as e:
             self.stopped_by = e
-            return {"cancelled": True, "memory_limit_bytes": self.meter.limit_bytes(),
-                    "steps_completed": 0, "reason": "the model raised an error",
-                    "shortened": self.steps >= 2}
+            return {
+                "cancelled": True,
+                "memory_limit_bytes": self.meter.limit_bytes(),
+                "steps_completed": 0,
+                "reason": "the model raised an error",
+                "shortened": self.steps >= 2,
+            }
 
     def _enter(self, name, size, micro=0, step=0):
         self.point = (name, micro, step)
@@ -291,12 +323,19 @@ class EagerProbe(MeasuringTrials):
         # A full trial at a size the model has not seen, after the search's first trial: its
         # first two steps' forward and backward logged, for whether a new size makes the model do
         # more (_residue.py, at_new_size).
-        log = StepLog() if (residue is not None and state_batch == 0 and
-                             residue.residue is not None and self.meter.name == "cpu-budget" and
-                             size not in self.sizes_seen) else None
+        log = (
+            StepLog()
+            if (
+                residue is not None
+                and state_batch == 0
+                and residue.residue is not None
+                and self.meter.name == "cpu-budget"
+                and size not in self.sizes_seen
+            )
+            else None
+        )
         try:
-            return self._run_steps(size, micro_batches, steps, optimizer, residue, state_batch,
-                                   log)
+            return self._run_steps(size, micro_batches, steps, optimizer, residue, state_batch, log)
         finally:
             if log is not None:
                 log.close()  # a step that failed inside its log
@@ -319,8 +358,12 @@ class EagerProbe(MeasuringTrials):
                 self._enter("inputs", size, micro, step)
                 # A later step's (first micro-batch's) letting go of the previous batch, read where
                 # the meter counts bytes (_residue.py; the caching allocator rounds them up).
-                replacing = (residue is not None and micro == 0 and held is not None and
-                             self.meter.name == "cpu-budget")
+                replacing = (
+                    residue is not None
+                    and micro == 0
+                    and held is not None
+                    and self.meter.name == "cpu-budget"
+                )
                 own = storage_bytes(held, self.example_ptrs) if replacing else 0
                 batch = make_batch(self.example, size, self.n0, self.device)
                 if replacing:
@@ -338,8 +381,7 @@ class EagerProbe(MeasuringTrials):
                     self._check_step_loss(loss)
                     del batch
                     if isinstance(output, KeptOutput):  # what the framework holds, as it does
-                        kept, output = (output.kept if output.through_step else None,
-                                        output.kept)
+                        kept, output = (output.kept if output.through_step else None, output.kept)
                     elif not self.keep_output:  # dropped before backward, as a training_step does
                         del output
                         output = None
@@ -353,7 +395,7 @@ class EagerProbe(MeasuringTrials):
             if not self.gradients_seen:
                 self._check_gradients()
             self._optimizer_step(optimizer, size, step)
-            kept = None
+            kept = None  # noqa: F841  held through the optimizer step, as the framework holds it
             self.meter.synchronize()  # the step's queued kernels, once per step (CUDA)
             total_ms += (time.perf_counter() - t0) * 1000.0
             if done == 0:
@@ -489,8 +531,12 @@ class EagerProbe(MeasuringTrials):
         error = (peaks_error or error) if self.meter.poisoned() else (error or peaks_error)
         error = self._clean_up(error)
         self._check_survivors()
-        if failure is not None and failure["kind"] == "possible-out-of-memory" and \
-                error is not None and not self.meter.poisoned():
+        if (
+            failure is not None
+            and failure["kind"] == "possible-out-of-memory"
+            and error is not None
+            and not self.meter.poisoned()
+        ):
             failure = self._judge(evidence, failure, size, body, record)
             if failure["kind"] != "rethrow":
                 error = None
@@ -515,15 +561,22 @@ class EagerProbe(MeasuringTrials):
             if failure["kind"] == "out-of-memory":
                 record["failed_request_bytes"] = failure["failed_request_bytes"]
                 record["failed_in_use_bytes"] = failure["failed_in_use_bytes"]
-                record["failed_phase"], record["failed_micro_batch_index"], \
-                    record["failed_step_index"] = failure["point"]
+                (
+                    record["failed_phase"],
+                    record["failed_micro_batch_index"],
+                    record["failed_step_index"],
+                ) = failure["point"]
         if error is not None:
             evidence.forget_out_of_memory()
             return
-        evidence.learn(size, micro_batches, record.get("outcome", "fits"),
-                       bool(record.get("cancelled")))
-        if "outcome" not in record and not record.get("cancelled") and \
-                getattr(body, "__name__", "") == "_train":
+        evidence.learn(
+            size, micro_batches, record.get("outcome", "fits"), bool(record.get("cancelled"))
+        )
+        if (
+            "outcome" not in record
+            and not record.get("cancelled")
+            and getattr(body, "__name__", "") == "_train"
+        ):
             self.largest_full_fit = max(self.largest_full_fit, size)
 
     def _step_ms(self, done, total_ms, size):
@@ -545,11 +598,13 @@ class EagerProbe(MeasuringTrials):
     def _note_first_steps(self):
         """The warning on first steps that cost far more than the next (compilation per shape)."""
         total = sum(ms for _, ms in self.first_step_excess)
-        note = (f"the first step at {len(self.first_step_excess)} new size(s) took "
-                f"{total / 1000.0:.1f} s more than the steps after it in total (compilation per "
-                f"shape, as torch.compile does without dynamic=True, or autotuning); the step "
-                f"times that the time limit and the plans use leave it out, and a training job "
-                f"pays it again at every new batch shape (a last partial batch, sequence lengths)")
+        note = (
+            f"the first step at {len(self.first_step_excess)} new size(s) took "
+            f"{total / 1000.0:.1f} s more than the steps after it in total (compilation per "
+            f"shape, as torch.compile does without dynamic=True, or autotuning); the step "
+            f"times that the time limit and the plans use leave it out, and a training job "
+            f"pays it again at every new batch shape (a last partial batch, sequence lengths)"
+        )
         if self.first_step_note in self.meter.notes:
             self.meter.notes[self.meter.notes.index(self.first_step_note)] = note
         else:
@@ -626,8 +681,7 @@ class EagerProbe(MeasuringTrials):
 
         def rerun(batch, micro_batches):
             try:
-                reran["record"] = self.trial(batch, micro_batches, body,
-                                             label="re-run to classify")
+                reran["record"] = self.trial(batch, micro_batches, body, label="re-run to classify")
             except ModelError as e:
                 cause = e.__cause__ if e.__cause__ is not None else e
                 kind = _core.classify(exception_type(cause), text_of(cause), True, True)["kind"]
@@ -644,8 +698,9 @@ class EagerProbe(MeasuringTrials):
         if verdict["rerun_listed"]:
             reran["record"]["reason"] = verdict["rerun_reason"]
             record["classification_rerun"] = reran["record"]
-        return {k: verdict[k] for k in ("kind", "reason", "failed_request_bytes",
-                                        "failed_in_use_bytes")} | {"point": point}
+        return {
+            k: verdict[k] for k in ("kind", "reason", "failed_request_bytes", "failed_in_use_bytes")
+        } | {"point": point}
 
     def _model_error(self, error, size):
         if self.meter.poisoned():
@@ -655,20 +710,30 @@ class EagerProbe(MeasuringTrials):
                 "sticky CUDA error leaves the device unusable in this process, so autobatch made "
                 "no device call after it: the model's weights and the memory fraction were not "
                 "restored. Start a new process (CUDA_LAUNCH_BLOCKING=1 helps find the kernel)",
-                micro_batch=size)
-        return ModelError(f"the model raised an error at micro-batch {size} (not out of "
-                          f"memory): {type(error).__name__}: {text_of(error)}{hint(error, size)}"
-                          f"{self._tuple_hint(error)}", micro_batch=size)
+                micro_batch=size,
+            )
+        return ModelError(
+            f"the model raised an error at micro-batch {size} (not out of "
+            f"memory): {type(error).__name__}: {text_of(error)}{hint(error, size)}"
+            f"{self._tuple_hint(error)}",
+            micro_batch=size,
+        )
 
     def _tuple_hint(self, error):
         """The fix when a tuple example reached the model as model(*batch) and did not fit its
         signature: the usual (inputs, targets) batch of a DataLoader."""
-        if (self.step is None and isinstance(self.example, (tuple, list)) and
-                isinstance(error, TypeError) and "positional argument" in text_of(error)):
-            return ("; the example batch is a tuple, which the trial passes as model(*batch): "
-                    "for an (inputs, targets) batch pass step=lambda model, batch: "
-                    "F.cross_entropy(model(batch[0]), batch[1]) (the forward and loss of one "
-                    "micro-batch), or loss_fn= with the inputs alone as example_batch")
+        if (
+            self.step is None
+            and isinstance(self.example, (tuple, list))
+            and isinstance(error, TypeError)
+            and "positional argument" in text_of(error)
+        ):
+            return (
+                "; the example batch is a tuple, which the trial passes as model(*batch): "
+                "for an (inputs, targets) batch pass step=lambda model, batch: "
+                "F.cross_entropy(model(batch[0]), batch[1]) (the forward and loss of one "
+                "micro-batch), or loss_fn= with the inputs alone as example_batch"
+            )
         return ""
 
     def _classify(self, evidence, raised, size, peak_bytes):
@@ -677,8 +742,9 @@ class EagerProbe(MeasuringTrials):
         ``size``, the process limit asked with this trial's peak). ``raised``: (exception type,
         text, point). Returns the failure's dict with "point" and "process_limit_near"."""
         kind, message, (name, micro, step) = raised
-        failure = evidence.classify(kind, message, size, int(peak_bytes),
-                                    self.meter.process_limit_near)
+        failure = evidence.classify(
+            kind, message, size, int(peak_bytes), self.meter.process_limit_near
+        )
         failure["point"] = (name if name != "idle" else "", micro, step)
         return failure
 
@@ -686,8 +752,15 @@ class EagerProbe(MeasuringTrials):
         outcome = "cancelled" if r.get("cancelled") else r.get("outcome", "fits")
         where = f" in {r['failed_phase']}" if r.get("failed_phase") else ""
         peak = _core.format_bytes(int(r.get("peak_bytes", 0)))
-        log.info("%s: micro-batch %d x%d: %s%s, peak %s", label or f"trial {self.count}", size,
-                 micro_batches, outcome, where, peak)
+        log.info(
+            "%s: micro-batch %d x%d: %s%s, peak %s",
+            label or f"trial {self.count}",
+            size,
+            micro_batches,
+            outcome,
+            where,
+            peak,
+        )
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix_str(f"B={size} {outcome}{where}, peak {peak}")

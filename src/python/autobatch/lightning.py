@@ -25,7 +25,8 @@ takes no `batch_idx`, as Lightning calls it; a tensor, or a dict's "loss"), back
 the first optimizer `configure_optimizers` returns (built fresh for every trial, and set with its
 schedulers on the strategy for the trial, so `self.optimizers()` and `self.lr_schedulers()` work
 in the step), `zero_grad(set_to_none=True)`, in the trainer's precision (`32-true`; `16-mixed` /
-`bf16-mixed` as autocast with its cast cache off, as Lightning's MixedPrecision). Under DDP each trial also
+`bf16-mixed` as autocast with its cast cache off, as Lightning's MixedPrecision). Under DDP each
+trial also
 holds DDP's gradient buckets (`autobatch.find(ddp=True)`), every rank searches under its own
 memory, and the ranks agree on the smallest safe micro-batch through the job's store (the
 TCPStore of its process group, no collective: _ranks.py; the `autobatch` command's file-store
@@ -38,6 +39,7 @@ precisions other than the three above, a module whose layers are built later (`c
 `training_step(dataloader_iter)`, a `target_batch` beside a `GradientAccumulationScheduler` (both
 set `accumulate_grad_batches`), `eval="only"`, an option `autobatch.find` does not take.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,18 +49,21 @@ import torch
 
 from . import _find
 from ._errors import UsageError
+from ._plans import plan
 from ._ranks import search_and_agree
 from ._step_output import KeptOutput
 
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-    from lightning.pytorch.utilities.parsing import (lightning_getattr, lightning_hasattr,
-                                                     lightning_setattr)
+    from lightning.pytorch.utilities.parsing import (
+        lightning_getattr,
+        lightning_hasattr,
+        lightning_setattr,
+    )
     from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
 except ImportError as e:  # pragma: no cover - the message is the point
-    raise ImportError("autobatch.lightning needs Lightning (pip install lightning): "
-                      f"{e}") from None
+    raise ImportError(f"autobatch.lightning needs Lightning (pip install lightning): {e}") from None
 
 if TYPE_CHECKING:
     from ._result import Plan, Result
@@ -66,8 +71,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("autobatch")
 
 _PRECISIONS = {"32-true": None, "32": None, "16-mixed": "amp-fp16", "bf16-mixed": "amp-bf16"}
-_DERIVED = ("optimizer", "loss_fn", "precision", "device", "world_size", "step", "ddp",
-            "target_batch", "autocast_cache")
+_DERIVED = (
+    "optimizer",
+    "loss_fn",
+    "precision",
+    "device",
+    "world_size",
+    "step",
+    "ddp",
+    "target_batch",
+    "autocast_cache",
+)
 
 
 class AutobatchFinder(pl.Callback):
@@ -145,27 +159,35 @@ class AutobatchFinder(pl.Callback):
         >>> finder.micro_batch, trainer.accumulate_grad_batches, finder.result.safe_micro_batch
     """
 
-    def __init__(self, target_batch: Optional[int] = None, batch_arg_name: str = "batch_size",
-                 **options: Any) -> None:
+    def __init__(
+        self, target_batch: Optional[int] = None, batch_arg_name: str = "batch_size", **options: Any
+    ) -> None:
         """Checks the options (UsageError for a bad one) and keeps them for fit's setup."""
         super().__init__()
         _refuse_lightning_names(options)
         given = sorted(set(options) & set(_DERIVED))
         if given:
-            raise UsageError(f"AutobatchFinder: {', '.join(given)} come from the trainer and the "
-                             "module (its precision, device, strategy, training_step and "
-                             "configure_optimizers); remove them, or call autobatch.find directly")
-        _find.check_option_names(options, _find.find, "AutobatchFinder", shown_out=_DERIVED,
-                                 where="the trainer")
+            raise UsageError(
+                f"AutobatchFinder: {', '.join(given)} come from the trainer and the "
+                "module (its precision, device, strategy, training_step and "
+                "configure_optimizers); remove them, or call autobatch.find directly"
+            )
+        _find.check_option_names(
+            options, _find.find, "AutobatchFinder", shown_out=_DERIVED, where="the trainer"
+        )
         if options.get("eval") == "only":
-            raise UsageError("AutobatchFinder: eval='only' sizes an evaluation job alone, but "
-                             "the finder sets the training batch; call autobatch.find(model, "
-                             "batch, eval='only') for that, or eval=True to also size the "
-                             "evaluation batch beside the training state (result.eval_safe_batch)")
+            raise UsageError(
+                "AutobatchFinder: eval='only' sizes an evaluation job alone, but "
+                "the finder sets the training batch; call autobatch.find(model, "
+                "batch, eval='only') for that, or eval=True to also size the "
+                "evaluation batch beside the training state (result.eval_safe_batch)"
+            )
         if not isinstance(batch_arg_name, str) or not batch_arg_name:
-            raise UsageError(f"AutobatchFinder: batch_arg_name: expected the name of the batch "
-                             f"size attribute (a str such as 'batch_size'), but got "
-                             f"{batch_arg_name!r}")
+            raise UsageError(
+                f"AutobatchFinder: batch_arg_name: expected the name of the batch "
+                f"size attribute (a str such as 'batch_size'), but got "
+                f"{batch_arg_name!r}"
+            )
         self.target_batch = _find._target(target_batch)
         self.batch_arg_name = batch_arg_name
         # max_trials=0 keeps the batch size as the script set it, as BatchSizeFinder does (its
@@ -179,8 +201,9 @@ class AutobatchFinder(pl.Callback):
         self.accumulation_steps: Optional[int] = None
         self.plan: Optional[Plan] = None
 
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-              stage: Optional[str] = None) -> None:
+    def setup(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: Optional[str] = None
+    ) -> None:
         """Checks what can be checked now, then sizes right after the module's own setup.
 
         Lightning calls the callbacks' setup before the module's (trainer/call.py,
@@ -204,8 +227,10 @@ class AutobatchFinder(pl.Callback):
             rank_zero_warn("Skipping batch size scaler since `fast_dev_run` is enabled.")
             return
         if self.skip:
-            rank_zero_info(f"autobatch: max_trials=0: {self.batch_arg_name} and "
-                           "accumulate_grad_batches are left as they are")
+            rank_zero_info(
+                f"autobatch: max_trials=0: {self.batch_arg_name} and "
+                "accumulate_grad_batches are left as they are"
+            )
             return
         _warn_mutually_exclusive(pl_module, self.batch_arg_name)
         if stage != "fit":
@@ -213,28 +238,33 @@ class AutobatchFinder(pl.Callback):
             # on_predict_start): that loop's own step in eval mode, no grad, the parameters
             # alone resident (find(eval="only")).
             _precision(trainer)
-            _run_after_module_setup(pl_module, lambda: self._size_loop(trainer, pl_module,
-                                                                       stage))
+            _run_after_module_setup(pl_module, lambda: self._size_loop(trainer, pl_module, stage))
             return
         world = trainer.world_size
         if self.target_batch and self.target_batch % world:
-            raise UsageError(f"AutobatchFinder: target_batch {self.target_batch} is not a multiple "
-                             f"of the world size {world} (every rank takes an equal share); "
-                             f"use a multiple of {world}")
+            raise UsageError(
+                f"AutobatchFinder: target_batch {self.target_batch} is not a multiple "
+                f"of the world size {world} (every rank takes an equal share); "
+                f"use a multiple of {world}"
+            )
         ddp = _check_can_size(trainer, pl_module, self.batch_arg_name, self.target_batch)
         _precision(trainer)
         _run_after_module_setup(pl_module, lambda: self._size(trainer, pl_module, ddp, world))
 
     def _size(self, trainer, pl_module, ddp, world):
         if not any(True for _ in pl_module.parameters()):
-            raise UsageError("AutobatchFinder: the module has no parameters after its setup "
-                             "(layers built in configure_model are not there yet); build them in "
-                             "__init__ or setup")
+            raise UsageError(
+                "AutobatchFinder: the module has no parameters after its setup "
+                "(layers built in configure_model are not there yet); build them in "
+                "__init__ or setup"
+            )
         precision = _precision(trainer)
         device = trainer.strategy.root_device
         if device.type not in ("cpu", "cuda"):
-            raise UsageError(f"AutobatchFinder: autobatch measures CPU and CUDA devices; this "
-                             f"trainer runs on {device}")
+            raise UsageError(
+                f"AutobatchFinder: autobatch measures CPU and CUDA devices; this "
+                f"trainer runs on {device}"
+            )
         pl_module.to(device)  # where the strategy puts it next; the trials run there
         example = trainer.strategy.batch_to_device(_first_batch(trainer), device)
         options = dict(self.options)
@@ -247,10 +277,19 @@ class AutobatchFinder(pl.Callback):
         before = (strategy.optimizers, strategy.lr_scheduler_configs)
 
         def search():
-            return _find.find(pl_module, example, optimizer=_optimizer_factory(pl_module, strategy),
-                              precision=precision, device=device, world_size=world, ddp=ddp,
-                              step=_training_step_of(pl_module),
-                              autocast_cache=_autocast_cache(trainer), **options)
+            return _find.find(
+                pl_module,
+                example,
+                optimizer=_optimizer_factory(pl_module, strategy),
+                precision=precision,
+                device=device,
+                world_size=world,
+                ddp=ddp,
+                step=_training_step_of(pl_module),
+                autocast_cache=_autocast_cache(trainer),
+                **options,
+            )
+
         with _quiet_logging(pl_module):
             try:
                 self.result, agreed = search_and_agree(search, world, device, "AutobatchFinder")
@@ -263,20 +302,27 @@ class AutobatchFinder(pl.Callback):
     def _size_loop(self, trainer, pl_module, stage):
         """The evaluation batch of trainer.validate / test / predict, set on the attribute."""
         if trainer.world_size > 1:
-            raise UsageError(f"AutobatchFinder: sizing trainer.{_LOOPS[stage][1]} runs on one "
-                             "device; for several ranks size the evaluation batch with "
-                             "autobatch.find(..., eval='only') on one rank")
+            raise UsageError(
+                f"AutobatchFinder: sizing trainer.{_LOOPS[stage][1]} runs on one "
+                "device; for several ranks size the evaluation batch with "
+                "autobatch.find(..., eval='only') on one rank"
+            )
         if self.target_batch:
-            raise UsageError(f"AutobatchFinder: target_batch plans training; "
-                             f"trainer.{_LOOPS[stage][1]} has no accumulation to plan: drop it")
+            raise UsageError(
+                f"AutobatchFinder: target_batch plans training; "
+                f"trainer.{_LOOPS[stage][1]} has no accumulation to plan: drop it"
+            )
         loop_name, method = _LOOPS[stage]
         loop = getattr(trainer, loop_name)
-        if type(pl_module).__dict__.get(method) is None and \
-                getattr(type(pl_module), method) is getattr(pl.LightningModule, method):
+        if type(pl_module).__dict__.get(method) is None and getattr(
+            type(pl_module), method
+        ) is getattr(pl.LightningModule, method):
             raise UsageError(f"AutobatchFinder: trainer.{stage} needs the module's {method}")
         if not lightning_hasattr(pl_module, self.batch_arg_name):
-            raise UsageError(f"AutobatchFinder: no attribute {self.batch_arg_name!r} on the "
-                             f"module, its hparams or the datamodule for the {stage} loader")
+            raise UsageError(
+                f"AutobatchFinder: no attribute {self.batch_arg_name!r} on the "
+                f"module, its hparams or the datamodule for the {stage} loader"
+            )
         device = trainer.strategy.root_device
         pl_module.to(device)
         example = trainer.strategy.batch_to_device(_first_batch_of(loop, stage), device)
@@ -284,25 +330,32 @@ class AutobatchFinder(pl.Callback):
         if callable(options.get("memory_limit")):
             options["memory_limit"] = options["memory_limit"](trainer.global_rank)
         with _quiet_logging(pl_module):
-            self.result = _find.find(pl_module, example, precision=_precision(trainer),
-                                     device=device, eval="only",
-                                     step=_loop_step_of(pl_module, method),
-                                     autocast_cache=_autocast_cache(trainer), **options)
+            self.result = _find.find(
+                pl_module,
+                example,
+                precision=_precision(trainer),
+                device=device,
+                eval="only",
+                step=_loop_step_of(pl_module, method),
+                autocast_cache=_autocast_cache(trainer),
+                **options,
+            )
             _reset_metrics(pl_module)
         old = lightning_getattr(pl_module, self.batch_arg_name)
         self.micro_batch = self.result.eval_safe_batch
         lightning_setattr(pl_module, self.batch_arg_name, self.micro_batch)
         loop._combined_loader = None  # built again at the new size when the loop runs
-        rank_zero_info(f"autobatch: {self.batch_arg_name} {old} -> {self.micro_batch} for "
-                       f"trainer.{getattr(stage, 'value', stage)} ({method} in eval mode, the "
-                       "parameters alone resident)")
+        rank_zero_info(
+            f"autobatch: {self.batch_arg_name} {old} -> {self.micro_batch} for "
+            f"trainer.{getattr(stage, 'value', stage)} ({method} in eval mode, the "
+            "parameters alone resident)"
+        )
 
     def _apply(self, trainer, pl_module, agreed, mine, world):
         """Sets the batch size and the accumulation from the agreed micro-batch."""
         old = lightning_getattr(pl_module, self.batch_arg_name)
         if self.target_batch:
-            import autobatch
-            self.plan = autobatch.plan(agreed, self.target_batch, world, kind="uniform")
+            self.plan = plan(agreed, self.target_batch, world, kind="uniform")
             self.micro_batch = self.plan.micro_batch_size
             self.accumulation_steps = self.plan.accumulation_steps
             trainer.accumulate_grad_batches = self.accumulation_steps
@@ -314,11 +367,14 @@ class AutobatchFinder(pl.Callback):
         # estimated_stepping_batches) is dropped: the fit loop builds it again at the new size.
         trainer.fit_loop._combined_loader = None
         trainer.fit_loop.epoch_loop.val_loop._combined_loader = None
-        agreed_text = (f"; the ranks agreed on {agreed} (this rank's own: {mine})"
-                       if world > 1 else "")
+        agreed_text = (
+            f"; the ranks agreed on {agreed} (this rank's own: {mine})" if world > 1 else ""
+        )
         plan_text = f"; {self.plan}" if self.plan else ""
-        message = (f"autobatch: {self.batch_arg_name} {old} -> {self.micro_batch}, "
-                   f"accumulate_grad_batches {self.accumulation_steps}{plan_text}{agreed_text}")
+        message = (
+            f"autobatch: {self.batch_arg_name} {old} -> {self.micro_batch}, "
+            f"accumulate_grad_batches {self.accumulation_steps}{plan_text}{agreed_text}"
+        )
         log.debug("%s", self.result.text)
         rank_zero_info(message)  # Lightning's own channel: shown once, on rank 0
 
@@ -329,9 +385,9 @@ class AutobatchFinder(pl.Callback):
 # applies in binsearch mode only).
 _LIGHTNING_NAMES = {
     "mode": "the search is strategy= ('guided', the default: a fit of two measured trials, then "
-            "the bracket; 'binsearch' or 'power', Lightning's own)",
+    "the bracket; 'binsearch' or 'power', Lightning's own)",
     "init_val": "the search starts at min_batch= (default 1: the smallest micro-batch it may "
-                "answer, not a first guess to grow from)",
+    "answer, not a first guess to grow from)",
     "max_val": "the largest micro-batch it may answer is max_batch= (default: no bound)",
 }
 
@@ -339,58 +395,78 @@ _LIGHTNING_NAMES = {
 def _refuse_lightning_names(options):
     given = [k for k in _LIGHTNING_NAMES if k in options]
     if given:
-        raise UsageError("AutobatchFinder: " + "; ".join(
-            f"{k}= is BatchSizeFinder's: {_LIGHTNING_NAMES[k]}" for k in given))
+        raise UsageError(
+            "AutobatchFinder: "
+            + "; ".join(f"{k}= is BatchSizeFinder's: {_LIGHTNING_NAMES[k]}" for k in given)
+        )
 
 
 def _warn_mutually_exclusive(pl_module, name):
     """Lightning's own warning when the module and its hparams both hold the batch size
     (BatchSizeFinder.setup): lightning_setattr sets both, the loader reads one."""
     if hasattr(pl_module, name) and hasattr(pl_module, "hparams") and name in pl_module.hparams:
-        rank_zero_warn(f"Field `model.{name}` and `model.hparams.{name}` are mutually exclusive! "
-                       f"`model.{name}` will be used as the initial batch size for scaling. If "
-                       "this is not the intended behavior, please remove either one.")
+        rank_zero_warn(
+            f"Field `model.{name}` and `model.hparams.{name}` are mutually exclusive! "
+            f"`model.{name}` will be used as the initial batch size for scaling. If "
+            "this is not the intended behavior, please remove either one."
+        )
 
 
 def _check_can_size(trainer, pl_module, batch_arg_name, target_batch):
     """The refusals; returns True under DDP (the trials then hold DDP's gradient buckets)."""
     if not pl_module.automatic_optimization:
-        raise UsageError("AutobatchFinder: the module uses manual optimization "
-                         "(automatic_optimization = False), so the trial cannot know when its "
-                         "training_step steps the optimizer; size it with autobatch.find and a "
-                         "step function of your own")
+        raise UsageError(
+            "AutobatchFinder: the module uses manual optimization "
+            "(automatic_optimization = False), so the trial cannot know when its "
+            "training_step steps the optimizer; size it with autobatch.find and a "
+            "step function of your own"
+        )
     from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+
     strategy = trainer.strategy
     if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):
-        sharded = ("; for FSDP (FSDPStrategy, ModelParallelStrategy with fully_shard), size "
-                   "the job before it starts with autobatch.find_sharded(build, shard, "
-                   "example_batch, world_size=N) from one process (docs/sharded.md)"
-                   if type(strategy).__name__ in ("FSDPStrategy", "ModelParallelStrategy")
-                   else "")
-        raise UsageError(f"AutobatchFinder: the {type(strategy).__name__} strategy is not supported "
-                         "yet: autobatch sizes single-device and DDP training here, while FSDP, "
-                         "DeepSpeed and model-parallel strategies shard parameters and optimizer "
-                         "state that the trial would hold whole, and sizing inside the running "
-                         "job would leave ranks waiting in the strategy's collectives; use "
-                         f"strategy='ddp' or one device{sharded}")
+        sharded = (
+            "; for FSDP (FSDPStrategy, ModelParallelStrategy with fully_shard), size "
+            "the job before it starts with autobatch.find_sharded(build, shard, "
+            "example_batch, world_size=N) from one process (docs/sharded.md)"
+            if type(strategy).__name__ in ("FSDPStrategy", "ModelParallelStrategy")
+            else ""
+        )
+        raise UsageError(
+            f"AutobatchFinder: the {type(strategy).__name__} strategy is not supported "
+            "yet: autobatch sizes single-device and DDP training here, while FSDP, "
+            "DeepSpeed and model-parallel strategies shard parameters and optimizer "
+            "state that the trial would hold whole, and sizing inside the running "
+            "job would leave ranks waiting in the strategy's collectives; use "
+            f"strategy='ddp' or one device{sharded}"
+        )
     if not trainer.fit_loop._data_source.is_module():
-        raise UsageError("AutobatchFinder: the train dataloader was passed to fit() directly, so "
-                         "its batch size cannot be set; build it in the LightningModule's or the "
-                         "LightningDataModule's train_dataloader() from a batch size attribute")
+        raise UsageError(
+            "AutobatchFinder: the train dataloader was passed to fit() directly, so "
+            "its batch size cannot be set; build it in the LightningModule's or the "
+            "LightningDataModule's train_dataloader() from a batch size attribute"
+        )
     if not lightning_hasattr(pl_module, batch_arg_name):
-        raise UsageError(f"AutobatchFinder: no attribute {batch_arg_name!r} on the module, its "
-                         "hparams or the datamodule; add one that train_dataloader() reads, or "
-                         "pass batch_arg_name= with the attribute's name")
+        raise UsageError(
+            f"AutobatchFinder: no attribute {batch_arg_name!r} on the module, its "
+            "hparams or the datamodule; add one that train_dataloader() reads, or "
+            "pass batch_arg_name= with the attribute's name"
+        )
     if is_param_in_hook_signature(pl_module.training_step, "dataloader_iter", explicit=True):
-        raise UsageError("AutobatchFinder: training_step(dataloader_iter) takes the loader's "
-                         "iterator, so a trial cannot hand it a batch of its size; size the step "
-                         "with autobatch.find and a step function of your own")
-    if target_batch and any(type(c).__name__ == "GradientAccumulationScheduler"
-                            for c in trainer.callbacks):
-        raise UsageError("AutobatchFinder: target_batch sets accumulate_grad_batches, which the "
-                         "GradientAccumulationScheduler callback also sets (Lightning refuses "
-                         "both); remove the scheduler, or target_batch to size the micro-batch "
-                         "only")
+        raise UsageError(
+            "AutobatchFinder: training_step(dataloader_iter) takes the loader's "
+            "iterator, so a trial cannot hand it a batch of its size; size the step "
+            "with autobatch.find and a step function of your own"
+        )
+    if target_batch and any(
+        type(c).__name__ == "GradientAccumulationScheduler" for c in trainer.callbacks
+    ):
+        raise UsageError(
+            "AutobatchFinder: target_batch sets accumulate_grad_batches, which the "
+            "GradientAccumulationScheduler callback also sets (Lightning refuses "
+            "both); remove the scheduler, or target_batch to size the micro-batch "
+            "only"
+        )
     if isinstance(strategy, DDPStrategy):
         kwargs = getattr(strategy, "_ddp_kwargs", {}) or {}
         return not kwargs.get("gradient_as_bucket_view", False)
@@ -414,14 +490,17 @@ def _run_after_module_setup(pl_module, then):
                 del pl_module.setup
         then()
         return out
+
     pl_module.setup = setup_then_size
 
 
 def _precision(trainer):
     precision = str(trainer.precision)
     if precision not in _PRECISIONS:
-        raise UsageError(f"AutobatchFinder: precision {precision!r} is not supported yet; "
-                         f"supported: {', '.join(p for p in _PRECISIONS if p != '32')}")
+        raise UsageError(
+            f"AutobatchFinder: precision {precision!r} is not supported yet; "
+            f"supported: {', '.join(p for p in _PRECISIONS if p != '32')}"
+        )
     return _PRECISIONS[precision]
 
 
@@ -431,6 +510,7 @@ def _autocast_cache(trainer):
     weight used twice in one forward is cast twice, which the trials then hold as its step does
     (with the cache on, a model was sized 1774 where Lightning's own step fits 1637)."""
     from lightning.pytorch.plugins.precision import MixedPrecision
+
     return not isinstance(trainer.precision_plugin, MixedPrecision)
 
 
@@ -452,10 +532,12 @@ def _first_batch(trainer):
 
 
 # The loops BatchSizeFinder sizes besides fit: (the trainer's loop attribute, the step it runs).
-_LOOPS = {"fit": ("fit_loop", "training_step"),
-          "validate": ("validate_loop", "validation_step"),
-          "test": ("test_loop", "test_step"),
-          "predict": ("predict_loop", "predict_step")}
+_LOOPS = {
+    "fit": ("fit_loop", "training_step"),
+    "validate": ("validate_loop", "validation_step"),
+    "test": ("test_loop", "test_step"),
+    "predict": ("predict_loop", "predict_step"),
+}
 
 
 def _first_batch_of(loop, stage):
@@ -464,8 +546,10 @@ def _first_batch_of(loop, stage):
     is kept as it was (the fit's moved by the finder's batch otherwise)."""
     loaders = loop._data_source.dataloader()
     if isinstance(loaders, (list, tuple, dict)):
-        raise UsageError(f"AutobatchFinder: the module returns several {stage} dataloaders; "
-                         "autobatch sizes one (as BatchSizeFinder does)")
+        raise UsageError(
+            f"AutobatchFinder: the module returns several {stage} dataloaders; "
+            "autobatch sizes one (as BatchSizeFinder does)"
+        )
     rng = torch.get_rng_state()
     try:
         return next(iter(loaders))
@@ -485,6 +569,7 @@ def _loop_step_of(pl_module, method):
     def loop_step(module, batch):
         step = getattr(module, method)
         return step(batch, 0) if with_index else step(batch)
+
     loop_step.__qualname__ = f"{type(pl_module).__qualname__}.{method}"
     return loop_step
 
@@ -499,9 +584,11 @@ def _training_step_of(pl_module):
         out = module.training_step(batch, 0) if with_index else module.training_step(batch)
         if isinstance(out, dict):
             if "loss" not in out:
-                raise UsageError(f"AutobatchFinder: training_step returned a dict without 'loss' "
-                                 f"(keys {sorted(map(str, out))}); Lightning trains on the dict's "
-                                 "'loss', so return it under that key")
+                raise UsageError(
+                    f"AutobatchFinder: training_step returned a dict without 'loss' "
+                    f"(keys {sorted(map(str, out))}); Lightning trains on the dict's "
+                    "'loss', so return it under that key"
+                )
             extra = {k: v for k, v in out.items() if k != "loss"}
             out = out["loss"]
             if extra and isinstance(out, torch.Tensor):
@@ -513,14 +600,19 @@ def _training_step_of(pl_module):
                 # Lightning's fit fits 825.
                 return KeptOutput(out, extra, through_step=True)
         if out is None:
-            raise UsageError("AutobatchFinder: training_step returned None (a skipped batch) for "
-                             "the example batch; it must return the loss (a tensor, or a dict "
-                             "with 'loss') for the trial")
+            raise UsageError(
+                "AutobatchFinder: training_step returned None (a skipped batch) for "
+                "the example batch; it must return the loss (a tensor, or a dict "
+                "with 'loss') for the trial"
+            )
         if not isinstance(out, torch.Tensor):
-            raise UsageError(f"AutobatchFinder: training_step returned {type(out).__name__}; it "
-                             "must return the loss as a tensor (not .item()), or a dict with "
-                             "'loss', for Lightning to train on it")
+            raise UsageError(
+                f"AutobatchFinder: training_step returned {type(out).__name__}; it "
+                "must return the loss as a tensor (not .item()), or a dict with "
+                "'loss', for Lightning to train on it"
+            )
         return out
+
     training_step.__qualname__ = f"{type(pl_module).__qualname__}._training_step"
     # find(eval=True)'s evaluation trials run the validation loop's step, not this one in eval
     # mode (_eval.py reads eval_step): the step Lightning's validation runs.
@@ -535,18 +627,21 @@ def _optimizer_factory(pl_module, strategy):
     self.optimizers() or self.lr_schedulers() (the learning rate it logs) reads the trial's
     (else an AttributeError on the strategy's empty lists, taken for the model's).
     The strategy's lists are put back after the search."""
+
     def build(params):
         del params  # configure_optimizers chooses its own (and its param groups)
         conf = pl_module.configure_optimizers()
         optimizer = _first_optimizer(conf)
         strategy.optimizers, strategy.lr_scheduler_configs = [optimizer], _schedulers(conf)
         return optimizer
+
     build.__qualname__ = f"{type(pl_module).__qualname__}.configure_optimizers"
 
     def release_trial():
         """After each trial: the strategy lets the trial's optimizer (and its state) go, which
         it held into the next trial (2 MiB of AdamW state seen alive after a trial)."""
         strategy.optimizers, strategy.lr_scheduler_configs = [], []
+
     build.release_trial = release_trial
     return build
 
@@ -555,8 +650,11 @@ def _schedulers(conf):
     """The LRSchedulerConfigs of configure_optimizers' return, parsed as Lightning parses it
     (lightning/pytorch/core/optimizer.py); [] where it does not parse (the optimizer alone was
     checked by _first_optimizer)."""
-    from lightning.pytorch.core.optimizer import (_configure_optimizers,
-                                                  _configure_schedulers_automatic_opt)
+    from lightning.pytorch.core.optimizer import (
+        _configure_optimizers,
+        _configure_schedulers_automatic_opt,
+    )
+
     try:
         _, schedulers, monitor = _configure_optimizers(conf)
         return _configure_schedulers_automatic_opt(schedulers, monitor)
@@ -570,15 +668,22 @@ def _first_optimizer(conf):
     if isinstance(conf, dict) and "optimizer" in conf:
         return _first_optimizer(conf["optimizer"])
     if isinstance(conf, (list, tuple)) and conf:
-        optimizers = [c for c in (conf[0] if isinstance(conf[0], (list, tuple)) else conf)
-                      if isinstance(c, (torch.optim.Optimizer, dict))]
+        optimizers = [
+            c
+            for c in (conf[0] if isinstance(conf[0], (list, tuple)) else conf)
+            if isinstance(c, (torch.optim.Optimizer, dict))
+        ]
         if len(optimizers) > 1:
-            raise UsageError("AutobatchFinder: configure_optimizers returns several optimizers, "
-                             "which Lightning allows only with manual optimization")
+            raise UsageError(
+                "AutobatchFinder: configure_optimizers returns several optimizers, "
+                "which Lightning allows only with manual optimization"
+            )
         if optimizers:
             return _first_optimizer(optimizers[0])
-    raise UsageError(f"AutobatchFinder: configure_optimizers returned {type(conf).__name__}; "
-                     "expected an optimizer, a dict with 'optimizer', or a list/tuple of them")
+    raise UsageError(
+        f"AutobatchFinder: configure_optimizers returned {type(conf).__name__}; "
+        "expected an optimizer, a dict with 'optimizer', or a list/tuple of them"
+    )
 
 
 class _quiet_logging:

@@ -28,6 +28,7 @@ before the first callback event (`on_init_end`), `train()` builds the loader fro
 callback receives the arguments, not the trainer, so a callback cannot set the size before the
 dataloader exists (transformers 5.24's trainer.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,14 +41,16 @@ import torch
 
 from . import _find
 from ._errors import UsageError
+from ._plans import plan as plan_accumulation
 from ._ranks import _all_min, search_and_agree
 from ._step_output import KeptOutput
 
 try:
     from transformers import Trainer, TrainingArguments
 except ImportError as e:  # pragma: no cover - the message is the point
-    raise ImportError(f"autobatch.transformers needs transformers (pip install transformers): {e}"
-                      ) from None
+    raise ImportError(
+        f"autobatch.transformers needs transformers (pip install transformers): {e}"
+    ) from None
 
 if TYPE_CHECKING:
     from ._result import Result
@@ -57,9 +60,15 @@ log = logging.getLogger("autobatch")
 _DERIVED = ("optimizer", "precision", "device", "world_size", "target_batch", "ddp", "step")
 
 
-def fit_training_arguments(args: TrainingArguments, model: torch.nn.Module, example_batch: Any,
-                           target_batch: Optional[int] = None, *, eval: bool = False,
-                           **options: Any) -> TrainingArguments:
+def fit_training_arguments(
+    args: TrainingArguments,
+    model: torch.nn.Module,
+    example_batch: Any,
+    target_batch: Optional[int] = None,
+    *,
+    eval: bool = False,
+    **options: Any,
+) -> TrainingArguments:
     """Returns a copy of `args` sized by autobatch for `target_batch` samples per optimizer step.
 
     In place of `auto_find_batch_size=True`: the copy has `per_device_train_batch_size` and
@@ -120,14 +129,100 @@ def fit_training_arguments(args: TrainingArguments, model: torch.nn.Module, exam
         ...                               target_batch=512, memory_limit="8GiB")
         >>> Trainer(model=model, args=args, train_dataset=ds).train()
     """
-    return fit_training_arguments_with_result(args, model, example_batch, target_batch,
-                                              eval=eval, **options)[0]
+    return fit_training_arguments_with_result(
+        args, model, example_batch, target_batch, eval=eval, **options
+    )[0]
+
+
+def _check_arguments(args, model, eval, options):
+    """fit_training_arguments' checks of its arguments and of the find() options it passes on;
+    raises UsageError naming the argument."""
+    if eval not in (False, True):
+        raise UsageError(
+            f"eval: expected True (also set per_device_eval_batch_size) or False, "
+            f"but got {eval!r}; the Trainer trains, so eval='only' has no place "
+            "here (autobatch.find(model, batch, eval='only') sizes evaluation alone)"
+        )
+    if not isinstance(args, TrainingArguments):
+        raise UsageError(
+            f"args: expected transformers.TrainingArguments, but got {type(args).__name__}"
+        )
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(
+            f"model: expected the torch.nn.Module the Trainer will train (e.g. "
+            f"AutoModelForCausalLM.from_pretrained(...)), but got "
+            f"{type(model).__name__}"
+        )
+    _find.check_option_names(
+        options,
+        _find.find,
+        "fit_training_arguments",
+        shown_out=(*_DERIVED, "eval"),
+        where="the TrainingArguments",
+    )
+    given = sorted(set(options) & set(_DERIVED))
+    if given:
+        raise UsageError(
+            f"fit_training_arguments: {', '.join(given)} come from the "
+            "TrainingArguments (optim, bf16/fp16, use_cpu, the launch); set them "
+            "there, or call autobatch.find directly"
+        )
+
+
+def _sized(args, result, agreed, target, eval, device, world):
+    """The TrainingArguments with the agreed micro-batch, the plan's accumulation steps for
+    ``target`` (else the accumulation as it was) and, with ``eval``, the evaluation batch;
+    logged, and the evaluation's accumulation warning added to ``result``."""
+    eval_batch = (
+        (_all_min(result.eval_safe_batch, device) if world > 1 else result.eval_safe_batch)
+        if eval
+        else args.per_device_eval_batch_size
+    )
+    if target:
+        plan = (
+            result.plans.get("uniform") if agreed == result.safe_micro_batch else None
+        ) or plan_accumulation(agreed, target, world, kind="uniform")
+        micro, steps = plan.micro_batch_size, plan.accumulation_steps
+    else:
+        plan, micro, steps = None, agreed, args.gradient_accumulation_steps
+    sized = dataclasses.replace(
+        args,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=steps,
+        per_device_eval_batch_size=eval_batch,
+        auto_find_batch_size=False,
+    )
+    log.info(
+        "autobatch: per_device_train_batch_size %d -> %d, gradient_accumulation_steps %d -> "
+        "%d (%s)",
+        args.per_device_train_batch_size,
+        micro,
+        args.gradient_accumulation_steps,
+        steps,
+        plan if plan else "no target: the accumulation as it was",
+    )
+    if eval:
+        log.info(
+            "autobatch: per_device_eval_batch_size %d -> %d",
+            args.per_device_eval_batch_size,
+            eval_batch,
+        )
+        if args.eval_accumulation_steps is None:
+            note = _ACCUMULATING_PREDICTIONS
+            result.warnings.append(note)
+            log.warning("autobatch: %s", note)
+    return sized
 
 
 def fit_training_arguments_with_result(
-        args: TrainingArguments, model: torch.nn.Module, example_batch: Any,
-        target_batch: Optional[int] = None, *, eval: bool = False,
-        **options: Any) -> Tuple[TrainingArguments, Result]:
+    args: TrainingArguments,
+    model: torch.nn.Module,
+    example_batch: Any,
+    target_batch: Optional[int] = None,
+    *,
+    eval: bool = False,
+    **options: Any,
+) -> Tuple[TrainingArguments, Result]:
     """fit_training_arguments, and the search's Result.
 
     Args:
@@ -153,24 +248,7 @@ def fit_training_arguments_with_result(
         >>> args, result = fit_training_arguments_with_result(args, model, batch, 512)
         >>> print(result)  # the report: every trial, the plan
     """
-    if eval not in (False, True):
-        raise UsageError(f"eval: expected True (also set per_device_eval_batch_size) or False, "
-                         f"but got {eval!r}; the Trainer trains, so eval='only' has no place "
-                         "here (autobatch.find(model, batch, eval='only') sizes evaluation alone)")
-    if not isinstance(args, TrainingArguments):
-        raise UsageError(f"args: expected transformers.TrainingArguments, but got "
-                         f"{type(args).__name__}")
-    if not isinstance(model, torch.nn.Module):
-        raise UsageError(f"model: expected the torch.nn.Module the Trainer will train (e.g. "
-                         f"AutoModelForCausalLM.from_pretrained(...)), but got "
-                         f"{type(model).__name__}")
-    _find.check_option_names(options, _find.find, "fit_training_arguments",
-                             shown_out=(*_DERIVED, "eval"), where="the TrainingArguments")
-    given = sorted(set(options) & set(_DERIVED))
-    if given:
-        raise UsageError(f"fit_training_arguments: {', '.join(given)} come from the "
-                         "TrainingArguments (optim, bf16/fp16, use_cpu, the launch); set them "
-                         "there, or call autobatch.find directly")
+    _check_arguments(args, model, eval, options)
     target = _find._target(target_batch)
     if not target:
         # As auto_find_batch_size: per_device_train_batch_size is the cap (the search answers
@@ -192,34 +270,21 @@ def fit_training_arguments_with_result(
             options["step"] = _label_smoothing_step(args, model)
 
         def search():
-            return _find.find(trial_model, example_batch, optimizer=_optimizer_factory(args, model),
-                              precision=precision, device=device, target_batch=target or None,
-                              world_size=world, ddp=world > 1, eval=eval, **options)
+            return _find.find(
+                trial_model,
+                example_batch,
+                optimizer=_optimizer_factory(args, model),
+                precision=precision,
+                device=device,
+                target_batch=target or None,
+                world_size=world,
+                ddp=world > 1,
+                eval=eval,
+                **options,
+            )
+
         result, agreed = search_and_agree(search, world, device, "fit_training_arguments")
-    eval_batch = (_all_min(result.eval_safe_batch, device) if world > 1 else
-                  result.eval_safe_batch) if eval else args.per_device_eval_batch_size
-    import autobatch
-    if target:
-        plan = (result.plans.get("uniform") if agreed == result.safe_micro_batch else None) \
-            or autobatch.plan(agreed, target, world, kind="uniform")
-        micro, steps = plan.micro_batch_size, plan.accumulation_steps
-    else:
-        plan, micro, steps = None, agreed, args.gradient_accumulation_steps
-    sized = dataclasses.replace(args, per_device_train_batch_size=micro,
-                                gradient_accumulation_steps=steps,
-                                per_device_eval_batch_size=eval_batch,
-                                auto_find_batch_size=False)
-    log.info("autobatch: per_device_train_batch_size %d -> %d, gradient_accumulation_steps %d -> "
-             "%d (%s)", args.per_device_train_batch_size, micro,
-             args.gradient_accumulation_steps, steps,
-             plan if plan else "no target: the accumulation as it was")
-    if eval:
-        log.info("autobatch: per_device_eval_batch_size %d -> %d", args.per_device_eval_batch_size,
-                 eval_batch)
-        if args.eval_accumulation_steps is None:
-            note = _ACCUMULATING_PREDICTIONS
-            result.warnings.append(note)
-            log.warning("autobatch: %s", note)
+    sized = _sized(args, result, agreed, target, eval, device, world)
     return sized, result
 
 
@@ -232,7 +297,8 @@ _ACCUMULATING_PREDICTIONS = (
     "no compute_metrics (the loss only); with compute_metrics and eval_accumulation_steps unset "
     "the Trainer keeps every evaluation batch's logits on the device until the evaluation ends, "
     "memory that grows with the number of batches, not with the batch: set "
-    "eval_accumulation_steps=1 in the TrainingArguments")
+    "eval_accumulation_steps=1 in the TrainingArguments"
+)
 
 
 def _check_supported(args, target):
@@ -244,20 +310,34 @@ def _check_supported(args, target):
     deepspeed = args.deepspeed or getattr(args, "deepspeed_plugin", None) is not None
     if deepspeed or getattr(args, "fsdp", None) or env_fsdp:
         which = "DeepSpeed" if deepspeed else "FSDP"
-        source = (" (ACCELERATE_USE_FSDP=true in the environment: accelerate launch --use_fsdp "
-                  "or its config)" if which == "FSDP" and not getattr(args, "fsdp", None) else "")
-        sharded = (" For FSDP, size the job before it starts with autobatch.find_sharded(build, "
-                   "shard, example_batch, world_size=N) from one process (docs/sharded.md)" if which == "FSDP" else "")
-        raise UsageError(f"fit_training_arguments: {which}{source} is not supported yet: it "
-                         f"shards parameters and optimizer state that the trial would hold "
-                         f"whole.{sharded}")
+        source = (
+            " (ACCELERATE_USE_FSDP=true in the environment: accelerate launch --use_fsdp "
+            "or its config)"
+            if which == "FSDP" and not getattr(args, "fsdp", None)
+            else ""
+        )
+        sharded = (
+            " For FSDP, size the job before it starts with autobatch.find_sharded(build, "
+            "shard, example_batch, world_size=N) from one process (docs/sharded.md)"
+            if which == "FSDP"
+            else ""
+        )
+        raise UsageError(
+            f"fit_training_arguments: {which}{source} is not supported yet: it "
+            f"shards parameters and optimizer state that the trial would hold "
+            f"whole.{sharded}"
+        )
     if args.n_gpu > 1:
-        raise UsageError(f"fit_training_arguments: {args.n_gpu} GPUs in one process "
-                         "(DataParallel) is not supported; launch one process per GPU with "
-                         "torchrun (DDP)")
+        raise UsageError(
+            f"fit_training_arguments: {args.n_gpu} GPUs in one process "
+            "(DataParallel) is not supported; launch one process per GPU with "
+            "torchrun (DDP)"
+        )
     if target and target % args.world_size:
-        raise UsageError(f"target_batch: {target} is not a multiple of the world size "
-                         f"{args.world_size} (every rank takes an equal share)")
+        raise UsageError(
+            f"target_batch: {target} is not a multiple of the world size "
+            f"{args.world_size} (every rank takes an equal share)"
+        )
 
 
 def _label_smoothing_step(args, model):
@@ -268,6 +348,7 @@ def _label_smoothing_step(args, model):
     with the model's loss, a model's answer was 40 where the smoothed step fits 32)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.trainer_pt_utils import LabelSmoother
+
     smoother = LabelSmoother(epsilon=args.label_smoothing_factor)
     base = model.base_model.model if _is_peft(model) else model
     causal = base._get_name() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
@@ -288,6 +369,7 @@ def _label_smoothing_step(args, model):
         # its output: with the loss alone the evaluation batch was sized 72 where the Trainer's
         # evaluation of two batches (eval_accumulation_steps=1) runs out of memory at 66.
         return KeptOutput(loss, outputs.logits)
+
     return trainer_compute_loss
 
 
@@ -304,6 +386,7 @@ def _optimizer_factory(args, model):
 
     def build(params):
         return cls(params, **kwargs)
+
     build.__qualname__ = f"{cls.__module__}.{cls.__qualname__} (optim={args.optim})"
     return build
 
@@ -319,15 +402,18 @@ def _checkpointing(model, args):
     kwargs = dict(args.activation_checkpointing_kwargs or {})
     every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None,
-                                              every_n_layers=every, offload=offload)
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=kwargs or None, every_n_layers=every, offload=offload
+        )
         disable = model.activation_checkpointing_disable
     elif hasattr(model, "gradient_checkpointing_enable"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)
         disable = model.gradient_checkpointing_disable
     else:
-        raise UsageError(f"args.activation_checkpointing: {type(model).__name__} has no "
-                         "activation_checkpointing_enable(); turn it off or use a PreTrainedModel")
+        raise UsageError(
+            f"args.activation_checkpointing: {type(model).__name__} has no "
+            "activation_checkpointing_enable(); turn it off or use a PreTrainedModel"
+        )
     try:
         yield
     finally:
@@ -389,8 +475,9 @@ def _checkpointing_on(model):
 def _compiled(model, args):
     if not args.torch_compile:
         return model
-    return torch.compile(model, backend=args.torch_compile_backend or "inductor",
-                         mode=args.torch_compile_mode)
+    return torch.compile(
+        model, backend=args.torch_compile_backend or "inductor", mode=args.torch_compile_mode
+    )
 
 
 __all__ = ["fit_training_arguments", "fit_training_arguments_with_result"]
