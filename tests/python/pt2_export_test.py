@@ -115,6 +115,22 @@ def eager_grads(model, inputs, loss, targets):
     return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+def against_float64(compiled, reference, meta, shape, floor_fraction):
+    """The package's loss and gradients on a random batch of ``shape`` (4 classes) against
+    ``reference`` (the model in float64): (the loss's absolute difference, the largest gradient
+    difference relative to that gradient's largest element, floored at ``floor_fraction`` of the
+    largest of all)."""
+    x = torch.randn(*shape)
+    y = torch.randint(0, 4, (shape[0],))
+    outputs = compiled.run([x, y])
+    loss, grads = eager_grads(reference, (x.double(),), "cross-entropy", (y,))
+    floor = floor_fraction * max(g.abs().max().item() for g in grads.values())
+    worst = max(((g.double() - grads[n[len("model."):]]).abs().max().item() /
+                 max(grads[n[len("model."):]].abs().max().item(), floor))
+                for n, g in zip(meta["gradients"], outputs[1:]))
+    return abs(outputs[0].item() - loss.item()), worst
+
+
 def test_mlp(workdir: str) -> None:
     torch.manual_seed(0)
     model = MLP()
@@ -237,17 +253,10 @@ def test_conv_stays_dynamic(workdir: str) -> None:
     check(low <= 2 and high is None, f"conv: batch range {low}..{high or 'any'}")
     compiled, _, _ = load(path)
     for batch in (1, 2, 20):
-        x = torch.randn(batch, 3, 8, 8)
-        y = torch.randint(0, 4, (batch,))
-        outputs = compiled.run([x, y])
-        loss, grads = eager_grads(reference, (x.double(),), "cross-entropy", (y,))
-        # Relative to each gradient's largest element, floored at 1e-3 of the largest of all:
-        # c1's bias feeds BatchNorm, so its true gradient is 0 and fp32 leaves rounding noise.
-        floor = 1e-3 * max(g.abs().max().item() for g in grads.values())
-        worst = max(((g.double() - grads[n[len("model."):]]).abs().max().item() /
-                     max(grads[n[len("model."):]].abs().max().item(), floor))
-                    for n, g in zip(meta["gradients"], outputs[1:]))
-        check(abs(outputs[0].item() - loss.item()) <= 1e-5 and worst <= 1e-4,
+        # c1's bias feeds BatchNorm, so its true gradient is 0 and fp32 leaves rounding noise:
+        # floored at 1e-3 of the largest gradient
+        loss, worst = against_float64(compiled, reference, meta, (batch, 3, 8, 8), 1e-3)
+        check(loss <= 1e-5 and worst <= 1e-4,
               f"conv: B={batch} loss and gradients vs eager float64, worst relative diff {worst:.2e}")
 
 
@@ -345,14 +354,8 @@ def test_permuted_norm(workdir: str) -> None:
                                     loss="cross-entropy", check_memory=False))
     compiled, _, _ = load(path)
     for batch in (1, 2, 5):
-        x = torch.randn(batch, 3, 16, 16)
-        y = torch.randint(0, 4, (batch,))
-        outputs = compiled.run([x, y])
-        loss, grads = eager_grads(reference, (x.double(),), "cross-entropy", (y,))
-        worst = max(((g.double() - grads[n[len("model."):]]).abs().max().item() /
-                     grads[n[len("model."):]].abs().max().item())
-                    for n, g in zip(meta["gradients"], outputs[1:]))
-        check(abs(outputs[0].item() - loss.item()) <= 1e-5 and worst <= 1e-4,
+        loss, worst = against_float64(compiled, reference, meta, (batch, 3, 16, 16), 0.0)
+        check(loss <= 1e-5 and worst <= 1e-4,
               f"permuted norm: B={batch} loss and gradients vs eager float64, worst relative "
               f"diff {worst:.2e}")
     kept = ab.inductor_patches.EAGER_KERNEL_INPUTS
