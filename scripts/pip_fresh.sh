@@ -9,7 +9,7 @@
 # PATH. zlib's library stays (libz.so.1: Python's zlib module, which pip needs, links it, and
 # the libz.so link to it cannot be covered without covering it); its headers and configs go. Then, in the
 # same namespace: readelf of the installed _core (the C and C++ runtime only), a real `find` on
-# the CPU whose answer fresh-process check_batch confirms (tests/python/wheel_check.py; the budget
+# the CPU whose answer fresh-process check_batch confirms (tests/python/helpers/wheel_check.py; the budget
 # module compiled there on first use, needing torch's headers and the compiler only), and the
 # install again with --no-build-isolation (the build requirements installed first), which must
 # still work. Prints wall and CPU time and the load at the start of each step.
@@ -104,7 +104,7 @@ if readelf -d "$core" | grep -E "NEEDED" | grep -vqE "\[(libstdc\+\+|libgcc_s|li
 fi
 cd "$work"
 step "find and check_batch" "${hidden[@]}" env AUTOBATCH_EXTENSIONS_DIR="$work/extensions" \
-  OMP_NUM_THREADS=1 "$py" "$work/autobatch/tests/python/wheel_check.py"
+  OMP_NUM_THREADS=1 "$py" "$work/autobatch/tests/python/helpers/wheel_check.py"
 cat "$work/find and check_batch.log"
 
 # --no-build-isolation still works, with the build requirements in the environment.

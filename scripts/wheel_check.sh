@@ -3,7 +3,7 @@
 # scripts/wheel.sh builds and repairs the wheel once; then, for each torch the package supports at
 # its ends and where the project is pinned, a fresh virtual environment gets that same wheel file
 # with `pip install` (timed; ninja, its one dependency besides torch, from PyPI) and runs
-# tests/python/wheel_check.py there: a CPU `find` under a memory_limit, the budget module
+# tests/python/helpers/wheel_check.py there: a CPU `find` under a memory_limit, the budget module
 # compiled on first use into a fresh extension cache, and fresh-process check_batch of the answer
 # (fits) and of one more (out of memory). With --tests, the package's pytest file
 # tests/python/test_find.py runs in the lowest environment too (the pinned and the newest torch run
@@ -81,7 +81,7 @@ for entry in "${envs[@]}"; do
   case "$where" in "$venv"/*) ;; *) echo "wheel_check: autobatch imported from $where"; exit 1 ;; esac
   rc=0
   (cd "$work" && AUTOBATCH_EXTENSIONS_DIR="$work/extensions-$label" OMP_NUM_THREADS=1 \
-    "$venv/bin/python" "$AUTOBATCH_ROOT/tests/python/wheel_check.py") || rc=$?
+    "$venv/bin/python" "$AUTOBATCH_ROOT/tests/python/helpers/wheel_check.py") || rc=$?
   [ "$rc" -eq 0 ] || failed=1
   # The pinned torch's pytest suite runs in the fast tier (scripts/test.sh) and the newest's in
   # scripts/test_newest.sh, both whole: here only the lowest's.

@@ -1,7 +1,7 @@
 // A fake of the CUDA calls (src/memory/cuda_api.h) that behaves as LibTorch 2.11 does, shared by
 // the CUDA backend's tests (tests/cuda_backend_test.cpp) and the scenario table that the C++
 // backend and the Python package's CudaApi both replay (tests/fixtures/cuda_meter_scenarios.json;
-// its Python twin is tests/python/fake_cuda.py): the caching allocator's fraction is of
+// its Python twin is tests/python/helpers/fake_cuda.py): the caching allocator's fraction is of
 // totalGlobalMem and refuses a segment that would take reserved bytes past it; cuBLAS keeps a 32
 // MiB workspace per handle inside the allocator until clearCublasWorkspaces(); the outside part
 // (context, kernel modules, handles) grows at the first kernel of each kind; expandable segments

@@ -16,7 +16,7 @@ unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT SLURM_PROCID SLURM_NTAS
 fail() { echo "FAIL: $*" >&2; for f in "$work"/*.err; do echo "== $f"; tail -5 "$f"; done >&2; exit 1; }
 
 model="$work/mlp.pt"
-archive="$(dirname "${BASH_SOURCE[0]}")/python/mlp_archive.py"
+archive="$(dirname "${BASH_SOURCE[0]}")/python/helpers/mlp_archive.py"
 "$python" "$archive" "$model" 512 1024
 port="$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 

@@ -9,7 +9,7 @@ cli="$1" python="$2" work="$3/signals" runs="${4:-20}"
 rm -rf "$work" && mkdir -p "$work"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 model="$work/mlp.pt"
-"$python" "$(dirname "${BASH_SOURCE[0]}")/python/mlp_archive.py" "$model" 1024 4096
+"$python" "$(dirname "${BASH_SOURCE[0]}")/python/helpers/mlp_archive.py" "$model" 1024 4096
 lost=0 interrupted=0
 for i in $(seq "$runs"); do
   rc=0

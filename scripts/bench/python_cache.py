@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The Python package's result cache (issue 29; docs/python.md "Repeat searches", docs/cache.md):
-for each tiny model of tests/python/tiny_models.py, autobatch.find(cache=FOLDER) into an empty
+for each tiny model of tests/python/helpers/tiny_models.py, autobatch.find(cache=FOLDER) into an empty
 folder (a miss: search and store), again (a hit: one confirming trial), and again with
 cache_trust=True (no trial). AdamW, target batch 1024, the CPU budget allocator. Prints a
 Markdown table of trials and wall time (time.perf_counter around each call, the model built
@@ -17,7 +17,7 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python", "helpers"))
 import autobatch  # noqa: E402
 import tiny_models  # noqa: E402
 

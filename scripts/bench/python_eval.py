@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The Python package's evaluation sizing (issue 31; docs/python.md, docs/evaluation.md): for each
-tiny model of tests/python/tiny_models.py, autobatch.find(eval=True) and find(eval="only") at one
+tiny model of tests/python/helpers/tiny_models.py, autobatch.find(eval=True) and find(eval="only") at one
 memory limit (AdamW, margin 0, the CPU budget allocator's real out-of-memory), and the evaluation
 answer E checked in a fresh process with check_eval_batch (E fits, E+1 does not). Prints a
 Markdown table.
@@ -16,7 +16,7 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TESTS = os.path.join(HERE, "..", "..", "tests", "python")
+TESTS = os.path.join(HERE, "..", "..", "tests", "python", "helpers")
 sys.path.insert(0, TESTS)
 import autobatch  # noqa: E402
 import tiny_models  # noqa: E402

@@ -35,6 +35,7 @@ import zipfile
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers"))
 import autobatch_export as ab  # noqa: E402
 from pt2_models import (EAGER_BUFFER_EXAMPLE, EAGER_BUFFER_MODELS, HEAVY_HEAD_EXAMPLE,  # noqa: E402
                         MLP, Attention, ConvBn, DataDependent, DropoutMlp, HeavyHead,

@@ -16,6 +16,7 @@ import tiny_models
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 HERE = os.path.dirname(os.path.abspath(__file__))
+HELPERS = os.path.join(HERE, "helpers")
 LIMIT = "2GiB"  # above the CUDA context (about 0.5 GiB), which the limit counts
 
 
@@ -59,7 +60,7 @@ def eager_peak(model, example, b):
 
 
 def run(script, *args):
-    out = subprocess.run([sys.executable, os.path.join(HERE, script), *map(str, args)],
+    out = subprocess.run([sys.executable, os.path.join(HELPERS, script), *map(str, args)],
                          check=True, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "AUTOBATCH_TEST_DEVICE": "cuda"})
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -125,7 +126,7 @@ def test_the_device_itself_holds_the_answer(name, precision):
 
 
 def check(name, **env):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "cuda_checks.py"), name],
+    out = subprocess.run([sys.executable, os.path.join(HELPERS, "cuda_checks.py"), name],
                          check=True, capture_output=True, text=True, timeout=300,
                          env={**os.environ, **env})
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -75,7 +75,7 @@ def test_bad_arguments_are_refused_before_anything_runs(kwargs, match):
         _find_ddp(tiny_models.ShardedMlp(), **kwargs)
 
 
-# In a 2-rank torchrun job (tests/python/ddp_job.py). Catches:
+# In a 2-rank torchrun job (tests/python/helpers/ddp_job.py). Catches:
 # ok: ranks that keep their own answers instead of the smallest; a search that counts DDP's
 #     buckets or the batch wrongly (the answer then is not the boundary of the user's own DDP loop
 #     under the same budget: that loop fits at the agreed and at the rank's max micro-batch, and

@@ -12,6 +12,7 @@ import torch
 import autobatch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+HELPERS = os.path.join(HERE, "helpers")
 
 
 def run(script, *args):
@@ -21,7 +22,7 @@ def run(script, *args):
 
 def run_env(env, script, *args):
     """run() with `env` added to the environment."""
-    out = subprocess.run([sys.executable, os.path.join(HERE, script), *map(str, args)],
+    out = subprocess.run([sys.executable, os.path.join(HELPERS, script), *map(str, args)],
                          capture_output=True, text=True, timeout=600, cwd=HERE,
                          env={**os.environ, **env})
     assert out.returncode == 0, out.stderr[-3000:]

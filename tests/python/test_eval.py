@@ -14,6 +14,7 @@ import autobatch
 import tiny_models
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+HELPERS = os.path.join(HERE, "helpers")
 MLP_LIMIT = "48MiB"
 
 
@@ -23,7 +24,7 @@ def adamw(params):
 
 def fresh_eval(name, limit, *batches):
     """{E: [state_fits, fits, outcome]} of check_eval_batch in a fresh Python process."""
-    out = subprocess.run([sys.executable, os.path.join(HERE, "fresh_eval_check.py"), name, limit,
+    out = subprocess.run([sys.executable, os.path.join(HELPERS, "fresh_eval_check.py"), name, limit,
                           *map(str, batches)], check=True, capture_output=True, text=True,
                          timeout=600)
     return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}

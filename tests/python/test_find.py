@@ -13,6 +13,7 @@ import autobatch
 import tiny_models
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+HELPERS = os.path.join(HERE, "helpers")
 
 
 def adamw(params):
@@ -21,7 +22,7 @@ def adamw(params):
 
 def fresh(name, limit, *batches):
     """{B: outcome} of check_batch in a fresh Python process."""
-    out = subprocess.run([sys.executable, os.path.join(HERE, "fresh_check.py"), name, limit,
+    out = subprocess.run([sys.executable, os.path.join(HELPERS, "fresh_check.py"), name, limit,
                           *map(str, batches)], check=True, capture_output=True, text=True,
                          timeout=600)
     return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
@@ -244,7 +245,7 @@ def test_an_amp_answer_is_the_plain_loops_under_its_outermost_autocast(precision
     assert b > 100, result.text
 
     def plain(size):
-        out = subprocess.run([sys.executable, os.path.join(HERE, "plain_amp_check.py"),
+        out = subprocess.run([sys.executable, os.path.join(HELPERS, "plain_amp_check.py"),
                               str(limit), "amp-bf16", str(size)], check=True,
                              capture_output=True, text=True, timeout=300)
         return json.loads(out.stdout.strip().splitlines()[-1])["outcome"]

@@ -17,6 +17,7 @@ import tiny_models
 from autobatch import _sharded
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+HELPERS = os.path.join(HERE, "helpers")
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
@@ -29,7 +30,7 @@ def find_mlp(world_size, limit="24MiB", **options):
 
 def fresh(world, rank, limit, *batches):
     """{B: outcome} of the user's own FSDP2 loop in a fresh process (fresh_sharded.py)."""
-    out = subprocess.run([sys.executable, os.path.join(HERE, "fresh_sharded.py"), str(world),
+    out = subprocess.run([sys.executable, os.path.join(HELPERS, "fresh_sharded.py"), str(world),
                           str(rank), limit, *map(str, batches)], check=True, capture_output=True,
                          text=True, timeout=600)
     return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}

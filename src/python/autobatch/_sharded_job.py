@@ -245,8 +245,8 @@ def _lock_step(build, example_batch, options, device, micro_batch, setup_bytes=N
 def _check_cuda_use(device, options):
     """On CUDA the real step runs on the whole card, so a memory_limit below it is checked after
     the steps: the device's use at their peak (what its driver holds outside the caching allocator
-    now, plus the allocator's peak reserved bytes, as tests/python/eager_check.py reads it) must
-    stay within the limit less the reserve, else the answer does not hold under the limit
+    now, plus the allocator's peak reserved bytes, as tests/python/helpers/eager_check.py reads
+    it) must stay within the limit less the reserve, else the answer does not hold under the limit
     (without it, the collective backend's buffers could take the answer past the limit and the
     check pass). Raises torch.OutOfMemoryError, which verify() reports as
     memory."""
