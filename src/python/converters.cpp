@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,7 +50,7 @@ constexpr std::array<const char*, 26> kTrialRecordKeys{"outcome",
                                                        "micro_batch_size",
                                                        "micro_batches_per_step"};
 // SearchOptions' fields as autobatch.find names them (strategy and plan by their CLI names).
-constexpr std::array<const char*, 17> kSearchOptionKeys{
+constexpr std::array<const char*, 18> kSearchOptionKeys{
     "memory_limit_bytes", "reserve_bytes",
     "margin_fraction",    "margin_bytes",
     "min_batch",          "max_batch",
@@ -60,22 +59,17 @@ constexpr std::array<const char*, 17> kSearchOptionKeys{
     "relative_tolerance", "max_trials",
     "time_limit_s",       "target_batch",
     "world_size",         "plan",
-    "block_bytes"};
+    "block_bytes",        "page_bytes"};
 
-// Throws Error naming the first key of `d` that `keys` (or `more`) does not list.
+// Throws Error naming the first key of `d` that `keys` does not list.
 template <std::size_t N>
-void requireKnownKeys(const py::dict& d, const std::array<const char*, N>& keys, const char* what,
-                      std::initializer_list<const char*> more = {}) {
+void requireKnownKeys(const py::dict& d, const std::array<const char*, N>& keys, const char* what) {
   for (const auto& item : d) {
     const auto key = item.first.cast<std::string>();
     const auto known = [&key](const char* k) { return key == k; };
-    if (std::any_of(keys.begin(), keys.end(), known) ||
-        std::any_of(more.begin(), more.end(), known)) {
-      continue;
-    }
+    if (std::any_of(keys.begin(), keys.end(), known)) continue;
     std::string listed;
     for (const char* k : keys) listed += std::string(listed.empty() ? "" : ", ") + k;
-    for (const char* k : more) listed += std::string(", ") + k;
     throw Error(std::string(what) + ": unknown key \"" + key + "\" (misspelled?); " +
                 "expected some of " + listed);
   }
@@ -91,8 +85,7 @@ py::tuple keyNames(const char* const* first, std::size_t count) {
 
 void defineKeys(py::module_& m) {
   m.attr("TRIAL_RECORD_KEYS") = keyNames(kTrialRecordKeys.data(), kTrialRecordKeys.size());
-  const py::tuple option_keys = keyNames(kSearchOptionKeys.data(), kSearchOptionKeys.size());
-  m.attr("SEARCH_OPTION_KEYS") = option_keys + py::make_tuple("page_bytes");
+  m.attr("SEARCH_OPTION_KEYS") = keyNames(kSearchOptionKeys.data(), kSearchOptionKeys.size());
 }
 
 // The probe's answer (a dict with TrialResult's field names; docs/python.md) as a TrialResult.
@@ -160,7 +153,7 @@ TrialResult trialFromDict(const TrialRequest& request, const py::dict& d) {
 // SearchOptions from the dict autobatch.find builds (keys as SearchOptions' fields; strategy and
 // plan by their CLI names). Validation is the search's own (autobatch::Error, a ValueError).
 SearchOptions optionsFromDict(const py::dict& d) {
-  requireKnownKeys(d, kSearchOptionKeys, "search options", {"page_bytes"});
+  requireKnownKeys(d, kSearchOptionKeys, "search options");
   autobatch::SearchOptions o;
   o.memory_limit_bytes = get<std::int64_t>(d, "memory_limit_bytes", 0);
   o.reserve_bytes = get<std::int64_t>(d, "reserve_bytes", 0);

@@ -80,7 +80,7 @@ FailureClass failureFromDict(const py::dict& d) {
       c.failed_request_bytes = item.second.cast<std::int64_t>();
     } else if (key == "failed_in_use_bytes") {
       c.failed_in_use_bytes = item.second.cast<std::int64_t>();
-    } else if (key != "process_limit_near") {
+    } else {
       throw Error("TrialEvidence.judge: unknown key \"" + key +
                   "\" in the failure; expected "
                   "kind, reason, failed_request_bytes, failed_in_use_bytes (classify's dict)");
