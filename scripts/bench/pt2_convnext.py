@@ -34,7 +34,8 @@ def main() -> int:
                                              stochastic_depth_prob=args.stochastic_depth)
     out = args.out or tempfile.mkdtemp(prefix="pt2_convnext_")
     path = os.path.join(out, "convnext_tiny.pt2")
-    cli = os.environ.get("AUTOBATCH_CLI", os.path.join(HERE, "..", "..", "build", "bin", "autobatch"))
+    cli = os.environ.get("AUTOBATCH_CLI",
+                         os.path.join(HERE, "..", "..", "build", "bin", "autobatch"))
     start = time.monotonic()
     try:
         meta = json.loads(ab.export_pt2(model, path, (torch.randn(2, 3, 64, 64),),
