@@ -55,9 +55,9 @@ autobatch_timed "bootstrap: Python environment" install_venv
 # last complete export, skip Python altogether (importing torch alone takes seconds).
 export_models() {
   local models="$AUTOBATCH_ROOT/models" stamp
-  # the export's code: _export.py and the modules it imports (autobatch_export.SOURCES)
+  # the export's code: the modules of the _export subpackage (autobatch_export.SOURCES)
   stamp="$(cat "$AUTOBATCH_ROOT/scripts/export_models.py" "$AUTOBATCH_ROOT/scripts/autobatch_export.py" \
-           "$AUTOBATCH_ROOT"/src/python/autobatch/{_export,_export_step,_pt2,_pt2_joint,_pt2_memory,_inductor_patches}.py \
+           "$AUTOBATCH_ROOT"/src/python/autobatch/_export/*.py \
            "$AUTOBATCH_ROOT/requirements.txt" | sha256sum | cut -c1-16)"
   if [ "$(cat "$models/.complete" 2>/dev/null)" = "$stamp" ]; then
     echo "bootstrap: models ready in $models"

@@ -40,20 +40,20 @@ PY_LAYERS = ["types", "measuring", "session", "workflows", "package"]
 PY_MODULE_LAYERS = {
     # option checks, errors, result types, the fingerprint, the binding
     "_core": "types", "_errors": "types", "_options": "types", "_option_checks": "types",
-    "_result": "types", "_fingerprint": "types", "_step_errors": "types",
+    "_result": "types", "_fingerprint": "types", "_step_errors": "types", "_vocabulary": "types",
     # the meters and the trial: one real step under the budget, its state put back
-    "_budget": "measuring", "_cuda_api": "measuring", "_batches": "measuring",
-    "_residue": "measuring", "_replay": "measuring", "_measuring": "measuring",
+    "_budget": "measuring", "_cuda_api": "measuring", "_meter": "measuring",
+    "_batches": "measuring", "_residue": "measuring", "_replay": "measuring", "_measuring": "measuring",
     "_survivors": "measuring", "_state": "measuring", "_fsdp": "measuring",
     "_collectives": "measuring", "_optimizers": "measuring", "_step_output": "measuring",
     "_trial": "measuring", "_eval": "measuring",
     # the search session: find, check_batch, the planner, the ranks' agreement
-    "_find": "session", "_check_eval": "session", "_plans": "session", "_ranks": "session",
-    # the jobs and drop-ins built on a session, and the exports
-    "_sharded": "workflows", "_sharded_job": "workflows", "_ddp_job": "workflows",
-    "lightning": "workflows", "transformers": "workflows", "_export": "workflows",
-    "_export_step": "workflows", "_pt2": "workflows", "_pt2_joint": "workflows",
-    "_pt2_memory": "workflows", "_inductor_patches": "workflows",
+    "_session": "session", "_find": "session", "_soak": "session", "_check_eval": "session", "_plans": "session",
+    "_ranks": "session",
+    # the jobs and drop-ins built on a session, and the exports: subpackages _export/
+    # and _distributed/ (the sharded and DDP jobs)
+    "_distributed": "workflows", "lightning": "workflows", "transformers": "workflows",
+    "_export": "workflows",
     # what `import autobatch` gives
     "__init__": "package",
 }
@@ -113,48 +113,64 @@ def violations(sources: dict) -> list:
     return found
 
 
-def python_imports(text: str) -> list:
-    """The package modules a module's source imports: `from . import x`, `from .x import y`,
-    `from autobatch.x import y`, `import autobatch.x` (x's first part), and the package itself
-    (`import autobatch`, `from autobatch import y`) as "__init__"."""
+def python_imports(text: str, module: str = "") -> list:
+    """The package modules a module's source imports, as dotted names inside the package:
+    `from . import x` and `from .x import y` (resolved from ``module``'s own package: "_export.x"
+    inside the subpackage _export, "x" at the top), `from .. import x`, `from autobatch.x import
+    y`, `import autobatch.x`, and the package itself (`import autobatch`, `from autobatch import
+    y`) as "__init__"."""
     import ast
 
+    package = module.split(".")[:-1]  # "_export._pt2" is in ["_export"]; "_find" in []
     found = []
     for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            found += [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+        if isinstance(node, ast.ImportFrom) and node.level >= 1:
+            base = package[: len(package) - (node.level - 1)] if node.level - 1 <= len(package) \
+                else []
+            if node.module:
+                found.append(".".join(base + node.module.split(".")))
+            else:
+                found += [".".join(base + [a.name]) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
                 node.module.split(".")[0] == "autobatch":
             parts = node.module.split(".")
-            found.append(parts[1] if len(parts) > 1 else "__init__")
+            found.append(".".join(parts[1:]) if len(parts) > 1 else "__init__")
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
                 if parts[0] == "autobatch":
-                    found.append(parts[1] if len(parts) > 1 else "__init__")
+                    found.append(".".join(parts[1:]) if len(parts) > 1 else "__init__")
     return found
 
 
 def python_violations(modules: dict) -> list:
-    """The problems in ``modules`` (module name -> source): a module in no layer, an import of a
-    package module in no layer, an import of a higher layer."""
+    """The problems in ``modules`` (dotted module name inside the package -> source; a
+    subpackage's modules as "_export._pt2", its front door as "_export.__init__"): a module in no
+    layer, an import of a package module in no layer, an import of a higher layer, and an import
+    of a subpackage's private module from outside it (what a subpackage offers the rest is what its
+    __init__ exposes). A subpackage is in one layer, PY_MODULE_LAYERS' entry of its name."""
     found = []
     for module, text in sorted(modules.items()):
-        layer = PY_MODULE_LAYERS.get(module)
+        top = module.split(".")[0]
+        path = f"{PY_PACKAGE}/{module.replace('.', '/')}.py"
+        layer = PY_MODULE_LAYERS.get(top)
         if layer is None:
-            found.append(f"{PY_PACKAGE}/{module}.py: in no layer; add it to PY_MODULE_LAYERS "
+            found.append(f"{path}: in no layer; add it to PY_MODULE_LAYERS "
                          f"(scripts/check_layers.py) and docs/architecture.md")
             continue
-        for name in python_imports(text):
-            target = PY_MODULE_LAYERS.get(name)
+        for name in python_imports(text, module):
+            parts = name.split(".")
+            target = PY_MODULE_LAYERS.get(parts[0])
             if target is None:
-                if name in modules:  # reported above
+                if any(m.split(".")[0] == parts[0] for m in modules):  # reported above
                     continue
-                found.append(f"{PY_PACKAGE}/{module}.py imports autobatch.{name}, which is no "
-                             f"module of the package")
+                found.append(f"{path} imports autobatch.{name}, which is no module of the package")
             elif PY_LAYERS.index(target) > PY_LAYERS.index(layer):
-                found.append(f"{PY_PACKAGE}/{module}.py ({layer}) imports {name} ({target}): a "
-                             f"lower layer imports a higher one; move the shared part down")
+                found.append(f"{path} ({layer}) imports {parts[0]} ({target}): a lower layer "
+                             f"imports a higher one; move the shared part down")
+            elif len(parts) > 1 and parts[0] != top and f"{parts[0]}.__init__" in modules:
+                found.append(f"{path} imports {name}, a private module of the subpackage "
+                             f"{parts[0]}: import what {parts[0]}/__init__.py exposes")
     return found
 
 
@@ -182,13 +198,18 @@ def self_test() -> None:
         "_trial": "from . import _core\nfrom ._find import find\n",
         "_find": "from ._trial import EagerProbe\nimport autobatch._gone\n",
         "_brand_new": "import torch\n",
-        "lightning": "import autobatch\n",
+        "lightning": "import autobatch\nfrom ._export._pt2 import export_pt2\n",
+        "_export.__init__": "from ._pt2 import export_pt2\n",
+        "_export._pt2": "from .. import _core\nfrom ._step import LOSSES\n",
+        "_export._step": "from .._find import find\nfrom autobatch._export import _pt2\n",
     })
-    assert len(py) == 4, py
+    assert len(py) == 5, py
     assert py[0].startswith(f"{PY_PACKAGE}/_brand_new.py: in no layer"), py
     assert py[1].startswith(f"{PY_PACKAGE}/_find.py imports autobatch._gone, which is no"), py
     assert py[2].startswith(f"{PY_PACKAGE}/_trial.py (measuring) imports _find (session)"), py
     assert py[3].startswith(f"{PY_PACKAGE}/lightning.py (workflows) imports __init__ (package)"), \
+        py
+    assert py[4].startswith(f"{PY_PACKAGE}/lightning.py imports _export._pt2, a private module"), \
         py
 
 
@@ -203,7 +224,8 @@ def main() -> int:
     found = violations(sources)
     py_paths = subprocess.check_output(["git", "ls-files", f"{PY_PACKAGE}/*.py"],
                                        text=True).split()
-    modules = {os.path.basename(p)[:-3]: open(p, encoding="utf-8").read() for p in py_paths}
+    modules = {p[len(PY_PACKAGE) + 1:-3].replace("/", "."): open(p, encoding="utf-8").read()
+               for p in py_paths}
     found += python_violations(modules)
     for text in found:
         print(f"check_layers: {text}")

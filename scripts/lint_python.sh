@@ -33,9 +33,15 @@ cache="$AUTOBATCH_BUILD_DIR/lint-cache"
 mkdir -p "$cache"
 
 # The modules that define the names `autobatch` exports: those autobatch/__init__.py imports
-# from, and the ones they re-export from (_pt2: export_pt2; _fingerprint: fingerprint).
-API_MODULES=(_check_eval _ddp_job _errors _export _find _fingerprint _plans _pt2 _result _sharded)
+# from (a subpackage: its __init__ and the modules that define what it exposes), and the ones
+# they re-export from (_export/_pt2: export_pt2; _fingerprint: fingerprint).
+API_MODULES=(_check_eval _errors _find _fingerprint _plans _result _soak
+             _distributed/__init__ _distributed/_sharded _distributed/_sharded_result
+             _distributed/_layout _distributed/_ddp
+             _export/__init__ _export/_torchscript _export/_pt2
+             lightning/__init__ lightning/_finder)
 for imported in $(sed -n 's/^from \.\(_[a-z0-9_]*\) import .*/\1/p' "$package/__init__.py"); do
+  [ -d "$package/$imported" ] && imported="$imported/__init__"
   if [[ " ${API_MODULES[*]} " != *" $imported "* ]]; then
     echo "lint_python.sh: autobatch/__init__.py imports from $imported, which API_MODULES" \
          "does not list; add it there" >&2
@@ -47,7 +53,8 @@ failed=0
 echo "== ruff: $package (lint; D1 for public modules), then the API modules under their public names"
 "$py" -m ruff check --cache-dir "$cache/ruff" "$package" || failed=1
 for module in "${API_MODULES[@]}"; do
-  public="$package/${module#_}.py"
+  # its public name: the leading underscore of each part dropped (_export/_pt2: export/pt2.py)
+  public="$package/$(sed -E 's#(^|/)_([a-z])#\1\2#g' <<<"$module").py"
   out="$("$py" -m ruff check --no-cache --output-format concise --stdin-filename "$public" - \
          <"$package/$module.py")" || { failed=1; echo "${out//$public/$package/$module.py}"; }
 done

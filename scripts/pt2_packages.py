@@ -5,7 +5,7 @@ use, on demand, into a cache under the environment root.
 
 prints one line per name: ``NAME PATH`` (the package, or the TorchScript archive for a name ending
 in ``.ts``). The cache folder is ``$AUTOBATCH_ENV_ROOT/pt2/<key>`` (default root
-``~/.cache/autobatch``), where the key hashes this script, the export's code (src/python/autobatch/_export.py) and export_models.py,
+``~/.cache/autobatch``), where the key hashes this script, the export's code (src/python/autobatch/_export/) and export_models.py,
 the torch version and the CPU instruction set Inductor compiles for: a package is built once per
 key and reused (about 15-80 s each on 2 cores cold). Not run by bootstrap or the demo.
 
@@ -41,7 +41,7 @@ Names:
   memory_unchecked, memory_over, memory_predates, memory_malformed   mlp_tiny whose
                       memory_check.json says the check did not run, says 4% over at batch 12, is
                       absent (exported before the check), holds a status the export never writes
-  @tests              the set tests/pt2_test.cpp uses (TEST_SET)
+  @tests              the set tests/probes/pt2_test.cpp uses (TEST_SET)
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ VARIANTS = {
 }
 
 
-# What tests/pt2_test.cpp needs: built by the ctest fixture Pt2Packages.Build and, timed, by
+# What tests/probes/pt2_test.cpp needs: built by the ctest fixture Pt2Packages.Build and, timed, by
 # scripts/test.sh before ctest.
 TEST_SET = ["mlp_tiny", "frozen_tiny", "convbn_tiny", "convbn_tiny.ts", "bn1d_tiny", "bn1d_tiny.ts",
             "tied_lm_tiny", "mlp_wide_tiny", "mlp_wide_tiny.ts", "program_only",
@@ -338,8 +338,8 @@ def rewrite_metadata(src: str, dst: str, key: str, value: str) -> None:
 
 def cache_key() -> str:
     digest = hashlib.sha256()
-    # The export's code is in the package (src/python/autobatch/_export.py and the modules it
-    # imports, ab.SOURCES; the shim in scripts/ only loads them): hash the files that hold it.
+    # The export's code is in the package (the modules of src/python/autobatch/_export/,
+    # ab.SOURCES; the shim in scripts/ only loads them): hash the files that hold it.
     for name in ("pt2_packages.py", *ab.SOURCES, "export_models.py"):
         with open(os.path.join(HERE, name), "rb") as f:
             digest.update(f.read())

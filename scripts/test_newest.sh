@@ -63,7 +63,7 @@ run_tests() {
 # lifetimes patch's model with its memory check and the refusal of the patch left out (tied
 # weights, 17 s, are left to the torch of requirements.txt). The
 # memory check runs this torch's `autobatch` executable (built above). The export's patches of
-# Inductor are checked by name and signature before each export (_inductor_patches.py).
+# Inductor are checked by name and signature before each export (_export/_inductor_patches.py).
 PT2_SUBSET=mlp,conv_stays_dynamic,attention_stays_fused,wrong_gradients_refused,does_not_export,eager_buffers:lifetimes
 run_pt2_subset() {
   (cd "$build" && AUTOBATCH_CLI="$build/bin/autobatch" "$py" \

@@ -131,8 +131,9 @@ def peak(case, world, size):
     other_threads_allocated} in this process's current group (fake or real)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from autobatch import _budget, _core, _sharded
-    from autobatch._trial import Meter
+    from autobatch import _budget, _core
+    from autobatch._distributed import _layout
+    from autobatch._meter import Meter
     model_name, options = CASES[case]
     torch.manual_seed(0)
     with torch.device("meta"):
@@ -142,7 +143,7 @@ def peak(case, world, size):
     try:
         model.to_empty(device="cpu")
         with torch.no_grad():
-            _sharded.reset_parameters(model)
+            _layout.reset_parameters(model)
         meter.finish_setup(0)
         data = batch(model_name, size)
         optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
@@ -165,7 +166,7 @@ def emulate(case, world, size):
     import gc
 
     import torch.distributed as dist
-    from autobatch._sharded import fake_group
+    from autobatch._distributed._layout import fake_group
     out = []
     for rank in range(world):
         with fake_group(rank, world):

@@ -1,7 +1,7 @@
 // The autobatch command line: options (src/cli/options.cpp) -> one library call (a search, a
 // check, a cached search, a length sweep; then the agreement across ranks) -> the report, plus
-// logging, signals and exit codes. The only catch-all. Exit codes: see kExitCodes below,
-// README.md and docs/errors.md.
+// logging, signals and exit codes. The only catch-all. Exit codes:
+// autobatch/vocabulary/exit_codes.h, kExitCodesHelp below, README.md and docs/errors.md.
 #include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -32,6 +32,7 @@
 #include "autobatch/run/ranks.h"
 #include "autobatch/run/result_cache.h"
 #include "autobatch/vocabulary/error.h"
+#include "autobatch/vocabulary/exit_codes.h"
 #include "autobatch/vocabulary/failure.h"
 #include "autobatch/vocabulary/input_spec.h"
 #include "autobatch/vocabulary/units.h"
@@ -47,13 +48,14 @@ using autobatch::Error;
 using autobatch::cli::CliConfig;
 using autobatch::cli::flag;
 
-constexpr int kExitOk = 0;
-constexpr int kExitRuntimeError = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitDoesNotFit = 3;
-constexpr int kExitRanks = 4;
+constexpr int kExitOk = autobatch::kExitCodes.ok;
+constexpr int kExitRuntimeError = autobatch::kExitCodes.runtime_error;
+constexpr int kExitUsage = autobatch::kExitCodes.usage;
+constexpr int kExitDoesNotFit = autobatch::kExitCodes.does_not_fit;
+constexpr int kExitRanks = autobatch::kExitCodes.ranks;
 
-constexpr const char* kExitCodes = R"(Exit codes:
+// The statuses of autobatch/vocabulary/exit_codes.h, as --help prints them.
+constexpr const char* kExitCodesHelp = R"(Exit codes:
   0    found / fits
   1    runtime error (raised inside the model's forward or backward, or a fatal device error),
        or a run that would exit 0 but could not write its report (disk full)
@@ -350,7 +352,7 @@ std::optional<int> readCommandLine(cxxopts::Options& options, const cxxopts::Par
   if (args.count("json") != 0U) cli.json_path = flag(args, "json");
   cli.env = args.count("env") != 0U;
   if (args.count("help") != 0U) {
-    (void)writeStdout(options.help() + "\n" + kExitCodes);
+    (void)writeStdout(options.help() + "\n" + kExitCodesHelp);
     return kExitOk;
   }
   if (!args.unmatched().empty()) {

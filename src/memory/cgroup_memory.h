@@ -1,7 +1,8 @@
 // cgroup_memory.h (internal) — the platform readers of the process memory guard
 // (process_memory.h): the cgroup v1 and v2 memory limits that apply to a process, their usage and
 // page cache (memory.stat), and "Key: N kB" lines of /proc files. LibTorch-free (built into
-// autobatch_core, tested in tests/process_memory_test.cpp). Thread safety: none needed (no state).
+// autobatch_core, tested in tests/memory/process_memory_test.cpp). Thread safety: none needed (no
+// state).
 #pragma once
 
 #include <cstddef>

@@ -485,7 +485,7 @@ class CpuBudgetBackend final : public MemoryBackend {
   // explicit limit the resident set cannot come near the room (the tensors' peak is the limit),
   // and trimming only cost time: 20-60 ms a trial, 5-8% of a step at the answer (issue 44,
   // scripts/bench/race.py on GPT-2 and the MLP), plus the next trial's page faults.
-  // tests/cpu_budget_test.cpp.
+  // tests/memory/cpu_budget_test.cpp.
   void releaseCaches() override {
     if (explicit_limit_ > 0 && explicit_limit_ <= usableBytes() / 2) return;
     trimHeap();

@@ -1,6 +1,6 @@
 // The CUDA memory backend's logic, LibTorch-free: every CUDA call goes through detail::CudaApi
 // (cuda_api.h), so this file is compiled into the core and tested on the CPU against a fake that
-// behaves as LibTorch 2.11 does (tests/cuda_backend_test.cpp). What it decides:
+// behaves as LibTorch 2.11 does (tests/memory/cuda_backend_test.cpp). What it decides:
 // - the limit: --memory-limit (clipped to totalGlobalMem, with a warning), else totalGlobalMem;
 //   the allocator configuration's per_process_memory_fraction caps it too, and so does a memory
 //   fraction the process already set (the user's set_per_process_memory_fraction before

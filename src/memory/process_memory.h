@@ -1,7 +1,7 @@
 // Internal: a guard that refuses an allocation before the process would pass one of the memory
 // limits that apply to it as a whole (cgroup v1 and v2, read by cgroup_memory.h; the system's
 // available memory). LibTorch-free (built into autobatch_core, tested in
-// tests/process_memory_test.cpp).
+// tests/memory/process_memory_test.cpp).
 //
 // Why: the CPU budget allocator counts tensor bytes only. A cgroup counts everything the process
 // touches (glibc's retained free chunks, oneDNN scratch and JIT code, thread stacks) and, when the

@@ -1,12 +1,14 @@
-// autobatch._core's vocabulary constants (bindings.h): the names and units the Python package
-// would otherwise spell a second time (strategy and plan names in _find.py, the caching
-// allocator's units), read from the tables the command parses its flags with.
+// autobatch._core's vocabulary constants (bindings.h): the names, units and statuses the Python
+// package would otherwise spell a second time (strategy and plan names in _find.py, the caching
+// allocator's units, the command's exit statuses in _errors.py), read from the tables the command
+// parses its flags with and exits by.
 #include <pybind11/stl.h>
 
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "autobatch/vocabulary/exit_codes.h"
 #include "autobatch/vocabulary/failure.h"
 #include "autobatch/vocabulary/search_options.h"
 #include "autobatch/vocabulary/trial.h"
@@ -38,6 +40,15 @@ void defineVocabulary(py::module_& m) {
   units["block_bytes"] = kCudaCachingAllocatorUnits.block_bytes;
   units["page_bytes"] = kCudaCachingAllocatorUnits.page_bytes;
   m.attr("CUDA_ALLOCATION_UNITS") = units;
+  py::dict exits;
+  exits["ok"] = kExitCodes.ok;
+  exits["runtime_error"] = kExitCodes.runtime_error;
+  exits["usage"] = kExitCodes.usage;
+  exits["does_not_fit"] = kExitCodes.does_not_fit;
+  exits["ranks"] = kExitCodes.ranks;
+  exits["interrupted"] = kExitCodes.interrupted;
+  exits["terminated"] = kExitCodes.terminated;
+  m.attr("EXIT_CODES") = exits;
 }
 
 }  // namespace autobatch::python

@@ -1,17 +1,17 @@
 // peak_table: the peak table of docs/trial_runner.md ("Measured peaks"): the CPU budget
 // allocator's peak of one trial (2 steps, cross-entropy, 1 micro-batch) of the tiny models of
-// tests/test_models.h at three batches each, for fp32 and amp-bf16 with sgd and adamw. Prints one
-// line per model, precision and optimizer: "<model> | <precision> | <optimizer> | params <bytes>
-// B | B=<batch>: <peak bytes> ...". A program, not a test (it asserts nothing; the figures depend
-// on the CPU's oneDNN kernels). Was TrialRunnerTest.PrintsPeakTable (issue 28).
-// Usage: build/tests/peak_table
+// tests/support/test_models.h at three batches each, for fp32 and amp-bf16 with sgd and adamw.
+// Prints one line per model, precision and optimizer: "<model> | <precision> | <optimizer> | params
+// <bytes> B | B=<batch>: <peak bytes> ...". A program, not a test (it asserts nothing; the figures
+// depend on the CPU's oneDNN kernels). Was TrialRunnerTest.PrintsPeakTable (issue 28). Usage:
+// build/tests/peak_table
 #include <cstdint>
 #include <iostream>
 #include <string>
 #include <vector>
 
-#include "../test_models.h"
 #include "autobatch/probes/trial_runner.h"
+#include "support/test_models.h"
 
 namespace {
 

@@ -1,9 +1,9 @@
 // search_bench: trials per strategy on simulated memory curves, with an exactness check of every
-// answer. Families (tests/fake_probe.h): today's affine curve (2 MiB rounding, per-sample noise),
-// and issue 17's max-of-phases curves: (a) the optimizer step binds, (b) activations bind with the
-// crossing far below B*, (c) the crossing between B*/8 and B*; each without rounding (the CPU
-// budget allocator), with 2 MiB blocks and with 20 MiB expandable-segment pages; (e) drift (every
-// failed trial lowers the limit by 0-2%); (f) one non-monotone step. Prints, per family and
+// answer. Families (tests/support/fake_probe.h): today's affine curve (2 MiB rounding, per-sample
+// noise), and issue 17's max-of-phases curves: (a) the optimizer step binds, (b) activations bind
+// with the crossing far below B*, (c) the crossing between B*/8 and B*; each without rounding (the
+// CPU budget allocator), with 2 MiB blocks and with 20 MiB expandable-segment pages; (e) drift
+// (every failed trial lowers the limit by 0-2%); (f) one non-monotone step. Prints, per family and
 // strategy, mean and max trials, the longest run of consecutive failures and the wrong answers.
 // Results and the command line: docs/search.md. Usage: search_bench [models] [seed]
 #include <algorithm>
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "../fake_probe.h"
 #include "autobatch/search/search.h"
+#include "support/fake_probe.h"
 
 namespace {
 

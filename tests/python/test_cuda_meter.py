@@ -14,7 +14,8 @@ import torch
 import autobatch
 from autobatch import _core
 from autobatch._state import ModelState
-from autobatch._trial import EagerProbe, Meter
+from autobatch._meter import Meter
+from autobatch._trial import EagerProbe
 
 import fake_cuda
 import torchrun
@@ -372,7 +373,7 @@ if __name__ == "__main__":
 # the answer does not hold (out of memory, which verify() reports as memory). torch.cuda's figures
 # are the fake's.
 def test_the_real_steps_device_use_is_held_to_the_memory_limit(monkeypatch):
-    from autobatch import _sharded_job
+    from autobatch._distributed import _in_job as _sharded_job
     gib = 1 << 30
     figures = {"free": 100 * gib, "reserved": 30 * gib, "peak": 36 * gib}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (figures["free"], 140 * gib))

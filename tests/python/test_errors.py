@@ -1,5 +1,8 @@
 """Each exception of autobatch.find, and Ctrl-C (issue 29). Each test names the wrong
 implementation it catches."""
+import pathlib
+import re
+
 import pytest
 import torch
 
@@ -20,6 +23,30 @@ def test_nothing_fits_raises_does_not_fit_with_the_result():
     assert e.value.result.status == "nothing-fits"
     assert e.value.result.raw["result"]["min_batch_needs_at_least_bytes"] > 20_000
     assert e.value.exit_code == 3
+
+
+# Catches: an exception whose exit_code is not the command's status for the same failure (the
+# statuses of docs/errors.md's table, which the command exits with through
+# include/autobatch/vocabulary/exit_codes.h): a ModelError given the usage status, a Cancelled given
+# 1, or the package's numbers written apart from the command's table.
+def test_each_exception_carries_the_commands_exit_status_of_docs_errors():
+    page = pathlib.Path(__file__).parents[2] / "docs" / "errors.md"
+    statuses = {}
+    for codes, names in re.findall(r"^\| ([0-9 /]+) \| (`[^|]+`) \|", page.read_text(), re.M):
+        for name in re.findall(r"`([a-z-]+)`", names):
+            statuses[name] = int(codes.split("/")[0])
+    assert statuses["usage-error"] == 2 and statuses["nothing-fits"] == 3
+    expected = {
+        autobatch.UsageError: statuses["usage-error"],
+        autobatch.DoesNotFit: statuses["nothing-fits"],
+        autobatch.ModelError: statuses["runtime-error"],
+        autobatch.AutobatchError: statuses["runtime-error"],
+        autobatch.Cancelled: statuses["interrupted"],
+    }
+    assert {k: k.exit_code for k in expected} == expected
+    codes = autobatch._core.EXIT_CODES
+    assert (codes["usage"], codes["does_not_fit"], codes["ranks"]) == (
+        statuses["usage-error"], statuses["nothing-fits"], statuses["ranks-disagree"])
 
 
 # Catches: bad arguments accepted (a search run on nonsense) or reported as model errors.

@@ -55,9 +55,9 @@ def test_a_plain_module_is_scripted_as_before(tmp_path):
     assert "Sequential" in torch.jit.load(path).original_name
 
 
-# The pt2 export patches private names of torch (autobatch/_inductor_patches.py, issue 42). On the
-# torch that runs this (torch 2.11 in scripts/test.sh, the newest in scripts/test_newest.sh) every
-# name is as the patches expect; with one missing and one taking other parameters, the export is
+# The pt2 export patches private names of torch (autobatch/_export/_inductor_patches.py, issue
+# 42). On the torch that runs this (torch 2.11 in scripts/test.sh, the newest in
+# scripts/test_newest.sh) every name is as the patches expect; with one missing and one taking other parameters, the export is
 # refused before anything is compiled, naming both and the TorchScript format, and nothing is
 # written. Catches: a fence keyed by the version string (the version is unchanged here while the
 # names differ), a fence that checks names but not signatures (compute_dependencies is still
@@ -68,7 +68,7 @@ def test_the_pt2_export_refuses_a_torch_whose_internals_differ(tmp_path, monkeyp
     from torch._inductor.codegen.cpp import CppScheduling
     from torch._inductor.scheduler import Scheduler
 
-    from autobatch import _inductor_patches as patches
+    from autobatch._export import inductor_patches as patches
 
     assert patches.check_internals() == []
     monkeypatch.setattr(patches, "_CHECKED", [])  # looked up again, then restored
@@ -95,8 +95,8 @@ def test_the_pt2_export_refuses_a_torch_whose_internals_differ(tmp_path, monkeyp
 
 
 # The scripts, benchmarks, examples and tests of the checkout take the export's names from the
-# shim (scripts/autobatch_export.py, which stands for src/python/autobatch/_export.py): every name
-# they import from it or read off it (`from autobatch_export import X`, `ab.X` where
+# shim (scripts/autobatch_export.py, which stands for the subpackage src/python/autobatch/_export/):
+# every name they import from it or read off it (`from autobatch_export import X`, `ab.X` where
 # `import autobatch_export as ab`) must be there. Catches a name left behind when the export was
 # split into modules (profiled_peak: scripts/bench/fidelity.py failed at import, in the slow tier
 # only), and a name renamed in the package but not where it is used.

@@ -11,7 +11,8 @@ import torch
 
 import autobatch
 from autobatch._state import ModelState
-from autobatch._trial import EagerProbe, Meter, leading_size
+from autobatch._meter import Meter
+from autobatch._trial import EagerProbe, leading_size
 
 GiB = 1 << 30
 

@@ -7,7 +7,7 @@ import torch
 
 import autobatch
 from autobatch import _budget
-from autobatch._trial import Meter
+from autobatch._meter import Meter
 
 PEER_TEXT = " (DefaultCPUAllocator: can't allocate memory: refused by autobatch's CPU budget)"
 

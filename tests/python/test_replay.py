@@ -12,7 +12,8 @@ import autobatch
 from autobatch import _measuring
 from autobatch._replay import aligned_logs, peak_lines, upper_envelope
 from autobatch._state import ModelState
-from autobatch._trial import EagerProbe, Meter, leading_size
+from autobatch._meter import Meter
+from autobatch._trial import EagerProbe, leading_size
 
 GiB = 1 << 30
 

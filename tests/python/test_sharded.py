@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import autobatch
 import tiny_models
-from autobatch import _sharded
+from autobatch._distributed import _layout
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HELPERS = os.path.join(HERE, "helpers")
@@ -74,7 +74,7 @@ def test_a_tiny_llama_rank_of_64_is_sized_with_fsdp2s_padded_shard_bytes():
     assert r.result.memory["parameter_bytes"] == expected  # measured from the storages
     assert expected < sum(p.numel() * p.element_size() for p in model.parameters()) / 32
     # the last rank's own rows, from torch.chunk's rule
-    last = sum(_sharded.shard_rows(p.shape[0], 64, 63) * (p.numel() // p.shape[0]) *
+    last = sum(_layout.shard_rows(p.shape[0], 64, 63) * (p.numel() // p.shape[0]) *
                p.element_size() for p in model.parameters())
     classes = {tuple(c["ranks"]): c for c in r.layout}
     assert sum(c["count"] for c in r.layout) == 64
@@ -102,15 +102,15 @@ def test_only_uncovered_ranks_are_sized_and_a_smaller_shard_fits_no_less():
 # Catches: chunking by floor (rank 3 of d=10 would own 2 rows and the padded storage 2), or
 # ranks past the last chunk given rows; covered classes kept.
 def test_shard_rows_and_classes_follow_torch_chunk():
-    assert [_sharded.shard_rows(10, 4, r) for r in range(4)] == [3, 3, 3, 1]
-    assert [_sharded.shard_rows(2, 4, r) for r in range(4)] == [1, 1, 0, 0]
+    assert [_layout.shard_rows(10, 4, r) for r in range(4)] == [3, 3, 3, 1]
+    assert [_layout.shard_rows(2, 4, r) for r in range(4)] == [1, 1, 0, 0]
     params = [((10, 3), 0, 4), ((7,), None, 4)]
-    classes = _sharded.rank_classes(params, 4)
+    classes = _layout.rank_classes(params, 4)
     assert [rs for _, rs in classes] == [[0, 1, 2], [3]]
-    assert [rs for _, rs in _sharded.ranks_to_size(classes)] == [[0, 1, 2]]
+    assert [rs for _, rs in _layout.ranks_to_size(classes)] == [[0, 1, 2]]
     # a class that is larger in one parameter and smaller in another is sized too
     crossing = [((9, 1), [0]), ((1, 9), [1]), ((1, 1), [2])]
-    assert [rs for _, rs in _sharded.ranks_to_size(crossing)] == [[0], [1]]
+    assert [rs for _, rs in _layout.ranks_to_size(crossing)] == [[0], [1]]
 
 
 # Catches: bad arguments found only inside the search (or as torch's own errors), and a failed
@@ -235,7 +235,7 @@ def test_the_budget_allocator_sets_a_backends_bytes_apart_while_they_are_held():
     import threading
 
     from autobatch import _budget, _core
-    from autobatch._trial import Meter
+    from autobatch._meter import Meter
     meter = Meter.cpu(1 << 34, 0)
     held = []
     try:

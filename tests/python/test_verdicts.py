@@ -3,7 +3,7 @@
 Each case runs its trials on one EagerProbe over an MLP on the CPU under the budget allocator, the
 forward raising what the case scripts at each trial (torch.OutOfMemoryError for a trial that ran
 out of memory, RuntimeError with the library's text for the failing trial and a failing re-run).
-The C++ door replays the same table through its trial runner (tests/trial_verdicts_test.cpp). Both
+The C++ door replays the same table through its trial runner (tests/probes/trial_verdicts_test.cpp). Both
 call the one rule, TrialEvidence (src/probes/trial_evidence.h, here _core.TrialEvidence): what
 each door can still get wrong is what it hands over (the trial's peak, the evidence per kind of
 trial, the re-run's answer) and what it does with the verdict (the record, ModelError, the listed
@@ -21,7 +21,8 @@ import torch
 
 from autobatch import ModelError
 from autobatch._state import ModelState
-from autobatch._trial import EagerProbe, Meter
+from autobatch._meter import Meter
+from autobatch._trial import EagerProbe
 
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures",
                      "trial_verdicts.json")

@@ -47,13 +47,20 @@ def _load_failure(text):
 
 _core = _load_core()
 from ._check_eval import check_eval_batch
-from ._ddp_job import JobResult, find_ddp
+from ._distributed import (
+    JobResult,
+    RankResult,
+    ShardedResult,
+    ShardedTable,
+    find_ddp,
+    find_sharded,
+)
 from ._errors import AutobatchError, Cancelled, DoesNotFit, ModelError, UsageError
 from ._export import export, export_pt2
 from ._find import check_batch, find, fingerprint
 from ._plans import plan
 from ._result import EvalCheck, Plan, Result, Trial
-from ._sharded import RankResult, ShardedResult, ShardedTable, find_sharded
+from ._soak import SoakResult, SoakStep, soak
 
 __version__ = "0.1.0"
 
@@ -68,6 +75,9 @@ __all__ = [
     "RankResult",
     "check_batch",
     "check_eval_batch",
+    "soak",
+    "SoakResult",
+    "SoakStep",
     "EvalCheck",
     "fingerprint",
     "export",

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from . import _core
 from ._errors import Cancelled, UsageError
 from ._eval import EvalProbe
-from ._find import _session_of
 from ._result import EvalCheck
+from ._session import _session_of
 
 if TYPE_CHECKING:
     import torch

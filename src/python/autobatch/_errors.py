@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _core
+
+# The `autobatch` command's exit statuses (include/autobatch/vocabulary/exit_codes.h).
+_EXIT = _core.EXIT_CODES
+
 
 class AutobatchError(Exception):
     """Base class of autobatch's errors (all but Cancelled, which is a KeyboardInterrupt).
@@ -21,7 +26,7 @@ class AutobatchError(Exception):
         ...     print(type(e).__name__, e.exit_code, e)
     """
 
-    exit_code = 1
+    exit_code = _EXIT["runtime_error"]
 
     def __init__(self, message: str, result: Any = None) -> None:
         """Keeps `message` as the exception's text and `result` (a Result or None)."""
@@ -45,7 +50,7 @@ class UsageError(AutobatchError, ValueError):
         autobatch.UsageError: memory_limit: expected more than 0 bytes, but got 0; ...
     """
 
-    exit_code = 2
+    exit_code = _EXIT["usage"]
 
 
 class DoesNotFit(AutobatchError):
@@ -64,7 +69,7 @@ class DoesNotFit(AutobatchError):
         ...     print(e.result.raw["result"]["min_batch_needs_at_least_bytes"])
     """
 
-    exit_code = 3
+    exit_code = _EXIT["does_not_fit"]
 
 
 class ModelError(AutobatchError, RuntimeError):
@@ -81,7 +86,7 @@ class ModelError(AutobatchError, RuntimeError):
         ...     print(e.micro_batch, repr(e.__cause__))
     """
 
-    exit_code = 1
+    exit_code = _EXIT["runtime_error"]
 
     def __init__(self, message: str, result: Any = None, micro_batch: int = 0) -> None:
         """Keeps `message`, `result` (a Result or None) and `micro_batch` (samples, 0: none)."""
@@ -104,7 +109,7 @@ class Cancelled(KeyboardInterrupt):
         ...     result = e.result  # the best size verified before Ctrl-C
     """
 
-    exit_code = 130
+    exit_code = _EXIT["interrupted"]
 
     def __init__(self, message: str, result: Any = None) -> None:
         """Keeps `message` as the exception's text and `result` (a Result or None)."""

@@ -16,6 +16,7 @@ import torch
 
 from ._errors import ModelError, UsageError
 from ._trial import make_batch
+from ._vocabulary import FITS
 
 
 class EvalProbe:
@@ -58,7 +59,7 @@ class EvalProbe:
             self.release()
             raise
         holds = (
-            record.get("outcome", "fits") == "fits"
+            record.get("outcome", FITS) == FITS
             and not record.get("cancelled")
             and self.resident is not None
         )

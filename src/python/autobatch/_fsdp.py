@@ -121,9 +121,9 @@ def forget_meshes():
     ShardingPropagator's propagate_op_sharding and _propagate_tensor_meta_cached), whose keys
     hold meshes: two DeviceMeshes over the same ranks with the same dimension names compare and
     hash equal whatever their process groups, so a result cached on the fake group's mesh could
-    stand for a later mesh of the user's (our meshes are named apart, _sharded_job.mesh_names;
-    this drops what the fake group's ops left). Called whenever one of our groups is torn down.
-    Returns the names cleared (empty when this torch has none of them)."""
+    stand for a later mesh of the user's (our meshes are named apart: mesh_names in
+    _distributed/_in_job.py; this drops what the fake group's ops left). Called whenever one of
+    our groups is torn down. Returns the names cleared (empty when this torch has none of them)."""
     try:
         from torch.distributed.tensor import DTensor
 

@@ -12,6 +12,7 @@ import torch
 from ._batches import leading, make_batch, mirror_removals
 from ._replay import EventLog, peak_lines
 from ._residue import StepResidue, storage_bytes
+from ._vocabulary import FITS, OUTCOME_OUT_OF_MEMORY
 
 
 class MeasuringTrials:
@@ -39,7 +40,7 @@ class MeasuringTrials:
             size, micro_batches, self._measure, label=f"trial {self.count + 1} (measuring)"
         )
         record["shortened"] = True
-        if record.get("outcome", "fits") == "fits" and len(self.replay_logs) == 2:
+        if record.get("outcome", FITS) == FITS and len(self.replay_logs) == 2:
             (first, first_size), (second, second_size, start, batch) = self.replay_logs
             record["replayed_peak"] = peak_lines(
                 first, first_size, second, second_size, start, batch, 1 << 40
@@ -48,7 +49,7 @@ class MeasuringTrials:
         # Only where the meter counts bytes: under the CUDA caching allocator the reserved peak
         # also depends on the order of allocations, which a shortened trial changes.
         if (
-            record.get("outcome") == "out-of-memory"
+            record.get("outcome") == OUTCOME_OUT_OF_MEMORY
             and self.meter.name == "cpu-budget"
             and residue.stands()
         ):

@@ -3,8 +3,7 @@ phase (inputs, forward, loss, backward, optimizer-step) as the C++ runner measur
 
 Out of memory (torch.OutOfMemoryError, the budget allocator's error, MemoryError) is caught here,
 classified by the library's rules (autobatch/vocabulary/failure.h), turned into a plain record, and
-its
-traceback frames cleared before control returns to the C++ search: a failed step's tensors stay
+its traceback frames cleared before control returns to the C++ search: a failed step's tensors stay
 alive as long as the exception or its frames do.
 """
 
@@ -15,15 +14,15 @@ import traceback
 
 import torch
 
-from . import _budget, _core
+from . import _core
 from ._batches import call_model, leading_size, make_batch  # noqa: F401 (re-exported)
 from ._collectives import CollectiveGuard, CollectiveInStep, refuse_collective_modules  # noqa: F401 (re-exported)
-from ._cuda_api import TorchCudaApi
 from ._errors import ModelError, UsageError
 from ._measuring import MeasuringTrials
 from ._residue import StepLog, storage_bytes, storage_ptrs
 from ._step_errors import check_gradients, check_loss, hint, text_of
 from ._step_output import KeptOutput, _check_loss_fn_result, default_loss, state_bytes  # noqa: F401 (re-exported)
+from ._vocabulary import FITS, OUT_OF_MEMORY, POSSIBLE_OUT_OF_MEMORY, RETHROW, SIZE_LIMIT
 
 log = logging.getLogger("autobatch")
 
@@ -35,109 +34,6 @@ class _TrialStopped(Exception):
     def __init__(self, done, total_ms):
         super().__init__("trial stopped between steps")
         self.done, self.total_ms = done, total_ms
-
-
-class Meter:
-    """One of the C++ library's memory backends (src/memory/memory_backend.h) for one search, the
-    same
-    as the `autobatch` command's: on the CPU the budget allocator, installed in this process (every
-    CPU tensor allocated while it is in place is counted, and an allocation above the limit raises
-    torch.OutOfMemoryError; storages allocated before it enter as baseline bytes); on CUDA the
-    caching allocator's backend (src/memory/cuda_backend.cpp) over torch.cuda (TorchCudaApi): the
-    limit
-    emulated with the memory fraction, the outside part read after a warm-up step and re-read after
-    every trial, the cuBLAS workspaces cleared with the cache, the process's own fraction kept as a
-    cap and restored, unsupported allocator settings refused (docs/trial_runner.md)."""
-
-    def __init__(self, backend, reserve_bytes, api=None):
-        self.backend = backend
-        self.name = backend.name()  # "cpu-budget" or "cuda-caching"
-        self.notes = []  # the search's own lines for the result's warnings
-        self.reserve_bytes = reserve_bytes
-        self.api = api
-
-    @classmethod
-    def cpu(cls, limit_bytes, reserve_bytes):
-        return cls(_budget.backend(limit_bytes, reserve_bytes), reserve_bytes)
-
-    @classmethod
-    def cuda(cls, index, limit_bytes, reserve_bytes, api=None):
-        """api: the CUDA calls (default TorchCudaApi over torch.cuda; a fake in tests)."""
-        api = api if api is not None else TorchCudaApi()
-        return cls(_core.Backend.cuda(api, index, limit_bytes, reserve_bytes), reserve_bytes, api)
-
-    def needs_warm_up(self):
-        """True (CUDA) when one step must run before finish_setup: the first kernels load modules
-        and create library handles outside the allocator."""
-        return self.backend.needs_warm_up()
-
-    def finish_setup(self, untracked_bytes):
-        self.backend.finish_setup(untracked_bytes)
-
-    def limit_bytes(self):
-        return self.backend.limit_bytes() - self.reserve_bytes
-
-    def limit_source(self):
-        return self.backend.limit_source()
-
-    def current_bytes(self):
-        """Bytes held by tensors now (CPU: the baseline included; CUDA: allocated)."""
-        return self.backend.current_bytes()
-
-    def begin(self):
-        self.backend.begin_trial()
-
-    def phase(self, name, size=0, micro=0, step=0):
-        """The trial enters phase `name` (host-side: no device synchronize)."""
-        self.backend.set_point(name, size, micro, step)
-
-    def end(self):
-        self.backend.set_point("idle")
-        return self.backend.end_trial()
-
-    def release(self):
-        self.backend.release_caches()
-
-    def synchronize(self):
-        """Waits for the device's queued work (once per step, for the step time)."""
-        self.backend.synchronize()
-
-    def process_limit_near(self, peak_bytes, request_bytes):
-        return self.backend.process_limit_near(peak_bytes, request_bytes)
-
-    def mark_poisoned(self):
-        """A fatal device error: no device call from here on (the backend's rule)."""
-        self.backend.mark_poisoned()
-
-    def poisoned(self):
-        return self.backend.installed() and self.backend.poisoned()
-
-    def warnings(self):
-        out = list(self.backend.limit_warnings()) + self.notes
-        if self.api is not None and not self.api.clears_workspaces:
-            out.append(
-                "this torch has no torch._C._cuda_clearCublasWorkspaces: the cuBLAS "
-                "workspaces stay in the caching allocator after the search"
-            )
-        return out
-
-    def context(self):
-        """The report's RunContext fields that come from the backend (after the trials: the
-        warnings and the fraction change with them)."""
-        out = {
-            "backend": self.name,
-            "memory_limit_bytes": self.limit_bytes(),
-            "memory_limit_source": self.limit_source(),
-            "warnings": self.warnings(),
-        }
-        if self.name == "cuda-caching":
-            out["allocator"] = dict(self.backend.allocator_info())
-        return out
-
-    def remove(self):
-        """Restores what the backend changed (the CPU allocator; the memory fraction as the
-        process had it); makes no device call after a fatal error."""
-        self.backend.remove()
 
 
 # ---- ranks that search on their own ------------------------------------------------------------
@@ -461,7 +357,7 @@ class EagerProbe(MeasuringTrials):
             if isinstance(e.__cause__, CollectiveInStep):
                 raise UsageError(str(e.__cause__)) from None
             raise
-        log.debug("warm-up step at micro-batch %d: %s", size, record.get("outcome", "fits"))
+        log.debug("warm-up step at micro-batch %d: %s", size, record.get("outcome", FITS))
         self.count, self.evidence = 0, {}
         self.residue = None  # what a first call builds once (a cache, a lazy module) is no residue
         self.largest_full_fit = 0
@@ -525,7 +421,7 @@ class EagerProbe(MeasuringTrials):
         failure = None
         if raised is not None and not self.meter.poisoned():
             failure = self._classify(evidence, raised, size, record.get("peak_bytes", 0))
-            if failure["kind"] in ("out-of-memory", "size-limit"):
+            if failure["kind"] in (OUT_OF_MEMORY, SIZE_LIMIT):
                 error = None  # freed before the cleanup
         # a fatal error seen while reading the peaks is the one that leaves (ModelError says so)
         error = (peaks_error or error) if self.meter.poisoned() else (error or peaks_error)
@@ -533,12 +429,12 @@ class EagerProbe(MeasuringTrials):
         self._check_survivors()
         if (
             failure is not None
-            and failure["kind"] == "possible-out-of-memory"
+            and failure["kind"] == POSSIBLE_OUT_OF_MEMORY
             and error is not None
             and not self.meter.poisoned()
         ):
             failure = self._judge(evidence, failure, size, body, record)
-            if failure["kind"] != "rethrow":
+            if failure["kind"] != RETHROW:
                 error = None
         self._record_outcome(record, failure, evidence, size, micro_batches, body, error)
         if self.facts is not None:
@@ -555,10 +451,10 @@ class EagerProbe(MeasuringTrials):
         """The verdict into ``record`` (outcome, reason, the failed request and where), and what
         the trial teaches the next ones of its kind (TrialEvidence.learn; an error that leaves
         forgets the last out of memory, as the runner's)."""
-        if failure is not None and failure["kind"] in ("out-of-memory", "size-limit"):
+        if failure is not None and failure["kind"] in (OUT_OF_MEMORY, SIZE_LIMIT):
             record["outcome"] = failure["kind"]
             record["reason"] = failure["reason"]
-            if failure["kind"] == "out-of-memory":
+            if failure["kind"] == OUT_OF_MEMORY:
                 record["failed_request_bytes"] = failure["failed_request_bytes"]
                 record["failed_in_use_bytes"] = failure["failed_in_use_bytes"]
                 (
@@ -570,7 +466,7 @@ class EagerProbe(MeasuringTrials):
             evidence.forget_out_of_memory()
             return
         evidence.learn(
-            size, micro_batches, record.get("outcome", "fits"), bool(record.get("cancelled"))
+            size, micro_batches, record.get("outcome", FITS), bool(record.get("cancelled"))
         )
         if (
             "outcome" not in record
@@ -688,7 +584,7 @@ class EagerProbe(MeasuringTrials):
                 return {"raised": True, "raised_kind": kind}
             reran["record"]["micro_batch_size"] = batch
             reran["record"]["micro_batches_per_step"] = micro_batches
-            return {"outcome": reran["record"].get("outcome", "fits")}
+            return {"outcome": reran["record"].get("outcome", FITS)}
 
         point = failure.pop("point")
         near = failure.pop("process_limit_near")
@@ -749,7 +645,7 @@ class EagerProbe(MeasuringTrials):
         return failure
 
     def _log(self, size, micro_batches, r, label=None):
-        outcome = "cancelled" if r.get("cancelled") else r.get("outcome", "fits")
+        outcome = "cancelled" if r.get("cancelled") else r.get("outcome", FITS)
         where = f" in {r['failed_phase']}" if r.get("failed_phase") else ""
         peak = _core.format_bytes(int(r.get("peak_bytes", 0)))
         log.info(

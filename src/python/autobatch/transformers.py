@@ -41,8 +41,10 @@ import torch
 
 from . import _find
 from ._errors import UsageError
+from ._options import _target
 from ._plans import plan as plan_accumulation
 from ._ranks import _all_min, search_and_agree
+from ._session import check_option_names
 from ._step_output import KeptOutput
 
 try:
@@ -153,7 +155,7 @@ def _check_arguments(args, model, eval, options):
             f"AutoModelForCausalLM.from_pretrained(...)), but got "
             f"{type(model).__name__}"
         )
-    _find.check_option_names(
+    check_option_names(
         options,
         _find.find,
         "fit_training_arguments",
@@ -249,7 +251,7 @@ def fit_training_arguments_with_result(
         >>> print(result)  # the report: every trial, the plan
     """
     _check_arguments(args, model, eval, options)
-    target = _find._target(target_batch)
+    target = _target(target_batch)
     if not target:
         # As auto_find_batch_size: per_device_train_batch_size is the cap (the search answers
         # at most it unless max_batch= says otherwise) and the accumulation stays as it is.

@@ -1,5 +1,5 @@
 """A fake of the torch.cuda functions the package's CudaApi calls (autobatch/_cuda_api.py), with
-the behaviour of tests/fake_cuda.h (the C++ tests' fake CudaApi) written once more in torch.cuda's
+the behaviour of tests/support/fake_cuda.h (the C++ tests' fake CudaApi) written once more in torch.cuda's
 terms: the caching allocator's fraction is of totalGlobalMem and refuses a segment that would take
 reserved bytes past it; cuBLAS keeps a 32 MiB workspace inside the allocator until it is cleared;
 the outside part grows at the first kernel of each kind; expandable segments map 20 MiB pages; a

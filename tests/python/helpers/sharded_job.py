@@ -30,7 +30,7 @@ def main(out, mode):
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank = dist.get_rank()
     if mode == "fail" and rank == 1:
-        from autobatch import _sharded_job
+        from autobatch._distributed import _in_job as _sharded_job
 
         def failing(*args, **kwargs):
             raise torch.OutOfMemoryError("made to fail on purpose: rank 1's verification step")

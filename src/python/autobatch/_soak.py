@@ -1,0 +1,337 @@
+"""autobatch.soak: a micro-batch run as the job runs it, many optimizer steps in a row under the
+same limit, with what each step leaves held and its peak, so that memory that grows step after
+step is measured instead of met hours into the run (issue 67, docs/soak.md).
+
+What a search cannot see: its trials are a few steps each, with everything they made let go in
+between, so a step that keeps what it made (a forward hook that appends activations to a list, a
+metric that stores its inputs, `loss.backward(retain_graph=True)` with the loss kept) passes every
+trial and runs out of memory later. The soak runs the user's own step `steps` times on one
+optimizer, reads the meter at the end of each step (the bytes held) and over each step (its peak,
+a window of the meter per step), and fits the growth of the held bytes.
+
+The growth rule: the first `WARM_UP_STEPS` steps are left out (what a job makes once as it starts:
+a buffer built on first use, a scaler's or a scheduler's state, an optimizer that makes its state
+at its second step), and the growth per step is the median of
+the differences between consecutive steps' held bytes, its noise band their median absolute
+deviation. A median is robust to growth that stops (a cache filled once at step 5 is one
+difference among many) where a least-squares slope is not. Growth above its band is a finding:
+the step at which the step's peak reaches the limit at that rate, and, given the job's step count,
+whether the job lasts.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+import torch
+
+from . import _core
+from ._errors import Cancelled, UsageError
+from ._option_checks import _refuse_search_options
+from ._options import _INT32_MAX, _count
+from ._session import _session_of
+from ._vocabulary import FITS
+
+# Steps whose held bytes are no evidence of growth: a job's start makes what it makes once (the
+# optimizer's state is made inside step 0, before its held bytes are read; lazily built buffers and
+# state made at the second step are not).
+WARM_UP_STEPS = 2
+# The fewest differences after the warm-up from which a growth is fitted (a median of fewer is
+# one step's noise).
+MIN_FITTED_STEPS = 4
+
+
+@dataclass
+class SoakStep:
+    """One optimizer step of a soak (micro-batch x accumulation steps, the user's step).
+
+    Attributes:
+        step (int): 0-based index of the step.
+        held_bytes (int): the meter's bytes at the end of the step (after zero_grad), as the
+            limit counts them (the model, its optimizer state and what the step kept).
+        peak_bytes (int): the step's peak, bytes (the meter's peak over this step alone).
+        peak_reserved_bytes (int): on CUDA the caching allocator's reserved peak of the step
+            (equal to peak_bytes on the CPU).
+    """
+
+    step: int
+    held_bytes: int
+    peak_bytes: int
+    peak_reserved_bytes: int
+
+
+@dataclass
+class SoakResult:
+    """What autobatch.soak measured (docs/soak.md).
+
+    Attributes:
+        micro_batch (int): samples per micro-batch.
+        accumulation_steps (int): micro-batches per optimizer step.
+        steps_asked (int): the optimizer steps asked for.
+        steps (list[SoakStep]): the steps that ran whole, in order.
+        outcome (str): "fits" (every step ran), or "out-of-memory" (step `failed_step` ran out
+            of memory under the limit).
+        failed_step (int | None): the 0-based step that ran out of memory, None when all ran.
+        memory_limit_bytes (int): the limit the steps ran under (less the reserve), bytes.
+        growth_bytes_per_step (float): the steady growth of the held bytes per step after the
+            warm-up (the median of consecutive differences), 0.0 when fewer steps ran than fit.
+        growth_noise_bytes (float): its noise band (median absolute deviation of the
+            differences), bytes per step.
+        growing (bool): the growth is above its band: memory grows step after step.
+        limit_step (int | None): with growth, the 0-based step at which the step's peak reaches
+            the limit at that rate (from the last step's peak); None without growth.
+        job_steps (int | None): the job's optimizer steps, as given.
+        lasts (bool | None): with job_steps, whether the job's last step stays under the limit
+            at the measured rate; None without job_steps.
+        steady_peak_bytes (int): the median of the steps' peaks after the warm-up (of all steps
+            when fewer ran).
+        worst_step (int): the step with the largest peak (-1 when no step ran).
+        holders (list[str]): what holds tensors the steps made past the soak (the survivor
+            check's warning, _survivors.py: the objects and their bytes), empty when nothing.
+        seconds (float): the soak's own wall time, its steps and their measurement.
+    """
+
+    micro_batch: int
+    accumulation_steps: int
+    steps_asked: int
+    steps: List[SoakStep]
+    outcome: str
+    failed_step: Optional[int]
+    memory_limit_bytes: int
+    growth_bytes_per_step: float = 0.0
+    growth_noise_bytes: float = 0.0
+    growing: bool = False
+    limit_step: Optional[int] = None
+    job_steps: Optional[int] = None
+    lasts: Optional[bool] = None
+    steady_peak_bytes: int = 0
+    worst_step: int = -1
+    holders: List[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        """The result as plain JSON-serialisable data (bytes as ints, the steps as dicts)."""
+        out = dict(self.__dict__)
+        out["steps"] = [dict(s.__dict__) for s in self.steps]
+        return out
+
+    def __str__(self) -> str:
+        """The soak's report: its steps, the growth and what it means, and its own cost."""
+        fmt = _core.format_bytes
+        ran = len(self.steps)
+        lines = [
+            f"soak: micro-batch {self.micro_batch} x {self.accumulation_steps} accumulation "
+            f"step(s), {ran} of {self.steps_asked} optimizer steps under "
+            f"{fmt(self.memory_limit_bytes)} in {self.seconds:.1f} s (the soak's own steps)"
+        ]
+        if self.failed_step is not None:
+            lines.append(f"out of memory at step {self.failed_step}")
+        if ran:
+            worst = self.steps[self.worst_step]
+            lines.append(
+                f"steady peak {fmt(self.steady_peak_bytes)}; worst step {self.worst_step} "
+                f"(peak {fmt(worst.peak_bytes)}); held after the last step "
+                f"{fmt(self.steps[-1].held_bytes)}"
+            )
+        lines.append(_growth_line(self))
+        lines += [f"kept past the soak: {h}" for h in self.holders]
+        return "\n".join(lines)
+
+
+def _growth_line(r: SoakResult) -> str:
+    fmt = _core.format_bytes
+    fitted = len(r.steps) - WARM_UP_STEPS - 1
+    if fitted < MIN_FITTED_STEPS:
+        return (
+            f"growth: not fitted ({len(r.steps)} steps ran; at least "
+            f"{WARM_UP_STEPS + MIN_FITTED_STEPS + 1} are needed)"
+        )
+    rate = (
+        f"{fmt(round(r.growth_bytes_per_step))} per step (noise {fmt(round(r.growth_noise_bytes))})"
+    )
+    if not r.growing:
+        return f"growth: none seen in {len(r.steps)} steps ({rate})"
+    text = f"growth: {rate}: at this rate the limit is reached at step {r.limit_step}"
+    if r.lasts is not None:
+        text += f"; the job's {r.job_steps} steps {'last' if r.lasts else 'do not last'}"
+    return text
+
+
+def fit_growth(held: List[int]) -> tuple:
+    """(growth per step, noise band) of the bytes held at the end of each step, bytes: the median
+    of the consecutive differences after WARM_UP_STEPS steps, and their median absolute deviation.
+    (0.0, 0.0) when fewer than MIN_FITTED_STEPS differences remain."""
+    diffs = [b - a for a, b in zip(held[WARM_UP_STEPS:], held[WARM_UP_STEPS + 1 :])]
+    if len(diffs) < MIN_FITTED_STEPS:
+        return 0.0, 0.0
+    slope = float(statistics.median(diffs))
+    return slope, float(statistics.median(abs(d - slope) for d in diffs))
+
+
+def _analyse(r: SoakResult) -> None:
+    """The growth, the limit step, the steady and worst peaks of `r` (in place)."""
+    peaks = [s.peak_bytes for s in r.steps]
+    if peaks:
+        r.worst_step = max(range(len(peaks)), key=peaks.__getitem__)
+        steady = peaks[WARM_UP_STEPS:] or peaks
+        r.steady_peak_bytes = int(statistics.median(steady))
+    r.growth_bytes_per_step, r.growth_noise_bytes = fit_growth([s.held_bytes for s in r.steps])
+    r.growing = r.growth_bytes_per_step > max(r.growth_noise_bytes, 0.0)
+    if r.growing:
+        last = r.steps[-1]
+        room = r.memory_limit_bytes - last.peak_bytes
+        r.limit_step = last.step + max(1, math.ceil(room / r.growth_bytes_per_step))
+        if r.job_steps is not None:
+            r.lasts = r.limit_step >= r.job_steps
+    elif r.job_steps is not None and r.failed_step is None:
+        r.lasts = True
+
+
+class _StepRecorder:
+    """What the trial's step loop reports after each optimizer step (_trial.EagerProbe._run_steps
+    calls a residue's first/later there, the batch still held as a loop holds it until the next
+    one is made): each step's window of the meter is closed (its peak), the bytes held read,
+    and the next step's window opened."""
+
+    def __init__(self, meter, rows):
+        self.meter, self.rows = meter, rows
+
+    def begin(self):
+        """Nothing before the first step: the trial opened its window."""
+
+    def replaced(self, freed_bytes, own_bytes):
+        """A later step's batch replacing the previous one: no evidence the soak uses."""
+
+    def first(self, size, made_bytes, now_bytes):
+        """After step 0 (as later)."""
+        self.later(size, now_bytes)
+
+    def later(self, size, now_bytes):
+        """After each step: its peak from the window, the bytes held, the next window opened."""
+        peaks = self.meter.end()
+        self.rows.append(
+            SoakStep(
+                len(self.rows),
+                int(now_bytes),
+                int(peaks["peak_bytes"]),
+                int(peaks["peak_reserved_bytes"]),
+            )
+        )
+        self.meter.begin()
+
+
+def _soak_body(probe, steps, rows):
+    """The trial's body: `steps` optimizer steps on one optimizer in one loop (the batch held
+    from one step to the next, as the user's loop holds it), a window of the meter per step.
+    Returns (steps completed, total ms)."""
+
+    def body(size, micro_batches):
+        optimizer = probe.make_optimizer()
+        try:
+            recorder = _StepRecorder(probe.meter, rows)
+            return probe._run_steps(size, micro_batches, steps, optimizer, recorder, 0, None)
+        finally:
+            release = getattr(probe.make_optimizer, "release_trial", None)
+            if release is not None:
+                release()
+
+    body.__name__ = "_train"  # a training trial's evidence (_trial._body_key)
+    return body
+
+
+def soak(
+    model: torch.nn.Module,
+    example_batch: Any,
+    micro_batch: int,
+    *,
+    steps: int = 20,
+    accumulation_steps: int = 1,
+    job_steps: Optional[int] = None,
+    **options: Any,
+) -> SoakResult:
+    """Runs `steps` optimizer steps of the user's step at `micro_batch` in a row and measures
+    whether memory grows from step to step (docs/soak.md).
+
+    Each step is micro_batch x accumulation_steps samples (the plan's micro-batch and its
+    accumulation), on one optimizer, under the same limit as find()'s trials, with the batch
+    made from `example_batch` as find() makes it. After the steps the model, its gradients and
+    the process are put back as find() puts them back.
+
+    Args:
+        model (torch.nn.Module): the model, as for find().
+        example_batch (Any): one batch whose samples are repeated, as for find().
+        micro_batch (int): samples per micro-batch, >= 1.
+        steps (int): optimizer steps to run, 1 to 2^31 - 1 (default 20; the growth is fitted
+            from 7 on: 2 warm-up steps, then at least 4 differences).
+        accumulation_steps (int): micro-batches per optimizer step, >= 1 (default 1).
+        job_steps (int | None): the job's optimizer steps; with it, `lasts` says whether the
+            job's last step stays under the limit at the measured growth.
+        **options (Any): find()'s options for the step and the memory: optimizer, loss_fn,
+            step, precision, device, memory_limit, margin, reserve, ddp, zero_grad,
+            keep_output, autocast_cache. The search's options (target_batch, min_batch, ...,
+            steps_per_trial) are UsageErrors unless left at their defaults.
+
+    Returns:
+        SoakResult: the steps' held bytes and peaks, the growth per step and its noise band,
+        the step at which the limit would be reached, whether the job lasts, what holds tensors
+        past the soak, and the soak's own time. Out of memory is an outcome here
+        (`outcome` "out-of-memory", `failed_step`), never an exception.
+
+    Raises:
+        UsageError: a bad argument (micro_batch, steps, accumulation_steps or job_steps not an
+            int >= 1, a search option, an unknown option), or as find() raises it.
+        ModelError: the step raised an error that is not out of memory.
+        Cancelled: Ctrl-C during the soak (the model is restored).
+
+    Examples:
+        >>> r = autobatch.soak(model, torch.randn(1, 256), 64, steps=20, memory_limit="64MiB")
+        >>> r.growing, r.growth_bytes_per_step, r.limit_step
+        (False, 0.0, None)
+    """
+    for name, value in (("micro_batch", micro_batch), ("accumulation_steps", accumulation_steps)):
+        if value is None:
+            raise UsageError(f"{name}: expected an int >= 1, but got None")
+        _count(value, name, maximum=_INT32_MAX)
+    if steps is None:
+        raise UsageError("steps: expected an int >= 1 (the optimizer steps to run), but got None")
+    _count(steps, "steps", maximum=_INT32_MAX)
+    if job_steps is not None:
+        _count(job_steps, "job_steps", maximum=2**62)
+    if "steps_per_trial" in options:
+        raise UsageError("steps_per_trial: soak runs `steps` optimizer steps; pass steps=")
+    _refuse_search_options(options, "soak")
+    session = _session_of(model, example_batch, options, "soak")
+    rows: List[SoakStep] = []
+    holders: List[str] = []
+
+    def run(probe, facts):
+        record = probe.trial(
+            micro_batch, accumulation_steps, _soak_body(probe, steps, rows), label="soak"
+        )
+        if probe.survivor_note:  # the survivor check after the trial (_survivors.py)
+            holders.append(probe.survivor_note)
+        return record
+
+    started = time.perf_counter()
+    record = session.run(run)
+    if record.get("cancelled"):
+        raise Cancelled("interrupted: the soak stopped at Ctrl-C; the model is restored")
+    outcome = record.get("outcome", FITS)
+    result = SoakResult(
+        micro_batch=micro_batch,
+        accumulation_steps=accumulation_steps,
+        steps_asked=steps,
+        steps=rows,
+        outcome=outcome,
+        failed_step=None if outcome == FITS else len(rows),
+        memory_limit_bytes=int(record["memory_limit_bytes"]),
+        job_steps=job_steps,
+        holders=holders,
+        seconds=time.perf_counter() - started,
+    )
+    _analyse(result)
+    return result

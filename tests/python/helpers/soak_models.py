@@ -1,0 +1,75 @@
+"""Tiny models for the soak's tests (test_soak.py) and their plain loop (soak_loop.py): an MLP whose
+forward hook keeps what it sees from a given forward on (the leak of issue 67 item 4c), and one
+that fills a cache once at a given forward (growth that stops). Built from a seed, CPU."""
+import torch
+
+FEATURES, HIDDEN, CLASSES = 256, 512, 10
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(FEATURES, HIDDEN)
+        self.b = torch.nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def hook_store(start=0):
+    """An Mlp whose forward hook on its first layer appends the layer's output (kept with its
+    graph) to `model.kept` from the `start`-th forward on, as a user's activation logger does."""
+    torch.manual_seed(0)
+    model = Mlp()
+    model.kept, model.calls = [], 0
+
+    def store(module, inputs, output):
+        model.calls += 1
+        if model.calls > start:
+            model.kept.append(output)
+
+    model.a.register_forward_hook(store)
+    return model
+
+
+class CacheOnce(Mlp):
+    """An Mlp that, at its `at`-th forward, makes a buffer of `nbytes` and keeps it for good (a
+    lookup table built on first use): growth that stops."""
+
+    def __init__(self, at=5, nbytes=1 << 20):
+        super().__init__()
+        self.at, self.nbytes, self.calls, self.cache = at, nbytes, 0, None
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.at:
+            self.cache = torch.zeros(self.nbytes // 4)
+        return super().forward(x)
+
+
+def cache_once():
+    torch.manual_seed(0)
+    return CacheOnce()
+
+
+def plain():
+    torch.manual_seed(0)
+    return Mlp()
+
+
+MODELS = {"hook_store": hook_store, "late_hook_store": lambda: hook_store(start=30),
+          "cache_once": cache_once, "plain": plain}
+
+
+def example():
+    torch.manual_seed(1)
+    return torch.randn(1, FEATURES)
+
+
+def step(model, batch):
+    """The user's step: the mean of the logits as the loss."""
+    return model(batch).mean()
+
+
+def optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-3)
