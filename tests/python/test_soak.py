@@ -55,6 +55,23 @@ def test_a_step_that_keeps_its_activations_is_predicted_to_run_out_where_the_pla
     assert soak(soak_models.hook_store(), steps, limit, job_steps=truth // 2).lasts is True
 
 
+# Given the job's step count, the largest micro-batch that lasts it: soaked at 64 (which survives
+# the soak's 10 steps but not the job's 150), the answer's own plain loop lasts 150 steps and one
+# sample more runs out of memory before the job's end. Catches the largest size that survived the
+# soak taken for the answer (64), a growth taken as the same at every size (the hook keeps 2 KiB
+# a sample a step: a far larger answer), and a rounding that answers one too many.
+def test_given_the_jobs_steps_the_answer_is_the_largest_micro_batch_that_lasts_them():
+    limit, job = 12 * MIB, 150
+    r = soak(soak_models.hook_store(), 10, limit, size=64, job_steps=job)
+    assert r.outcome == "fits" and r.growing and r.lasts is False, r
+    b = r.lasting_micro_batch
+    assert b is not None and 1 < b < 64, r
+    assert plain_loop_failed_step("hook_store", limit, b, job) is None
+    failed = plain_loop_failed_step("hook_store", limit, b + 1, job)
+    assert failed is not None and failed < job, failed
+    assert f"the largest micro-batch that lasts them is {b} (from soaks at 64 and 32)" in str(r)
+
+
 # A step that keeps each step's output in a list of its closure: the soak names that list (the
 # survivor check's holder, _survivors.py). Catches a soak that drops the check's finding.
 def test_the_soak_names_what_keeps_the_steps_tensors():

@@ -87,6 +87,10 @@ class SoakResult:
         job_steps (int | None): the job's optimizer steps, as given.
         lasts (bool | None): with job_steps, whether the job's last step stays under the limit
             at the measured rate; None without job_steps.
+        lasting_micro_batch (int | None): when the job does not last, the largest micro-batch
+            whose job_steps steps stay under the limit, from this soak and a second one at half
+            the micro-batch (each step's peak and the growth taken as affine in the
+            micro-batch); None when the job lasts, without job_steps, or when nothing lasts.
         steady_peak_bytes (int): the median of the steps' peaks after the warm-up (of all steps
             when fewer ran).
         worst_step (int): the step with the largest peak (-1 when no step ran).
@@ -108,6 +112,7 @@ class SoakResult:
     limit_step: Optional[int] = None
     job_steps: Optional[int] = None
     lasts: Optional[bool] = None
+    lasting_micro_batch: Optional[int] = None
     steady_peak_bytes: int = 0
     worst_step: int = -1
     holders: List[str] = field(default_factory=list)
@@ -158,6 +163,13 @@ def _growth_line(r: SoakResult) -> str:
     text = f"growth: {rate}: at this rate the limit is reached at step {r.limit_step}"
     if r.lasts is not None:
         text += f"; the job's {r.job_steps} steps {'last' if r.lasts else 'do not last'}"
+    if r.lasting_micro_batch:
+        text += (
+            f"; the largest micro-batch that lasts them is {r.lasting_micro_batch} (from soaks at "
+            f"{r.micro_batch} and {r.micro_batch // 2})"
+        )
+    elif r.lasts is False:
+        text += "; no micro-batch lasts them at these rates"
     return text
 
 
@@ -184,7 +196,7 @@ def _analyse(r: SoakResult) -> None:
     if r.growing:
         last = r.steps[-1]
         room = r.memory_limit_bytes - last.peak_bytes
-        r.limit_step = last.step + max(1, math.ceil(room / r.growth_bytes_per_step))
+        r.limit_step = last.step + max(1, math.floor(room / r.growth_bytes_per_step) + 1)
         if r.job_steps is not None:
             r.lasts = r.limit_step >= r.job_steps
     elif r.job_steps is not None and r.failed_step is None:
@@ -269,7 +281,9 @@ def soak(
             from 7 on: 2 warm-up steps, then at least 4 differences).
         accumulation_steps (int): micro-batches per optimizer step, >= 1 (default 1).
         job_steps (int | None): the job's optimizer steps; with it, `lasts` says whether the
-            job's last step stays under the limit at the measured growth.
+            job's last step stays under the limit at the measured growth, and when it does not,
+            a second soak at half the micro-batch gives `lasting_micro_batch`, the largest
+            micro-batch that lasts them (the soak's time then counts both).
         **options (Any): find()'s options for the step and the memory: optimizer, loss_fn,
             step, precision, device, memory_limit, margin, reserve, ddp, zero_grad,
             keep_output, autocast_cache. The search's options (target_batch, min_batch, ...,
@@ -304,6 +318,24 @@ def soak(
     if "steps_per_trial" in options:
         raise UsageError("steps_per_trial: soak runs `steps` optimizer steps; pass steps=")
     _refuse_search_options(options, "soak")
+    started = time.perf_counter()
+    result = _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, options)
+    result.job_steps = job_steps
+    _analyse(result)
+    if result.growing and result.lasts is False and micro_batch > 1:
+        # A second soak at half the micro-batch: the two give each step's peak and the growth
+        # as affine functions of the micro-batch, and the largest micro-batch that lasts.
+        half = _soak_once(
+            model, example_batch, micro_batch // 2, steps, accumulation_steps, options
+        )
+        _analyse(half)
+        result.lasting_micro_batch = lasting_micro_batch(result, half, job_steps)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, options):
+    """One soak at `micro_batch`: its steps, outcome and holders (not yet analysed)."""
     session = _session_of(model, example_batch, options, "soak")
     rows: List[SoakStep] = []
     holders: List[str] = []
@@ -316,12 +348,11 @@ def soak(
             holders.append(probe.survivor_note)
         return record
 
-    started = time.perf_counter()
     record = session.run(run)
     if record.get("cancelled"):
         raise Cancelled("interrupted: the soak stopped at Ctrl-C; the model is restored")
     outcome = record.get("outcome", FITS)
-    result = SoakResult(
+    return SoakResult(
         micro_batch=micro_batch,
         accumulation_steps=accumulation_steps,
         steps_asked=steps,
@@ -329,9 +360,43 @@ def soak(
         outcome=outcome,
         failed_step=None if outcome == FITS else len(rows),
         memory_limit_bytes=int(record["memory_limit_bytes"]),
-        job_steps=job_steps,
         holders=holders,
-        seconds=time.perf_counter() - started,
     )
-    _analyse(result)
-    return result
+
+
+def _first_failing_step(start_peak, growth, limit):
+    """The first 0-based step whose peak, `start_peak` + `growth` x step, is above `limit`."""
+    if start_peak > limit:
+        return 0
+    return math.floor((limit - start_peak) / growth) + 1
+
+
+def lasting_micro_batch(big: SoakResult, small: SoakResult, job_steps: int) -> Optional[int]:
+    """The largest micro-batch, at most `big`'s, whose every one of `job_steps` steps stays under
+    the limit, from two analysed soaks at two micro-batches that both grow: each step's peak is
+    start(B) + growth(B) x step, with start and growth affine in B through the two soaks' figures
+    (start: the last step's peak less its growth so far). None when the small soak does not grow
+    or a micro-batch of 1 does not last either."""
+    if not (small.growing and big.growing) or big.micro_batch == small.micro_batch:
+        return None
+
+    def start(r):
+        return r.steps[-1].peak_bytes - r.growth_bytes_per_step * r.steps[-1].step
+
+    span = big.micro_batch - small.micro_batch
+    start_per_sample = (start(big) - start(small)) / span
+    growth_per_sample = (big.growth_bytes_per_step - small.growth_bytes_per_step) / span
+
+    def lasts(b):
+        d = b - small.micro_batch
+        growth = small.growth_bytes_per_step + growth_per_sample * d
+        first = start(small) + start_per_sample * d
+        if growth <= 0:
+            return first <= big.memory_limit_bytes
+        return _first_failing_step(first, growth, big.memory_limit_bytes) >= job_steps
+
+    lo, hi = 0, big.micro_batch  # lasts(lo) holds (0: none), lasts(hi + 1) is not asked
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if lasts(mid) else (lo, mid - 1)
+    return lo or None
