@@ -72,6 +72,31 @@ def test_given_the_jobs_steps_the_answer_is_the_largest_micro_batch_that_lasts_t
     assert f"the largest micro-batch that lasts them is {b} (from soaks at 64 and 32)" in str(r)
 
 
+# The same with the list in a module's global: the first soak's kept tensors are still alive
+# when the second soak (at half the micro-batch) runs. Catches a second soak read as if it had
+# started where the first did (the leftovers counted as the smaller size's own: 25 here, where
+# the plain loop lasts at 30).
+def test_the_second_soak_is_not_charged_with_what_the_first_kept():
+    limit, job = 12 * MIB, 150
+    r = soak(soak_models.global_store(), 10, limit, size=64, job_steps=job)
+    b = r.lasting_micro_batch
+    soak_models.KEPT.clear()
+    assert b is not None and r.lasts is False, r
+    assert plain_loop_failed_step("global_store", limit, b, job) is None
+    failed = plain_loop_failed_step("global_store", limit, b + 1, job)
+    assert failed is not None and failed < job, (b, failed)
+
+
+# With too few steps to fit a growth, whether the job lasts is not known, and not claimed.
+# Catches "lasts" set from the absence of an out of memory alone.
+def test_too_few_steps_say_nothing_of_whether_the_job_lasts():
+    r = soak(soak_models.hook_store(), 6, 64 * MIB, job_steps=10**9)
+    assert r.lasts is None and not r.growing and r.lasting_micro_batch is None, r
+    assert "do not last" not in str(r) and "last" not in _soak._growth_line(r)
+    failed = soak(soak_models.hook_store(), 400, 6 * MIB, job_steps=10**9)
+    assert failed.outcome == "out-of-memory" and failed.lasts is False
+
+
 # A step that keeps each step's output in a list of its closure: the soak names that list (the
 # survivor check's holder, _survivors.py). Catches a soak that drops the check's finding.
 def test_the_soak_names_what_keeps_the_steps_tensors():

@@ -53,7 +53,8 @@ class SoakStep:
         step (int): 0-based index of the step.
         held_bytes (int): the meter's bytes at the end of the step (after zero_grad), as the
             limit counts them (the model, its optimizer state and what the step kept).
-        peak_bytes (int): the step's peak, bytes (the meter's peak over this step alone).
+        peak_bytes (int): the step's peak, bytes: the tensors' peak over this step alone (on
+            CUDA the allocated peak; the CPU budget's count of every CPU tensor).
         peak_reserved_bytes (int): on CUDA the caching allocator's reserved peak of the step
             (equal to peak_bytes on the CPU).
     """
@@ -86,11 +87,14 @@ class SoakResult:
             the limit at that rate (from the last step's peak); None without growth.
         job_steps (int | None): the job's optimizer steps, as given.
         lasts (bool | None): with job_steps, whether the job's last step stays under the limit
-            at the measured rate; None without job_steps.
+            at the measured rate (False when a soaked step ran out of memory); None without
+            job_steps, or when too few steps ran to fit a growth.
         lasting_micro_batch (int | None): when the job does not last, the largest micro-batch
             whose job_steps steps stay under the limit, from this soak and a second one at half
             the micro-batch (each step's peak and the growth taken as affine in the
             micro-batch); None when the job lasts, without job_steps, or when nothing lasts.
+        start_bytes (int): the meter's bytes before the first step (the model, its state, the
+            example, and what the process held).
         steady_peak_bytes (int): the median of the steps' peaks after the warm-up (of all steps
             when fewer ran).
         worst_step (int): the step with the largest peak (-1 when no step ran).
@@ -113,6 +117,7 @@ class SoakResult:
     job_steps: Optional[int] = None
     lasts: Optional[bool] = None
     lasting_micro_batch: Optional[int] = None
+    start_bytes: int = 0
     steady_peak_bytes: int = 0
     worst_step: int = -1
     holders: List[str] = field(default_factory=list)
@@ -147,10 +152,14 @@ class SoakResult:
         return "\n".join(lines)
 
 
+def _fitted(r: SoakResult) -> bool:
+    """Whether enough steps ran for a growth to be fitted (fit_growth)."""
+    return len(r.steps) - WARM_UP_STEPS - 1 >= MIN_FITTED_STEPS
+
+
 def _growth_line(r: SoakResult) -> str:
     fmt = _core.format_bytes
-    fitted = len(r.steps) - WARM_UP_STEPS - 1
-    if fitted < MIN_FITTED_STEPS:
+    if not _fitted(r):
         return (
             f"growth: not fitted ({len(r.steps)} steps ran; at least "
             f"{WARM_UP_STEPS + MIN_FITTED_STEPS + 1} are needed)"
@@ -197,10 +206,14 @@ def _analyse(r: SoakResult) -> None:
         last = r.steps[-1]
         room = r.memory_limit_bytes - last.peak_bytes
         r.limit_step = last.step + max(1, math.floor(room / r.growth_bytes_per_step) + 1)
-        if r.job_steps is not None:
-            r.lasts = r.limit_step >= r.job_steps
-    elif r.job_steps is not None and r.failed_step is None:
-        r.lasts = True
+    if r.job_steps is None:
+        return
+    if r.failed_step is not None:
+        r.lasts = r.failed_step >= r.job_steps
+    elif r.growing:
+        r.lasts = r.limit_step >= r.job_steps
+    elif len(r.steps) >= r.job_steps or _fitted(r):
+        r.lasts = True  # measured: no growth in a fit, or the job's every step ran
 
 
 class _StepRecorder:
@@ -225,23 +238,28 @@ class _StepRecorder:
     def later(self, size, now_bytes):
         """After each step: its peak from the window, the bytes held, the next window opened."""
         peaks = self.meter.end()
+        # The tensors' peak in this step's window. Not "peak_bytes": without an explicit limit
+        # on the CPU that is the process's need grown since the search's setup (the guard's,
+        # cpu_budget.cpp endTrial), which no step's window resets.
         self.rows.append(
             SoakStep(
                 len(self.rows),
                 int(now_bytes),
-                int(peaks["peak_bytes"]),
+                int(peaks["peak_allocated_bytes"]),
                 int(peaks["peak_reserved_bytes"]),
             )
         )
         self.meter.begin()
 
 
-def _soak_body(probe, steps, rows):
+def _soak_body(probe, steps, rows, start):
     """The trial's body: `steps` optimizer steps on one optimizer in one loop (the batch held
     from one step to the next, as the user's loop holds it), a window of the meter per step.
-    Returns (steps completed, total ms)."""
+    Returns (steps completed, total ms). Appends the meter's bytes before the first step to
+    `start`."""
 
     def body(size, micro_batches):
+        start.append(probe.meter.current_bytes())  # before the first batch is made
         optimizer = probe.make_optimizer()
         try:
             recorder = _StepRecorder(probe.meter, rows)
@@ -339,10 +357,11 @@ def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, opt
     session = _session_of(model, example_batch, options, "soak")
     rows: List[SoakStep] = []
     holders: List[str] = []
+    start: List[int] = []
 
     def run(probe, facts):
         record = probe.trial(
-            micro_batch, accumulation_steps, _soak_body(probe, steps, rows), label="soak"
+            micro_batch, accumulation_steps, _soak_body(probe, steps, rows, start), label="soak"
         )
         if probe.survivor_note:  # the survivor check after the trial (_survivors.py)
             holders.append(probe.survivor_note)
@@ -361,6 +380,7 @@ def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, opt
         failed_step=None if outcome == FITS else len(rows),
         memory_limit_bytes=int(record["memory_limit_bytes"]),
         holders=holders,
+        start_bytes=int(start[0]) if start else 0,
     )
 
 
@@ -381,7 +401,10 @@ def lasting_micro_batch(big: SoakResult, small: SoakResult, job_steps: int) -> O
         return None
 
     def start(r):
-        return r.steps[-1].peak_bytes - r.growth_bytes_per_step * r.steps[-1].step
+        # what the second soak began with beyond the first (the first soak's kept tensors, still
+        # alive when the step keeps them in a global or a closure) is no part of a fresh job
+        shift = big.start_bytes - r.start_bytes
+        return r.steps[-1].peak_bytes + shift - r.growth_bytes_per_step * r.steps[-1].step
 
     span = big.micro_batch - small.micro_batch
     start_per_sample = (start(big) - start(small)) / span

@@ -32,6 +32,19 @@ def hook_store(start=0):
     return model
 
 
+KEPT = []  # what global_store's hook keeps: a module's global, which outlives any one soak
+
+
+def global_store():
+    """An Mlp whose forward hook appends its first layer's output to the global list KEPT (made
+    empty here): unlike hook_store's list, nothing puts it back between two soaks."""
+    torch.manual_seed(0)
+    model = Mlp()
+    KEPT.clear()
+    model.a.register_forward_hook(lambda module, inputs, output: KEPT.append(output))
+    return model
+
+
 class CacheOnce(Mlp):
     """An Mlp that, at its `at`-th forward, makes a buffer of `nbytes` and keeps it for good (a
     lookup table built on first use): growth that stops."""
@@ -58,6 +71,7 @@ def plain():
 
 
 MODELS = {"hook_store": hook_store, "late_hook_store": lambda: hook_store(start=30),
+          "global_store": global_store,
           "cache_once": cache_once, "plain": plain}
 
 
