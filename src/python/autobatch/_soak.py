@@ -31,9 +31,9 @@ import torch
 
 from . import _core
 from ._errors import Cancelled, UsageError
-from ._option_checks import _refuse_search_options
+from ._option_checks import _SEARCH_ONLY, _refuse_search_options
 from ._options import _INT32_MAX, _count
-from ._session import _session_of
+from ._session import _Session, _session_of, check_option_names
 from ._vocabulary import FITS
 
 # Steps whose held bytes are no evidence of growth: a job's start makes what it makes once (the
@@ -335,6 +335,10 @@ def soak(
         _count(job_steps, "job_steps", maximum=2**62)
     if "steps_per_trial" in options:
         raise UsageError("steps_per_trial: soak runs `steps` optimizer steps; pass steps=")
+    # an unknown name lists what soak takes, not the search's options it refuses
+    check_option_names(
+        options, _Session.__init__, "soak", shown_out=(*_SEARCH_ONLY, "steps_per_trial")
+    )
     _refuse_search_options(options, "soak")
     started = time.perf_counter()
     result = _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, options)
