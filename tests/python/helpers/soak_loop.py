@@ -4,6 +4,13 @@ rule), for at most STEPS optimizer steps at micro-batch B. Prints {"failed_step"
 step that ran out of memory) or {"failed_step": null}.
 
   python soak_loop.py MODEL LIMIT_BYTES B STEPS
+
+With --soak, the other side in a fresh process too: autobatch.soak of the same model, STEPS steps
+at B under memory_limit=LIMIT_BYTES (its own meter; JOB_STEPS as job_steps when given), printed as
+its to_dict(). A soak in the tests' own process counts what earlier tests left alive there (as a
+user's process would), which the plain loop's fresh process does not hold.
+
+  python soak_loop.py --soak MODEL LIMIT_BYTES B STEPS [JOB_STEPS]
 """
 import json
 import sys
@@ -38,5 +45,17 @@ def main(name, limit, size, steps):
     print(json.dumps({"failed_step": failed}))
 
 
+def soak(name, limit, size, steps, job_steps=None):
+    import autobatch
+
+    r = autobatch.soak(soak_models.MODELS[name](), soak_models.example(), size, steps=steps,
+                       memory_limit=limit, step=soak_models.step,
+                       optimizer=soak_models.optimizer, job_steps=job_steps)
+    print(json.dumps(r.to_dict()))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    if sys.argv[1] == "--soak":
+        soak(sys.argv[2], *map(int, sys.argv[3:]))
+    else:
+        main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
