@@ -174,8 +174,8 @@ def test_fit_growth_is_the_median_difference_after_the_warm_up():
     assert _soak.fit_growth([0, 900, 1000, 1000, 1000, 5000, 1000 + 4000, 9000]) == (0.0, 0.0)
     assert _soak.fit_growth([0, 900, 1000, 1100, 1200, 1300, 1400]) == (100.0, 0.0)
     assert _soak.fit_growth([0, 1, 2, 3, 4, 5]) == (0.0, 0.0)  # 3 differences: too few
-    slope, noise = _soak.fit_growth([0, 0, 0, 10, 30, 40, 60, 70])
-    assert (slope, noise) == (10.0, 0.0) or (slope == 15.0 and noise > 0), (slope, noise)
+    # differences after the warm-up 10, 20, 10, 20, 10: median 10, deviations 0, 10: median 0
+    assert _soak.fit_growth([0, 0, 0, 10, 30, 40, 60, 70]) == (10.0, 0.0)
 
 
 # Bad arguments are UsageErrors before any step, naming the argument. Catches a search option
@@ -202,7 +202,7 @@ def test_the_result_is_plain_data():
     assert d["outcome"] == "fits" and len(d["steps"]) == 3
     assert d["steps"][0]["peak_bytes"] >= d["steps"][0]["held_bytes"] > 0
     assert all(s["peak_reserved_bytes"] == s["peak_bytes"] for s in d["steps"])  # CPU
-    assert isinstance(torch.__version__, str)
+    assert d["steps_asked"] == 3 and d["job_steps"] is None and d["lasts"] is None
 
 
 # The project's model zoo (scripts/export_models.py: 8 models, vision and language) and the tiny
