@@ -43,7 +43,7 @@ PY_MODULE_LAYERS = {
     "_result": "types", "_fingerprint": "types", "_step_errors": "types", "_vocabulary": "types",
     # the meters and the trial: one real step under the budget, its state put back
     "_budget": "measuring", "_cuda_api": "measuring", "_meter": "measuring",
-    "_batches": "measuring", "_residue": "measuring", "_replay": "measuring", "_measuring": "measuring",
+    "_batches": "measuring", "_loader": "measuring", "_residue": "measuring", "_replay": "measuring", "_measuring": "measuring",
     "_survivors": "measuring", "_state": "measuring", "_fsdp": "measuring",
     "_collectives": "measuring", "_optimizers": "measuring", "_step_output": "measuring",
     "_trial": "measuring", "_eval": "measuring",

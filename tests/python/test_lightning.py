@@ -9,7 +9,9 @@ import torch
 pytest.importorskip("lightning")  # not in the newest-torch environment (requirements-newest.txt)
 import autobatch  # noqa: E402
 import autobatch.lightning as abl  # noqa: E402
+import lightning as L  # noqa: E402
 import lightning_models as lm  # noqa: E402
+import loader_data  # noqa: E402
 import torchrun  # noqa: E402
 
 LIMIT = "7MiB"  # the MLP's largest micro-batch is then about 63 (16 KB a sample, the batch
@@ -443,3 +445,39 @@ def test_the_size_is_capped_at_the_datasets_length():
     trainer, model, data = fit(finder, data=lm.Data(samples=96), limit_train_batches=1)
     assert finder.micro_batch == data.batch_size == 96
     assert finder.result.capped_by != "memory"
+
+
+class _TokenModule(L.LightningModule):
+    """loader_data's token model under Lightning, over its sorted dataset (the first batches
+    short): `batch_size` on the module, the padding collator."""
+
+    def __init__(self, batch_size=8):
+        super().__init__()
+        self.batch_size, self.model = batch_size, loader_data.model()
+
+    def train_dataloader(self):
+        return loader_data.loader("pad", self.batch_size)
+
+    def training_step(self, batch, batch_idx):
+        return self.model(**batch)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters())
+
+
+def test_from_loader_sizes_on_the_train_loaders_costliest_samples():
+    # Catches: a from_loader that still sizes on the first batch (16 to 20 tokens: an answer
+    # many times the 512-token rows' one), and a finder that does not pass the loader to
+    # find() (its Result would not say what bound it).
+    sizes = {}
+    for from_loader in (False, True):
+        finder = abl.AutobatchFinder(memory_limit="64MiB", from_loader=from_loader)
+        module = _TokenModule()
+        lm.trainer(finder, limit_train_batches=1).fit(module)
+        sizes[from_loader] = finder.micro_batch
+        assert module.batch_size == finder.micro_batch
+    assert finder.result.data["binding_shape"]["input_ids"] == [1, loader_data.LONGEST]
+    assert finder.result.data["scope"] == "the epoch"
+    assert 10 * sizes[True] < sizes[False]
+    with pytest.raises(autobatch.UsageError, match="from_loader: expected True"):
+        abl.AutobatchFinder(from_loader="yes")

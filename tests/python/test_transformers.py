@@ -2,6 +2,8 @@
 real out-of-memory: a tiny Llama from a config (tiny_models.py), the arguments it returns, and a
 Trainer that trains a step with them."""
 import pytest
+import torch
+from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
 
 import autobatch
@@ -183,3 +185,32 @@ def test_label_smoothing_is_sized_as_the_trainers_compute_loss(tmp_path):
                                       optimizer=lambda p: cls(p, **kwargs), keep_output=False,
                                       memory_limit=LIMIT).outcome for size in (b, b + 1)]
     assert outcomes == ["fits", "out-of-memory"], (b, outcomes)
+
+
+def _padded(samples):
+    """A causal-LM collator's rule: pad to the batch's longest, labels -100 on the padding."""
+    t = max(len(s["input_ids"]) for s in samples)
+    ids = torch.zeros(len(samples), t, dtype=torch.long)
+    labels = torch.full((len(samples), t), -100)
+    mask = torch.zeros(len(samples), t, dtype=torch.long)
+    for i, s in enumerate(samples):
+        n = len(s["input_ids"])
+        ids[i, :n] = labels[i, :n] = s["input_ids"]
+        mask[i, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def test_a_dataloader_in_place_of_the_example_sizes_on_its_longest_sequences(tmp_path):
+    # Catches: a drop-in that sizes on the loader's first batch (8 to 14 tokens here) or that
+    # cannot take the loader at all: the answer must hold for the 128-token rows.
+    model, _ = tiny_models.llama()
+    data = [{"input_ids": torch.arange(n) % 512} for n in range(8, 129, 2)]  # sorted, 61 samples
+    loader = DataLoader(data, batch_size=4, collate_fn=_padded)
+    sizes = {}
+    for name, example in (("first", next(iter(loader))), ("loader", loader)):
+        sized, result = abt.fit_training_arguments_with_result(
+            arguments(tmp_path), model, example, None, memory_limit=LIMIT, max_batch=4096)
+        sizes[name] = result.safe_micro_batch
+    assert result.data["binding_shape"]["input_ids"] == [1, 128]
+    assert sized.per_device_train_batch_size == sizes["loader"]  # max_batch raised the cap
+    assert 4 * sizes["loader"] < sizes["first"]

@@ -15,7 +15,6 @@ import time
 import torch
 
 from ._errors import ModelError, UsageError
-from ._trial import make_batch
 from ._vocabulary import FITS
 
 
@@ -130,7 +129,7 @@ class EvalProbe:
             with torch.no_grad():
                 for index in range(batches):
                     p._enter("inputs", size, index)
-                    batch = make_batch(p.example, size, p.n0, p.device)
+                    batch = p._batch(size)
                     # The previous batch's output is replaced only once this forward returned
                     # (`output = model(x)` in the user's loop).
                     output, loss = p.forward_loss(batch, size, index)

@@ -58,6 +58,7 @@ def find(
     cache: bool | str | os.PathLike[str] | None = None,
     cache_trust: bool = False,
     autocast_cache: bool = True,
+    loader_batches: int | None = None,
 ) -> Result:
     """Finds the largest micro-batch with which `model` trains, by running real training steps.
 
@@ -87,6 +88,14 @@ def find(
             repeats its samples in order along dimension 0; the model is called as
             model(**batch) for a mapping, model(*batch) for a tuple/list, model(batch) for a
             tensor.
+            Or the job's torch.utils.data.DataLoader (it must batch: batch_size or
+            batch_sampler): the trials then run on its costliest samples, collated by its own
+            collate_fn (docs/data.md): B rows as large as the costliest sample for a collator
+            that stacks (pads), the B costliest samples for one that concatenates; a map-style
+            dataset's every sample is read in this process (dataset[i]; its `lengths`, one int
+            per sample, spares loading all but the costliest; `loader_batches` bounds the scan),
+            an IterableDataset's first `loader_batches` batches. dataset_size defaults to the
+            epoch's samples, and Result.data says what bound the answer.
         optimizer (torch.optim.Optimizer | Callable[..., Any] | str | None): a factory
             `lambda params: torch.optim.AdamW(params, lr=1e-3)`, called with the trainable
             parameters and returning a new optimizer each call; an optimizer instance (a fresh
@@ -170,6 +179,12 @@ def find(
             (default, PyTorch's: a weight's cast made once per forward) or False (a cast per
             use, as Lightning's mixed precision runs; its drop-in passes False). Either way the
             casts are freed when the forward and loss end.
+        loader_batches (int | None): with a DataLoader, the batches to read for its costliest
+            samples, >= 1: the first N of an IterableDataset (default None: 64), the first N
+            its sampler draws from a map-style dataset (default None: every sample of the
+            epoch; N bounds the scan of a large dataset without `lengths`). The answer is then
+            for "the first N batches", not the epoch (Result.data's scope). Not with an example
+            batch (UsageError).
 
     Returns:
         Result: the largest micro-batch seen to fit (`max_micro_batch`), the largest under the
@@ -226,9 +241,10 @@ def find(
         zero_grad,
         keep_output,
         autocast_cache,
+        loader_batches,
     )
     if eval_state:
-        session.key = fingerprint(model, example_batch, base=session.key, eval=eval_state)
+        session.key = fingerprint(model, session.example, base=session.key, eval=eval_state)
     probes = []
 
     def search(probe, facts):
@@ -261,6 +277,8 @@ def find(
     result = Result.from_report(
         session.describe(json.loads(out["json"]), probes[0]), out["text"], out["env"], session.key
     )
+    if session.loader is not None:
+        result.data = session.loader.report()
     if probes[0].stopped_by is not None:  # raised with what the search verified before it
         error = probes[0].stopped_by
         raise ModelError(str(error), result, error.micro_batch) from error.__cause__
@@ -430,7 +448,8 @@ def check_batch(
 
     Args:
         model (torch.nn.Module): the model, as for find().
-        example_batch (Any): one batch whose samples are repeated, as for find().
+        example_batch (Any): one batch whose samples are repeated, or the job's DataLoader
+            (its costliest samples), as for find().
         micro_batch (int): the micro-batch to run, samples, >= 1.
         micro_batches_per_step (int): micro-batches accumulated before each optimizer step, 1
             to 2^31 - 1 (default 1; 2 holds the first micro-batch's gradients through the

@@ -9,7 +9,7 @@ import contextlib
 
 import torch
 
-from ._batches import leading, make_batch, mirror_removals
+from ._batches import leading, mirror_removals
 from ._replay import EventLog, peak_lines
 from ._residue import StepResidue, storage_bytes
 from ._vocabulary import FITS, OUTCOME_OUT_OF_MEMORY
@@ -134,14 +134,18 @@ class MeasuringTrials:
         optimizer's step with the batch held. Returns that batch. `residue`: told what the step
         left (_residue.py)."""
         self._enter("inputs", size, 0, 0)
-        held = make_batch(self.example, size, self.n0, self.device)
+        held = self._batch(size)
         made = self.meter.current_bytes() if residue is not None else 0
         # Its forward and backward event by event, for the whole step's replayed peak
         # (_replay.py): one micro-batch, on the budget allocator.
         self.replay_logs = []
         replay = micro_batches == 1 and self.meter.name == "cpu-budget"
         for micro in range(micro_batches):
-            small = leading(self.example, held, state_batch, self.n0)
+            small = (
+                leading(self.example, held, state_batch, self.n0)
+                if self.batches is None
+                else self._batch(state_batch)  # a made batch has no rows to view
+            )
             with EventLog(self.replay_logs, state_batch) if replay else contextlib.nullcontext():
                 output, loss = self.forward_loss(small, size, micro, 0)
                 self._check_step_loss(loss)

@@ -293,6 +293,12 @@ class Result:
             resident_bytes, ...); {} without eval=.
         cache (dict): with find(cache=...), the JSON report's "cache" section (outcome "hit",
             "miss" or "confirm-failed", key, fields, stored_at, ...; docs/python.md); {} without.
+        data (dict): with a DataLoader in place of the example batch, how the trial batches were
+            made (docs/data.md): collation ("stacks" or "concatenates"), samples_scanned, scope
+            ("the epoch", or the first N batches of an IterableDataset), binding_shape (each
+            tensor's shape for the costliest sample collated alone), dataset_size,
+            sampler_batches (the loader's own batch_sampler: batches, largest_samples,
+            costliest_samples, costliest_shape), scan_seconds; {} without.
 
     Examples:
         >>> result = autobatch.find(model, batch, memory_limit="8GiB", target_batch=512)
@@ -321,6 +327,7 @@ class Result:
     eval_safe_batch: int = 0
     eval: dict = field(default_factory=dict, repr=False)
     cache: dict = field(default_factory=dict, repr=False)
+    data: dict = field(default_factory=dict, repr=False)
 
     @property
     def micro_batch(self) -> int:

@@ -19,6 +19,8 @@ from . import _core
 from ._collectives import refuse_collective_modules
 from ._errors import UsageError
 from ._fingerprint import _code_digest, fingerprint
+from ._loader import is_loader
+from ._loader import loader_batches as loader_batches_of
 from ._meter import Meter
 from ._optimizers import _impl, _optimizer_factory
 from ._option_checks import _check_one_step, _outside_note
@@ -175,7 +177,22 @@ class _Session:
         zero_grad="none",
         keep_output=True,
         autocast_cache=True,
+        loader_batches=None,
     ):
+        # The job's DataLoader in place of an example batch: its costliest samples (_loader.py).
+        self.loader = None
+        self.data_loader = example_batch if is_loader(example_batch) else None
+        if is_loader(example_batch):
+            self.loader = loader_batches_of(example_batch, loader_batches)
+            example_batch = self.loader.example
+            if dataset_size is None:
+                dataset_size = self.loader.dataset_size
+        elif loader_batches is not None:
+            raise UsageError(
+                f"loader_batches: only with a DataLoader as the example batch (the batches of "
+                f"its IterableDataset to read), but the example is a "
+                f"{type(example_batch).__name__}"
+            )
         self.n0 = _check_step_arguments(
             model, example_batch, steps_per_trial, step, loss_fn, ddp, keep_output
         )
@@ -236,6 +253,7 @@ class _Session:
             **({"zero_grad": zero_grad} if zero_grad != "none" else {}),
             **({"keep_output": False} if not keep_output else {}),
             **({"autocast_cache": False} if not autocast_cache else {}),
+            **({"loader": _loader_key(self.loader)} if self.loader else {}),
         )
 
     def describe(self, doc, probe):
@@ -344,6 +362,10 @@ class _Session:
                 self.ddp_bucket_bytes,
             )
             probe.zero_grad, probe.keep_output = self.zero_grad, self.keep_output
+            if self.loader is not None:
+                meter.notes.append(self.loader.note())
+                if self.loader.collation == "concatenates":
+                    probe.batches = self.loader.make
             probe.state_batch = self.options["min_batch"]
             if meter.needs_warm_up() or ranks > 1:
                 probe.warm_up(self.options["min_batch"], check_collectives=ranks > 1)
@@ -487,6 +509,12 @@ def check_option_names(
             f"{who}: no option {', '.join(map(repr, unknown))}; it takes "
             f"{', '.join(sorted(takes - set(shown_out)))}{source}"
         )
+
+
+def _loader_key(loader):
+    """The loader's part of the result cache's key: how its batches were made and what bound
+    them (its example's shapes are keyed as an example batch's)."""
+    return (loader.collation, loader.scope, loader.samples, sorted(loader.binding.items()))
 
 
 def _session_of(model, example_batch, options, who):

@@ -30,9 +30,12 @@ from typing import Any, List, Optional
 import torch
 
 from . import _core
+from ._batches import make_batch
 from ._errors import Cancelled, UsageError
+from ._loader import consecutive, tensors_of
 from ._option_checks import _SEARCH_ONLY, _refuse_search_options
 from ._options import _INT32_MAX, _count
+from ._residue import storage_bytes
 from ._session import _Session, _session_of, check_option_names
 from ._vocabulary import FITS
 
@@ -57,12 +60,19 @@ class SoakStep:
             CUDA the allocated peak; the CPU budget's count of every CPU tensor).
         peak_reserved_bytes (int): on CUDA the caching allocator's reserved peak of the step
             (equal to peak_bytes on the CPU).
+        batch_bytes (int): the bytes of the step's last micro-batch, which the loop still holds
+            at the step's end (part of held_bytes; the growth is fitted without it, so that
+            batches that grow along a sorted loader are not read as a leak).
+        batch_shape (dict[str, list[int]]): the shapes of the step's largest micro-batch, by
+            each tensor's path in the batch ("input_ids", "[0]").
     """
 
     step: int
     held_bytes: int
     peak_bytes: int
     peak_reserved_bytes: int
+    batch_bytes: int = 0
+    batch_shape: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -100,6 +110,8 @@ class SoakResult:
         worst_step (int): the step with the largest peak (-1 when no step ran).
         holders (list[str]): what holds tensors the steps made past the soak (the survivor
             check's warning, _survivors.py: the objects and their bytes), empty when nothing.
+        batches (str): where the steps' batches came from: the example's rows repeated, or the
+            loader's batches in its sampler's order, collated in this process.
         seconds (float): the soak's own wall time, its steps and their measurement.
     """
 
@@ -121,6 +133,7 @@ class SoakResult:
     steady_peak_bytes: int = 0
     worst_step: int = -1
     holders: List[str] = field(default_factory=list)
+    batches: str = ""
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -142,11 +155,14 @@ class SoakResult:
             lines.append(f"out of memory at step {self.failed_step}")
         if ran:
             worst = self.steps[self.worst_step]
+            shape = ", ".join(f"{k} {v}" for k, v in worst.batch_shape.items())
             lines.append(
                 f"steady peak {fmt(self.steady_peak_bytes)}; worst step {self.worst_step} "
-                f"(peak {fmt(worst.peak_bytes)}); held after the last step "
-                f"{fmt(self.steps[-1].held_bytes)}"
+                f"(peak {fmt(worst.peak_bytes)}{', batch ' + shape if shape else ''}); held "
+                f"after the last step {fmt(self.steps[-1].held_bytes)}"
             )
+        if self.batches:
+            lines.append(f"batches: {self.batches}")
         lines.append(_growth_line(self))
         lines += [f"kept past the soak: {h}" for h in self.holders]
         return "\n".join(lines)
@@ -200,7 +216,9 @@ def _analyse(r: SoakResult) -> None:
         r.worst_step = max(range(len(peaks)), key=peaks.__getitem__)
         steady = peaks[WARM_UP_STEPS:] or peaks
         r.steady_peak_bytes = int(statistics.median(steady))
-    r.growth_bytes_per_step, r.growth_noise_bytes = fit_growth([s.held_bytes for s in r.steps])
+    r.growth_bytes_per_step, r.growth_noise_bytes = fit_growth(
+        [s.held_bytes - s.batch_bytes for s in r.steps]
+    )
     r.growing = r.growth_bytes_per_step > max(r.growth_noise_bytes, 0.0)
     if r.growing:
         last = r.steps[-1]
@@ -224,6 +242,20 @@ class _StepRecorder:
 
     def __init__(self, meter, rows):
         self.meter, self.rows = meter, rows
+        self.made = []  # (bytes, elements, shapes) of each micro-batch made in this step
+
+    def batches(self, make, skip):
+        """A probe's batches(size, device) that makes each batch with `make` and notes its
+        bytes (its storages but those in `skip`: the example's, passed unchanged) and shapes."""
+
+        def made(size, device):
+            batch = make(size, device)
+            shapes = {p: list(t.shape) for p, t in tensors_of(batch)}
+            elements = sum(math.prod(v) for v in shapes.values())
+            self.made.append((storage_bytes(batch, skip), elements, shapes))
+            return batch
+
+        return made
 
     def begin(self):
         """Nothing before the first step: the trial opened its window."""
@@ -238,6 +270,9 @@ class _StepRecorder:
     def later(self, size, now_bytes):
         """After each step: its peak from the window, the bytes held, the next window opened."""
         peaks = self.meter.end()
+        held_batch = self.made[-1][0] if self.made else 0
+        shape = max(self.made, key=lambda m: m[1])[2] if self.made else {}
+        self.made = []
         # The tensors' peak in this step's window. Not "peak_bytes": without an explicit limit
         # on the CPU that is the process's need grown since the search's setup (the guard's,
         # cpu_budget.cpp endTrial), which no step's window resets.
@@ -247,22 +282,31 @@ class _StepRecorder:
                 int(now_bytes),
                 int(peaks["peak_allocated_bytes"]),
                 int(peaks["peak_reserved_bytes"]),
+                held_batch,
+                shape,
             )
         )
         self.meter.begin()
 
 
-def _soak_body(probe, steps, rows, start):
+def _soak_body(probe, steps, rows, start, loader):
     """The trial's body: `steps` optimizer steps on one optimizer in one loop (the batch held
     from one step to the next, as the user's loop holds it), a window of the meter per step.
-    Returns (steps completed, total ms). Appends the meter's bytes before the first step to
-    `start`."""
+    With a DataLoader, each micro-batch is the loader's next batch of the micro-batch's size
+    (_loader.consecutive). Returns (steps completed, total ms). Appends the meter's bytes before
+    the first step to `start`."""
 
     def body(size, micro_batches):
         start.append(probe.meter.current_bytes())  # before the first batch is made
         optimizer = probe.make_optimizer()
+        recorder = _StepRecorder(probe.meter, rows)
+        if loader is not None:
+            following = consecutive(loader, size)
+            make = lambda _size, device: following(device)  # noqa: E731
+        else:
+            make = lambda size, device: make_batch(probe.example, size, probe.n0, device)  # noqa: E731
+        probe.batches = recorder.batches(make, probe.example_ptrs)
         try:
-            recorder = _StepRecorder(probe.meter, rows)
             return probe._run_steps(size, micro_batches, steps, optimizer, recorder, 0, None)
         finally:
             release = getattr(probe.make_optimizer, "release_trial", None)
@@ -364,9 +408,8 @@ def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, opt
     start: List[int] = []
 
     def run(probe, facts):
-        record = probe.trial(
-            micro_batch, accumulation_steps, _soak_body(probe, steps, rows, start), label="soak"
-        )
+        body = _soak_body(probe, steps, rows, start, session.data_loader)
+        record = probe.trial(micro_batch, accumulation_steps, body, label="soak")
         if probe.survivor_note:  # the survivor check after the trial (_survivors.py)
             holders.append(probe.survivor_note)
         return record
@@ -385,6 +428,19 @@ def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, opt
         memory_limit_bytes=int(record["memory_limit_bytes"]),
         holders=holders,
         start_bytes=int(start[0]) if start else 0,
+        batches=_batches_line(session),
+    )
+
+
+def _batches_line(session):
+    if session.data_loader is None:
+        return "the example batch's rows repeated"
+    workers = session.data_loader.num_workers
+    return "the DataLoader's batches in its sampler's order, collated in this process" + (
+        f" (not by its {workers} worker processes: their batches sit in shared memory "
+        "outside the memory limit)"
+        if workers
+        else ""
     )
 
 

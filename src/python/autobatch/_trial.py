@@ -121,6 +121,16 @@ class EagerProbe(MeasuringTrials):
         self.first_step_excess = []  # (size, ms) of first steps far above the next (compiles)
         self.first_step_note = None
         self.gradients_seen = False  # a trainable parameter had a gradient after a backward
+        # batches(size, device) -> a batch, in place of the example's rows repeated: a
+        # concatenating collator's costliest samples (_loader.py), the soak's loader batches.
+        self.batches = None
+
+    def _batch(self, size):
+        """The trial batch of `size` samples on the probe's device: the example's rows repeated
+        (_batches.make_batch), or what `batches` makes."""
+        if self.batches is not None:
+            return self.batches(size, self.device)
+        return make_batch(self.example, size, self.n0, self.device)
 
     def cancel(self):
         return self.interrupted or self.stopped_by is not None
@@ -261,7 +271,7 @@ class EagerProbe(MeasuringTrials):
                     and self.meter.name == "cpu-budget"
                 )
                 own = storage_bytes(held, self.example_ptrs) if replacing else 0
-                batch = make_batch(self.example, size, self.n0, self.device)
+                batch = self._batch(size)
                 if replacing:
                     made = self.meter.current_bytes()
                 held = batch  # the previous batch goes now, after this one is made

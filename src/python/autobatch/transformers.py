@@ -93,7 +93,10 @@ def fit_training_arguments(
         args (TrainingArguments): the Trainer's arguments (not changed).
         model (torch.nn.Module): the model the Trainer will train (not a hub id), on any device.
         example_batch (Any): a dict as the Trainer's collator makes it ({"input_ids": ...,
-            "labels": ...}); batches of B samples repeat its rows.
+            "labels": ...}); batches of B samples repeat its rows. Or a DataLoader over the
+            training dataset with the Trainer's collator (DataLoader(train_dataset,
+            batch_size=8, collate_fn=data_collator)): the trials run on its costliest samples
+            (find() given a loader, docs/data.md), for sequences of varying length.
         target_batch (int | None): samples per optimizer step over all ranks, >= 1 and a
             multiple of the world size. Default None: as auto_find_batch_size,
             per_device_train_batch_size is the cap (the largest safe micro-batch at most it is

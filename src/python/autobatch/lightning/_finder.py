@@ -32,6 +32,7 @@ from ._module import (
     _check_can_size,
     _first_batch,
     _first_batch_of,
+    _train_loader,
     _loop_step_of,
     _optimizer_factory,
     _precision,
@@ -67,9 +68,9 @@ class AutobatchFinder(pl.Callback):
     to its steps, so that micro-batch x accumulation x world size is `target_batch` exactly
     (without a target: the largest safe micro-batch, the accumulation untouched). The trial is
     the module's own step: batches of B samples repeated from the first batch of the train
-    loader, `training_step(batch, 0)`, backward, a step of the optimizer a fresh
-    `configure_optimizers()` returns, zero_grad, in the trainer's precision ("32-true",
-    "16-mixed", "bf16-mixed"). It runs right after the module's own setup(stage="fit"), before
+    loader (or made from its costliest samples: from_loader=True), `training_step(batch, 0)`,
+    backward, a step of the optimizer a fresh `configure_optimizers()` returns, zero_grad, in
+    the trainer's precision ("32-true", "16-mixed", "bf16-mixed"). It runs right after the module's own setup(stage="fit"), before
     configure_model, configure_optimizers and the fit loop's train loader (module docstring;
     docs/drop-ins.md, "Lightning"). Under DDP every rank searches under its own memory with DDP's
     buckets held, and the ranks agree on the smallest safe micro-batch through the job's store.
@@ -93,6 +94,11 @@ class AutobatchFinder(pl.Callback):
             micro-batch is set and `accumulate_grad_batches` is left as it is.
         batch_arg_name (str): the attribute that holds the batch size, found as Lightning finds
             it (the module, its hparams, the datamodule). Default "batch_size".
+        from_loader (bool): True: the trials run on the train DataLoader's costliest samples,
+            collated by its collate_fn (find() given the loader, docs/data.md: every sample of
+            the epoch is read in the process, or the first `loader_batches`), for data whose
+            samples differ in size; False (default): on its first batch's rows repeated, as
+            BatchSizeFinder's trials see the first batches.
         **options (Any): autobatch.find's options (memory_limit, margin, time_limit,
             steps_per_trial, max_trials, min_batch, max_batch, dataset_size (default: the train
             loader's samples per rank), strategy, eval, ...), with find()'s types and defaults;
@@ -135,10 +141,20 @@ class AutobatchFinder(pl.Callback):
     """
 
     def __init__(
-        self, target_batch: Optional[int] = None, batch_arg_name: str = "batch_size", **options: Any
+        self,
+        target_batch: Optional[int] = None,
+        batch_arg_name: str = "batch_size",
+        from_loader: bool = False,
+        **options: Any,
     ) -> None:
         """Checks the options (UsageError for a bad one) and keeps them for fit's setup."""
         super().__init__()
+        if not isinstance(from_loader, bool):
+            raise UsageError(
+                f"AutobatchFinder: from_loader: expected True (size on the train loader's "
+                f"costliest samples) or False (on its first batch), but got {from_loader!r}"
+            )
+        self.from_loader = from_loader
         _refuse_lightning_names(options)
         given = sorted(set(options) & set(_DERIVED))
         if given:
@@ -241,7 +257,10 @@ class AutobatchFinder(pl.Callback):
                 f"trainer runs on {device}"
             )
         pl_module.to(device)  # where the strategy puts it next; the trials run there
-        example = trainer.strategy.batch_to_device(_first_batch(trainer), device)
+        if self.from_loader:  # its costliest samples, moved to the device batch by batch
+            example = _train_loader(trainer)
+        else:
+            example = trainer.strategy.batch_to_device(_first_batch(trainer), device)
         options = dict(self.options)
         if callable(options.get("memory_limit")):
             options["memory_limit"] = options["memory_limit"](trainer.global_rank)

@@ -189,16 +189,34 @@ _LOOPS = {
 }
 
 
-def _first_batch_of(loop, stage):
-    """The first batch of a loop's loader, built as its data source builds it. A DataLoader's
-    iterator draws its base seed from torch's generator, shuffled or not: the run's RNG stream
-    is kept as it was (the fit's moved by the finder's batch otherwise)."""
+def _loader_of(loop, stage):
+    """A loop's loader, built as its data source builds it (at the batch size set now)."""
     loaders = loop._data_source.dataloader()
     if isinstance(loaders, (list, tuple, dict)):
         raise UsageError(
             f"AutobatchFinder: the module returns several {stage} dataloaders; "
             "autobatch sizes one (as BatchSizeFinder does)"
         )
+    return loaders
+
+
+def _train_loader(trainer):
+    """The fit loop's train DataLoader, for find() to size on its costliest samples."""
+    loader = _loader_of(trainer.fit_loop, "train")
+    if not isinstance(loader, torch.utils.data.DataLoader):
+        raise UsageError(
+            f"AutobatchFinder: from_loader=True needs a torch DataLoader as the train loader, "
+            f"but it is a {type(loader).__name__}; leave from_loader=False to size on its "
+            "first batch"
+        )
+    return loader
+
+
+def _first_batch_of(loop, stage):
+    """The first batch of a loop's loader, built as its data source builds it. A DataLoader's
+    iterator draws its base seed from torch's generator, shuffled or not: the run's RNG stream
+    is kept as it was (the fit's moved by the finder's batch otherwise)."""
+    loaders = _loader_of(loop, stage)
     rng = torch.get_rng_state()
     try:
         return next(iter(loaders))
