@@ -196,6 +196,47 @@ def test_bad_arguments_are_usage_errors(kwargs, words):
         autobatch.soak(soak_models.plain(), soak_models.example(), 0)
 
 
+# find(soak_steps=N): the soak runs at the answer the search gave (the plan's micro-batch and
+# its accumulation), its report follows the search's and its finding is a warning. Catches a
+# soak at another size than the answer (the safe micro-batch where a plan was asked), a soak
+# whose growth is left out of the result's warnings, and the soak's time counted in the
+# search's trials.
+def test_find_soaks_its_answer_and_reports_the_growth():
+    r = autobatch.find(soak_models.hook_store(), soak_models.example(), memory_limit=12 * MIB,
+                       step=soak_models.step, optimizer=soak_models.optimizer, target_batch=128,
+                       soak_steps=8, job_steps=10_000, progress=False)
+    s = r.soak
+    assert (s.micro_batch, s.accumulation_steps) == (r.micro_batch, r.accumulation_steps)
+    assert r.plan is not None and s.accumulation_steps == r.plan.accumulation_steps
+    assert s.steps_asked == 8 and s.growing and s.lasts is False
+    assert any(w.startswith(f"the soak of micro-batch {r.micro_batch}: ") and "growth: " in w
+               for w in r.warnings), r.warnings
+    assert r.text.rstrip().endswith(str(s).splitlines()[-1])
+    assert s.seconds > 0
+    plain = autobatch.find(soak_models.plain(), soak_models.example(), memory_limit=12 * MIB,
+                           step=soak_models.step, optimizer=soak_models.optimizer, soak_steps=8,
+                           progress=False)
+    assert plain.soak.micro_batch == plain.safe_micro_batch and not plain.soak.growing
+    assert not any("the soak of" in w for w in plain.warnings)
+    unsoaked = autobatch.find(soak_models.plain(), soak_models.example(), memory_limit=12 * MIB,
+                              step=soak_models.step, optimizer=soak_models.optimizer,
+                              progress=False)
+    assert [t.micro_batch_size for t in plain.trials] == [
+        t.micro_batch_size for t in unsoaked.trials]  # the soak's steps are not trials'
+    assert unsoaked.soak is None
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"job_steps": 100}, "job_steps: the job's optimizer steps are for the soak"),
+    ({"soak_steps": 0}, "soak_steps"),
+    ({"soak_steps": 5, "eval": "only"}, "soak_steps: soaks a training step"),
+])
+def test_finds_soak_options_are_checked_before_any_trial(kwargs, words):
+    with pytest.raises(autobatch.UsageError, match=words):
+        autobatch.find(soak_models.plain(), soak_models.example(), memory_limit=12 * MIB,
+                       **kwargs)
+
+
 def test_the_result_is_plain_data():
     r = soak(soak_models.plain(), 3, 64 * MIB)
     d = json.loads(json.dumps(r.to_dict()))

@@ -23,6 +23,7 @@ from ._options import (
 )
 from ._result import Result, Trial
 from ._session import _inputs, _loss_name, _name, _Session, _session_of
+from ._soak import soak
 from ._vocabulary import FITS
 
 log = logging.getLogger("autobatch")
@@ -59,6 +60,8 @@ def find(
     cache_trust: bool = False,
     autocast_cache: bool = True,
     loader_batches: int | None = None,
+    soak_steps: int | None = None,
+    job_steps: int | None = None,
 ) -> Result:
     """Finds the largest micro-batch with which `model` trains, by running real training steps.
 
@@ -185,6 +188,16 @@ def find(
             epoch; N bounds the scan of a large dataset without `lengths`). The answer is then
             for "the first N batches", not the epoch (Result.data's scope). Not with an example
             batch (UsageError).
+        soak_steps (int | None): after the search, run this many optimizer steps in a row at
+            the answer (the plan's micro-batch x its accumulation steps, else the safe
+            micro-batch) under the same limit: autobatch.soak (docs/soak.md), >= 1. Its
+            SoakResult is Result.soak, its report is appended to Result.text, and memory that
+            grows step after step (or a soaked step out of memory) is in Result.warnings; its
+            time is its own (SoakResult.seconds), not the search's. Default None: no soak.
+            Not with eval="only".
+        job_steps (int | None): with soak_steps, the job's optimizer steps: the soak says
+            whether the job lasts at the measured growth and, when not, the largest
+            micro-batch that does (SoakResult.lasting_micro_batch). Default None.
 
     Returns:
         Result: the largest micro-batch seen to fit (`max_micro_batch`), the largest under the
@@ -215,6 +228,7 @@ def find(
         (184, 'uniform plan: micro-batch 128 x 2 accumulation steps x 1 rank(s) = 256')
     """
     eval_state = eval_state_of(eval, target_batch)
+    _check_soak_options(soak_steps, job_steps, eval_state)
     cache_dir = _cache_dir(cache, cache_trust, eval_state)
     session = _Session(
         model,
@@ -290,7 +304,66 @@ def find(
         raise DoesNotFit(_nothing_fits_message(result), result)
     if eval_state and result.eval_safe_batch == 0:  # --eval's exit 3
         raise DoesNotFit(eval_nothing_fits_message(result), result)
+    if soak_steps:
+        _soak_answer(result, model, example_batch, soak_steps, job_steps, locals())
     return result
+
+
+def _check_soak_options(soak_steps, job_steps, eval_state):
+    if soak_steps is not None:
+        _count(soak_steps, "soak_steps", maximum=_INT32_MAX)
+        if eval_state == "parameters-only":
+            raise UsageError(
+                "soak_steps: soaks a training step, but eval='only' sizes an evaluation job; "
+                "drop one"
+            )
+    if job_steps is not None:
+        if soak_steps is None:
+            raise UsageError(
+                "job_steps: the job's optimizer steps are for the soak's growth; pass "
+                "soak_steps= too (e.g. soak_steps=20)"
+            )
+        _count(job_steps, "job_steps", maximum=2**62)
+
+
+# find()'s options that soak() takes as they were given (the step and the memory).
+_SOAK_TAKES = (
+    "optimizer",
+    "loss_fn",
+    "precision",
+    "device",
+    "memory_limit",
+    "margin",
+    "reserve",
+    "step",
+    "ddp",
+    "zero_grad",
+    "keep_output",
+    "autocast_cache",
+    "loader_batches",
+)
+
+
+def _soak_answer(result, model, example_batch, soak_steps, job_steps, given):
+    """find(soak_steps=N): the soak of the answer, kept on the result: Result.soak, its report
+    after the search's, and its findings among the warnings."""
+    options = {k: given[k] for k in _SOAK_TAKES if given[k] is not None}
+    soaked = soak(
+        model,
+        example_batch,
+        result.micro_batch,
+        steps=soak_steps,
+        accumulation_steps=result.accumulation_steps,
+        job_steps=job_steps,
+        **options,
+    )
+    result.soak = soaked
+    result.text = f"{result.text.rstrip()}\n{soaked}\n"
+    if soaked.failed_step is not None or soaked.growing:
+        result.warnings.append(
+            f"the soak of micro-batch {result.micro_batch}: "
+            + "; ".join(str(soaked).splitlines()[1:])
+        )
 
 
 def job_fields(model_digest: str, example_batch: Any, options: Mapping[str, Any]) -> dict[str, str]:

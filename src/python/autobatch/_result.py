@@ -299,6 +299,8 @@ class Result:
             tensor's shape for the costliest sample collated alone), dataset_size,
             sampler_batches (the loader's own batch_sampler: batches, largest_samples,
             costliest_samples, costliest_shape), scan_seconds; {} without.
+        soak (SoakResult | None): with find(soak_steps=N), the soak of the answer
+            (autobatch.soak's result, docs/soak.md); None without.
 
     Examples:
         >>> result = autobatch.find(model, batch, memory_limit="8GiB", target_batch=512)
@@ -328,6 +330,7 @@ class Result:
     eval: dict = field(default_factory=dict, repr=False)
     cache: dict = field(default_factory=dict, repr=False)
     data: dict = field(default_factory=dict, repr=False)
+    soak: Any = field(default=None, repr=False)
 
     @property
     def micro_batch(self) -> int:

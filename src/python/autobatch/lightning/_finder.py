@@ -32,7 +32,6 @@ from ._module import (
     _check_can_size,
     _first_batch,
     _first_batch_of,
-    _train_loader,
     _loop_step_of,
     _optimizer_factory,
     _precision,
@@ -41,6 +40,7 @@ from ._module import (
     _refuse_lightning_names,
     _reset_metrics,
     _run_after_module_setup,
+    _train_loader,
     _training_step_of,
     _warn_mutually_exclusive,
 )
@@ -70,10 +70,11 @@ class AutobatchFinder(pl.Callback):
     the module's own step: batches of B samples repeated from the first batch of the train
     loader (or made from its costliest samples: from_loader=True), `training_step(batch, 0)`,
     backward, a step of the optimizer a fresh `configure_optimizers()` returns, zero_grad, in
-    the trainer's precision ("32-true", "16-mixed", "bf16-mixed"). It runs right after the module's own setup(stage="fit"), before
-    configure_model, configure_optimizers and the fit loop's train loader (module docstring;
-    docs/drop-ins.md, "Lightning"). Under DDP every rank searches under its own memory with DDP's
-    buckets held, and the ranks agree on the smallest safe micro-batch through the job's store.
+    the trainer's precision ("32-true", "16-mixed", "bf16-mixed"). It runs right after the
+    module's own setup(stage="fit"), before configure_model, configure_optimizers and the fit
+    loop's train loader (module docstring; docs/drop-ins.md, "Lightning"). Under DDP every rank
+    searches under its own memory with DDP's buckets held, and the ranks agree on the smallest
+    safe micro-batch through the job's store.
 
     Skipped, as BatchSizeFinder skips, under fast_dev_run (with Lightning's warning); like it,
     warns when the module and its hparams both hold the batch size attribute; max_trials=0
