@@ -44,7 +44,7 @@ PY_MODULE_LAYERS = {
     # the meters and the trial: one real step under the budget, its state put back
     "_budget": "measuring", "_cuda_api": "measuring", "_meter": "measuring",
     "_batches": "measuring", "_loader": "measuring", "_residue": "measuring", "_replay": "measuring", "_measuring": "measuring",
-    "_survivors": "measuring", "_state": "measuring", "_fsdp": "measuring",
+    "_survivors": "measuring", "_leaks": "measuring", "_state": "measuring", "_fsdp": "measuring",
     "_collectives": "measuring", "_optimizers": "measuring", "_step_output": "measuring",
     "_trial": "measuring", "_eval": "measuring",
     # the search session: find, check_batch, the planner, the ranks' agreement

@@ -32,6 +32,7 @@ import torch
 from . import _core
 from ._batches import make_batch
 from ._errors import Cancelled, UsageError
+from ._leaks import Recorder, baseline_ptrs, finding_lines
 from ._loader import consecutive, tensors_of
 from ._option_checks import _SEARCH_ONLY, _refuse_search_options
 from ._options import _INT32_MAX, _count
@@ -112,6 +113,11 @@ class SoakResult:
             check's warning, _survivors.py: the objects and their bytes), empty when nothing.
         batches (str): where the steps' batches came from: the example's rows repeated, or the
             loader's batches in its sampler's order, collated in this process.
+        leaks (list[dict]): when the steps left tensors alive, what one more instrumented step
+            (_leaks.py) found keeps them, the most bytes first: "holder" (a list in the
+            closure of a hook, a tensor with its autograd graph, ...), "where" (the user's
+            file:line that keeps them), "source" (that line), "tensors", "bytes" (one step's,
+            a graph's saved tensors charged to its root), "fix"; empty when nothing survived.
         seconds (float): the soak's own wall time, its steps and their measurement.
     """
 
@@ -134,6 +140,7 @@ class SoakResult:
     worst_step: int = -1
     holders: List[str] = field(default_factory=list)
     batches: str = ""
+    leaks: List[dict] = field(default_factory=list)
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -164,6 +171,7 @@ class SoakResult:
         if self.batches:
             lines.append(f"batches: {self.batches}")
         lines.append(_growth_line(self))
+        lines += finding_lines(self.leaks)
         lines += [f"kept past the soak: {h}" for h in self.holders]
         return "\n".join(lines)
 
@@ -289,12 +297,14 @@ class _StepRecorder:
         self.meter.begin()
 
 
-def _soak_body(probe, steps, rows, start, loader):
+def _soak_body(probe, steps, rows, start, loader, instrumented=None):
     """The trial's body: `steps` optimizer steps on one optimizer in one loop (the batch held
     from one step to the next, as the user's loop holds it), a window of the meter per step.
     With a DataLoader, each micro-batch is the loader's next batch of the micro-batch's size
     (_loader.consecutive). Returns (steps completed, total ms). Appends the meter's bytes before
-    the first step to `start`."""
+    the first step to `start`. `instrumented`: (a _leaks.Recorder the steps run inside, the
+    list its findings are added to), read after the steps while the trial still runs (the
+    model's plain attributes are put back when it ends, and with them what a hook kept there)."""
 
     def body(size, micro_batches):
         start.append(probe.meter.current_bytes())  # before the first batch is made
@@ -307,7 +317,14 @@ def _soak_body(probe, steps, rows, start, loader):
             make = lambda size, device: make_batch(probe.example, size, probe.n0, device)  # noqa: E731
         probe.batches = recorder.batches(make, probe.example_ptrs)
         try:
-            return probe._run_steps(size, micro_batches, steps, optimizer, recorder, 0, None)
+            if instrumented is None:
+                return probe._run_steps(size, micro_batches, steps, optimizer, recorder, 0, None)
+            instrument, found = instrumented
+            baseline = baseline_ptrs(probe.device)
+            with instrument:
+                done = probe._run_steps(size, micro_batches, steps, optimizer, recorder, 0, None)
+            found.extend(instrument.leaks(baseline))
+            return done
         finally:
             release = getattr(probe.make_optimizer, "release_trial", None)
             if release is not None:
@@ -405,6 +422,7 @@ def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, opt
     session = _session_of(model, example_batch, options, "soak")
     rows: List[SoakStep] = []
     holders: List[str] = []
+    leaks: List[dict] = []
     start: List[int] = []
 
     def run(probe, facts):
@@ -412,6 +430,9 @@ def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, opt
         record = probe.trial(micro_batch, accumulation_steps, body, label="soak")
         if probe.survivor_note:  # the survivor check after the trial (_survivors.py)
             holders.append(probe.survivor_note)
+        slope, noise = fit_growth([r.held_bytes - r.batch_bytes for r in rows])
+        if record.get("outcome", FITS) == FITS and (probe.survivor_note or slope > noise):
+            leaks.extend(_name_leaks(probe, micro_batch, accumulation_steps, session))
         return record
 
     record = session.run(run)
@@ -429,7 +450,18 @@ def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, opt
         holders=holders,
         start_bytes=int(start[0]) if start else 0,
         batches=_batches_line(session),
+        leaks=leaks,
     )
+
+
+def _name_leaks(probe, micro_batch, accumulation_steps, session):
+    """One more step of the soak's, instrumented (_leaks.Recorder), after the soak's steps grew
+    or left tensors alive: what keeps the tensors this step makes past its end. [] when the
+    step did not run to its end."""
+    found: List[dict] = []
+    body = _soak_body(probe, 1, [], [], session.data_loader, (Recorder(), found))
+    record = probe.trial(micro_batch, accumulation_steps, body, label="soak-leak")
+    return found if record.get("outcome", FITS) == FITS else []
 
 
 def _batches_line(session):

@@ -34,7 +34,7 @@ def main(name, limit, size, steps):
         for k in range(steps):
             failed = k
             x = example.repeat(size, 1)  # a new batch each step; the previous one goes now
-            soak_models.step(model, x).backward()
+            soak_models.STEPS.get(name, soak_models.step)(model, x).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             failed = None
@@ -49,7 +49,7 @@ def soak(name, limit, size, steps, job_steps=None):
     import autobatch
 
     r = autobatch.soak(soak_models.MODELS[name](), soak_models.example(), size, steps=steps,
-                       memory_limit=limit, step=soak_models.step,
+                       memory_limit=limit, step=soak_models.STEPS.get(name, soak_models.step),
                        optimizer=soak_models.optimizer, job_steps=job_steps)
     print(json.dumps(r.to_dict()))
 

@@ -70,9 +70,34 @@ def plain():
     return Mlp()
 
 
+class Running:
+    """A running statistic kept as a tensor (a user's logging of the activations' energy)."""
+
+    total = 0.0
+
+
+RUNNING = Running()
+
+
+def running_step(model, batch):
+    """The user's step with a running statistic kept as a tensor: the `+=` keeps each step's
+    graph, never backwarded, and with it the saved input of pow: the step's hidden activations
+    (64 KiB at micro-batch 32). `.item()` would keep a number."""
+    h = torch.relu(model.a(batch))
+    RUNNING.total += h.pow(2).mean()
+    return model.b(h).mean()
+
+
+def running():
+    """A plain Mlp; its step is running_step (STEPS), and the running total starts at 0."""
+    RUNNING.total = 0.0
+    return plain()
+
+
 MODELS = {"hook_store": hook_store, "late_hook_store": lambda: hook_store(start=30),
           "global_store": global_store,
-          "cache_once": cache_once, "plain": plain}
+          "cache_once": cache_once, "plain": plain, "running": running}
+STEPS = {"running": running_step}  # a model's own step (else `step`)
 
 
 def example():
