@@ -29,7 +29,8 @@ def loop_step(name, limit, size=32, steps=400):
 
 def soak(name, steps, limit):
     return autobatch.soak(soak_models.MODELS[name](), soak_models.example(), 32, steps=steps,
-                          memory_limit=limit, step=soak_models.step,
+                          memory_limit=limit,
+                          step=soak_models.STEPS.get(name, soak_models.step),
                           optimizer=soak_models.optimizer)
 
 
@@ -50,7 +51,8 @@ def lasting():
 
 def main():
     for name, steps, limit in (("hook_store", 10, 10 * MIB), ("hook_store", 400, 6 * MIB),
-                               ("cache_once", 14, 64 * MIB), ("plain", 10, 64 * MIB)):
+                               ("cache_once", 14, 64 * MIB), ("plain", 10, 64 * MIB),
+                               ("running", 10, 10 * MIB)):
         r = soak(name, steps, limit)
         print(f"== {name}, {steps} steps under {limit // MIB} MiB")
         print(r)

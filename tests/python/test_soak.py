@@ -111,10 +111,14 @@ def test_too_few_steps_say_nothing_of_whether_the_job_lasts():
 
 
 def _line_of(text):
-    """file:line of the line of soak_models.py that holds `text`."""
+    """file:line of the line of soak_models.py that holds `text` (the path as a leak shows it:
+    relative to the working directory when inside it)."""
     path = soak_models.__file__
     with open(path) as f:
-        return f"{path}:{1 + [k for k, line in enumerate(f) if text in line][0]}"
+        line = 1 + [k for k, row in enumerate(f) if text in row][0]
+    here = os.getcwd()
+    shown = os.path.relpath(path, here) if path.startswith(here + os.sep) else path
+    return f"{shown}:{line}"
 
 
 # Item 4 (a), the running total: `RUNNING.total += h.pow(2).mean()`, never backwarded, keeps each

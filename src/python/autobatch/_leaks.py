@@ -138,7 +138,7 @@ class Recorder:
             out.append(
                 {
                     "holder": holder,
-                    "where": f"{file}:{lineno}" if line else "",
+                    "where": f"{_shown(file)}:{lineno}" if line else "",
                     "source": linecache.getline(file, lineno).strip() if line else "",
                     "tensors": g["tensors"],
                     "bytes": g["bytes"],
@@ -219,6 +219,12 @@ def _variable(ref, t):
     if owners:
         return f"the attribute `{names[0]}` of a {type(owners[0]).__name__}"
     return None
+
+
+def _shown(path):
+    """The path relative to the working directory when it is inside it, else as it is."""
+    here = os.getcwd()
+    return os.path.relpath(path, here) if path.startswith(here + os.sep) else path
 
 
 def baseline_ptrs(device):

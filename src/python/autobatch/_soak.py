@@ -162,7 +162,8 @@ class SoakResult:
             lines.append(f"out of memory at step {self.failed_step}")
         if ran:
             worst = self.steps[self.worst_step]
-            shape = ", ".join(f"{k} {v}" for k, v in worst.batch_shape.items())
+            shapes = worst.batch_shape
+            shape = ", ".join(f"{k} {v}" if k != "batch" else str(v) for k, v in shapes.items())
             lines.append(
                 f"steady peak {fmt(self.steady_peak_bytes)}; worst step {self.worst_step} "
                 f"(peak {fmt(worst.peak_bytes)}{', batch ' + shape if shape else ''}); held "
