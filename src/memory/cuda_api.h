@@ -22,6 +22,11 @@ struct CudaAllocatorStats {
   std::int64_t reserved_current_bytes = 0;
   std::int64_t reserved_peak_bytes = 0;
   std::int64_t num_alloc_retries = 0;
+  /// Bytes of the cached blocks that are split and not in use (DeviceStats::inactive_split_bytes,
+  /// c10/core/CachingDeviceAllocator.h): memory reserved that only a request small enough to fit
+  /// a fragment can use; its peak since the last resetPeakStats.
+  std::int64_t inactive_split_current_bytes = 0;
+  std::int64_t inactive_split_peak_bytes = 0;
 };
 
 /// cudaMemGetInfo of one device, in bytes. `total` may differ from totalGlobalMem (it does under

@@ -142,6 +142,7 @@ class CudaBackend final : public MemoryBackend {
     retries_at_start_ = stats.num_alloc_retries;
     trial_allocated_peak_ = stats.allocated_peak_bytes;
     trial_reserved_peak_ = stats.reserved_peak_bytes;
+    trial_inactive_split_peak_ = stats.inactive_split_peak_bytes;
     phase_ = TrialPhase::kIdle;
     phase_peaks_.clear();
   }
@@ -179,6 +180,7 @@ class CudaBackend final : public MemoryBackend {
     peaks.phase_peaks = phase_peaks_;
     peaks.peak_bytes = peaks.peak_reserved_bytes + outside_;
     peaks.allocator_retries = stats.num_alloc_retries - retries_at_start_;
+    peaks.inactive_split_peak_bytes = trial_inactive_split_peak_;
     return peaks;
   }
 
@@ -262,6 +264,8 @@ class CudaBackend final : public MemoryBackend {
     const CudaAllocatorStats stats = api_->stats(index_);
     trial_allocated_peak_ = std::max(trial_allocated_peak_, stats.allocated_peak_bytes);
     trial_reserved_peak_ = std::max(trial_reserved_peak_, stats.reserved_peak_bytes);
+    trial_inactive_split_peak_ =
+        std::max(trial_inactive_split_peak_, stats.inactive_split_peak_bytes);
     recordPhasePeak(phase_peaks_, phase_, micro_, stats.allocated_peak_bytes);
   }
 
@@ -303,6 +307,7 @@ class CudaBackend final : public MemoryBackend {
   std::int64_t retries_at_start_ = 0;
   std::int64_t trial_allocated_peak_ = 0;  // the peaks over the trial's phases so far
   std::int64_t trial_reserved_peak_ = 0;
+  std::int64_t trial_inactive_split_peak_ = 0;
   TrialPhase phase_ = TrialPhase::kIdle;
   int micro_ = 0;
   std::vector<PhasePeakBytes> phase_peaks_;

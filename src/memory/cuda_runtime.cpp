@@ -98,6 +98,8 @@ class CudaRuntimeApi final : public CudaApi {
     out.reserved_current_bytes = s.reserved_bytes[0].current;
     out.reserved_peak_bytes = s.reserved_bytes[0].peak;
     out.num_alloc_retries = s.num_alloc_retries;
+    out.inactive_split_current_bytes = s.inactive_split_bytes[0].current;
+    out.inactive_split_peak_bytes = s.inactive_split_bytes[0].peak;
     return out;
   }
   void resetPeakStats(int index) override {

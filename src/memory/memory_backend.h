@@ -48,6 +48,9 @@ struct MemoryPeaks {
   /// Compared with the limit: peak reserved plus what lies outside the allocator.
   std::int64_t peak_bytes = 0;
   std::int64_t allocator_retries = 0;
+  /// CUDA: the largest bytes of split, unused cached blocks during the trial (fragmentation:
+  /// reserved memory only small requests can use; CudaAllocatorStats). 0 on the CPU.
+  std::int64_t inactive_split_peak_bytes = 0;
   /// CUDA: growth of the memory outside the caching allocator seen at this trial's end (lazily
   /// loaded kernel modules, library handles); already counted in peak_bytes. 0 on the CPU.
   std::int64_t outside_growth_bytes = 0;

@@ -37,6 +37,7 @@ void fillTrialResult(TrialResult& result, const MemoryPeaks& peaks, const Failur
   result.peak_reserved_bytes = peaks.peak_reserved_bytes;
   result.peak_bytes = peaks.peak_bytes;
   result.allocator_retries = peaks.allocator_retries;
+  result.inactive_split_peak_bytes = peaks.inactive_split_peak_bytes;
   result.outside_growth_bytes = peaks.outside_growth_bytes;
   for (const auto& p : peaks.phase_peaks) {
     result.phase_peaks.push_back({phaseKey(p.phase), p.micro_batch_index, p.peak_bytes});

@@ -40,6 +40,7 @@ inline py::dict peaksDict(const autobatch::detail::MemoryPeaks& peaks) {
   out["peak_reserved_bytes"] = peaks.peak_reserved_bytes;
   out["peak_bytes"] = peaks.peak_bytes;
   out["allocator_retries"] = peaks.allocator_retries;
+  out["inactive_split_peak_bytes"] = peaks.inactive_split_peak_bytes;
   out["outside_growth_bytes"] = peaks.outside_growth_bytes;
   py::list phases;
   for (const auto& p : peaks.phase_peaks) {

@@ -23,7 +23,7 @@ namespace {
 // reads the same lists from _core (TRIAL_RECORD_KEYS, SEARCH_OPTION_KEYS).
 // A trial's record (TrialResult's field names), and what the evaluation's hold and a re-run to
 // classify add to theirs.
-constexpr std::array<const char*, 26> kTrialRecordKeys{"outcome",
+constexpr std::array<const char*, 27> kTrialRecordKeys{"outcome",
                                                        "reason",
                                                        "peak_allocated_bytes",
                                                        "peak_reserved_bytes",
@@ -35,6 +35,7 @@ constexpr std::array<const char*, 26> kTrialRecordKeys{"outcome",
                                                        "failed_step_index",
                                                        "failed_in_use_bytes",
                                                        "allocator_retries",
+                                                       "inactive_split_peak_bytes",
                                                        "output_bytes",
                                                        "step_ms",
                                                        "steps_completed",
@@ -117,6 +118,7 @@ TrialResult trialFromDict(const TrialRequest& request, const py::dict& d) {
   r.failed_step_index = get<int>(d, "failed_step_index", 0);
   r.failed_in_use_bytes = get<std::int64_t>(d, "failed_in_use_bytes", 0);
   r.allocator_retries = get<std::int64_t>(d, "allocator_retries", 0);
+  r.inactive_split_peak_bytes = get<std::int64_t>(d, "inactive_split_peak_bytes", 0);
   r.output_bytes = get<std::int64_t>(d, "output_bytes", 0);
   r.step_ms = get<double>(d, "step_ms", 0.0);
   r.steps_completed = get<int>(d, "steps_completed", 0);
@@ -264,6 +266,8 @@ class PyCudaApi final : public detail::CudaApi {
     s.reserved_current_bytes = get<std::int64_t>(d, "reserved_current_bytes", 0);
     s.reserved_peak_bytes = get<std::int64_t>(d, "reserved_peak_bytes", 0);
     s.num_alloc_retries = get<std::int64_t>(d, "num_alloc_retries", 0);
+    s.inactive_split_current_bytes = get<std::int64_t>(d, "inactive_split_current_bytes", 0);
+    s.inactive_split_peak_bytes = get<std::int64_t>(d, "inactive_split_peak_bytes", 0);
     return s;
   }
   void resetPeakStats(int index) override { api_.attr("reset_peak_stats")(index); }

@@ -62,6 +62,7 @@ json toJson(const TrialResult& t) {
             {"failed_phase", failedPhase(t)},
             {"failed_in_use_bytes", t.failed_in_use_bytes},
             {"allocator_retries", t.allocator_retries},
+            {"inactive_split_peak_bytes", t.inactive_split_peak_bytes},
             {"outside_growth_bytes", t.outside_growth_bytes},
             {"output_bytes", t.output_bytes},
             {"phase_peaks", phases},

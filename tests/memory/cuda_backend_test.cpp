@@ -453,6 +453,10 @@ std::int64_t runOps(FakeDevice& d, const json& ops) {
       d.release(mib(op, "free"));
     } else if (op.contains("kernel")) {
       d.kernel(op.at("kernel").get<std::string>(), mib(op, "module_mib"));
+    } else if (op.contains("split")) {
+      d.split(mib(op, "split"), mib(op, "block"));
+    } else if (op.contains("free_split")) {
+      d.releaseSplit(mib(op, "free_split"), mib(op, "block"));
     } else if (op.contains("fill")) {
       d.release(d.fillUntilOutOfMemory(mib(op, "fill"), used));
     } else {
@@ -526,6 +530,12 @@ void replay(const json& s) {
     }
     if (e.contains("used_at_most_mib")) {
       EXPECT_LE(used, mib(e, "used_at_most_mib"));
+    }
+    if (e.contains("inactive_split_peak_mib")) {
+      EXPECT_EQ(peaks.inactive_split_peak_bytes, mib(e, "inactive_split_peak_mib"));
+    }
+    if (e.contains("allocator_retries")) {
+      EXPECT_EQ(peaks.allocator_retries, e.at("allocator_retries").get<std::int64_t>());
     }
   }
   if (expect.contains("after_search")) {

@@ -43,6 +43,10 @@ def _run_ops(fake, ops):
             fake.release(op["free"] * MiB)
         elif "kernel" in op:
             fake.kernel(op["kernel"], op.get("module_mib", 0) * MiB)
+        elif "split" in op:
+            fake.split(op["split"] * MiB, op["block"] * MiB)
+        elif "free_split" in op:
+            fake.release_split(op["free_split"] * MiB, op["block"] * MiB)
         elif "fill" in op:
             used = max(used, fake.fill(op["fill"] * MiB))
         else:
@@ -105,6 +109,10 @@ def test_shared_scenario(s):
                 t["peak_minus_reserved_mib"] * MiB, (i, peaks)
         if "used_at_most_mib" in t:
             assert used <= t["used_at_most_mib"] * MiB, (i, used / MiB)
+        if "inactive_split_peak_mib" in t:
+            assert peaks["inactive_split_peak_bytes"] == t["inactive_split_peak_mib"] * MiB, peaks
+        if "allocator_retries" in t:
+            assert peaks["allocator_retries"] == t["allocator_retries"], (i, peaks)
     if "after_search" in e:
         assert fake.allocated + fake.workspace == e["after_search"]["allocated_mib"] * MiB
         assert fake.reserved() == e["after_search"]["reserved_mib"] * MiB

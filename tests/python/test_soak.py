@@ -308,6 +308,41 @@ def test_finds_soak_options_are_checked_before_any_trial(kwargs, words):
                        **kwargs)
 
 
+# On CUDA each step carries the caching allocator's figures from the meter's window (retries,
+# the inactive split peak: the seam's fields, tests/fixtures/cuda_meter_scenarios.json's
+# fragmentation row), and the result reports the fragmentation at the worst step. Catches: the
+# figures read from the last step instead of the worst, retries of one step only, and a
+# fragmentation line on the CPU, whose budget allocator has no cache to fragment.
+def test_cuda_steps_report_the_allocators_fragmentation_at_the_worst_step():
+    windows = [{"peak_allocated_bytes": a, "peak_reserved_bytes": r, "allocator_retries": n,
+                "inactive_split_peak_bytes": f} for a, r, n, f in
+               [(100, 150, 0, 10), (300, 420, 2, 64), (200, 260, 1, 30)]]
+
+    class Meter:
+        def end(self):
+            return windows.pop(0)
+
+        def begin(self):
+            pass
+
+    rows = []
+    recorder = _soak._StepRecorder(Meter(), rows)
+    for held in (50, 50, 50):
+        recorder.later(32, held)
+    assert [(r.allocator_retries, r.inactive_split_peak_bytes) for r in rows] == [
+        (0, 10), (2, 64), (1, 30)]
+    for device, expected in (("cuda", {"reserved_minus_allocated_bytes": 120,
+                                       "inactive_split_peak_bytes": 64,
+                                       "allocator_retries": 3}), ("cpu", {})):
+        r = _soak.SoakResult(micro_batch=32, accumulation_steps=1, steps_asked=3, steps=rows,
+                             outcome="fits", failed_step=None, memory_limit_bytes=1000,
+                             device=device)
+        _soak._analyse(r)
+        assert r.worst_step == 1 and r.fragmentation == expected
+        assert ("fragmentation at the worst step: reserved - allocated 120 B, inactive split "
+                "64 B; 3 allocator retries" in str(r)) == (device == "cuda"), str(r)
+
+
 def test_the_result_is_plain_data():
     r = soak(soak_models.plain(), 3, 64 * MIB)
     d = json.loads(json.dumps(r.to_dict()))

@@ -51,6 +51,11 @@ struct FakeDevice {
   std::int64_t workspace = 0;  // the cuBLAS workspace (allocated, held until cleared)
   std::int64_t allocated_peak = 0;
   std::int64_t reserved_peak = 0;
+  // Of `cached`, the free remainders of split blocks (inactive split: only a request that fits
+  // a remainder can use them), and their peak; the allocator's retries after a refusal.
+  std::int64_t inactive_split = 0;
+  std::int64_t inactive_split_peak = 0;
+  std::int64_t retries = 0;
   double fraction = 1.0;
   int set_fraction_calls = 0;
   int sync_calls = 0;
@@ -72,28 +77,54 @@ struct FakeDevice {
   void updatePeaks() {
     allocated_peak = std::max(allocated_peak, allocated + workspace);
     reserved_peak = std::max(reserved_peak, reserved());
+    inactive_split_peak = std::max(inactive_split_peak, inactive_split);
   }
   /// A tensor of `bytes`: from the cache when it holds enough, else a new segment, refused (as
   /// c10::OutOfMemoryError would be) when reserved would pass fraction x totalGlobalMem. With
   /// expandable segments the check is made on the request and whole 20 MiB pages are mapped, so
   /// reserved can pass the cap by less than a page.
+  /// The cache's split remainders serve no request here (they are smaller than any the tests
+  /// make). Refused, the allocator first frees its unsplit cached blocks and tries again, as
+  /// c10's caching allocator does (num_alloc_retries counts those tries).
   void allocate(std::int64_t bytes) {
     if (!initialised) throw std::logic_error("allocator used before init");
-    if (cached >= bytes) {
+    std::int64_t usable = cached - inactive_split;
+    if (usable >= bytes) {
       cached -= bytes;
     } else {
-      const std::int64_t need = bytes - cached;
+      std::int64_t need = bytes - usable;
       const auto cap = static_cast<std::int64_t>(fraction * static_cast<double>(total_global));
+      if (fraction < 1.0 && reserved() + need > cap && usable > 0) {
+        ++retries;
+        cached -= usable;  // the unsplit cached blocks go back to the device
+        usable = 0;
+        need = bytes;
+      }
       if (fraction < 1.0 && reserved() + need > cap) {
         throw std::runtime_error("CUDA out of memory. Tried to allocate " + std::to_string(bytes) +
                                  " bytes");
       }
       const std::int64_t mapped = expandable ? (need + kPage - 1) / kPage * kPage : need;
-      cached += mapped - bytes;  // what the pages hold beyond the request stays cached
-      cached = std::max<std::int64_t>(cached, 0);
+      cached += mapped - need - usable;  // the pages beyond the request stay cached
+      cached = std::max<std::int64_t>(cached, inactive_split);
     }
     allocated += bytes;
     updatePeaks();
+  }
+  /// A request of `bytes` served by splitting a cached block of `block` bytes: the remainder
+  /// stays cached, inactive and split.
+  void split(std::int64_t bytes, std::int64_t block) {
+    if (cached - inactive_split < block || block < bytes) throw std::logic_error("no such block");
+    cached -= bytes;
+    allocated += bytes;
+    inactive_split += block - bytes;
+    updatePeaks();
+  }
+  /// The split allocation freed: its block is whole again (and cached).
+  void releaseSplit(std::int64_t bytes, std::int64_t block) {
+    allocated -= bytes;
+    cached += bytes;
+    inactive_split -= block - bytes;
   }
   void release(std::int64_t bytes) {
     allocated -= bytes;
@@ -144,11 +175,13 @@ class FakeCudaApi final : public CudaApi {
   }
   CudaAllocatorStats stats(int /*index*/) override {
     if (!d_.initialised) throw std::logic_error("did you call init?");
-    return {d_.allocated + d_.workspace, d_.allocated_peak, d_.reserved(), d_.reserved_peak, 0};
+    return {d_.allocated + d_.workspace, d_.allocated_peak, d_.reserved(),      d_.reserved_peak,
+            d_.retries,                      d_.inactive_split, d_.inactive_split_peak};
   }
   void resetPeakStats(int /*index*/) override {
     d_.allocated_peak = d_.allocated + d_.workspace;
     d_.reserved_peak = d_.reserved();
+    d_.inactive_split_peak = d_.inactive_split;
   }
   double memoryFraction(int /*index*/) override { return d_.fraction; }
   void setMemoryFraction(double fraction, int /*index*/) override {
@@ -157,9 +190,9 @@ class FakeCudaApi final : public CudaApi {
     d_.fraction = fraction;
     ++d_.set_fraction_calls;
   }
-  void emptyCache() override {
+  void emptyCache() override {  // split blocks stay: only whole cached blocks are released
     d_.touch();
-    d_.cached = 0;
+    d_.cached = d_.inactive_split;
   }
   void clearCublasWorkspaces() override {
     d_.touch();

@@ -164,6 +164,10 @@ struct TrialResult {
   std::int64_t failed_in_use_bytes = 0;
   /// cudaMalloc retries by the caching allocator during the trial (0 on the CPU).
   std::int64_t allocator_retries = 0;
+  /// CUDA: the trial's peak of inactive split bytes, the free fragments of split cached blocks
+  /// (DeviceStats::inactive_split_bytes): reserved memory only a small request can use. 0 on
+  /// the CPU.
+  std::int64_t inactive_split_peak_bytes = 0;
   /// CUDA: growth of the memory outside the caching allocator seen at the end of this trial
   /// (lazily loaded kernels, cuDNN / cuBLASLt handles created at first use), in bytes; already in
   /// peak_bytes, and the memory fraction was lowered by it for later trials. 0 on the CPU.

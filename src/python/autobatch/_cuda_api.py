@@ -106,6 +106,8 @@ class TorchCudaApi:
             "reserved_current_bytes": int(s.get("reserved_bytes.all.current", 0)),
             "reserved_peak_bytes": int(s.get("reserved_bytes.all.peak", 0)),
             "num_alloc_retries": int(s.get("num_alloc_retries", 0)),
+            "inactive_split_current_bytes": int(s.get("inactive_split_bytes.all.current", 0)),
+            "inactive_split_peak_bytes": int(s.get("inactive_split_bytes.all.peak", 0)),
         }
 
     def reset_peak_stats(self, index):

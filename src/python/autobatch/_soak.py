@@ -66,6 +66,11 @@ class SoakStep:
             batches that grow along a sorted loader are not read as a leak).
         batch_shape (dict[str, list[int]]): the shapes of the step's largest micro-batch, by
             each tensor's path in the batch ("input_ids", "[0]").
+        allocator_retries (int): CUDA: the caching allocator's retries in the step (a refused
+            request made it free its cached blocks and try again: num_alloc_retries); 0 on the CPU.
+        inactive_split_peak_bytes (int): CUDA: the step's peak of inactive split bytes (free
+            fragments of split cached blocks, reserved memory only small requests can use);
+            0 on the CPU.
     """
 
     step: int
@@ -74,6 +79,8 @@ class SoakStep:
     peak_reserved_bytes: int
     batch_bytes: int = 0
     batch_shape: dict = field(default_factory=dict)
+    allocator_retries: int = 0
+    inactive_split_peak_bytes: int = 0
 
 
 @dataclass
@@ -111,6 +118,11 @@ class SoakResult:
         worst_step (int): the step with the largest peak (-1 when no step ran).
         holders (list[str]): what holds tensors the steps made past the soak (the survivor
             check's warning, _survivors.py: the objects and their bytes), empty when nothing.
+        device (str): the device type the steps ran on ("cpu", "cuda").
+        fragmentation (dict): on CUDA, the caching allocator's fragmentation at the worst step:
+            reserved_minus_allocated_bytes (its reserved peak less its allocated peak),
+            inactive_split_peak_bytes, and allocator_retries over all steps; {} on the CPU,
+            where the budget allocator has no cache to fragment.
         batches (str): where the steps' batches came from: the example's rows repeated, or the
             loader's batches in its sampler's order, collated in this process.
         leaks (list[dict]): when the steps left tensors alive, what one more instrumented step
@@ -139,6 +151,8 @@ class SoakResult:
     steady_peak_bytes: int = 0
     worst_step: int = -1
     holders: List[str] = field(default_factory=list)
+    device: str = "cpu"
+    fragmentation: dict = field(default_factory=dict)
     batches: str = ""
     leaks: List[dict] = field(default_factory=list)
     seconds: float = 0.0
@@ -168,6 +182,14 @@ class SoakResult:
                 f"steady peak {fmt(self.steady_peak_bytes)}; worst step {self.worst_step} "
                 f"(peak {fmt(worst.peak_bytes)}{', batch ' + shape if shape else ''}); held "
                 f"after the last step {fmt(self.steps[-1].held_bytes)}"
+            )
+        if self.fragmentation:
+            f = self.fragmentation
+            lines.append(
+                f"fragmentation at the worst step: reserved - allocated "
+                f"{fmt(f['reserved_minus_allocated_bytes'])}, inactive split "
+                f"{fmt(f['inactive_split_peak_bytes'])}; {f['allocator_retries']} allocator "
+                "retries in all steps"
             )
         if self.batches:
             lines.append(f"batches: {self.batches}")
@@ -225,6 +247,13 @@ def _analyse(r: SoakResult) -> None:
         r.worst_step = max(range(len(peaks)), key=peaks.__getitem__)
         steady = peaks[WARM_UP_STEPS:] or peaks
         r.steady_peak_bytes = int(statistics.median(steady))
+        if r.device == "cuda":
+            worst = r.steps[r.worst_step]
+            r.fragmentation = {
+                "reserved_minus_allocated_bytes": worst.peak_reserved_bytes - worst.peak_bytes,
+                "inactive_split_peak_bytes": worst.inactive_split_peak_bytes,
+                "allocator_retries": sum(s.allocator_retries for s in r.steps),
+            }
     r.growth_bytes_per_step, r.growth_noise_bytes = fit_growth(
         [s.held_bytes - s.batch_bytes for s in r.steps]
     )
@@ -293,6 +322,8 @@ class _StepRecorder:
                 int(peaks["peak_reserved_bytes"]),
                 held_batch,
                 shape,
+                int(peaks.get("allocator_retries", 0)),
+                int(peaks.get("inactive_split_peak_bytes", 0)),
             )
         )
         self.meter.begin()
@@ -450,6 +481,7 @@ def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, opt
         memory_limit_bytes=int(record["memory_limit_bytes"]),
         holders=holders,
         start_bytes=int(start[0]) if start else 0,
+        device=session.device.type,
         batches=_batches_line(session),
         leaks=leaks,
     )

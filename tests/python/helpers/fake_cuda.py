@@ -37,6 +37,9 @@ class FakeCuda:
         self.allocator_backend = allocator_backend
         self.context = self.allocated = self.cached = self.workspace = 0
         self.allocated_peak = self.reserved_peak = 0
+        # Of `cached`, the free remainders of split blocks (inactive split), their peak, and the
+        # allocator's retries after a refusal (tests/support/fake_cuda.h, the same rules).
+        self.inactive_split = self.inactive_split_peak = self.retries = 0
         self.fraction = preset_fraction
         generic = self.env.get("PYTORCH_ALLOC_CONF", self.env.get("PYTORCH_CUDA_ALLOC_CONF"))
         cuda = self.env.get("PYTORCH_CUDA_ALLOC_CONF", self.env.get("PYTORCH_ALLOC_CONF"))
@@ -58,20 +61,41 @@ class FakeCuda:
     def _peaks(self):
         self.allocated_peak = max(self.allocated_peak, self.allocated + self.workspace)
         self.reserved_peak = max(self.reserved_peak, self.reserved())
+        self.inactive_split_peak = max(self.inactive_split_peak, self.inactive_split)
 
     def allocate(self, n):
+        """Split remainders serve no request; refused, the allocator frees its unsplit cached
+        blocks and tries again (a retry), as c10's caching allocator does."""
         assert self.initialised, "allocator used before init"
-        if self.cached >= n:
+        usable = self.cached - self.inactive_split
+        if usable >= n:
             self.cached -= n
         else:
-            need = n - self.cached
+            need = n - usable
             cap = int(self.fraction * self.total_global)
+            if self.fraction < 1.0 and self.reserved() + need > cap and usable > 0:
+                self.retries += 1
+                self.cached -= usable
+                usable, need = 0, n
             if self.fraction < 1.0 and self.reserved() + need > cap:
                 raise FakeOutOfMemory(f"CUDA out of memory. Tried to allocate {n} bytes")
             mapped = -(-need // PAGE) * PAGE if self.expandable else need
-            self.cached = max(self.cached + mapped - n, 0)
+            self.cached = max(self.cached + mapped - need - usable, self.inactive_split)
         self.allocated += n
         self._peaks()
+
+    def split(self, n, block):
+        """A request of n served by splitting a cached block: the rest stays cached, split."""
+        assert self.cached - self.inactive_split >= block >= n, "no such block"
+        self.cached -= n
+        self.allocated += n
+        self.inactive_split += block - n
+        self._peaks()
+
+    def release_split(self, n, block):
+        self.allocated -= n
+        self.cached += n
+        self.inactive_split -= block - n
 
     def release(self, n):
         self.allocated -= n
@@ -127,11 +151,15 @@ class FakeCuda:
         return {"allocated_bytes.all.current": self.allocated + self.workspace,
                 "allocated_bytes.all.peak": self.allocated_peak,
                 "reserved_bytes.all.current": self.reserved(),
-                "reserved_bytes.all.peak": self.reserved_peak, "num_alloc_retries": 0}
+                "reserved_bytes.all.peak": self.reserved_peak,
+                "num_alloc_retries": self.retries,
+                "inactive_split_bytes.all.current": self.inactive_split,
+                "inactive_split_bytes.all.peak": self.inactive_split_peak}
 
     def reset_peak_memory_stats(self, index):
         self.allocated_peak = self.allocated + self.workspace
         self.reserved_peak = self.reserved()
+        self.inactive_split_peak = self.inactive_split
 
     def get_per_process_memory_fraction(self, index):
         return self.fraction
@@ -143,9 +171,9 @@ class FakeCuda:
         self.fraction = fraction
         self.calls["set_per_process_memory_fraction"] += 1
 
-    def empty_cache(self):
+    def empty_cache(self):  # split blocks stay: only whole cached blocks are released
         self._touch()
-        self.cached = 0
+        self.cached = self.inactive_split
 
     def clear_workspaces(self):
         self._touch()
