@@ -17,7 +17,8 @@
 #   tests    pytest tests/python/test_cuda.py: the search's answer B against the user's eager job
 #            in fresh processes (device use at B under the limit, above it at B+1), memory
 #            returned, a trial's peak against the eager loop within 1%, a preset fraction, a
-#            refused allocator setting, a device-side assert, evaluation sizing (fails when any
+#            refused allocator setting, a device-side assert, evaluation sizing, the soak's growth
+#            and the allocator's fragmentation on the device (fails when any
 #            test is skipped while nvidia-smi shows a GPU)
 # Exit 0 only when every line is PASS. Not yet run on a GPU.
 # Variables: AUTOBATCH_DEVICE_PYTHON (/opt/torch/.venv/bin/python), AUTOBATCH_DEVICE_SECONDS (280;

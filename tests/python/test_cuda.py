@@ -207,3 +207,27 @@ def test_a_sharded_ranks_trial_peak_matches_its_own_fsdp2_loop():
     finally:
         dist.destroy_process_group()
     assert abs(trial.peak_allocated_bytes - peak) <= 0.01 * peak, (b, trial, peak)
+
+
+# The soak on CUDA (issue 67 item 2): each step's window of the caching allocator (its reserved
+# peak too), and the fragmentation at the worst step from the seam's inactive split bytes and
+# retries. A forward hook that keeps its layer's output (32 x 512 float32 = 64 KiB a step, a
+# multiple of the allocator's 512-byte blocks): the growth is exactly that, on the device's own
+# figures. Catches: CPU figures reported on CUDA (no fragmentation, reserved == allocated), a
+# window that does not reset per step (no growth fitted), and the fragmentation read from the
+# last step instead of the worst.
+def test_the_soak_measures_growth_and_fragmentation_on_the_device():
+    import soak_models
+
+    model = soak_models.hook_store().cuda()
+    r = autobatch.soak(model, soak_models.example().cuda(), 32, steps=10, memory_limit=LIMIT,
+                       step=soak_models.step, optimizer=soak_models.optimizer)
+    assert r.device == "cuda" and r.outcome == "fits" and len(r.steps) == 10
+    assert r.growing and r.growth_bytes_per_step == 32 * soak_models.HIDDEN * 4, str(r)
+    assert all(s.peak_reserved_bytes >= s.peak_bytes > 0 for s in r.steps)
+    worst = r.steps[r.worst_step]
+    assert r.fragmentation["reserved_minus_allocated_bytes"] == (
+        worst.peak_reserved_bytes - worst.peak_bytes)
+    assert r.fragmentation["inactive_split_peak_bytes"] == worst.inactive_split_peak_bytes >= 0
+    assert r.fragmentation["allocator_retries"] == sum(s.allocator_retries for s in r.steps)
+    assert "fragmentation at the worst step" in str(r) and r.leaks, str(r)
