@@ -84,6 +84,8 @@ def test_given_the_jobs_steps_the_answer_is_the_largest_micro_batch_that_lasts_t
     here = soak(soak_models.hook_store(), 10, limit, size=64, job_steps=job)  # this process
     text = f"the largest micro-batch that lasts them is {here.lasting_micro_batch} (from soaks at"
     assert text + " 64 and 32)" in str(here) and abs(here.lasting_micro_batch - b) <= 1
+    # the time counts both soaks, and says so
+    assert here.soaks == 2 and "(the soak's own steps, with the second soak at 32)" in str(here)
 
 
 # The same with the list in a module's global: the first soak's kept tensors are still alive
@@ -341,6 +343,14 @@ def test_cuda_steps_report_the_allocators_fragmentation_at_the_worst_step():
         assert r.worst_step == 1 and r.fragmentation == expected
         assert ("fragmentation at the worst step: reserved - allocated 120 B, inactive split "
                 "64 B; 3 allocator retries" in str(r)) == (device == "cuda"), str(r)
+
+
+# A micro-batch that does not fit once: said as such, with what the model held before it.
+# Catches a bare "out of memory at step 0" that reads like a step-0 leak.
+def test_a_micro_batch_that_never_fits_says_so():
+    r = soak(soak_models.plain(), 5, 4 * MIB, size=4096)
+    assert r.failed_step == 0 and r.steps == [], r
+    assert "out of memory at step 0: micro-batch 4096 does not fit even once" in str(r), str(r)
 
 
 def test_the_result_is_plain_data():

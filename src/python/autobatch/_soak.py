@@ -130,7 +130,10 @@ class SoakResult:
             closure of a hook, a tensor with its autograd graph, ...), "where" (the user's
             file:line that keeps them), "source" (that line), "tensors", "bytes" (one step's,
             a graph's saved tensors charged to its root), "fix"; empty when nothing survived.
-        seconds (float): the soak's own wall time, its steps and their measurement.
+        seconds (float): the soak's own wall time, its steps and their measurement (both soaks
+            when a second one ran for lasting_micro_batch).
+        soaks (int): the soaks run: 1, or 2 when a second one at half the micro-batch gave
+            lasting_micro_batch.
     """
 
     micro_batch: int
@@ -156,6 +159,7 @@ class SoakResult:
     batches: str = ""
     leaks: List[dict] = field(default_factory=list)
     seconds: float = 0.0
+    soaks: int = 1
 
     def to_dict(self) -> dict:
         """The result as plain JSON-serialisable data (bytes as ints, the steps as dicts)."""
@@ -170,9 +174,16 @@ class SoakResult:
         lines = [
             f"soak: micro-batch {self.micro_batch} x {self.accumulation_steps} accumulation "
             f"step(s), {ran} of {self.steps_asked} optimizer steps under "
-            f"{fmt(self.memory_limit_bytes)} in {self.seconds:.1f} s (the soak's own steps)"
+            f"{fmt(self.memory_limit_bytes)} in {self.seconds:.1f} s (the soak's own steps"
+            + (f", with the second soak at {self.micro_batch // 2})" if self.soaks == 2 else ")")
         ]
-        if self.failed_step is not None:
+        if self.failed_step == 0:
+            lines.append(
+                f"out of memory at step 0: micro-batch {self.micro_batch} does not fit even once "
+                f"(the model and its state held {fmt(self.start_bytes)} before it; "
+                "autobatch.find gives the largest micro-batch that does)"
+            )
+        elif self.failed_step is not None:
             lines.append(f"out of memory at step {self.failed_step}")
         if ran:
             worst = self.steps[self.worst_step]
@@ -445,6 +456,7 @@ def soak(
         )
         _analyse(half)
         result.lasting_micro_batch = lasting_micro_batch(result, half, job_steps)
+        result.soaks = 2
     result.seconds = time.perf_counter() - started
     return result
 
@@ -461,7 +473,7 @@ def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, opt
         body = _soak_body(probe, steps, rows, start, session.data_loader)
         record = probe.trial(micro_batch, accumulation_steps, body, label="soak")
         if probe.survivor_note:  # the survivor check after the trial (_survivors.py)
-            holders.append(probe.survivor_note)
+            holders.append(_kept_line(probe.survivors))
         slope, noise = fit_growth([r.held_bytes - r.batch_bytes for r in rows])
         if record.get("outcome", FITS) == FITS and (probe.survivor_note or slope > noise):
             leaks.extend(_name_leaks(probe, micro_batch, accumulation_steps, session))
@@ -484,6 +496,17 @@ def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, opt
         device=session.device.type,
         batches=_batches_line(session),
         leaks=leaks,
+    )
+
+
+def _kept_line(survivors):
+    """The survivor check's finding in the soak's words: what its steps left alive, and what
+    holds it (_survivors.py names the holders)."""
+    held = "; ".join(survivors.holders[:3]) or "objects Python cannot trace (C++ references)"
+    return (
+        f"{len(survivors.known)} tensor storage(s), "
+        f"{_core.format_bytes(sum(survivors.known.values()))}, made by the soak's steps and "
+        f"alive after them, held by {held}"
     )
 
 
