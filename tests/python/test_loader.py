@@ -3,6 +3,7 @@ place of an example batch and run the trials on its costliest samples, collated 
 collate_fn (autobatch/_loader.py). The truth is the user's own plain loop over the same loader in
 a fresh process under the same budget (helpers/loader_epoch.py). Each test names the wrong
 implementation it catches."""
+import itertools
 import json
 import os
 import subprocess
@@ -115,6 +116,31 @@ def test_a_loader_that_cannot_be_sized_is_a_usage_error_before_any_trial(make, w
         autobatch.find(D.model(), make(), memory_limit=LIMIT, device="cpu", progress=False)
 
 
+class _Broken(D.Tokens):
+    """Sample 150 raises, as a corrupt record would."""
+
+    def __getitem__(self, k):
+        if k == 150:
+            raise KeyError("broken sample 150")
+        return super().__getitem__(k)
+
+
+class _WrongLengths(D.Tokens):
+    lengths = [1, 2, 3]  # three lengths for 2000 samples
+
+
+@pytest.mark.parametrize("dataset, words", [
+    (_Broken(), r"dataset failed on sample 150 \(KeyError"),
+    (_WrongLengths(), "a `lengths` attribute that is not one int per sample"),
+])
+def test_a_dataset_that_fails_or_misstates_its_lengths_is_a_usage_error(dataset, words):
+    # Catches: the dataset's own KeyError leaving as a raw traceback from autobatch's code, and
+    # a malformed `lengths` ignored silently (the whole dataset then read without a word).
+    with pytest.raises(autobatch.UsageError, match=words):
+        autobatch.find(D.model(), DataLoader(dataset, batch_size=8, collate_fn=D.pad),
+                       memory_limit=LIMIT, device="cpu")
+
+
 def test_loader_batches_bounds_a_map_style_scan_and_is_refused_without_a_loader():
     # Catches: a bounded scan reported as the epoch, the bound taken as the epoch's size (the
     # micro-batch's bound stays the sampler's 2000 samples), an option silently ignored with an
@@ -168,6 +194,24 @@ def test_soak_on_the_loader_runs_its_consecutive_batches_and_sees_no_leak_in_gro
     assert held[-1] > held[2]  # the held bytes grow with the batch ...
     assert not r.growing and r.growth_bytes_per_step == 0.0  # ... and that is not growth
     assert "collated in this process" in r.batches
+
+
+class _LongestFirst(D.Buckets):
+    """The buckets from the longest down: the job's order is not the dataset's."""
+
+    def __iter__(self):
+        return reversed(list(super().__iter__()))
+
+
+def test_soak_follows_the_loaders_own_order():
+    # Catches: a soak that walks the dataset's index order where the loader does not (a
+    # batch_sampler's buckets, a shuffling sampler): the steps must see the batches the job sees,
+    # here the longest first.
+    loader = DataLoader(D.Tokens(), batch_sampler=_LongestFirst(D.SAMPLES, 8), collate_fn=D.pad)
+    expected = [b["input_ids"].shape[1] for b in itertools.islice(iter(loader), 5)]
+    r = autobatch.soak(D.model(), loader, 8, steps=5, memory_limit=LIMIT, device="cpu")
+    assert [s.batch_shape["input_ids"][1] for s in r.steps] == expected
+    assert expected[0] == D.LONGEST and expected == sorted(expected, reverse=True)
 
 
 # --- the truth: the user's own loop over the same loader, fresh processes (slow) --------------

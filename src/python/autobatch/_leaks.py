@@ -35,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import _core
 from ._state import live_storages
-from ._survivors import _describe
+from ._survivors import _describe, module_level_tensors, variable_of
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -118,16 +118,31 @@ class Recorder:
             # (a running total updated in place keeps its storage: its graph is what is new)
             if t is not None and (_ptr(t) not in baseline_ptrs or t.grad_fn is not None):
                 alive.append((t, where))
-        # The roots first: what a graph saves is charged to its root (the running total, not
-        # the activation its graph saved, which is then nothing more).
-        inner = {_ptr(x) for t, _ in alive if t.grad_fn is not None for x in _saved(t.grad_fn)}
-        alive.sort(key=lambda tw: (_ptr(tw[0]) in inner, tw[0].grad_fn is None))
+        # What a graph holds is charged to its root (the running total, not the activation or
+        # the term its graph holds): a tensor whose own graph node, or whose storage as a saved
+        # tensor, lies inside another alive tensor's graph is part of that root's leak.
+        # (the nodes' Python wrappers are held while their ids are compared: a wrapper let go
+        # is made anew at the next access, and its id may then be another's)
+        held_nodes, inner_nodes, inner_ptrs = [], set(), set()
+        for t, _ in alive:
+            if t.grad_fn is not None:
+                root = t.grad_fn
+                nodes = _nodes(root)
+                held_nodes += [root, *nodes]
+                inner_nodes.update(id(n) for n in nodes if n is not root)
+                inner_ptrs.update(_ptr(x) for x in _saved(root))
+        alive = [
+            (t, w) for t, w in alive if not (t.grad_fn is not None and id(t.grad_fn) in inner_nodes)
+        ]
+        del held_nodes
+        alive.sort(key=lambda tw: (_ptr(tw[0]) in inner_ptrs, tw[0].grad_fn is None))
         seen, groups = set(baseline_ptrs), {}
+        module_level = module_level_tensors()
         for t, where in alive:
             kept = _kept_bytes(t, seen)
             if kept == 0:
                 continue
-            holder, line, fix = self._holder(t, where)
+            holder, line, fix = self._holder(t, where, module_level)
             g = groups.setdefault((holder, line), {"tensors": 0, "bytes": 0, "fix": fix})
             g["tensors"] += 1
             g["bytes"] += kept
@@ -147,10 +162,12 @@ class Recorder:
             )
         return out
 
-    def _holder(self, t, made_at):
+    def _holder(self, t, made_at, module_level):
         """(holder, (file, line) of the user's line that keeps it, fix) of a live tensor: the
-        container it was put in and the line that put it there, or the variable or attribute
-        that holds it directly and the line that made it."""
+        module-level global or attribute that holds it (`module_level`:
+        _survivors.module_level_tensors, read once), the container it was put in and the line
+        that put it there, or the variable or attribute that holds it directly; for a tensor
+        held directly, the line that made it."""
         direct = (
             "keep a Python number (`total += loss.item()`) or a tensor without its graph "
             "(`total += loss.detach()`)"
@@ -158,10 +175,12 @@ class Recorder:
             else "drop the reference after the step, or keep a Python number"
         )
         graph = " with its autograd graph" if t.grad_fn is not None else ""
+        if id(t) in module_level:
+            return f"a tensor{graph} in {module_level[id(t)]}", made_at[:2], direct
         for ref in gc.get_referrers(t):
             if isinstance(ref, (types.FrameType, tuple)) or ref is self.mode.made:
                 continue
-            named = _variable(ref, t)
+            named = variable_of(ref, t)
             if named:
                 return f"a tensor{graph} in {named}", made_at[:2], direct
             if isinstance(ref, (list, dict, set)) or hasattr(ref, "append"):
@@ -172,53 +191,7 @@ class Recorder:
                     "store what you need of it (loss.item(), output.detach().cpu(), a running "
                     "sum as a Python number) and clear the container after use",
                 )
-        named = _module_level(t)  # its holder frozen out of the collector (gc.freeze)
-        return f"a tensor{graph}{' in ' + named if named else ''}", made_at[:2], direct
-
-
-def _module_level(t):
-    """'the global `x` of mod' or 'the attribute `total` of mod.RUNNING' for a tensor a module's
-    global, or an attribute of one, holds; found from sys.modules, for holders gc.get_referrers
-    cannot see (objects frozen out of the collector by gc.freeze). None when none does."""
-    for name, module in list(sys.modules.items()):
-        values = getattr(module, "__dict__", None)
-        if not isinstance(values, dict) or name.startswith(("torch", "autobatch")):
-            continue
-        for key, value in list(values.items()):
-            if value is t:
-                return f"the global `{key}` of {name}"
-            attrs = getattr(value, "__dict__", None)
-            if isinstance(attrs, dict) and not isinstance(value, (type, types.ModuleType)):
-                hits = [k for k, v in attrs.items() if v is t]
-                if hits:
-                    return f"the attribute `{hits[0]}` of {name}.{key}"
-    return None
-
-
-def _variable(ref, t):
-    """'the attribute `total` of a Running', 'the global `total` of train', 'the variable
-    `total` in the closure of `step`' when `ref` is an object's __dict__, a module's globals or
-    a closure's cell holding `t`; else None."""
-    if isinstance(ref, types.CellType):
-        for closure in gc.get_referrers(ref):
-            for fn in gc.get_referrers(closure) if isinstance(closure, tuple) else ():
-                if isinstance(fn, types.FunctionType) and fn.__closure__ is closure:
-                    name = fn.__code__.co_freevars[closure.index(ref)]
-                    return f"the variable `{name}` in the closure of `{fn.__qualname__}`"
-        return None
-    if not isinstance(ref, dict):  # an object whose attributes Python keeps inline (3.11+)
-        attrs = getattr(ref, "__dict__", None)
-        names = [k for k, v in attrs.items() if v is t] if isinstance(attrs, dict) else []
-        return f"the attribute `{names[0]}` of a {type(ref).__name__}" if names else None
-    names = [k for k, v in ref.items() if v is t]
-    if not names:
-        return None
-    if "__name__" in ref and ref.get("__builtins__") is not None:
-        return f"the global `{names[0]}` of {ref['__name__']}"
-    owners = [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
-    if owners:
-        return f"the attribute `{names[0]}` of a {type(owners[0]).__name__}"
-    return None
+        return f"a tensor{graph}", made_at[:2], direct
 
 
 def _shown(path):
@@ -257,6 +230,20 @@ def _kept_bytes(t, seen):
         seen.add(p)
         total += x.untyped_storage().nbytes()
     return total
+
+
+def _nodes(root, limit=100_000):
+    """The autograd graph's nodes reachable from `root` (itself included), as Python objects:
+    the caller holds them while it compares their ids."""
+    seen, out, stack = set(), [], [root]
+    while stack and len(out) < limit:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        out.append(node)
+        stack.extend(n for n, _ in getattr(node, "next_functions", ()))
+    return out
 
 
 def _saved(root, limit=100_000):

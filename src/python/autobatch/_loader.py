@@ -163,8 +163,8 @@ def loader_batches(loader: DataLoader, batches: int | None = None) -> LoaderBatc
         isinstance(batches, bool) or not isinstance(batches, int) or batches < 1
     ):
         raise UsageError(
-            f"loader_batches: expected an int >= 1 (the batches of an IterableDataset's loader "
-            f"to read), but got {batches!r}"
+            f"loader_batches: expected an int >= 1 (the loader's first batches to read for its "
+            f"costliest samples), but got {batches!r}"
         )
     if loader.batch_sampler is None:
         raise UsageError(
@@ -176,7 +176,10 @@ def loader_batches(loader: DataLoader, batches: int | None = None) -> LoaderBatc
     samples, costs, indices, order, scope, sampler_batches = _read_samples(loader, batches)
     dataset_size = _epoch_samples(loader, indices, scope)
     if not samples:
-        raise UsageError("example_batch: the DataLoader's dataset has no sample to size on")
+        raise UsageError(
+            "example_batch: the DataLoader yields no sample to size on (an empty dataset, or a "
+            "sampler that yields no index)"
+        )
     singles = [_collated(collate, [s]) for s in samples]
     numel = [_elements(c) for c in singles]
     ranked = sorted(range(len(samples)), key=lambda k: -numel[k])
@@ -238,10 +241,10 @@ def _read_samples(loader, batches):
         scope = f"the first {batches} batches the sampler draws (not the epoch)"
     costs = _lengths(dataset, indices)
     if costs is None:
-        return [dataset[i] for i in indices], None, indices, None, scope, index_batches
+        return [_item(dataset, i) for i in indices], None, indices, None, scope, index_batches
     # only the costliest samples are loaded
     order = sorted(range(len(indices)), key=lambda k: -costs[k])[: _EXAMPLE_ROWS * 64]
-    samples = [dataset[indices[k]] for k in order]
+    samples = [_item(dataset, indices[k]) for k in order]
     return samples, costs, indices, order, scope, index_batches
 
 
@@ -258,7 +261,7 @@ def _reader(dataset, n, indices, order):
 
         return read
     at = indices if order is None else [indices[k] for k in order]
-    return lambda positions: [dataset[at[k]] for k in positions]
+    return lambda positions: [_item(dataset, at[k]) for k in positions]
 
 
 def consecutive(loader: DataLoader, size: int) -> Callable[[torch.device], Any]:
@@ -281,15 +284,37 @@ def consecutive(loader: DataLoader, size: int) -> Callable[[torch.device], Any]:
                     chunk = list(itertools.islice(it, size))
 
     else:
-        indices, _ = _indices(loader)
 
         def stream():
-            while True:
-                for start in range(0, len(indices), size):
-                    yield [dataset[i] for i in indices[start : start + size]]
+            while True:  # an epoch's order, drawn anew each epoch as the loader draws it
+                order = _epoch_order(loader)
+                if not order:
+                    raise UsageError("example_batch: the DataLoader's sampler yielded no index")
+                for start in range(0, len(order), size):
+                    yield [_item(dataset, i) for i in order[start : start + size]]
 
     chunks = stream()
     return lambda device: _to(_collated(collate, next(chunks)), device)
+
+
+def _epoch_order(loader):
+    """The indices of one epoch in the order the loader visits them: its batch_sampler's batches
+    (a shuffling sampler's order, a bucketing sampler's buckets) one after the other, drawn with
+    the RNG forked (the job's random state is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        return [i for b in loader.batch_sampler for i in b]
+
+
+def _item(dataset, index):
+    """dataset[index]; an error the dataset raises is the user's, named as such (UsageError)."""
+    try:
+        return dataset[index]
+    except Exception as e:  # the user's __getitem__: any error is theirs
+        raise UsageError(
+            f"example_batch: the DataLoader's dataset failed on sample {index} "
+            f"({type(e).__name__}: {e}); autobatch reads the samples with dataset[i] as the "
+            "loader does: fix the dataset, or bound the scan with loader_batches="
+        ) from e
 
 
 def _indices(loader, batches=None):
@@ -337,11 +362,16 @@ def _lengths(dataset, indices):
     if lengths is None:
         return None
     try:
-        if len(lengths) != len(dataset):
-            return None
-        return [int(lengths[i]) for i in indices]
+        if len(lengths) == len(dataset):
+            return [int(lengths[i]) for i in indices]
     except (TypeError, ValueError, IndexError):
-        return None
+        pass
+    raise UsageError(
+        f"example_batch: the DataLoader's dataset has a `lengths` attribute that is not one int "
+        f"per sample ({len(dataset)} samples; got {type(lengths).__name__} "
+        f"{str(lengths)[:60]}); expected lengths[i], the cost of sample i, for every i, or no "
+        "`lengths` (each sample is then read to be measured)"
+    )
 
 
 def _collated(collate, samples):
@@ -436,7 +466,8 @@ def _sampler_summary(index_batches, indices, costs, numel, samples, dataset, col
 
     worst = max(index_batches, key=cost)
     shape = {
-        p: list(t.shape) for p, t in tensors_of(_collated(collate, [dataset[i] for i in worst]))
+        p: list(t.shape)
+        for p, t in tensors_of(_collated(collate, [_item(dataset, i) for i in worst]))
     }
     return {
         "batches": len(index_batches),

@@ -397,7 +397,10 @@ def soak(
 
     Args:
         model (torch.nn.Module): the model, as for find().
-        example_batch (Any): one batch whose samples are repeated, as for find().
+        example_batch (Any): one batch whose samples are repeated, as for find(), or the job's
+            DataLoader: each micro-batch is then its next batch of `micro_batch` samples in the
+            loader's own order (its sampler's or batch_sampler's), collated in this process
+            (docs/data.md).
         micro_batch (int): samples per micro-batch, >= 1.
         steps (int): optimizer steps to run, 1 to 2^31 - 1 (default 20; the growth is fitted
             from 7 on: 2 warm-up steps, then at least 4 differences).

@@ -12,6 +12,7 @@ storages made since, and the objects that refer to them are named in the result'
 
 import gc
 import itertools
+import sys
 import types
 
 import torch
@@ -79,12 +80,68 @@ def _holders(tensors, limit=3):
         for ref in gc.get_referrers(t):
             if ref is tensors or isinstance(ref, types.FrameType):
                 continue
-            what = _describe(ref)
+            what = variable_of(ref, t)  # a global, an attribute, a closure's variable
+            what = f"the tensor in {what}" if what else _describe(ref)
             if what and what not in out:
                 out.append(what)
             if len(out) >= limit:
                 return out
+    if not out:  # the holders frozen out of the collector (gc.freeze): a module-level one
+        index = module_level_tensors()
+        for t in itertools.islice(tensors, 50):
+            named = index.get(id(t))
+            if named and f"the tensor in {named}" not in out:
+                out.append(f"the tensor in {named}")
     return out
+
+
+def module_level_tensors():
+    """{id(tensor): 'the global `x` of mod' or 'the attribute `total` of mod.RUNNING'} for the
+    tensors modules' globals hold, directly or as an attribute of a global object (torch's and
+    autobatch's modules left out): read from sys.modules, for holders gc.get_referrers cannot see
+    (objects frozen out of the collector by gc.freeze). The tensors' ids are valid while the
+    caller holds the tensors."""
+    out = {}
+    for name, module in list(sys.modules.items()):
+        values = getattr(module, "__dict__", None)
+        if not isinstance(values, dict) or name.startswith(("torch", "autobatch")):
+            continue
+        for key, value in list(values.items()):
+            if isinstance(value, torch.Tensor):
+                out.setdefault(id(value), f"the global `{key}` of {name}")
+                continue
+            attrs = getattr(value, "__dict__", None)
+            if isinstance(attrs, dict) and not isinstance(value, (type, types.ModuleType)):
+                for k, v in list(attrs.items()):
+                    if isinstance(v, torch.Tensor):
+                        out.setdefault(id(v), f"the attribute `{k}` of {name}.{key}")
+    return out
+
+
+def variable_of(ref, t):
+    """'the attribute `total` of a Running', 'the global `total` of train', 'the variable
+    `total` in the closure of `step`' when `ref` is an object's __dict__, a module's globals or
+    a closure's cell holding `t`; else None."""
+    if isinstance(ref, types.CellType):
+        for closure in gc.get_referrers(ref):
+            for fn in gc.get_referrers(closure) if isinstance(closure, tuple) else ():
+                if isinstance(fn, types.FunctionType) and fn.__closure__ is closure:
+                    name = fn.__code__.co_freevars[closure.index(ref)]
+                    return f"the variable `{name}` in the closure of `{fn.__qualname__}`"
+        return None
+    if not isinstance(ref, dict):  # an object whose attributes Python keeps inline (3.11+)
+        attrs = getattr(ref, "__dict__", None)
+        names = [k for k, v in attrs.items() if v is t] if isinstance(attrs, dict) else []
+        return f"the attribute `{names[0]}` of a {type(ref).__name__}" if names else None
+    names = [k for k, v in ref.items() if v is t]
+    if not names:
+        return None
+    if "__name__" in ref and ref.get("__builtins__") is not None:
+        return f"the global `{names[0]}` of {ref['__name__']}"
+    owners = [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
+    if owners:
+        return f"the attribute `{names[0]}` of a {type(owners[0]).__name__}"
+    return None
 
 
 def _describe(container):
