@@ -175,8 +175,13 @@ class FakeCudaApi final : public CudaApi {
   }
   CudaAllocatorStats stats(int /*index*/) override {
     if (!d_.initialised) throw std::logic_error("did you call init?");
-    return {d_.allocated + d_.workspace, d_.allocated_peak, d_.reserved(),      d_.reserved_peak,
-            d_.retries,                      d_.inactive_split, d_.inactive_split_peak};
+    return {d_.allocated + d_.workspace,
+            d_.allocated_peak,
+            d_.reserved(),
+            d_.reserved_peak,
+            d_.retries,
+            d_.inactive_split,
+            d_.inactive_split_peak};
   }
   void resetPeakStats(int /*index*/) override {
     d_.allocated_peak = d_.allocated + d_.workspace;
