@@ -203,6 +203,17 @@ class _LongestFirst(D.Buckets):
         return reversed(list(super().__iter__()))
 
 
+def test_soak_reads_only_the_batches_it_runs():
+    # Catches: a soak that scans the whole dataset for its costliest samples (find's work, which
+    # the soak's in-order batches do not use), once per soak; and loader_batches taken silently
+    # where it bounds nothing.
+    loader = D.loader("pad")
+    autobatch.soak(D.model(), loader, 8, steps=3, memory_limit=LIMIT, device="cpu")
+    assert loader.dataset.loaded == 8 + 3 * 8  # the session's example, then one batch a step
+    with pytest.raises(autobatch.UsageError, match="loader_batches: bounds find"):
+        autobatch.soak(D.model(), loader, 8, steps=3, loader_batches=2, memory_limit=LIMIT)
+
+
 def test_soak_follows_the_loaders_own_order():
     # Catches: a soak that walks the dataset's index order where the loader does not (a
     # batch_sampler's buckets, a shuffling sampler): the steps must see the batches the job sees,

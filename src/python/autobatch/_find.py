@@ -305,7 +305,21 @@ def find(
     if eval_state and result.eval_safe_batch == 0:  # --eval's exit 3
         raise DoesNotFit(eval_nothing_fits_message(result), result)
     if soak_steps:
-        _soak_answer(result, model, example_batch, soak_steps, job_steps, locals())
+        step_options = dict(
+            optimizer=optimizer,
+            loss_fn=loss_fn,
+            precision=precision,
+            device=device,
+            memory_limit=memory_limit,
+            margin=margin,
+            reserve=reserve,
+            step=step,
+            ddp=ddp,
+            zero_grad=zero_grad,
+            keep_output=keep_output,
+            autocast_cache=autocast_cache,
+        )
+        _soak_answer(result, model, example_batch, soak_steps, job_steps, step_options)
     return result
 
 
@@ -326,28 +340,11 @@ def _check_soak_options(soak_steps, job_steps, eval_state):
         _count(job_steps, "job_steps", maximum=2**62)
 
 
-# find()'s options that soak() takes as they were given (the step and the memory).
-_SOAK_TAKES = (
-    "optimizer",
-    "loss_fn",
-    "precision",
-    "device",
-    "memory_limit",
-    "margin",
-    "reserve",
-    "step",
-    "ddp",
-    "zero_grad",
-    "keep_output",
-    "autocast_cache",
-    "loader_batches",
-)
-
-
-def _soak_answer(result, model, example_batch, soak_steps, job_steps, given):
-    """find(soak_steps=N): the soak of the answer, kept on the result: Result.soak, its report
-    after the search's, and its findings among the warnings."""
-    options = {k: given[k] for k in _SOAK_TAKES if given[k] is not None}
+def _soak_answer(result, model, example_batch, soak_steps, job_steps, options):
+    """find(soak_steps=N): the soak of the answer (with find's options for the step and the
+    memory), kept on the result: Result.soak, its report after the search's, and its findings
+    among the warnings."""
+    options = {k: v for k, v in options.items() if v is not None}
     soaked = soak(
         model,
         example_batch,

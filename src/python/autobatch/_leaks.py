@@ -121,31 +121,30 @@ class Recorder:
         # What a graph holds is charged to its root (the running total, not the activation or
         # the term its graph holds): a tensor whose own graph node, or whose storage as a saved
         # tensor, lies inside another alive tensor's graph is part of that root's leak.
-        # (the nodes' Python wrappers are held while their ids are compared: a wrapper let go
-        # is made anew at the next access, and its id may then be another's)
-        held_nodes, inner_nodes, inner_ptrs = [], set(), set()
-        for t, _ in alive:
-            if t.grad_fn is not None:
-                root = t.grad_fn
-                nodes = _nodes(root)
-                held_nodes += [root, *nodes]
-                inner_nodes.update(id(n) for n in nodes if n is not root)
-                inner_ptrs.update(_ptr(x) for x in _saved(root))
-        alive = [
-            (t, w) for t, w in alive if not (t.grad_fn is not None and id(t.grad_fn) in inner_nodes)
+        # (the nodes' Python wrappers are held, in `graphs`, while their ids are compared: a
+        # wrapper let go is made anew at the next access, and its id may then be another's)
+        graphs = [_graph(t.grad_fn) for t, _ in alive]  # (nodes, saved tensors), once each
+        inner_nodes, inner_ptrs = set(), set()
+        for nodes, saved in graphs:
+            inner_nodes.update(id(n) for n in nodes[1:])  # nodes[0] is the tensor's own
+            inner_ptrs.update(_ptr(x) for x in saved)
+        rows = [
+            (t, w, saved)
+            for (t, w), (_, saved) in zip(alive, graphs)
+            if not (t.grad_fn is not None and id(t.grad_fn) in inner_nodes)
         ]
-        del held_nodes
-        alive.sort(key=lambda tw: (_ptr(tw[0]) in inner_ptrs, tw[0].grad_fn is None))
+        rows.sort(key=lambda row: (_ptr(row[0]) in inner_ptrs, row[0].grad_fn is None))
         seen, groups = set(baseline_ptrs), {}
         module_level = module_level_tensors()
-        for t, where in alive:
-            kept = _kept_bytes(t, seen)
+        for t, where, saved in rows:
+            kept = _kept_bytes([t, *saved], seen)
             if kept == 0:
                 continue
             holder, line, fix = self._holder(t, where, module_level)
             g = groups.setdefault((holder, line), {"tensors": 0, "bytes": 0, "fix": fix})
             g["tensors"] += 1
             g["bytes"] += kept
+        del rows, graphs
         del alive
         out = []
         for (holder, line), g in sorted(groups.items(), key=lambda kv: -kv[1]["bytes"]):
@@ -207,8 +206,7 @@ def baseline_ptrs(device):
     rows = live_storages(device)
     ptrs = {p for p, _, _ in rows}
     for _, _, t in rows:
-        if t.grad_fn is not None:
-            ptrs.update(_ptr(x) for x in _saved(t.grad_fn))
+        ptrs.update(_ptr(x) for x in _graph(t.grad_fn)[1])
     return ptrs
 
 
@@ -219,11 +217,11 @@ def _ptr(t):
         return None
 
 
-def _kept_bytes(t, seen):
-    """Bytes `t` keeps alive that are not in `seen` (updated): its storage's, and the saved
-    tensors of its autograd graph (every node reachable from t.grad_fn)."""
+def _kept_bytes(tensors, seen):
+    """Bytes of the storages of `tensors` (a tensor and its graph's saved tensors) not in
+    `seen` (updated)."""
     total = 0
-    for x in [t, *_saved(t.grad_fn)]:
+    for x in tensors:
         p = _ptr(x)
         if p is None or p in seen:
             continue
@@ -232,28 +230,18 @@ def _kept_bytes(t, seen):
     return total
 
 
-def _nodes(root, limit=100_000):
-    """The autograd graph's nodes reachable from `root` (itself included), as Python objects:
-    the caller holds them while it compares their ids."""
-    seen, out, stack = set(), [], [root]
-    while stack and len(out) < limit:
+def _graph(root, limit=100_000):
+    """([nodes], [saved tensors]) of the autograd graph from `root` (a tensor's grad_fn, None for
+    none: ([], [])): every node reachable from it, `root` first, held as Python objects (their
+    ids stay theirs while the caller holds the list), and the tensors those nodes still save
+    (freed ones, after a backward without retain_graph, skipped)."""
+    nodes, saved, seen, stack = [], [], set(), [root]
+    while stack and len(nodes) < limit:
         node = stack.pop()
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
-        out.append(node)
-        stack.extend(n for n, _ in getattr(node, "next_functions", ()))
-    return out
-
-
-def _saved(root, limit=100_000):
-    """The tensors the autograd graph from `root` still saves (freed ones skipped)."""
-    out, stack, visited = [], [root], set()
-    while stack and len(visited) < limit:
-        node = stack.pop()
-        if node is None or id(node) in visited:
-            continue
-        visited.add(id(node))
+        nodes.append(node)
         for name in dir(node):
             if not name.startswith("_saved_"):
                 continue
@@ -261,11 +249,13 @@ def _saved(root, limit=100_000):
                 value = getattr(node, name)
             except RuntimeError:  # freed by a backward without retain_graph
                 continue
-            for v in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(v, torch.Tensor):
-                    out.append(v)
+            saved += [
+                v
+                for v in (value if isinstance(value, (tuple, list)) else (value,))
+                if isinstance(v, torch.Tensor)
+            ]
         stack.extend(n for n, _ in getattr(node, "next_functions", ()))
-    return out
+    return nodes, saved
 
 
 def finding_lines(leaks, limit=3):

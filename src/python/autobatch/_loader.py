@@ -43,8 +43,9 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from ._batches import leading_size
+from ._batches import leading_size, same_mapping
 from ._errors import UsageError
+from ._state import example_tensors
 
 # An IterableDataset's loader is read this many batches deep by default (loader_batches=).
 DEFAULT_LOADER_BATCHES = 64
@@ -386,16 +387,15 @@ def _collated(collate, samples):
         ) from e
 
 
-def tensors_of(x, path=""):
-    """(path, tensor) of each tensor in a collated batch, in order."""
-    if isinstance(x, torch.Tensor):
-        yield path or "batch", x
-    elif isinstance(x, Mapping):
-        for k, v in x.items():
-            yield from tensors_of(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(x, (list, tuple)):
-        for i, v in enumerate(x):
-            yield from tensors_of(v, f"{path}[{i}]")
+def tensors_of(x):
+    """[(path, tensor)] of each tensor in a collated batch, in order (_state.example_tensors), the
+    paths as the report writes them: `input_ids`, `[0]`, `pixel_values.low`, `batch` for a bare
+    tensor."""
+    return [(p or "batch", t) for p, t in example_tensors(x, "", _dotted)]
+
+
+def _dotted(path, key):
+    return f"{path}.{key}" if path else str(key)
 
 
 def _elements(batch):
@@ -438,18 +438,17 @@ def _front(singles, ranked):
     large in every dimension of every tensor), the costliest first, at most _EXAMPLE_ROWS:
     collated together they are padded to the largest of each dimension."""
 
-    def shape(k):
-        return [d for _, t in tensors_of(singles[k]) for d in t.shape]
-
-    front, seen = [], set()
+    front, shapes = [], set()  # shapes: every distinct one seen (those of the front included)
+    kept = []  # the front's shapes
     for k in ranked:
-        s = tuple(shape(k))
-        if s in seen:
+        s = tuple(d for _, t in tensors_of(singles[k]) for d in t.shape)
+        if s in shapes:
             continue
-        seen.add(s)
-        if any(len(shape(f)) == len(s) and all(x >= y for x, y in zip(shape(f), s)) for f in front):
+        shapes.add(s)
+        if any(len(f) == len(s) and all(x >= y for x, y in zip(f, s)) for f in kept):
             continue
         front.append(k)
+        kept.append(s)
         if len(front) == _EXAMPLE_ROWS:
             break
     return front
@@ -478,15 +477,12 @@ def _sampler_summary(index_batches, indices, costs, numel, samples, dataset, col
 
 
 def _to(batch, device):
+    """The collated batch on `device`: its tensors moved, mappings of the collator's kind kept
+    (_batches.same_mapping), named tuples rebuilt."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device)
     if isinstance(batch, Mapping):
-        out = {k: _to(v, device) for k, v in batch.items()}
-        try:
-            kept = type(batch)(out)  # a BatchEncoding, an OrderedDict
-            return kept
-        except TypeError:
-            return out
+        return same_mapping(batch, {k: _to(v, device) for k, v in batch.items()})
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
         return type(batch)(*(_to(v, device) for v in batch))
     if isinstance(batch, (list, tuple)):

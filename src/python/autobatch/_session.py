@@ -181,7 +181,6 @@ class _Session:
     ):
         # The job's DataLoader in place of an example batch: its costliest samples (_loader.py).
         self.loader = None
-        self.data_loader = example_batch if is_loader(example_batch) else None
         if is_loader(example_batch):
             self.loader = loader_batches_of(example_batch, loader_batches)
             example_batch = self.loader.example

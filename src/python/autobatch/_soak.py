@@ -33,7 +33,7 @@ from . import _core
 from ._batches import make_batch
 from ._errors import Cancelled, UsageError
 from ._leaks import Recorder, baseline_ptrs, finding_lines
-from ._loader import consecutive, tensors_of
+from ._loader import consecutive, is_loader, tensors_of
 from ._option_checks import _SEARCH_ONLY, _refuse_search_options
 from ._options import _INT32_MAX, _count
 from ._residue import storage_bytes
@@ -465,7 +465,17 @@ def soak(
 
 
 def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, options):
-    """One soak at `micro_batch`: its steps, outcome and holders (not yet analysed)."""
+    """One soak at `micro_batch`: its steps, outcome and holders (not yet analysed). Given a
+    DataLoader, the session's example is its first batch of `micro_batch` samples: the soak runs
+    the loader's batches in order, so the scan of its costliest samples (find's) is not made."""
+    loader = example_batch if is_loader(example_batch) else None
+    if loader is not None:
+        if "loader_batches" in options:
+            raise UsageError(
+                "loader_batches: bounds find()'s scan of the loader's costliest samples; soak "
+                "runs the loader's batches in its own order: drop it"
+            )
+        example_batch = consecutive(loader, micro_batch)(torch.device("cpu"))
     session = _session_of(model, example_batch, options, "soak")
     rows: List[SoakStep] = []
     holders: List[str] = []
@@ -473,13 +483,13 @@ def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, opt
     start: List[int] = []
 
     def run(probe, facts):
-        body = _soak_body(probe, steps, rows, start, session.data_loader)
+        body = _soak_body(probe, steps, rows, start, loader)
         record = probe.trial(micro_batch, accumulation_steps, body, label="soak")
         if probe.survivor_note:  # the survivor check after the trial (_survivors.py)
             holders.append(_kept_line(probe.survivors))
         slope, noise = fit_growth([r.held_bytes - r.batch_bytes for r in rows])
         if record.get("outcome", FITS) == FITS and (probe.survivor_note or slope > noise):
-            leaks.extend(_name_leaks(probe, micro_batch, accumulation_steps, session))
+            leaks.extend(_name_leaks(probe, micro_batch, accumulation_steps, loader))
         return record
 
     record = session.run(run)
@@ -497,7 +507,7 @@ def _soak_once(model, example_batch, micro_batch, steps, accumulation_steps, opt
         holders=holders,
         start_bytes=int(start[0]) if start else 0,
         device=session.device.type,
-        batches=_batches_line(session),
+        batches=_batches_line(loader),
         leaks=leaks,
     )
 
@@ -513,20 +523,20 @@ def _kept_line(survivors):
     )
 
 
-def _name_leaks(probe, micro_batch, accumulation_steps, session):
+def _name_leaks(probe, micro_batch, accumulation_steps, loader):
     """One more step of the soak's, instrumented (_leaks.Recorder), after the soak's steps grew
     or left tensors alive: what keeps the tensors this step makes past its end. [] when the
     step did not run to its end."""
     found: List[dict] = []
-    body = _soak_body(probe, 1, [], [], session.data_loader, (Recorder(), found))
+    body = _soak_body(probe, 1, [], [], loader, (Recorder(), found))
     record = probe.trial(micro_batch, accumulation_steps, body, label="soak-leak")
     return found if record.get("outcome", FITS) == FITS else []
 
 
-def _batches_line(session):
-    if session.data_loader is None:
+def _batches_line(loader):
+    if loader is None:
         return "the example batch's rows repeated"
-    workers = session.data_loader.num_workers
+    workers = loader.num_workers
     return "the DataLoader's batches in its sampler's order, collated in this process" + (
         f" (not by its {workers} worker processes: their batches sit in shared memory "
         "outside the memory limit)"

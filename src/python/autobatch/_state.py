@@ -88,19 +88,20 @@ def _put_back(value, saved, device_usable):
             g.set_state(state)
 
 
-def example_tensors(x, path="example_batch"):
+def example_tensors(x, path="example_batch", key=None):
     """[(path, tensor)] for each tensor of an example batch (a tensor, or mappings, lists and
     tuples of them), in order; the path as the user indexes it (`example_batch[0]['ids']`), for
-    error messages. Other values are skipped."""
+    error messages, or as `key(path, mapping_key)` names a mapping's item (the loader's report
+    writes `input_ids`). Other values are skipped."""
     if isinstance(x, torch.Tensor):
         return [(path, x)]
     if isinstance(x, Mapping):
-        items = [(f"{path}[{k!r}]", v) for k, v in x.items()]
+        items = [(key(path, k) if key else f"{path}[{k!r}]", v) for k, v in x.items()]
     elif isinstance(x, (list, tuple)):
         items = [(f"{path}[{i}]", v) for i, v in enumerate(x)]
     else:
         return []
-    return [found for p, v in items for found in example_tensors(v, p)]
+    return [found for p, v in items for found in example_tensors(v, p, key)]
 
 
 class ModelState:
