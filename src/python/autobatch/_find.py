@@ -227,6 +227,7 @@ def find(
         >>> result.safe_micro_batch, str(result.plan)  # on one 2-core CPU machine
         (184, 'uniform plan: micro-batch 128 x 2 accumulation steps x 1 rank(s) = 256')
     """
+    step_options = {k: v for k, v in locals().items() if k in _STEP_OPTIONS}  # (the first local)
     eval_state = eval_state_of(eval, target_batch)
     _check_soak_options(soak_steps, job_steps, eval_state)
     cache_dir = _cache_dir(cache, cache_trust, eval_state)
@@ -305,20 +306,6 @@ def find(
     if eval_state and result.eval_safe_batch == 0:  # --eval's exit 3
         raise DoesNotFit(eval_nothing_fits_message(result), result)
     if soak_steps:
-        step_options = dict(
-            optimizer=optimizer,
-            loss_fn=loss_fn,
-            precision=precision,
-            device=device,
-            memory_limit=memory_limit,
-            margin=margin,
-            reserve=reserve,
-            step=step,
-            ddp=ddp,
-            zero_grad=zero_grad,
-            keep_output=keep_output,
-            autocast_cache=autocast_cache,
-        )
         _soak_answer(result, model, example_batch, soak_steps, job_steps, step_options)
     return result
 
@@ -338,6 +325,23 @@ def _check_soak_options(soak_steps, job_steps, eval_state):
                 "soak_steps= too (e.g. soak_steps=20)"
             )
         _count(job_steps, "job_steps", maximum=2**62)
+
+
+# find()'s options that soak() takes as they were given: the step and the memory.
+_STEP_OPTIONS = (
+    "optimizer",
+    "loss_fn",
+    "precision",
+    "device",
+    "memory_limit",
+    "margin",
+    "reserve",
+    "step",
+    "ddp",
+    "zero_grad",
+    "keep_output",
+    "autocast_cache",
+)
 
 
 def _soak_answer(result, model, example_batch, soak_steps, job_steps, options):
