@@ -305,8 +305,7 @@ def find(
         raise DoesNotFit(_nothing_fits_message(result), result)
     if eval_state and result.eval_safe_batch == 0:  # --eval's exit 3
         raise DoesNotFit(eval_nothing_fits_message(result), result)
-    if soak_steps:
-        _soak_answer(result, model, example_batch, soak_steps, job_steps, step_options)
+    _soak_answer(result, model, example_batch, soak_steps, job_steps, step_options)
     return result
 
 
@@ -347,7 +346,9 @@ _STEP_OPTIONS = (
 def _soak_answer(result, model, example_batch, soak_steps, job_steps, options):
     """find(soak_steps=N): the soak of the answer (with find's options for the step and the
     memory), kept on the result: Result.soak, its report after the search's, and its findings
-    among the warnings."""
+    among the warnings. Nothing without soak_steps."""
+    if not soak_steps:
+        return
     options = {k: v for k, v in options.items() if v is not None}
     soaked = soak(
         model,
